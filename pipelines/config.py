@@ -1,0 +1,48 @@
+"""The conversion's typed configuration: defaults in one place, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+# grain reads ArrayRecord files written with group_size 1 only ("Grain requires group size 1").
+DEFAULT_COMPRESSION = "zstd:3"
+_COMPRESSION = re.compile(r"^(uncompressed|snappy|zstd:-?\d+|brotli:\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertConfig:
+    """What `python -m pipelines convert` does.
+
+    input: a TFRecord file or glob (local or gs://), or a TFDS dataset version directory.
+    output: the directory (local or gs://) that receives the ArrayRecord shards and manifest.
+    compression: ArrayRecord chunk compression: zstd:N, brotli:N, snappy or uncompressed.
+    writer_options: the full ArrayRecord writer options string; overrides `compression`.
+    skip_corrupt: skip corrupt TFRecord frames (listed in OUT/report.json) instead of failing the shard.
+    prune: delete outputs (and manifest entries) whose source no longer exists.
+    force: convert every shard, even those the manifest says are up to date.
+    """
+
+    input: str
+    output: str
+    compression: str = DEFAULT_COMPRESSION
+    writer_options: str | None = None
+    skip_corrupt: bool = False
+    prune: bool = False
+    force: bool = False
+
+    def __post_init__(self):
+        if not self.input:
+            raise ValueError("input is empty; pass --input PATH_OR_GLOB_OR_TFDS_DIR")
+        if not self.output:
+            raise ValueError("output is empty; pass --output DIR")
+        if not _COMPRESSION.match(self.compression):
+            raise ValueError(f"compression={self.compression!r} is not one of zstd:N, brotli:N, snappy, "
+                             "uncompressed")
+        if self.writer_options is not None and "group_size" not in self.writer_options:
+            raise ValueError(f"writer_options={self.writer_options!r} sets no group_size; add group_size:1 "
+                             "(grain needs it for random access)")
+
+    @property
+    def resolved_writer_options(self) -> str:
+        return self.writer_options or f"group_size:1,{self.compression}"

@@ -1,0 +1,136 @@
+"""The conversion pipeline: TFRecord shards -> matched ArrayRecord shards, a manifest and a report.
+
+Elements are shards, not records: each worker streams one whole shard from source to
+output (see `pipelines.shard`), so records never pass through Beam's shuffle and a
+worker's memory stays flat however large a shard is. A `Reshuffle` spreads the shards
+across workers (both cores on the DirectRunner, many workers on Dataflow).
+
+    plan = make_plan(config)
+    with beam.Pipeline(options=options) as p:
+        _ = p | ConvertToArrayRecord(config, plan)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipelines import report, storage, tfds_dir
+from pipelines.config import ConvertConfig
+from pipelines.manifest import MANIFEST_NAME, Manifest
+from pipelines.plan import Plan
+from pipelines.shard import ShardCountMismatch, ShardResult, ShardTask, convert_shard
+from pipelines.tfrecord import CorruptRecordError
+from pipelines.version import TOOL_VERSION
+
+log = logging.getLogger(__name__)
+
+_NAMESPACE = "pipelines.convert"
+FAILED = "failed"
+
+
+class _ConvertShardFn(beam.DoFn):
+    """Converts one shard; a shard with bad data goes to the FAILED output, never half-written."""
+
+    def __init__(self, writer_options: str, skip_corrupt: bool):
+        self._writer_options = writer_options
+        self._skip_corrupt = skip_corrupt
+
+    def setup(self):
+        self._records = Metrics.counter(_NAMESPACE, "records_written")
+        self._bytes_read = Metrics.counter(_NAMESPACE, "record_bytes")
+        self._bytes_written = Metrics.counter(_NAMESPACE, "bytes_written")
+        self._converted = Metrics.counter(_NAMESPACE, "shards_converted")
+        self._failed = Metrics.counter(_NAMESPACE, "shards_failed")
+        self._corrupt = Metrics.counter(_NAMESPACE, "corrupt_records_skipped")
+
+    def _progress(self, records: int, nbytes: int) -> None:
+        self._records.inc(records)
+        self._bytes_read.inc(nbytes)
+
+    def process(self, task: ShardTask):
+        try:
+            result = convert_shard(task, writer_options=self._writer_options, skip_corrupt=self._skip_corrupt,
+                                   on_records=self._progress)
+        except (CorruptRecordError, ShardCountMismatch) as e:
+            self._failed.inc()
+            log.error("shard failed, no output written for it: %s", e)
+            yield beam.pvalue.TaggedOutput(FAILED, {"source": task.source.path, "error": str(e)})
+            return
+        self._converted.inc()
+        self._bytes_written.inc(result.entry.bytes)
+        self._corrupt.inc(len(result.corruptions))
+        log.info("converted %s -> %s: %d records, %.1f MB", task.source.path, task.relative_path,
+                 result.entry.records, result.entry.bytes / 1e6)
+        yield result
+
+
+class ConvertShards(beam.PTransform):
+    """Tasks -> `converted` (ShardResult) and `failed` ({source, error}) PCollections."""
+
+    def __init__(self, tasks: tuple[ShardTask, ...], writer_options: str, skip_corrupt: bool):
+        super().__init__()
+        self._tasks = tasks
+        self._writer_options = writer_options
+        self._skip_corrupt = skip_corrupt
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "ListShards" >> beam.Create(self._tasks)
+            | "Distribute" >> beam.Reshuffle()
+            | "ConvertShard" >> beam.ParDo(_ConvertShardFn(self._writer_options, self._skip_corrupt))
+            .with_outputs(FAILED, main="converted")
+        )
+
+
+class ConvertToArrayRecord(beam.PTransform):
+    """Converts the plan's shards, then writes the report, TFDS metadata and manifest once."""
+
+    def __init__(self, config: ConvertConfig, plan: Plan):
+        super().__init__()
+        self._config = config
+        self._plan = plan
+
+    def expand(self, pbegin):
+        shards = pbegin | "Convert" >> ConvertShards(
+            self._plan.tasks, self._config.resolved_writer_options, self._config.skip_corrupt)
+        return (
+            pbegin
+            | "Once" >> beam.Create([None])
+            | "WriteManifest" >> beam.Map(
+                _finalize_once, self._config, self._plan,
+                converted=beam.pvalue.AsList(shards.converted),
+                failed=beam.pvalue.AsList(shards.failed))
+        )
+
+
+def _finalize_once(_, config: ConvertConfig, plan: Plan, converted, failed) -> Manifest:
+    return finalize(config, plan, list(converted), list(failed))
+
+
+def finalize(config: ConvertConfig, plan: Plan, converted: list[ShardResult], failed: list[dict]) -> Manifest:
+    """Prunes, writes report.json, the TFDS metadata and, last, manifest.json (the commit point)."""
+    for entry in plan.pruned:
+        log.info("pruning %s: its source %s is gone", entry.path, entry.source)
+        storage.delete_quietly(storage.join(config.output, entry.path))
+    split_rank = {}
+    for task in plan.tasks:
+        split_rank.setdefault(task.split, len(split_rank))
+    for entry in plan.entries_after:
+        split_rank.setdefault(entry.split, len(split_rank))
+    entries = sorted(plan.entries_after + tuple(r.entry for r in converted),
+                     key=lambda e: (split_rank.get(e.split, 0), e.source))
+    failed = sorted(failed, key=lambda f: f["source"])
+    report.write(config.output, converted=converted, failed=failed, kept_sources={e.source for e in entries})
+    if plan.kind == "tfds" and not failed:
+        lengths: dict[str, list[int]] = {}
+        for e in entries:
+            lengths.setdefault(e.split, []).append(e.records)
+        tfds_dir.write_metadata(config.input, config.output, lengths)
+    manifest = Manifest(input=config.input, kind=plan.kind, shards=tuple(entries),
+                        tool_version=TOOL_VERSION, failed=tuple(failed))
+    storage.write_text(storage.join(config.output, MANIFEST_NAME), manifest.to_json())
+    return manifest

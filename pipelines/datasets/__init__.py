@@ -1,0 +1,1 @@
+"""TFDS dataset builders shipped with the project (`tfds build pipelines/datasets/<name>`)."""

@@ -1,0 +1,1 @@
+"""scikit-learn's digits as a TFDS dataset: `tfds build pipelines/datasets/digits --data_dir D`."""

@@ -1,0 +1,117 @@
+"""The manifest: one JSON file in a converted dataset directory, the contract with the loader.
+
+`OUT/manifest.json` lists every output shard in reading order (sorted by source path)
+with its record count and size, so that a reader learns the dataset's layout from one
+small file instead of opening every shard. See docs/dataset-format.md.
+
+This module has no heavy imports (no Beam, no TensorFlow): the loader imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import posixpath
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "arrayrecord-platform/manifest"
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardEntry:
+    """One output shard and where it came from."""
+
+    path: str  # relative to the dataset directory
+    source: str  # full path (local or gs://) of the TFRecord it was converted from
+    records: int
+    bytes: int  # size of the ArrayRecord file
+    source_bytes: int
+    source_fingerprint: str  # changes when the source is rewritten (size and mtime)
+    writer_options: str
+    split: str | None = None  # TFDS split, when converted from a TFDS directory
+    skipped_corrupt: int = 0  # corrupt frames skipped with --skip-corrupt (see report.json)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ShardEntry:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - fields
+        if unknown:
+            raise ValueError(f"manifest shard entry has unknown keys {sorted(unknown)}: {d}")
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """The state of a converted dataset directory."""
+
+    input: str  # the glob or TFDS directory that was converted
+    kind: str  # "tfrecord" or "tfds"
+    shards: tuple[ShardEntry, ...]
+    tool_version: str
+    failed: tuple[dict[str, Any], ...] = ()  # shards whose conversion failed: {source, error}
+
+    @property
+    def total_records(self) -> int:
+        return sum(s.records for s in self.shards)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    @property
+    def complete(self) -> bool:
+        """False when some source shard failed to convert: the directory lacks its records."""
+        return not self.failed
+
+    def shard_paths(self, root: str) -> list[str]:
+        """Absolute paths of the shards under dataset directory `root`, in reading order."""
+        return [join(root, s.path) for s in self.shards]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "tool_version": self.tool_version,
+                "input": self.input,
+                "kind": self.kind,
+                "complete": self.complete,
+                "totals": {
+                    "shards": len(self.shards),
+                    "records": self.total_records,
+                    "bytes": self.total_bytes,
+                },
+                "shards": [dataclasses.asdict(s) for s in self.shards],
+                "failed": list(self.failed),
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, *, path: str = MANIFEST_NAME) -> Manifest:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e}); delete it and re-run the conversion") from e
+        if d.get("format") != FORMAT:
+            raise ValueError(f"{path}: not a conversion manifest (format={d.get('format')!r}, "
+                             f"expected {FORMAT!r})")
+        if d.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: manifest format_version {d.get('format_version')!r} is not "
+                             f"{FORMAT_VERSION}; re-run the conversion with this version of the tool")
+        shards = tuple(ShardEntry.from_json(s) for s in d["shards"])
+        manifest = cls(input=d["input"], kind=d["kind"], shards=shards,
+                       tool_version=d["tool_version"], failed=tuple(d.get("failed", ())))
+        if d["totals"]["records"] != manifest.total_records:
+            raise ValueError(f"{path}: totals.records={d['totals']['records']} but the shards add up to "
+                             f"{manifest.total_records}; the manifest was edited or damaged, re-run "
+                             "the conversion")
+        return manifest
+
+
+def join(root: str, relative: str) -> str:
+    """Joins a dataset directory (local or gs://) and a relative shard path."""
+    return posixpath.join(root, relative) if "://" in root else os.path.join(root, relative)

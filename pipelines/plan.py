@@ -1,0 +1,94 @@
+"""Incremental planning: which shards to convert, which to keep, which to prune.
+
+A shard is kept (skipped) when the previous manifest lists it with the same source
+fingerprint and writer options, and its output file exists with the recorded size.
+Everything else is converted. Scheduled refreshes rely on this: a run with no new or
+changed shards starts no pipeline at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines import paths, storage, tfds_dir
+from pipelines.config import ConvertConfig
+from pipelines.manifest import MANIFEST_NAME, Manifest, ShardEntry
+from pipelines.shard import ShardTask
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    kind: str  # "tfrecord" or "tfds"
+    tasks: tuple[ShardTask, ...]  # to convert
+    kept: tuple[ShardEntry, ...]  # up to date, carried into the new manifest
+    orphaned: tuple[ShardEntry, ...]  # source gone; kept unless pruned
+    pruned: tuple[ShardEntry, ...]  # source gone; output to delete
+
+    @property
+    def entries_after(self) -> tuple[ShardEntry, ...]:
+        """Entries that stay in the manifest whatever this run's tasks do."""
+        return self.kept + self.orphaned
+
+
+def read_manifest(output: str) -> Manifest | None:
+    path = storage.join(output, MANIFEST_NAME)
+    text = storage.read_text(path)
+    return None if text is None else Manifest.from_json(text, path=path)
+
+
+def make_plan(config: ConvertConfig) -> Plan:
+    """Lists the inputs and the previous manifest; raises before any work on bad input."""
+    if tfds_dir.is_tfds_dir(config.input):
+        kind = "tfds"
+        inputs = [(s.file, s.split, s.expected_records) for s in tfds_dir.list_shards(config.input)]
+    else:
+        kind = "tfrecord"
+        inputs = [(f, None, None) for f in paths.list_inputs(config.input)]
+    paths.check_unique_outputs([f.path for f, _, _ in inputs])
+
+    previous = read_manifest(config.output)
+    if previous is not None and previous.kind != kind:
+        raise ValueError(f"{config.output} holds a {previous.kind} conversion of {previous.input!r}; "
+                         f"converting {kind} input {config.input!r} there would mix datasets: use another "
+                         "--output")
+    old = {e.source: e for e in previous.shards} if previous else {}
+    existing = _existing_outputs(config.output) if old else {}
+    options = config.resolved_writer_options
+
+    tasks, kept = [], []
+    for file, split, expected in inputs:
+        relative = paths.output_name(file.path)
+        entry = old.get(file.path)
+        up_to_date = (
+            entry is not None and not config.force
+            and entry.source_fingerprint == file.fingerprint
+            and entry.writer_options == options
+            and entry.path == relative
+            and existing.get(relative) == entry.bytes
+        )
+        if up_to_date:
+            kept.append(entry)
+        else:
+            tasks.append(ShardTask(file, storage.join(config.output, relative), relative, split, expected))
+
+    sources = {f.path for f, _, _ in inputs}
+    gone = [e for e in old.values() if e.source not in sources]
+    orphaned, pruned = ((), tuple(gone)) if config.prune else (tuple(gone), ())
+    if orphaned:
+        log.warning("%d output shard(s) have no source any more (e.g. %s); keeping them. Pass --prune to "
+                    "delete them.", len(orphaned), orphaned[0].source)
+    return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned)
+
+
+def _existing_outputs(output: str) -> dict[str, int]:
+    """Relative path -> size of the files directly under `output`."""
+    try:
+        listing = FileSystems.match([storage.join(output, "*")])[0].metadata_list
+    except Exception:  # noqa: BLE001 - an absent directory simply has no outputs
+        return {}
+    return {paths.basename(m.path): m.size_in_bytes for m in listing}

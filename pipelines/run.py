@@ -1,0 +1,119 @@
+"""Runs a conversion: plan, check, launch the Beam pipeline (if anything changed), summarise.
+
+    outcome = run_conversion(ConvertConfig(input="data/*.tfrecord", output="out/"), ["--runner", "DirectRunner"])
+    print(outcome.summary())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from pipelines import report, storage
+from pipelines.config import ConvertConfig
+from pipelines.convert import ConvertToArrayRecord, finalize
+from pipelines.manifest import Manifest
+from pipelines.plan import Plan, make_plan, read_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    plan: Plan
+    manifest: Manifest
+    corrupt_records: int
+    seconds: float
+    record_bytes: int  # payload bytes of the records converted in this run
+
+    @property
+    def ok(self) -> bool:
+        return self.manifest.complete
+
+    @property
+    def converted(self) -> int:
+        return len(self.plan.tasks) - len(self.manifest.failed)
+
+    def summary(self) -> str:
+        converted = {t.source.path for t in self.plan.tasks} - {f["source"] for f in self.manifest.failed}
+        records = sum(s.records for s in self.manifest.shards if s.source in converted)
+        rate = f", {records / self.seconds:,.0f} records/s, {self.record_bytes / 1e6 / self.seconds:,.1f} MB/s" \
+            if records and self.seconds > 0 else ""
+        lines = [
+            f"converted {len(converted)} shard(s) ({records:,} records, {self.record_bytes / 1e6:,.1f} MB) in "
+            f"{self.seconds:.1f} s{rate}",
+            f"skipped {len(self.plan.kept)} up-to-date shard(s); pruned {len(self.plan.pruned)}; "
+            f"orphaned (source gone, kept) {len(self.plan.orphaned)}",
+            f"dataset: {len(self.manifest.shards)} shards, {self.manifest.total_records:,} records, "
+            f"{self.manifest.total_bytes / 1e6:,.1f} MB",
+        ]
+        if self.corrupt_records:
+            lines.append(f"skipped {self.corrupt_records} corrupt record(s): see {report.REPORT_NAME}")
+        for failure in self.manifest.failed:
+            lines.append(f"FAILED: {failure['error']}")
+        return "\n".join(lines)
+
+
+def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None) -> Outcome:
+    """Converts what changed; returns once the manifest in `config.output` is written."""
+    started = time.monotonic()
+    plan = make_plan(config)
+    storage.check_writable(config.output)
+    log.info("plan: %d shard(s) to convert, %d up to date, %d to prune", len(plan.tasks), len(plan.kept),
+             len(plan.pruned))
+    record_bytes = 0
+    if plan.tasks:
+        options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks))
+        pipeline = beam.Pipeline(runner=_runner(options), options=options)
+        _ = pipeline | "ConvertToArrayRecord" >> ConvertToArrayRecord(config, plan)
+        result = pipeline.run()
+        result.wait_until_finish()
+        record_bytes = _counter(result, "record_bytes")
+        manifest = read_manifest(config.output)
+    else:
+        # Nothing to convert: no pipeline (a Dataflow job would cost minutes). Rewrite the
+        # manifest locally so that pruning and a changed input spelling are recorded.
+        manifest = finalize(config, plan, [], [])
+    body = report.read(config.output) or {}
+    return Outcome(plan, manifest, len(body.get("corrupt_records", [])), time.monotonic() - started, record_bytes)
+
+
+def pipeline_options(beam_args: list[str], *, num_tasks: int) -> PipelineOptions:
+    """Beam options as given; on the DirectRunner, one worker process per core by default.
+
+    The ArrayRecord writer holds the GIL, so threads do not convert two shards at once;
+    processes do (see docs/benchmarks.md for the measurements behind this default).
+    """
+    options = PipelineOptions(beam_args)
+    runner = options.view_as(StandardOptions).runner
+    direct = options.view_as(DirectOptions)
+    chosen = any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in beam_args)
+    if runner in (None, "DirectRunner", "direct") and not chosen:
+        workers = min(num_tasks, os.cpu_count() or 1)
+        if workers > 1:
+            direct.direct_num_workers = workers
+            direct.direct_running_mode = "multi_processing"
+    return options
+
+
+def _runner(options: PipelineOptions):
+    """The FnApiRunner for local runs (what the DirectRunner picks for batch after trying to
+    download Prism); otherwise None, so that Beam builds the runner that --runner names."""
+    if options.view_as(StandardOptions).runner in (None, "DirectRunner", "direct"):
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        return FnApiRunner()
+    return None
+
+
+def _counter(result, name: str) -> int:
+    try:
+        counters = result.metrics().query(beam.metrics.MetricsFilter().with_name(name))["counters"]
+    except Exception:  # noqa: BLE001 - some runners do not report metrics; the summary then omits them
+        return 0
+    return sum(c.committed or c.attempted or 0 for c in counters)

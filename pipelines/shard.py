@@ -1,0 +1,138 @@
+"""Converting one TFRecord shard into one ArrayRecord shard: same records, same order.
+
+The shard streams: one record is in memory at a time, so a worker's memory does not grow
+with the shard. The output is written under a temporary name, its record count is checked
+against what was read, and only then is it committed under its final name (renamed
+locally, uploaded and renamed for gs://). On any failure the temporary file is removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+from apache_beam.io.filesystem import CompressionTypes
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+from pipelines import storage, tfrecord
+from pipelines.manifest import ShardEntry
+from pipelines.paths import InputFile, is_remote
+
+log = logging.getLogger(__name__)
+
+_PROGRESS_EVERY_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """One unit of work: convert `source` into `output` (full path of the final shard)."""
+
+    source: InputFile
+    output: str
+    relative_path: str  # the output's path relative to the dataset directory
+    split: str | None = None
+    expected_records: int | None = None  # known from TFDS's dataset_info.json
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    entry: ShardEntry
+    corruptions: tuple[dict, ...] = ()  # skipped frames: {source, offset, length, reason}
+
+
+class ShardCountMismatch(ValueError):
+    """The written shard does not hold the records that were read (or that TFDS promised)."""
+
+
+def convert_shard(
+    task: ShardTask,
+    *,
+    writer_options: str,
+    skip_corrupt: bool,
+    on_records: Callable[[int, int], None] | None = None,
+) -> ShardResult:
+    """Converts `task.source` to `task.output`; raises CorruptRecordError / ShardCountMismatch.
+
+    `on_records(records, bytes)` is called now and then with the progress since its last call.
+    """
+    remote = is_remote(task.output)
+    if remote:
+        fd, local = tempfile.mkstemp(prefix="arconv-", suffix="-" + os.path.basename(task.relative_path))
+        os.close(fd)
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(task.output)), exist_ok=True)
+        local = storage.temp_name(task.output)
+    corruptions: list[dict] = []
+
+    def on_corrupt(c: tfrecord.Corruption) -> None:
+        log.warning("%s: skipping corrupt data at byte %d (%d bytes): %s", task.source.path, c.offset,
+                    c.length, c.reason)
+        corruptions.append({"source": task.source.path, **dataclasses.asdict(c)})
+
+    try:
+        written, raw_bytes = _copy_records(task, local, writer_options, on_corrupt if skip_corrupt else None,
+                                           on_records)
+        _check_count(task, local, written, skip_corrupt)
+        size = os.path.getsize(local)
+        if remote:
+            storage.upload(local, task.output)
+        else:
+            os.replace(local, task.output)
+    finally:
+        if os.path.exists(local):
+            os.remove(local)
+    return ShardResult(
+        ShardEntry(path=task.relative_path, source=task.source.path, records=written, bytes=size,
+                   source_bytes=task.source.size, source_fingerprint=task.source.fingerprint,
+                   writer_options=writer_options, split=task.split, skipped_corrupt=len(corruptions)),
+        tuple(corruptions),
+    )
+
+
+def _copy_records(task, local, writer_options, on_corrupt, on_records) -> tuple[int, int]:
+    source = task.source
+    writer = ArrayRecordWriter(local, writer_options)
+    written = raw_bytes = 0
+    reported_records = reported_bytes = 0
+    started = last_log = time.monotonic()
+    try:
+        with storage.open_source(source.path) as f:
+            for record in tfrecord.iter_records(f, path=source.path, on_corrupt=on_corrupt):
+                writer.write(record)
+                written += 1
+                raw_bytes += len(record)
+                if written & 0x3FF == 0:  # check the clock every 1024 records
+                    now = time.monotonic()
+                    if now - last_log >= _PROGRESS_EVERY_S:
+                        done = f.tell() / source.size if source.size and source.compression == CompressionTypes.UNCOMPRESSED else None
+                        log.info("%s: %d records, %.1f MB%s, %.0f records/s", os.path.basename(source.path),
+                                 written, raw_bytes / 1e6, f" ({done:.0%})" if done is not None else "",
+                                 written / (now - started))
+                        last_log = now
+                    if on_records:
+                        on_records(written - reported_records, raw_bytes - reported_bytes)
+                        reported_records, reported_bytes = written, raw_bytes
+    finally:
+        writer.close()
+    if on_records:
+        on_records(written - reported_records, raw_bytes - reported_bytes)
+    return written, raw_bytes
+
+
+def _check_count(task: ShardTask, local: str, written: int, skip_corrupt: bool) -> None:
+    reader = ArrayRecordReader(local)
+    try:
+        on_disk = reader.num_records()
+    finally:
+        reader.close()
+    if on_disk != written:
+        raise ShardCountMismatch(f"{task.output}: wrote {written} records from {task.source.path} but the "
+                                 f"file holds {on_disk}; the local disk may be full or failing, re-run")
+    if task.expected_records is not None and written != task.expected_records and not skip_corrupt:
+        raise ShardCountMismatch(f"{task.source.path}: holds {written} records but dataset_info.json says "
+                                 f"{task.expected_records}; the TFDS directory is inconsistent, rebuild it "
+                                 "(tfds build) or fix its shardLengths")

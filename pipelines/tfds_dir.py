@@ -1,0 +1,99 @@
+"""TFDS dataset directories: find their TFRecord shards and write the ArrayRecord twin's metadata.
+
+A TFDS dataset version directory (e.g. `~/tensorflow_datasets/mnist/3.0.1`) holds
+`dataset_info.json` (a DatasetInfo proto in JSON), `features.json`, label files, and the
+shards `{name}-{split}.{format}-{XXXXX}-of-{YYYYY}`. Converting it gives a directory that
+`tfds.builder_from_directory(OUT)` loads: the same metadata files, `fileFormat` set to
+`array_record`, and each split's `shardLengths` set to the records actually written.
+
+Pure JSON: no TensorFlow import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines import storage
+from pipelines.paths import InputFile, basename
+
+INFO_NAME = "dataset_info.json"
+_DEFAULT_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsShard:
+    split: str
+    file: InputFile
+    expected_records: int
+
+
+def is_tfds_dir(path: str) -> bool:
+    return not any(c in path for c in "*?[") and FileSystems.exists(storage.join(path, INFO_NAME))
+
+
+def read_info(directory: str) -> dict:
+    path = storage.join(directory, INFO_NAME)
+    text = storage.read_text(path)
+    if text is None:
+        raise FileNotFoundError(f"{path} does not exist; pass a TFDS dataset version directory "
+                                "(the one that holds dataset_info.json)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); rebuild the dataset with tfds build") from e
+
+
+def list_shards(directory: str) -> list[TfdsShard]:
+    """Every TFRecord shard of every split, in split order then shard order."""
+    info = read_info(directory)
+    file_format = info.get("fileFormat", "tfrecord")
+    if file_format != "tfrecord":
+        raise ValueError(f"{storage.join(directory, INFO_NAME)} says fileFormat={file_format!r}; only "
+                         "TFRecord datasets need converting")
+    listing = {m.path: m for m in FileSystems.match([storage.join(directory, "*")])[0].metadata_list}
+    shards = []
+    for split in info.get("splits", []):
+        lengths = [int(n) for n in split.get("shardLengths", [])]
+        for index, length in enumerate(lengths):
+            name = shard_name(info, split, "tfrecord", index, len(lengths))
+            path = storage.join(directory, name)
+            meta = listing.get(path)
+            if meta is None:
+                raise FileNotFoundError(f"{path} is listed in {INFO_NAME} (split {split['name']!r}, shard "
+                                        f"{index}) but does not exist; re-download or rebuild the dataset")
+            shards.append(TfdsShard(split["name"], InputFile(path, meta.size_in_bytes,
+                                                             meta.last_updated_in_seconds), length))
+    if not shards:
+        raise ValueError(f"{storage.join(directory, INFO_NAME)} lists no shards; the dataset is empty")
+    return shards
+
+
+def shard_name(info: dict, split: dict, file_format: str, index: int, num_shards: int) -> str:
+    template = split.get("filepathTemplate") or _DEFAULT_TEMPLATE
+    return template.format(
+        DATASET=info["name"], SPLIT=split["name"], FILEFORMAT=file_format,
+        SHARD_X_OF_Y=f"{index:05d}-of-{num_shards:05d}", SHARD_INDEX=f"{index:05d}",
+        NUM_SHARDS=f"{num_shards:05d}")
+
+
+def write_metadata(source_dir: str, out_dir: str, shard_lengths: dict[str, list[int]]) -> None:
+    """Copies the metadata files and writes `dataset_info.json` for the ArrayRecord shards."""
+    info = read_info(source_dir)
+    shard_names = {basename(s.file.path) for s in list_shards(source_dir)}
+    for meta in FileSystems.match([storage.join(source_dir, "*")])[0].metadata_list:
+        name = basename(meta.path)
+        if name in shard_names or name == INFO_NAME or name.startswith("."):
+            continue
+        data = storage.read_bytes(meta.path)
+        if data is not None:
+            storage.write_bytes(storage.join(out_dir, name), data)
+    info["fileFormat"] = "array_record"
+    for split in info.get("splits", []):
+        lengths = shard_lengths.get(split["name"])
+        if lengths is None:
+            raise ValueError(f"split {split['name']!r} of {source_dir} has no converted shards")
+        split["shardLengths"] = [str(n) for n in lengths]
+    storage.write_text(storage.join(out_dir, INFO_NAME), json.dumps(info, indent=2))

@@ -1,0 +1,164 @@
+"""TFRecord framing: read and write without TensorFlow.
+
+A TFRecord file is a sequence of frames::
+
+    uint64 length (little endian)
+    uint32 masked_crc32c(length bytes)
+    byte   data[length]
+    uint32 masked_crc32c(data)
+
+Importing TensorFlow costs ~7 s per process; the framing needs only `struct` and
+`google_crc32c`, so the conversion path never touches TensorFlow.
+
+Reading streams: one frame is in memory at a time, whatever the file's size.
+
+    with open_binary(path) as f:
+        for record in iter_records(f, path=path):
+            ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
+
+import google_crc32c
+
+_HEADER = struct.Struct("<QI")  # length, masked crc of the length bytes
+_FOOTER = struct.Struct("<I")  # masked crc of the data
+_MASK_DELTA = 0xA282EAD8
+# A length field this large is not a real record (TFRecord writers cap well below):
+# treat it as corruption instead of trying to read petabytes.
+_MAX_RECORD_BYTES = 1 << 40
+# How far a resynchronising scan looks for the next valid frame before giving up.
+_RESYNC_WINDOW = 1 << 20
+
+
+def masked_crc32c(data: bytes | memoryview) -> int:
+    crc = google_crc32c.value(bytes(data))
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def encode_record(data: bytes) -> bytes:
+    """One TFRecord frame for `data`."""
+    length = struct.pack("<Q", len(data))
+    return b"".join(
+        (length, _FOOTER.pack(masked_crc32c(length)), data, _FOOTER.pack(masked_crc32c(data)))
+    )
+
+
+class CorruptRecordError(ValueError):
+    """A TFRecord frame that fails its checks. Names the file, byte offset and reason."""
+
+    def __init__(self, path: str, offset: int, reason: str):
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        super().__init__(
+            f"{path}: corrupt TFRecord at byte offset {offset}: {reason}. "
+            "Re-create or re-copy this shard, or pass --skip-corrupt to convert the "
+            "readable records and list the corrupt ones in the report."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Corruption:
+    """A corrupt region that `iter_records(on_corrupt=...)` skipped."""
+
+    offset: int  # byte offset where the bad frame starts
+    length: int  # bytes skipped (the whole frame, or up to the next valid frame / EOF)
+    reason: str
+
+
+def iter_records(
+    f: BinaryIO,
+    *,
+    path: str,
+    on_corrupt: Callable[[Corruption], None] | None = None,
+) -> Iterator[bytes]:
+    """Yields each record's bytes in file order.
+
+    Raises CorruptRecordError at the first bad frame unless `on_corrupt` is given; then
+    each bad frame (data CRC mismatch) or unreadable region (bad length CRC: scanned
+    forward to the next frame whose header and data both check; truncated tail) is
+    passed to `on_corrupt` and reading goes on.
+    """
+    offset = 0
+    while True:
+        header = f.read(_HEADER.size)
+        if not header:
+            return
+        if len(header) < _HEADER.size:
+            _report(path, Corruption(offset, len(header),
+                                     f"truncated header: {len(header)} of 12 bytes before end of file"), on_corrupt)
+            return
+        length, length_crc = _HEADER.unpack(header)
+        if length_crc != masked_crc32c(header[:8]) or length > _MAX_RECORD_BYTES:
+            reason = ("length CRC mismatch" if length_crc != masked_crc32c(header[:8])
+                      else f"implausible record length {length}")
+            if on_corrupt is None:
+                raise CorruptRecordError(path, offset, reason)
+            skipped = _resync(f, offset)
+            on_corrupt(Corruption(offset, skipped, f"{reason}; skipped {skipped} bytes to the next valid record"))
+            offset += skipped
+            continue
+        data = f.read(length)
+        footer = f.read(_FOOTER.size)
+        if len(data) < length or len(footer) < _FOOTER.size:
+            got = len(header) + len(data) + len(footer)
+            _report(path, Corruption(offset, got,
+                                     f"truncated record: frame needs {length + 16} bytes, file ends after {got}"),
+                    on_corrupt)
+            return
+        if _FOOTER.unpack(footer)[0] == masked_crc32c(data):
+            yield data
+        else:
+            _report(path, Corruption(offset, length + 16, f"data CRC mismatch in a {length}-byte record"),
+                    on_corrupt)
+        offset += length + 16
+
+
+def _report(path: str, corruption: Corruption, on_corrupt: Callable[[Corruption], None] | None) -> None:
+    """Raises for `corruption`, or hands it to `on_corrupt` when skipping is on."""
+    if on_corrupt is None:
+        raise CorruptRecordError(path, corruption.offset, corruption.reason)
+    on_corrupt(corruption)
+
+
+def _resync(f: BinaryIO, bad_offset: int) -> int:
+    """Seeks `f` to the next offset after `bad_offset` where a whole valid frame starts.
+
+    Returns the number of bytes skipped; at end of file, the bytes to the end.
+    A false match needs a 32-bit header CRC and a 32-bit data CRC to agree by chance.
+    """
+    start = bad_offset + 1
+    while True:
+        f.seek(start)
+        window = f.read(_RESYNC_WINDOW + _HEADER.size)
+        if len(window) < _HEADER.size:
+            f.seek(0, 2)
+            end = f.tell()
+            f.seek(end)
+            return end - bad_offset
+        for i in range(len(window) - _HEADER.size + 1):
+            length, crc = _HEADER.unpack_from(window, i)
+            if length > _MAX_RECORD_BYTES or crc != masked_crc32c(window[i:i + 8]):
+                continue
+            f.seek(start + i + _HEADER.size)
+            data = f.read(length)
+            footer = f.read(_FOOTER.size)
+            if len(data) == length and len(footer) == 4 and _FOOTER.unpack(footer)[0] == masked_crc32c(data):
+                f.seek(start + i)
+                return start + i - bad_offset
+        start += len(window) - _HEADER.size + 1
+
+
+def write_records(f: BinaryIO, records) -> int:
+    """Writes each record of `records` as a TFRecord frame; returns the count."""
+    n = 0
+    for record in records:
+        f.write(encode_record(record))
+        n += 1
+    return n

@@ -1,0 +1,118 @@
+"""Re-checks a converted directory against its manifest and, optionally, its sources.
+
+Shallow (default): every shard in the manifest exists, has the recorded size, and its
+ArrayRecord index holds the recorded number of records; a TFDS directory's
+`dataset_info.json` agrees with the manifest. Deep (`--deep`): every record of every
+output shard equals the record at the same position of its TFRecord source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import logging
+
+from apache_beam.io.filesystems import FileSystems
+from array_record.python.array_record_module import ArrayRecordReader
+
+from pipelines import storage, tfds_dir, tfrecord
+from pipelines.manifest import MANIFEST_NAME, ShardEntry
+from pipelines.plan import read_manifest
+
+log = logging.getLogger(__name__)
+
+_BATCH = 1024
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    shards: int = 0
+    records: int = 0
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify(output: str, *, deep: bool = False) -> VerifyResult:
+    manifest = read_manifest(output)
+    if manifest is None:
+        raise FileNotFoundError(f"{storage.join(output, MANIFEST_NAME)} does not exist; is {output!r} the "
+                                "output of `python -m pipelines convert`?")
+    result = VerifyResult()
+    for failure in manifest.failed:
+        result.problems.append(f"{failure['source']}: failed to convert: {failure['error']}")
+    for i, entry in enumerate(manifest.shards):
+        path = storage.join(output, entry.path)
+        problem = _check_shard(path, entry) or (_compare_records(path, entry) if deep else None)
+        if problem:
+            result.problems.append(problem)
+        result.shards += 1
+        result.records += entry.records
+        log.info("[%d/%d] %s: %s", i + 1, len(manifest.shards), entry.path, problem or "ok")
+    if manifest.kind == "tfds":
+        result.problems.extend(_check_tfds_info(output, manifest.shards))
+    return result
+
+
+def _check_shard(path: str, entry: ShardEntry) -> str | None:
+    if not FileSystems.exists(path):
+        return f"{path}: listed in the manifest but missing; re-run the conversion to recreate it"
+    size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    if size != entry.bytes:
+        return (f"{path}: {size} bytes, the manifest says {entry.bytes}; the file was changed or truncated, "
+                "delete it and re-run the conversion")
+    reader = ArrayRecordReader(path)
+    try:
+        records = reader.num_records()
+    finally:
+        reader.close()
+    if records != entry.records:
+        return f"{path}: holds {records} records, the manifest says {entry.records}; re-run the conversion"
+    return None
+
+
+def _compare_records(path: str, entry: ShardEntry) -> str | None:
+    if not FileSystems.exists(entry.source):
+        return f"{path}: its source {entry.source} no longer exists, cannot compare records"
+    reader = ArrayRecordReader(path, "readahead_buffer_size:16M")
+    skipped: list = []
+    try:
+        with storage.open_source(entry.source) as f:
+            expected = tfrecord.iter_records(f, path=entry.source,
+                                             on_corrupt=skipped.append if entry.skipped_corrupt else None)
+            for start in range(0, entry.records, _BATCH):
+                got = reader.read(start, min(start + _BATCH, entry.records))
+                wanted = list(itertools.islice(expected, len(got)))
+                if len(wanted) < len(got):
+                    return (f"{path}: holds {entry.records} records but {entry.source} has only "
+                            f"{start + len(wanted)}; re-run with --force")
+                for offset, (want, have) in enumerate(zip(wanted, got)):
+                    if want != have:
+                        return (f"{path}: record {start + offset} differs from record {start + offset} of "
+                                f"{entry.source} (sha256 {_digest(have)} vs {_digest(want)}); re-run with --force")
+            if next(expected, None) is not None:
+                return f"{path}: {entry.source} has more records than the {entry.records} converted; re-run"
+    except tfrecord.CorruptRecordError as e:
+        return f"{path}: cannot compare, the source is corrupt: {e}"
+    finally:
+        reader.close()
+    return None
+
+
+def _digest(record: bytes) -> str:
+    return hashlib.sha256(record).hexdigest()[:16]
+
+
+def _check_tfds_info(output: str, shards: tuple[ShardEntry, ...]) -> list[str]:
+    info = tfds_dir.read_info(output)
+    problems = []
+    for split in info.get("splits", []):
+        want = [e.records for e in shards if e.split == split["name"]]
+        have = [int(n) for n in split.get("shardLengths", [])]
+        if want != have:
+            problems.append(f"{storage.join(output, tfds_dir.INFO_NAME)}: split {split['name']!r} shardLengths "
+                            f"{have} differ from the manifest's {want}; re-run the conversion")
+    return problems

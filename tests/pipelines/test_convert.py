@@ -1,0 +1,177 @@
+"""End to end through the Beam runner and real files, read back with independent readers."""
+
+import json
+import os
+
+import grain
+import pytest
+from array_record.python.array_record_module import ArrayRecordReader
+
+from pipelines import ConvertConfig, run_conversion, tfrecord
+from pipelines.manifest import Manifest
+from tests.conftest import synthetic_records, write_tfrecord_shards
+
+ONE_WORKER = ["--direct_num_workers=1"]
+
+
+def _read_array_record(path) -> list[bytes]:
+    reader = ArrayRecordReader(str(path))
+    try:
+        return reader.read_all()
+    finally:
+        reader.close()
+
+
+def _read_tfrecord(path) -> list[bytes]:
+    with open(path, "rb") as f:
+        return list(tfrecord.iter_records(f, path=str(path)))
+
+
+def _files(directory):
+    return sorted(p.name for p in directory.iterdir())
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """Five shards: ordinary, empty, zero-length records, one 5 MB record, and a bigger one."""
+    contents = [
+        synthetic_records(0, 300),
+        [],
+        [b"", b"between-empties", b""],
+        [b"head", os.urandom(5 << 20), b"tail"],
+        synthetic_records(4, 2000, size=1000),
+    ]
+    write_tfrecord_shards(tmp_path / "in", contents)
+    return tmp_path / "in", contents
+
+
+def test_matched_shards_same_records_same_order(shards, tmp_path):
+    in_dir, contents = shards
+    out = tmp_path / "out"
+    outcome = run_conversion(ConvertConfig(input=str(in_dir / "*.tfrecord"), output=str(out)), ONE_WORKER)
+
+    assert outcome.ok and outcome.converted == 5
+    names = [f"train-{i:05d}-of-00005.array_record" for i in range(5)]
+    assert _files(out) == sorted(names + ["manifest.json", "report.json"])  # no temporary files left
+    for name, source, records in zip(names, sorted(in_dir.iterdir()), contents):
+        assert _read_array_record(out / name) == records == _read_tfrecord(source)
+
+    # grain reads the shards in manifest order: the concatenation of the inputs.
+    manifest = Manifest.from_json((out / "manifest.json").read_text())
+    source = grain.sources.ArrayRecordDataSource(manifest.shard_paths(str(out)))
+    assert [source[i] for i in range(len(source))] == [r for c in contents for r in c]
+    assert [s.records for s in manifest.shards] == [300, 0, 3, 3, 2000]
+    assert all(s.writer_options == "group_size:1,zstd:3" for s in manifest.shards)
+    assert manifest.shards[0].source == str(in_dir / "train-00000-of-00005.tfrecord")
+    assert manifest.shards[3].bytes == os.path.getsize(out / names[3])
+
+
+def test_writer_options_are_applied_and_recorded(shards, tmp_path):
+    in_dir, _ = shards
+    out = tmp_path / "out"
+    run_conversion(ConvertConfig(input=str(in_dir / "*"), output=str(out), compression="snappy"), ONE_WORKER)
+    reader = ArrayRecordReader(str(out / "train-00000-of-00005.array_record"))
+    assert "snappy" in reader.writer_options_string()
+    assert "group_size:1" in reader.writer_options_string()
+    manifest = Manifest.from_json((out / "manifest.json").read_text())
+    assert {s.writer_options for s in manifest.shards} == {"group_size:1,snappy"}
+
+
+def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path):
+    in_dir = tmp_path / "in"
+    write_tfrecord_shards(in_dir, [synthetic_records(i, 50) for i in range(3)])
+    config = ConvertConfig(input=str(in_dir / "*.tfrecord"), output=str(tmp_path / "out"))
+    first = run_conversion(config, ONE_WORKER)
+    assert (first.converted, len(first.plan.kept)) == (3, 0)
+
+    again = run_conversion(config, ONE_WORKER)
+    assert (again.converted, len(again.plan.kept)) == (0, 3)
+    assert "converted 0 shard(s)" in again.summary() and "skipped 3 up-to-date shard(s)" in again.summary()
+
+    # A rewritten source and a new shard are converted; the other two are kept.
+    changed = in_dir / "train-00001-of-00003.tfrecord"
+    with open(changed, "wb") as f:
+        tfrecord.write_records(f, [b"new-content"])
+    os.utime(changed, (1, 1))
+    with open(in_dir / "train-00003-of-00003.tfrecord", "wb") as f:
+        tfrecord.write_records(f, [b"added"])
+    third = run_conversion(config, ONE_WORKER)
+    assert sorted(t.source.path for t in third.plan.tasks) == [str(changed), str(in_dir / "train-00003-of-00003.tfrecord")]
+    assert len(third.plan.kept) == 2
+    assert _read_array_record(tmp_path / "out" / "train-00001-of-00003.array_record") == [b"new-content"]
+    assert third.manifest.total_records == 50 + 1 + 50 + 1
+
+    # A deleted output is recreated even though its source did not change.
+    os.remove(tmp_path / "out" / "train-00000-of-00003.array_record")
+    fourth = run_conversion(config, ONE_WORKER)
+    assert [t.relative_path for t in fourth.plan.tasks] == ["train-00000-of-00003.array_record"]
+
+    # A vanished source: kept by default, removed with prune.
+    os.remove(in_dir / "train-00002-of-00003.tfrecord")
+    fifth = run_conversion(config, ONE_WORKER)
+    assert len(fifth.plan.orphaned) == 1 and (tmp_path / "out" / "train-00002-of-00003.array_record").exists()
+    pruned = run_conversion(ConvertConfig(input=config.input, output=config.output, prune=True), ONE_WORKER)
+    assert len(pruned.plan.pruned) == 1
+    assert not (tmp_path / "out" / "train-00002-of-00003.array_record").exists()
+    assert [s.path for s in pruned.manifest.shards] == [
+        "train-00000-of-00003.array_record", "train-00001-of-00003.array_record", "train-00003-of-00003.array_record"]
+
+    # New writer options make every shard stale.
+    recompressed = run_conversion(ConvertConfig(input=config.input, output=config.output, compression="zstd:1"),
+                                  ONE_WORKER)
+    assert recompressed.converted == 3
+
+
+def test_corrupt_shard_fails_alone_and_leaves_no_output(tmp_path):
+    in_dir = tmp_path / "in"
+    paths = write_tfrecord_shards(in_dir, [synthetic_records(i, 20) for i in range(3)])
+    data = bytearray(paths[1].read_bytes())
+    frame = 12 + 100 + 4
+    data[5 * frame + 12 + 7] ^= 0x55  # payload of record 5 of shard 1
+    paths[1].write_bytes(bytes(data))
+    out = tmp_path / "out"
+
+    outcome = run_conversion(ConvertConfig(input=str(in_dir / "*"), output=str(out)), ONE_WORKER)
+
+    assert not outcome.ok
+    assert _files(out) == ["manifest.json", "report.json", "train-00000-of-00003.array_record",
+                           "train-00002-of-00003.array_record"]
+    (failure,) = outcome.manifest.failed
+    assert failure["source"] == str(paths[1])
+    assert f"{paths[1]}: corrupt TFRecord at byte offset {5 * frame}: data CRC mismatch" in failure["error"]
+    assert "FAILED:" in outcome.summary() and f"byte offset {5 * frame}" in outcome.summary()
+    report = json.loads((out / "report.json").read_text())
+    assert report["failed_shards"] == [failure]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False and manifest["totals"]["records"] == 40
+
+    # After the source is repaired, a re-run converts just that shard.
+    with open(paths[1], "wb") as f:
+        tfrecord.write_records(f, synthetic_records(1, 20))
+    repaired = run_conversion(ConvertConfig(input=str(in_dir / "*"), output=str(out)), ONE_WORKER)
+    assert repaired.ok and repaired.converted == 1 and repaired.manifest.total_records == 60
+
+
+def test_skip_corrupt_reports_each_record_and_reconciles_counts(tmp_path):
+    in_dir = tmp_path / "in"
+    records = synthetic_records(0, 30)
+    (path,) = write_tfrecord_shards(in_dir, [records])
+    data = bytearray(path.read_bytes())
+    frame = 12 + 100 + 4
+    for i in (3, 17):
+        data[i * frame + 12 + 1] ^= 0x01
+    path.write_bytes(bytes(data))
+    out = tmp_path / "out"
+
+    outcome = run_conversion(ConvertConfig(input=str(path), output=str(out), skip_corrupt=True), ONE_WORKER)
+
+    assert outcome.ok and outcome.corrupt_records == 2
+    expected = [r for i, r in enumerate(records) if i not in (3, 17)]
+    assert _read_array_record(out / "train-00000-of-00001.array_record") == expected
+    report = json.loads((out / "report.json").read_text())
+    assert report["corrupt_records"] == [
+        {"source": str(path), "offset": i * frame, "length": frame, "reason": "data CRC mismatch in a 100-byte record"}
+        for i in (3, 17)]
+    (shard,) = report["shards"]
+    assert shard["records_written"] + shard["corrupt_frames_skipped"] == len(records)
+    assert outcome.manifest.shards[0].skipped_corrupt == 2
