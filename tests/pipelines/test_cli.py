@@ -1,0 +1,65 @@
+"""The real `python -m pipelines` command: summaries, exit codes, and one-line errors before any work."""
+
+import json
+
+from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
+
+
+def test_convert_then_verify(tmp_path):
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 100) for i in range(3)])
+    out = tmp_path / "out"
+    proc = run_cli("convert", "--input", str(tmp_path / "in" / "*"), "--output", str(out), check=True)
+    assert "converted 3 shard(s) (300 records" in proc.stdout
+    assert "dataset: 3 shards, 300 records" in proc.stdout
+    assert "train-00002-of-00003.tfrecord -> train-00002-of-00003.array_record: 100 records" in proc.stderr
+
+    again = run_cli("convert", "--input", str(tmp_path / "in" / "*"), "--output", str(out), check=True)
+    assert "skipped 3 up-to-date shard(s)" in again.stdout
+
+    ok = run_cli("verify", "--output", str(out), "--deep", check=True)
+    assert "3 shards, 300 records, 0 problem(s)" in ok.stdout
+
+    (out / "train-00001-of-00003.array_record").write_bytes(b"")
+    bad = run_cli("verify", "--output", str(out))
+    assert bad.returncode == 1
+    assert "train-00001-of-00003.array_record: 0 bytes, the manifest says" in bad.stdout
+
+
+def test_corrupt_input_exits_nonzero_naming_file_and_offset(tmp_path):
+    (path,) = write_tfrecord_shards(tmp_path / "in", [synthetic_records(0, 5)])
+    path.write_bytes(path.read_bytes()[:-1])
+    proc = run_cli("convert", "--input", str(path), "--output", str(tmp_path / "out"), "--direct_num_workers=1")
+    assert proc.returncode == 1
+    assert f"FAILED: {path}: corrupt TFRecord at byte offset 464: truncated record" in proc.stdout
+
+
+def _one_line_error(proc, expected):
+    assert proc.returncode == 2, proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and expected in error_lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_arguments_fail_before_any_work(tmp_path):
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(0, 5)])
+    out = tmp_path / "out"
+    _one_line_error(run_cli("convert", "--input", str(tmp_path / "missing.tfrecord"), "--output", str(out)),
+                    "does not exist")
+    _one_line_error(run_cli("convert", "--input", str(tmp_path / "in" / "*.nope"), "--output", str(out)),
+                    "no files match")
+    (tmp_path / "a-file").write_text("x")
+    _one_line_error(run_cli("convert", "--input", str(tmp_path / "in" / "*"), "--output", str(tmp_path / "a-file" / "out")),
+                    "is not writable")
+    _one_line_error(run_cli("convert", "--input", str(tmp_path / "in" / "*"), "--output", str(out), "--compression", "lz4"),
+                    "compression='lz4' is not one of")
+    _one_line_error(run_cli("verify", "--output", str(tmp_path / "empty")), "manifest.json does not exist")
+    assert not out.exists()
+
+
+def test_output_of_another_kind_is_refused(tmp_path, tfds_digits):
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(0, 5)])
+    out = tmp_path / "out"
+    run_cli("convert", "--input", str(tmp_path / "in" / "*"), "--output", str(out), check=True)
+    _one_line_error(run_cli("convert", "--input", str(tfds_digits), "--output", str(out)),
+                    "would mix datasets")
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "tfrecord"
