@@ -44,6 +44,20 @@ def test_gcs_to_gcs_end_to_end(tmp_path, gcs_bucket):
     assert again.converted == 0 and len(again.plan.kept) == 3
 
 
+def test_gcs_output_leaves_no_local_temp_files(tmp_path, gcs_bucket, gcs_emulator):
+    bucket, client = gcs_bucket
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 30) for i in range(3)])
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+
+    proc = run_cli("convert", "--input", str(tmp_path / "in" / "*"), "--output", f"gs://{bucket}/out",
+                   env={**gcs_emulator, "TMPDIR": str(scratch)}, check=True)
+
+    assert "converted 3 shard(s) (90 records" in proc.stdout
+    assert len([b for b in client.list_blobs(bucket, prefix="out/") if ".array_record" in b.name]) == 3
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("arconv-")] == []
+
+
 def test_gcs_input_to_local_output_via_cli(tmp_path, gcs_bucket, gcs_emulator):
     bucket, client = gcs_bucket
     write_tfrecord_shards(tmp_path / "in", [synthetic_records(0, 10), synthetic_records(1, 12)])
