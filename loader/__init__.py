@@ -1,0 +1,10 @@
+"""Deterministic, globally shuffled, prefetched batches from converted ArrayRecord data, on grain.
+
+    import loader
+    it = iter(loader.load("out/", batch_size=256, seed=0))
+"""
+
+from loader.pipeline import Loader, LoaderConfig, LoaderIterator, load
+from loader.source import ShardedSource, resolve
+
+__all__ = ["Loader", "LoaderConfig", "LoaderIterator", "ShardedSource", "load", "resolve"]

@@ -1,0 +1,70 @@
+"""Turning raw records into arrays, without TensorFlow.
+
+- `tf.train.Example` records -> {feature: np.ndarray}; a feature holding one value becomes a scalar.
+- TFDS datasets -> their own FeaturesDict (`deserialize_example_np`: images decoded, labels as ints).
+A batch of decoded records is collated into {feature: array stacked on a new first axis}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+Decoder = Callable[[bytes], Any]
+
+
+class ExampleDecoder:
+    """tf.train.Example bytes -> {feature: np.ndarray} (int64, float32, or object array of bytes)."""
+
+    def __call__(self, record: bytes) -> dict[str, np.ndarray]:
+        from pipelines.example_proto import decode_example
+
+        return {k: (v[0] if v.shape == (1,) else v) for k, v in decode_example(record).items()}
+
+
+class TfdsDecoder:
+    """Decodes with the FeaturesDict saved beside a TFDS dataset (features.json); built lazily per process."""
+
+    def __init__(self, features_dir: str):
+        self._features_dir = features_dir
+        self._features = None
+
+    def __getstate__(self):
+        return {"_features_dir": self._features_dir, "_features": None}
+
+    def __call__(self, record: bytes) -> dict[str, Any]:
+        if self._features is None:
+            from tensorflow_datasets.core.features import features_dict
+
+            self._features = features_dict.FeaturesDict.from_config(self._features_dir)
+        return self._features.deserialize_example_np(record)
+
+
+def make_decoder(decode: str | Decoder | None, features_dir: str | None) -> Decoder | None:
+    if decode is None or callable(decode):
+        return decode
+    if decode == "auto":
+        return TfdsDecoder(features_dir) if features_dir else ExampleDecoder()
+    if decode == "example":
+        return ExampleDecoder()
+    if decode == "tfds":
+        if not features_dir:
+            raise ValueError("decode='tfds' needs a TFDS dataset (features.json beside the shards); this source has "
+                             "none: use decode='example', a function, or None for raw bytes")
+        return TfdsDecoder(features_dir)
+    raise ValueError(f"decode={decode!r} is not one of 'auto', 'example', 'tfds', None or a function")
+
+
+def collate(items: Sequence[Any]) -> Any:
+    """Stacks a batch: dicts feature by feature, arrays/scalars on a new first axis; else a list."""
+    first = items[0]
+    if isinstance(first, dict):
+        return {k: collate([item[k] for item in items]) for k in first}
+    if isinstance(first, (np.ndarray, np.generic, int, float, bool)):
+        try:
+            return np.stack([np.asarray(item) for item in items])
+        except ValueError:  # ragged: shapes differ
+            return list(items)
+    return list(items)

@@ -1,0 +1,177 @@
+"""Resolving what the user passed into an ordered list of ArrayRecord shards with lengths.
+
+Accepted sources:
+- a directory written by `python -m pipelines convert` (its manifest.json: no shard is opened);
+- a TFDS dataset version directory written with `--file_format=array_record` (its dataset_info.json,
+  for one split), including our own TFDS conversions;
+- a glob of ArrayRecord files (each opened once to read its record count).
+
+Shard presence and sizes are checked against the manifest with one directory listing, so a
+missing or truncated shard fails here, naming the file, not in the middle of an epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob as globlib
+import json
+import os
+
+import numpy as np
+
+from pipelines.manifest import MANIFEST_NAME, Manifest
+
+TFDS_INFO = "dataset_info.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedSource:
+    paths: tuple[str, ...]
+    lengths: tuple[int, ...]
+    kind: str  # "manifest", "tfds" or "glob"
+    features_dir: str | None = None  # a directory holding TFDS features.json, when there is one
+
+    def __post_init__(self):
+        if sum(self.lengths) == 0:
+            raise ValueError(f"the source has no records ({len(self.paths)} shard(s), all empty); "
+                             "check that the conversion finished")
+
+    def __len__(self) -> int:
+        return int(sum(self.lengths))
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Global index of each shard's first record."""
+        return np.concatenate([[0], np.cumsum(self.lengths[:-1], dtype=np.int64)]).astype(np.int64)
+
+
+def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:
+    if _is_dir(source):
+        manifest_path = _join(source, MANIFEST_NAME)
+        if _exists(manifest_path):
+            return _from_manifest(source, split, allow_incomplete)
+        if _exists(_join(source, TFDS_INFO)):
+            return _from_tfds_info(source, split or "train")
+        raise FileNotFoundError(f"{source} has neither {MANIFEST_NAME} nor {TFDS_INFO}; pass a directory written "
+                                "by `python -m pipelines convert` or `tfds build --file_format=array_record`, or a "
+                                "glob of ArrayRecord files")
+    return _from_glob(source)
+
+
+def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> ShardedSource:
+    path = _join(root, MANIFEST_NAME)
+    manifest = Manifest.from_json(_read_text(path), path=path)
+    if not manifest.complete and not allow_incomplete:
+        raise ValueError(f"{path}: the conversion is incomplete ({len(manifest.failed)} shard(s) failed, e.g. "
+                         f"{manifest.failed[0]['source']}); fix and re-run the conversion, or pass "
+                         "allow_incomplete=True to load the shards that converted")
+    entries = manifest.shards
+    if manifest.kind == "tfds":
+        split = split or "train"
+        entries = tuple(e for e in entries if e.split == split)
+        if not entries:
+            splits = sorted({e.split for e in manifest.shards})
+            raise ValueError(f"{path}: no shards for split {split!r}; the splits are {splits}")
+    elif split is not None:
+        raise ValueError(f"split={split!r} was given but {root} is not a TFDS dataset; leave split unset")
+    sizes = _listing(root)
+    for entry in entries:
+        size = sizes.get(entry.path)
+        if size is None:
+            raise FileNotFoundError(f"{_join(root, entry.path)} is listed in {MANIFEST_NAME} but missing; re-run "
+                                    "`python -m pipelines convert` (it recreates missing shards) or restage the data")
+        if size != entry.bytes:
+            raise ValueError(f"{_join(root, entry.path)} is {size} bytes but {MANIFEST_NAME} says {entry.bytes}; "
+                             "the file is truncated or was replaced: re-run the conversion or restage the data")
+    features = root if manifest.kind == "tfds" and _exists(_join(root, "features.json")) else None
+    return ShardedSource(tuple(_join(root, e.path) for e in entries), tuple(e.records for e in entries),
+                         "manifest", features)
+
+
+def _from_tfds_info(root: str, split: str) -> ShardedSource:
+    info = json.loads(_read_text(_join(root, TFDS_INFO)))
+    if info.get("fileFormat") != "array_record":
+        raise ValueError(f"{_join(root, TFDS_INFO)} says fileFormat={info.get('fileFormat', 'tfrecord')!r}; convert it "
+                         f"first: python -m pipelines convert --input {root} --output OUT")
+    splits = {s["name"]: s for s in info.get("splits", [])}
+    if split not in splits:
+        raise ValueError(f"{_join(root, TFDS_INFO)} has no split {split!r}; the splits are {sorted(splits)}")
+    from pipelines.tfds_dir import shard_name  # pure JSON templating, shared with the converter
+
+    lengths = [int(n) for n in splits[split].get("shardLengths", [])]
+    paths = [_join(root, shard_name(info, splits[split], "array_record", i, len(lengths))) for i in range(len(lengths))]
+    sizes = _listing(root)
+    for p in paths:
+        if os.path.basename(p) not in sizes:
+            raise FileNotFoundError(f"{p} is listed in {TFDS_INFO} but missing; rebuild or re-download the dataset")
+    return ShardedSource(tuple(paths), tuple(lengths), "tfds", root)
+
+
+def _from_glob(pattern: str) -> ShardedSource:
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    paths = sorted(_glob(pattern))
+    if not paths:
+        raise FileNotFoundError(f"no files match {pattern!r}; check the path and the glob")
+    lengths = []
+    for p in paths:
+        try:
+            reader = ArrayRecordReader(p)
+            lengths.append(reader.num_records())
+            reader.close()
+        except Exception as e:  # noqa: BLE001 - array_record raises bare RuntimeErrors; name the file
+            raise ValueError(f"{p} is not a readable ArrayRecord file ({e}); check the glob matches only "
+                             "ArrayRecord shards") from e
+    return ShardedSource(tuple(paths), tuple(lengths), "glob")
+
+
+# Local paths use os; gs:// goes through Beam's FileSystems (it honours the GCS emulator in tests).
+def _remote(path: str) -> bool:
+    return "://" in path
+
+
+def _join(root: str, name: str) -> str:
+    return root.rstrip("/") + "/" + name if _remote(root) else os.path.join(root, name)
+
+
+def _exists(path: str) -> bool:
+    if not _remote(path):
+        return os.path.exists(path)
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.exists(path)
+
+
+def _is_dir(path: str) -> bool:
+    if any(c in path for c in "*?["):
+        return False
+    if not _remote(path):
+        return os.path.isdir(path)
+    return _exists(_join(path, MANIFEST_NAME)) or _exists(_join(path, TFDS_INFO))
+
+
+def _read_text(path: str) -> str:
+    if not _remote(path):
+        with open(path) as f:
+            return f.read()
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as f:
+        return f.read().decode()
+
+
+def _listing(root: str) -> dict[str, int]:
+    if not _remote(root):
+        return {e.name: e.stat().st_size for e in os.scandir(root) if e.is_file()}
+    from apache_beam.io.filesystems import FileSystems
+
+    metas = FileSystems.match([_join(root, "*")])[0].metadata_list
+    return {m.path.rsplit("/", 1)[-1]: m.size_in_bytes for m in metas}
+
+
+def _glob(pattern: str) -> list[str]:
+    if not _remote(pattern):
+        return globlib.glob(os.path.expanduser(pattern))
+    from apache_beam.io.filesystems import FileSystems
+
+    return [m.path for m in FileSystems.match([pattern])[0].metadata_list]

@@ -1,0 +1,26 @@
+import pytest
+
+from pipelines import ConvertConfig, run_conversion
+from tests.conftest import write_tfrecord_shards
+
+SHARD_SIZES = [37, 0, 101, 64, 55]  # uneven, with an empty shard: 257 records
+
+
+def record(shard: int, i: int) -> bytes:
+    return f"{shard}:{i}".encode()
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """A dataset converted by the real pipeline: records b'<shard>:<i>' in 5 uneven shards."""
+    root = tmp_path_factory.mktemp("loader-data")
+    write_tfrecord_shards(root / "in", [[record(s, i) for i in range(n)] for s, n in enumerate(SHARD_SIZES)])
+    outcome = run_conversion(ConvertConfig(input=str(root / "in" / "*"), output=str(root / "out")),
+                             ["--direct_num_workers=1"])
+    assert outcome.ok
+    return root / "out"
+
+
+@pytest.fixture(scope="session")
+def all_records():
+    return [record(s, i) for s, n in enumerate(SHARD_SIZES) for i in range(n)]
