@@ -44,14 +44,23 @@ def run_cli(*args: str, env: dict | None = None, check: bool = False) -> subproc
     return proc
 
 
+def _tfds_build_digits(data_dir: Path, file_format: str) -> Path:
+    subprocess.run([str(Path(sys.executable).with_name("tfds")), "build", "pipelines/datasets/digits",
+                    "--data_dir", str(data_dir), f"--file_format={file_format}", "--num_shards", "3"],
+                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    return data_dir / "digits" / "1.0.0"
+
+
 @pytest.fixture(scope="session")
 def tfds_digits(tmp_path_factory) -> Path:
     """The digits TFDS dataset built with `tfds build --file_format=tfrecord --num_shards 3`."""
-    data_dir = tmp_path_factory.mktemp("tfds")
-    subprocess.run([str(Path(sys.executable).with_name("tfds")), "build", "pipelines/datasets/digits",
-                    "--data_dir", str(data_dir), "--file_format=tfrecord", "--num_shards", "3"],
-                   cwd=REPO, check=True, capture_output=True, timeout=300)
-    return data_dir / "digits" / "1.0.0"
+    return _tfds_build_digits(tmp_path_factory.mktemp("tfds"), "tfrecord")
+
+
+@pytest.fixture(scope="session")
+def tfds_digits_array_record(tmp_path_factory) -> Path:
+    """The digits TFDS dataset as TFDS itself writes ArrayRecord (`--file_format=array_record`)."""
+    return _tfds_build_digits(tmp_path_factory.mktemp("tfds-ar"), "array_record")
 
 
 def _free_port() -> int:
