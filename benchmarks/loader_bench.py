@@ -1,0 +1,171 @@
+"""Loader benchmark: ours against grain's stock pipeline, tf.data on the TFRecord originals, and a raw read.
+
+    .venv/bin/python benchmarks/loader_bench.py                         # 1M x 1 KB records, 8 shards
+    .venv/bin/python benchmarks/loader_bench.py --records 200000 --batches 200   # quicker
+
+Builds TFRecord shards of tf.train.Example (`data`: ~1 KB bytes, `label`: int64), converts them with our
+pipeline, then runs each contender in its own process, one after the other, in this one run:
+
+- ours: `loader.load(dir, batch_size=256, seed=0)`, globally shuffled (exact permutation);
+- grain stock: `MapDataset.source(ArrayRecordDataSource(shards)).shuffle(seed).batch(256)`, global shuffle;
+- tf.data: `TFRecordDataset` with `interleave` over the shards, `shuffle(10_000)`, `batch(256)`, `prefetch`;
+- raw sequential: ArrayRecordReader.read(start, end) over each shard in order (an upper bound: no shuffle).
+
+Each is measured raw (bytes) and with a tf.train.Example decode (tf.data: `tf.io.parse_example` on the
+batch; grain and ours: our TensorFlow-free decoder per record). Reported: examples/s over `--batches`
+batches after the first, time to first batch, peak RSS. Results: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+
+_CONTENDERS = {
+    "ours": """
+import loader
+ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else None, num_threads=THREADS,
+                 worker_count=WORKERS)
+it = iter(ds)
+""",
+    "grain stock": """
+import grain
+from loader.decode import ExampleDecoder
+src = grain.sources.ArrayRecordDataSource(SHARDS)
+ds = grain.MapDataset.source(src).shuffle(seed=0).repeat()
+if DECODE:
+    ds = ds.map(ExampleDecoder())
+it = iter(ds.batch(256).to_iter_dataset())
+""",
+    "tf.data": """
+import tensorflow as tf
+files = tf.data.Dataset.from_tensor_slices(TFRECORDS).shuffle(len(TFRECORDS), seed=0)
+ds = files.interleave(tf.data.TFRecordDataset, cycle_length=len(TFRECORDS), num_parallel_calls=tf.data.AUTOTUNE)
+ds = ds.shuffle(10_000, seed=0).repeat().batch(256)
+if DECODE:
+    spec = {"data": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    ds = ds.map(lambda b: tf.io.parse_example(b, spec), num_parallel_calls=tf.data.AUTOTUNE)
+it = iter(ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator())
+""",
+    "raw sequential": """
+from array_record.python.array_record_module import ArrayRecordReader
+from loader.decode import ExampleDecoder
+def gen():
+    dec = ExampleDecoder()
+    while True:
+        for path in SHARDS:
+            r = ArrayRecordReader(path, "readahead_buffer_size:16M")
+            n = r.num_records()
+            for s in range(0, n - 255, 256):
+                recs = r.read(s, s + 256)
+                yield [dec(x) for x in recs] if DECODE else recs
+it = gen()
+""",
+}
+
+_HARNESS = """
+import json, sys, time, resource
+OUT, SHARDS, TFRECORDS, DECODE, BATCHES, THREADS, WORKERS = json.loads(sys.argv[1])
+t0 = time.perf_counter()
+{setup}
+first = next(it)
+t1 = time.perf_counter()
+for _ in range(BATCHES):
+    next(it)
+t2 = time.perf_counter()
+print(json.dumps({{"first_batch_s": t1 - t0, "examples_per_s": BATCHES * 256 / (t2 - t1)}}))
+"""
+
+
+def build(work: Path, records: int, shards: int) -> tuple[Path, list[str], list[str]]:
+    from pipelines import ConvertConfig, example_proto, run_conversion, tfrecord
+
+    rng = np.random.default_rng(0)
+    per = records // shards
+    (work / "tfrecord").mkdir(parents=True)
+    for s in range(shards):
+        block = rng.integers(32, 96, size=(per, 1000), dtype=np.uint8)
+        with open(work / "tfrecord" / f"data-{s:05d}-of-{shards:05d}.tfrecord", "wb") as f:
+            tfrecord.write_records(f, (example_proto.encode_example({"data": row.tobytes(), "label": s * per + i})
+                                       for i, row in enumerate(block)))
+    out = work / "array_record"
+    outcome = run_conversion(ConvertConfig(input=str(work / "tfrecord" / "*"), output=str(out)))
+    assert outcome.ok
+    return out, outcome.manifest.shard_paths(str(out)), sorted(str(p) for p in (work / "tfrecord").iterdir())
+
+
+def measure(name: str, args: list) -> dict:
+    code = _HARNESS.format(setup=_CONTENDERS[name])
+    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    root = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            peak = max(peak, sum(p.memory_info().rss for p in [root] + root.children(recursive=True)))
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_mb"] = peak / 2**20
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--records", type=int, default=1_000_000)
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--batches", type=int, default=400, help="batches timed after the first")
+    p.add_argument("--threads", type=int, default=1, help="ours: prefetch threads")
+    p.add_argument("--workers", type=int, default=0, help="ours: grain worker processes")
+    p.add_argument("--only", nargs="*", default=None, help="run only these contenders")
+    p.add_argument("--workdir", default=None)
+    args = p.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="loader-bench-"))
+    if not (work / "array_record" / "manifest.json").exists():
+        print(f"building {args.records:,} records in {args.shards} shards under {work} ...", flush=True)
+        out, shards, tfrecords = build(work, args.records, args.shards)
+    else:
+        out = work / "array_record"
+        from pipelines.manifest import Manifest
+
+        shards = Manifest.from_json((out / "manifest.json").read_text()).shard_paths(str(out))
+        tfrecords = sorted(str(p) for p in (work / "tfrecord").iterdir())
+    names = args.only or list(_CONTENDERS)
+    results = {}
+    for decode in (False, True):
+        for name in names:
+            r = measure(name, [str(out), shards, tfrecords, decode, args.batches, args.threads, args.workers])
+            results[(name, decode)] = r
+            print(f"  {name:15s} {'decode' if decode else 'raw':6s} {r['examples_per_s']:>10,.0f} ex/s  first batch "
+                  f"{r['first_batch_s']:.2f} s  peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
+    print()
+    for decode in (False, True):
+        mode = "decode" if decode else "raw"
+        ours = results.get(("ours", decode))
+        for name in names:
+            if name != "ours" and ours:
+                ratio = ours["examples_per_s"] / results[(name, decode)]["examples_per_s"]
+                print(f"ours / {name} ({mode}): {ratio:.2f}x")
+    if not args.workdir:
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()

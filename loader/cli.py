@@ -1,0 +1,87 @@
+"""`python -m loader {inspect,bench} SOURCE`.
+
+    python -m loader inspect out/                    # counts, shards, feature spec, a sample
+    python -m loader inspect ~/tfds/mnist/3.0.1 --split test
+    python -m loader bench out/ --batch_size 256     # examples/s on your own data
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+
+def _describe(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype}{list(value.shape)}"
+    if isinstance(value, (bytes, str)):
+        return f"{type(value).__name__}[{len(value)}]"
+    return type(value).__name__
+
+
+def inspect_main(args) -> int:
+    import loader
+    from loader.decode import make_decoder
+
+    source = loader.resolve(args.source, split=args.split)
+    print(f"source: {args.source} ({source.kind})")
+    print(f"records: {len(source):,} in {len(source.paths)} shard(s)")
+    for path, n in list(zip(source.paths, source.lengths))[:5]:
+        print(f"  {path}: {n:,}")
+    if len(source.paths) > 5:
+        print(f"  ... {len(source.paths) - 5} more")
+    ds = loader.load(source, batch_size=1, shuffle=False, num_epochs=1, decode=None)
+    raw = next(iter(ds))[0]
+    decoder = make_decoder(args.decode, source.features_dir)
+    print(f"record 0: {len(raw)} bytes")
+    if decoder is not None:
+        example = decoder(raw)
+        print("features:" if isinstance(example, dict) else f"decoded: {_describe(example)}")
+        for key, value in sorted(example.items()) if isinstance(example, dict) else ():
+            sample = np.array2string(np.asarray(value).ravel()[:8], threshold=8) if isinstance(
+                value, (np.ndarray, np.generic, int, float)) else repr(value)[:60]
+            print(f"  {key}: {_describe(value)}  e.g. {sample}")
+    return 0
+
+
+def bench_main(args) -> int:
+    import loader
+
+    started = time.perf_counter()
+    it = iter(loader.load(args.source, batch_size=args.batch_size, split=args.split, seed=0,
+                          decode=None if args.decode == "none" else args.decode, worker_count=args.workers))
+    next(it)
+    first = time.perf_counter() - started
+    t = time.perf_counter()
+    for i in range(args.batches):
+        next(it)
+    rate = args.batches * args.batch_size / (time.perf_counter() - t)
+    print(f"first batch {first:.2f} s; {rate:,.0f} examples/s over {args.batches} batches of {args.batch_size} "
+          f"(decode={args.decode}, workers={args.workers}, globally shuffled)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loader")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, fn in (("inspect", inspect_main), ("bench", bench_main)):
+        s = sub.add_parser(name)
+        s.add_argument("source", help="a converted directory, a TFDS array_record directory, or a glob")
+        s.add_argument("--split", default=None, help="TFDS split (default train)")
+        s.add_argument("--decode", default="auto", help="auto, example, tfds or none")
+        s.set_defaults(fn=fn)
+        if name == "bench":
+            s.add_argument("--batch_size", "--batch-size", type=int, default=256)
+            s.add_argument("--batches", type=int, default=200)
+            s.add_argument("--workers", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.decode == "none":
+        args.decode = None if args.command == "inspect" else "none"
+    try:
+        return args.fn(args)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

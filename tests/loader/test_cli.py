@@ -1,0 +1,24 @@
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "loader", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_inspect_and_bench(converted):
+    proc = _run("inspect", str(converted), "--decode", "none")
+    assert proc.returncode == 0, proc.stderr
+    assert "records: 257 in 5 shard(s)" in proc.stdout
+    assert "record 0: 3 bytes" in proc.stdout  # b"0:0"
+    bench = _run("bench", str(converted), "--batch_size", "16", "--batches", "5", "--decode", "none")
+    assert bench.returncode == 0, bench.stderr
+    assert "examples/s over 5 batches of 16" in bench.stdout
+
+
+def test_errors_are_one_line(tmp_path):
+    proc = _run("inspect", str(tmp_path / "missing-*.array_record"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: no files match") and "Traceback" not in proc.stderr
