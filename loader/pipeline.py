@@ -18,6 +18,7 @@ The grain chain, one global batch per element (reads are batched, so batching co
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import sys
@@ -29,6 +30,7 @@ import numpy as np
 
 from loader.batches import BatchPlan
 from loader.decode import Decoder, collate, make_decoder
+from loader.device import to_global_arrays
 from loader.reader import BatchReader
 from loader.source import ShardedSource, resolve
 
@@ -55,9 +57,11 @@ class LoaderConfig:
     num_threads: int = 1  # prefetch threads per process
     prefetch: int = 4  # batches read ahead
     allow_incomplete: bool = False
+    sharding: Any = None  # a jax.sharding.Sharding: yield global jax.Arrays placed ahead of time
+    device_prefetch: int = 2  # batches in flight to the devices when sharding is set
 
     def __post_init__(self):
-        for name in ("worker_count", "prefetch"):
+        for name in ("worker_count", "prefetch", "device_prefetch"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
         if self.num_threads < 1:
@@ -157,15 +161,34 @@ def _absl_flags_parsed() -> None:
 
 
 class LoaderIterator(Iterator):
-    """Iterator over a Loader's batches with `get_state()` / `set_state()`."""
+    """Iterator over a Loader's batches with `get_state()` / `set_state()`.
+
+    The state counts the batches handed to the caller, so batches prefetched (to host or device)
+    but not yet taken are read again after a restore, never skipped.
+    """
 
     def __init__(self, loader: Loader, start: int = 0):
         self._loader = loader
         self._next = start
-        self._it = iter(loader._dataset(start))
+        self._restart(start)
+
+    def _restart(self, start: int) -> None:
+        self._it = iter(self._loader._dataset(start))
+        self._on_device: collections.deque = collections.deque()
 
     def __next__(self):
-        batch = next(self._it)
+        sharding = self._loader.config.sharding
+        if sharding is None:
+            batch = next(self._it)
+        else:
+            while len(self._on_device) <= self._loader.config.device_prefetch:
+                try:
+                    self._on_device.append(to_global_arrays(next(self._it), sharding))
+                except StopIteration:
+                    break
+            if not self._on_device:
+                raise StopIteration
+            batch = self._on_device.popleft()
         self._next += 1
         return batch
 
@@ -182,7 +205,7 @@ class LoaderIterator(Iterator):
             detail = ", ".join(f"{k}: saved {saved!r}, now {now!r}" for k, (saved, now) in mismatched.items())
             raise ValueError(f"cannot restore loader state: {detail}; restore with the same dataset and options")
         self._next = int(state["next_batch"])
-        self._it = iter(self._loader._dataset(self._next))
+        self._restart(self._next)
 
 
 def load(source: str | ShardedSource, *, batch_size: int, **options) -> Loader:
