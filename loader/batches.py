@@ -62,13 +62,23 @@ class BatchPlan:
 
     def host_indices(self, k: int) -> np.ndarray:
         """Global record indices of this host's rows of global batch k, in row order."""
-        if not 0 <= k < self.num_batches:
-            raise IndexError(f"batch {k} is outside [0, {self.num_batches})")
-        first = k * self.batch_size + self.shard_index * self.per_host
-        end = first + self.per_host
-        if self.num_epochs is not None:
-            end = min(end, self.num_epochs * self.num_records)
-        positions = np.arange(first, max(first, end), dtype=np.int64)
+        return self.host_indices_range(k, k + 1)[0]
+
+    def host_indices_range(self, first_batch: int, end_batch: int) -> list[np.ndarray]:
+        """`host_indices(k)` for k in [first_batch, end_batch), computed in one vectorised pass."""
+        if not 0 <= first_batch < end_batch <= self.num_batches:
+            raise IndexError(f"batches [{first_batch}, {end_batch}) are outside [0, {self.num_batches})")
+        ks = np.arange(first_batch, end_batch, dtype=np.int64)
+        starts = ks * self.batch_size + self.shard_index * self.per_host
+        positions = (starts[:, None] + np.arange(self.per_host, dtype=np.int64)[None, :]).ravel()
+        if self.num_epochs is not None:  # the last batch may be partial (drop_remainder=False)
+            positions = positions[positions < self.num_epochs * self.num_records]
+        indices = self._indices(positions)
+        counts = np.clip(self.num_epochs * self.num_records - starts, 0, self.per_host) if self.num_epochs is not None \
+            else np.full(len(ks), self.per_host)
+        return np.split(indices, np.cumsum(counts)[:-1])
+
+    def _indices(self, positions: np.ndarray) -> np.ndarray:
         if not self.shuffle:
             return positions % self.num_records
         epochs = positions // self.num_records

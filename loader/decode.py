@@ -15,6 +15,9 @@ import numpy as np
 Decoder = Callable[[bytes], Any]
 
 
+_KINDS = {"int64_list": np.int64, "float_list": np.float32, "bytes_list": object}
+
+
 class ExampleDecoder:
     """tf.train.Example bytes -> {feature: np.ndarray} (int64, float32, or object array of bytes)."""
 
@@ -22,6 +25,37 @@ class ExampleDecoder:
         from pipelines.example_proto import decode_example
 
         return {k: (v[0] if v.shape == (1,) else v) for k, v in decode_example(record).items()}
+
+    def decode_batch(self, records: Sequence[bytes]) -> dict[str, Any] | None:
+        """`collate([self(r) for r in records])`, column by column (~4x faster); None when the batch
+        is not uniform (features or lengths differ between records): then decode record by record."""
+        from pipelines.example_proto import example_class
+
+        parse = example_class().FromString
+        features = [parse(r).features.feature for r in records]
+        first = features[0]
+        out = {}
+        for key in first:
+            kind = first[key].WhichOneof("kind")
+            if kind is None:
+                return None
+            try:
+                values = [getattr(f[key], kind).value for f in features] if all(key in f for f in features) else None
+            except AttributeError:
+                return None
+            if values is None or any(f[key].WhichOneof("kind") != kind for f in features):
+                return None
+            width = len(values[0])
+            if any(len(v) != width for v in values) or width == 0:
+                return None
+            if width == 1:
+                column = [v[0] for v in values]
+                out[key] = column if kind == "bytes_list" else np.array(column, dtype=_KINDS[kind])
+            else:
+                out[key] = np.array([list(v) for v in values], dtype=_KINDS[kind])
+        if any(len(f) != len(first) for f in features):
+            return None
+        return out
 
 
 class TfdsDecoder:

@@ -7,13 +7,15 @@
     state = it.get_state()            # small, JSON-serialisable
     it.set_state(state)               # continues with bitwise-identical batches
 
-The grain chain, one global batch per element (reads are batched, so batching comes first):
+The grain chain. Reads are batched (random access is fast only in long reads), so batching comes
+first and each element is a group of consecutive global batches:
 
-    MapDataset.range(start, num_batches)     global batch index k
-      .map(host rows of batch k)             exact permutation per (seed, epoch); host slice
-      .map(read, decode, map_fn, collate)    reads grouped by shard
+    MapDataset.range(num_groups)             reading schedule from the start batch: 1, 2, 4, ... G batches
+      .map(read_group)                       per batch k: exact permutation of (seed, epoch), this host's
+                                             rows; one read per shard for the group; decode, map_fn, collate
       .to_iter_dataset(ReadOptions)          thread prefetch
       .mp_prefetch(...)                      worker processes, when asked for
+    then the iterator hands the group's batches out one by one (and, with sharding=, onto devices).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class LoaderConfig:
     split: str | None = None  # for TFDS sources; default "train"
     worker_count: int = 0  # grain worker processes (0: none, reads run in this process)
     num_threads: int = 1  # prefetch threads per process
-    prefetch: int = 4  # batches read ahead
+    prefetch: int = 2  # reads (groups of batches) ahead
+    records_per_read: int = 16384  # batches are read in groups of about this many records
     allow_incomplete: bool = False
     sharding: Any = None  # a jax.sharding.Sharding: yield global jax.Arrays placed ahead of time
     device_prefetch: int = 2  # batches in flight to the devices when sharding is set
@@ -64,6 +67,8 @@ class LoaderConfig:
         for name in ("worker_count", "prefetch", "device_prefetch"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
+        if self.records_per_read < 1:
+            raise ValueError(f"records_per_read must be >= 1 (got records_per_read={self.records_per_read})")
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 (got num_threads={self.num_threads})")
         if (self.shard_index is None) != (self.shard_count is None):
@@ -80,21 +85,61 @@ def _host_shard(config: LoaderConfig) -> tuple[int, int]:
     return 0, 1
 
 
-class _ReadBatch:
-    """Global batch index -> this host's batch (raw list of bytes, or collated decoded records)."""
+class _ReadGroup:
+    """Group g of the reading schedule -> this host's batches in it (raw lists, or collated decoded records).
 
-    def __init__(self, plan: BatchPlan, source: ShardedSource, decoder: Decoder | None, map_fn):
+    The schedule starts at batch `start` with groups of 1, 2, 4, ... batches, up to `max_batches`: the
+    first batch comes quickly, later reads are long (one `read` call per shard for many batches, which
+    is what makes ArrayRecord random access fast). A batch's contents depend only on its global index,
+    so where the groups fall does not change the data.
+    """
+
+    def __init__(self, plan: BatchPlan, source: ShardedSource, decoder: Decoder | None, map_fn, start: int,
+                 max_batches: int):
         self._plan = plan
         self._source = source
         self._reader = BatchReader(source)
         self._decoder = decoder
         self._map_fn = map_fn
+        self._start = start
+        self._ramp = max(0, (max_batches - 1).bit_length())  # groups of 1, 2, ..., 2^(ramp-1) come first
+        self._max = max_batches
 
-    def __call__(self, k: int):
-        indices = self._plan.host_indices(int(k))
+    def first_batch(self, g: int) -> int:
+        if g <= self._ramp:
+            offset = (1 << g) - 1
+        else:
+            offset = (1 << self._ramp) - 1 + (g - self._ramp) * self._max
+        return min(self._start + offset, self._plan.num_batches)
+
+    def num_groups(self) -> int:
+        remaining = self._plan.num_batches - self._start
+        ramp_total = (1 << self._ramp) - 1
+        if remaining <= ramp_total:
+            return max(0, remaining).bit_length()
+        return self._ramp + -(-(remaining - ramp_total) // self._max)
+
+    def __call__(self, g: int) -> list:
+        first, end = self.first_batch(int(g)), self.first_batch(int(g) + 1)
+        per_batch = self._plan.host_indices_range(first, end)
+        indices = np.concatenate(per_batch)
         records = self._reader(indices)
+        batches, at = [], 0
+        for rows in per_batch:
+            batches.append(self._finish(records[at:at + len(rows)], rows))
+            at += len(rows)
+        return batches
+
+    def _finish(self, records: list[bytes], indices: np.ndarray):
         if self._decoder is None and self._map_fn is None:
             return records
+        if self._map_fn is None and hasattr(self._decoder, "decode_batch"):
+            try:
+                batch = self._decoder.decode_batch(records)
+            except Exception:  # noqa: BLE001 - decode record by record below, which names the bad record
+                batch = None
+            if batch is not None:
+                return batch
         items = [self._decode(r, i) for r, i in zip(records, indices)] if self._decoder else records
         if self._map_fn is not None:
             items = [self._map_fn(item) for item in items]
@@ -120,8 +165,11 @@ class Loader:
         shard_index, shard_count = _host_shard(config)
         self.plan = BatchPlan(len(self.source), config.batch_size, config.seed, config.shuffle, config.num_epochs,
                               config.drop_remainder, shard_index, shard_count)
-        self._read_batch = _ReadBatch(self.plan, self.source, make_decoder(config.decode, self.source.features_dir),
-                                      config.map_fn)
+        self._decoder = make_decoder(config.decode, self.source.features_dir)
+        # Batches per read: ~records_per_read records, at most ~64 MB of (compressed) data.
+        per_batch = self.plan.per_host
+        by_bytes = max(1, (64 << 20) // max(1, per_batch * self.source.mean_record_bytes))
+        self.batches_per_read = max(1, min(config.records_per_read // per_batch, by_bytes))
 
     def __len__(self) -> int:
         if self.config.num_epochs is None:
@@ -132,9 +180,12 @@ class Loader:
         return LoaderIterator(self)
 
     def _dataset(self, start: int) -> grain.IterDataset:
+        """Groups of batches from global batch `start` on (each element: a list of batches)."""
+        read_group = _ReadGroup(self.plan, self.source, self._decoder, self.config.map_fn, start,
+                                self.batches_per_read)
         ds = (
-            grain.MapDataset.range(start, self.plan.num_batches)
-            .map(self._read_batch)
+            grain.MapDataset.range(read_group.num_groups())
+            .map(read_group)
             .to_iter_dataset(grain.ReadOptions(num_threads=self.config.num_threads,
                                                prefetch_buffer_size=self.config.prefetch))
         )
@@ -173,17 +224,23 @@ class LoaderIterator(Iterator):
         self._restart(start)
 
     def _restart(self, start: int) -> None:
-        self._it = iter(self._loader._dataset(start))
+        self._groups = iter(self._loader._dataset(start))
+        self._pending: collections.deque = collections.deque()  # read, not yet handed out
         self._on_device: collections.deque = collections.deque()
+
+    def _next_host_batch(self):
+        if not self._pending:
+            self._pending.extend(next(self._groups))  # StopIteration at the end
+        return self._pending.popleft()
 
     def __next__(self):
         sharding = self._loader.config.sharding
         if sharding is None:
-            batch = next(self._it)
+            batch = self._next_host_batch()
         else:
             while len(self._on_device) <= self._loader.config.device_prefetch:
                 try:
-                    self._on_device.append(to_global_arrays(next(self._it), sharding))
+                    self._on_device.append(to_global_arrays(self._next_host_batch(), sharding))
                 except StopIteration:
                     break
             if not self._on_device:

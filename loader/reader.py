@@ -1,11 +1,12 @@
 """Batched random reads from a sharded ArrayRecord dataset.
 
-Measured on 1 KB records (docs/benchmarks.md): `reader.read([i, ...])` has a per-call cost
-that grows with the number of records in the file, and grain's ArrayRecordDataSource reads
-one record per call; a reader opened with `readahead_buffer_size:0,max_parallelism:0` that
-`seek(i)`s and `read()`s costs ~7 us a record whatever the file's size. So a batch's indices
-are grouped by shard and sorted (nearby records share decompressed chunks' cache lines and
-the OS page cache), read with one such reader per shard and process, and put back in order.
+Measured on 1 KB records, 125k per file (docs/benchmarks.md): grain's ArrayRecordDataSource
+reads one record per call (~300 us each at that file size); `reader.read([i, ...])` has a
+per-call cost that grows with the records in the file, so it pays only for long lists:
+~28 us a record for one batch of 256 spread over 8 shards, 5.5 us for 64 batches at once,
+which is the cost of a sequential read. So the loader reads many batches per call: their
+indices are grouped by shard and sorted, read with one call per shard (one reader per
+shard and process, opened for random access), and put back in order.
 """
 
 from __future__ import annotations
@@ -50,18 +51,25 @@ class BatchReader:
         return reader
 
     def __call__(self, indices: np.ndarray) -> list[bytes]:
+        """The records at global `indices`, in that order (duplicates allowed)."""
         indices = np.asarray(indices, dtype=np.int64)
         shards = np.searchsorted(self._starts, indices, side="right") - 1
-        order = np.lexsort((indices, shards))
+        order = np.lexsort((indices, shards))  # by shard, then by index within the shard
+        sorted_shards = shards[order]
+        bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
         out: list[bytes | None] = [None] * len(indices)
-        for pos in order:
-            shard = int(shards[pos])
-            local = int(indices[pos] - self._starts[shard])
-            reader = self._reader(shard)
+        for run in np.split(order, bounds):
+            if not len(run):
+                continue
+            shard = int(shards[run[0]])
+            local = (indices[run] - self._starts[shard]).tolist()
             try:
-                reader.seek(local)
-                out[pos] = reader.read()
-            except Exception as e:  # noqa: BLE001 - name the shard and record, keep the cause
-                raise OSError(f"{self._paths[shard]}: cannot read record {local} ({e}); the shard is corrupt: "
-                              "re-run the conversion (python -m pipelines verify finds such shards)") from e
+                records = self._reader(shard).read(local)
+            except OSError:
+                raise
+            except Exception as e:  # noqa: BLE001 - name the shard and records, keep the cause
+                raise OSError(f"{self._paths[shard]}: cannot read records {local[0]}..{local[-1]} ({e}); the shard "
+                              "is corrupt: re-run the conversion (python -m pipelines verify finds such shards)") from e
+            for pos, record in zip(run.tolist(), records):
+                out[pos] = record
         return out  # type: ignore[return-value]

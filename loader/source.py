@@ -30,6 +30,7 @@ class ShardedSource:
     lengths: tuple[int, ...]
     kind: str  # "manifest", "tfds" or "glob"
     features_dir: str | None = None  # a directory holding TFDS features.json, when there is one
+    total_bytes: int | None = None  # stored size of all shards, when known without opening them
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
@@ -38,6 +39,11 @@ class ShardedSource:
 
     def __len__(self) -> int:
         return int(sum(self.lengths))
+
+    @property
+    def mean_record_bytes(self) -> int:
+        """Stored bytes per record (compressed: a lower bound of the decoded size); 1 KB if unknown."""
+        return max(1, self.total_bytes // len(self)) if self.total_bytes else 1024
 
     @property
     def starts(self) -> np.ndarray:
@@ -85,7 +91,7 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
                              "the file is truncated or was replaced: re-run the conversion or restage the data")
     features = root if manifest.kind == "tfds" and _exists(_join(root, "features.json")) else None
     return ShardedSource(tuple(_join(root, e.path) for e in entries), tuple(e.records for e in entries),
-                         "manifest", features)
+                         "manifest", features, sum(e.bytes for e in entries))
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:
@@ -104,7 +110,7 @@ def _from_tfds_info(root: str, split: str) -> ShardedSource:
     for p in paths:
         if os.path.basename(p) not in sizes:
             raise FileNotFoundError(f"{p} is listed in {TFDS_INFO} but missing; rebuild or re-download the dataset")
-    return ShardedSource(tuple(paths), tuple(lengths), "tfds", root)
+    return ShardedSource(tuple(paths), tuple(lengths), "tfds", root, sum(sizes[os.path.basename(p)] for p in paths))
 
 
 def _from_glob(pattern: str) -> ShardedSource:

@@ -168,3 +168,23 @@ def test_corrupt_shard_with_the_right_size_fails_naming_the_shard(converted, tmp
     it = iter(loader.load(str(broken), batch_size=101, shuffle=False, num_epochs=1, decode=None))
     with pytest.raises(OSError, match=r"train-00002-of-00005.array_record.*corrupt"):
         list(it)
+
+
+def test_batch_decoding_equals_record_by_record_decoding():
+    from loader.decode import ExampleDecoder, collate
+    from pipelines.example_proto import encode_example
+
+    decoder = ExampleDecoder()
+    uniform = [encode_example({"x": [i, i + 1], "f": float(i) / 2, "s": b"a" * i, "y": i}) for i in range(1, 6)]
+    fast, slow = decoder.decode_batch(uniform), collate([decoder(r) for r in uniform])
+    assert fast.keys() == slow.keys()
+    for key in slow:
+        if isinstance(slow[key], list):
+            assert fast[key] == slow[key]
+        else:
+            assert fast[key].dtype == slow[key].dtype and fast[key].shape == slow[key].shape
+            np.testing.assert_array_equal(fast[key], slow[key])
+    ragged = [encode_example({"x": list(range(i))}) for i in range(1, 4)]
+    assert decoder.decode_batch(ragged) is None  # falls back to per-record decoding
+    mixed = [encode_example({"a": 1}), encode_example({"b": 1})]
+    assert decoder.decode_batch(mixed) is None
