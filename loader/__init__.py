@@ -6,5 +6,6 @@
 
 from loader.pipeline import Loader, LoaderConfig, LoaderIterator, load
 from loader.source import ShardedSource, resolve
+from loader.staging import StageResult, stage
 
-__all__ = ["Loader", "LoaderConfig", "LoaderIterator", "ShardedSource", "load", "resolve"]
+__all__ = ["Loader", "LoaderConfig", "LoaderIterator", "ShardedSource", "StageResult", "load", "resolve", "stage"]

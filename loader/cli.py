@@ -3,6 +3,7 @@
     python -m loader inspect out/                    # counts, shards, feature spec, a sample
     python -m loader inspect ~/tfds/mnist/3.0.1 --split test
     python -m loader bench out/ --batch_size 256     # examples/s on your own data
+    python -m loader stage gs://bucket/ds /local/ds  # copy to local disk (resumable, size-checked)
 """
 
 from __future__ import annotations
@@ -64,9 +65,26 @@ def bench_main(args) -> int:
     return 0
 
 
+def stage_main(args) -> int:
+    import loader
+
+    result = loader.stage(args.source, args.local_dir, parallelism=args.parallelism)
+    print(f"staged {args.source} -> {result.directory}: copied {result.copied} shard(s) "
+          f"({result.bytes_copied / 1e6:,.1f} MB), {result.skipped} already there, {result.seconds:.1f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from pipelines import logs
+
+    logs.setup()
     p = argparse.ArgumentParser(prog="python -m loader")
     sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("stage", help="copy a gs:// dataset to local disk")
+    s.add_argument("source")
+    s.add_argument("local_dir")
+    s.add_argument("--parallelism", type=int, default=8)
+    s.set_defaults(fn=stage_main, decode="auto")
     for name, fn in (("inspect", inspect_main), ("bench", bench_main)):
         s = sub.add_parser(name)
         s.add_argument("source", help="a converted directory, a TFDS array_record directory, or a glob")
