@@ -35,7 +35,7 @@ def setup(level: str | None = None) -> None:
     """Our packages log at `level` (default $LOGLEVEL or INFO); everything else at WARNING."""
     level = level or os.environ.get("LOGLEVEL", "INFO")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+                        datefmt="%H:%M:%S", force=True)  # force: absl/JAX may have configured logging already
     for name in ("pipelines", "loader", "trainer"):
         logging.getLogger(name).setLevel(level)
     forwarded = logging.getLogger("apache_beam.runners.portability.local_job_service")

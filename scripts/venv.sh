@@ -9,11 +9,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv with $PY"
   "$PY" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS:-test}
+stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS:-test,train}
 if [ ! -f "$stamp" ]; then
   echo "==> installing the project and its dependencies into .venv (first run: ~2 min)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[${EXTRAS:-test}]"
+  .venv/bin/python -m pip install -q -e ".[${EXTRAS:-test,train}]"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

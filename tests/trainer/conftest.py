@@ -1,0 +1,31 @@
+import subprocess
+import sys
+
+import pytest
+
+from pipelines import ConvertConfig, run_conversion
+from pipelines.demo import write_digits_tfrecords
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory):
+    """The digits demo converted by the real pipeline: {'train': dir, 'test': dir}."""
+    root = tmp_path_factory.mktemp("digits")
+    write_digits_tfrecords(str(root / "tfrecord"), num_shards=2)
+    out = {}
+    for split in ("train", "test"):
+        out[split] = root / split
+        run_conversion(ConvertConfig(input=str(root / "tfrecord" / f"digits-{split}.tfrecord-*"), output=str(out[split])),
+                       ["--direct_num_workers=1"])
+    return out
+
+
+def run_trainer(*overrides: str, devices: int = 1, timeout: int = 300, popen: bool = False):
+    """`python -m trainer key=value ...` in a fresh process with `devices` simulated CPU devices."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    cmd = [sys.executable, "-m", "trainer", *overrides]
+    if popen:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

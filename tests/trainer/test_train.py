@@ -1,0 +1,115 @@
+"""The real `python -m trainer`, on the digits converted by the pipeline."""
+
+import json
+import signal
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from tests.trainer.conftest import run_trainer
+
+
+def _metrics(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _params(workdir):
+    """The latest checkpoint's step and params, as NumPy arrays (whatever mesh saved them)."""
+    import jax
+
+    handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()}
+    with ocp.CheckpointManager(str(workdir / "checkpoints"), item_handlers=handlers) as mngr:
+        step = mngr.latest_step()
+        meta = mngr.item_metadata(step)["state"]
+        target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), meta)
+        restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                              data=ocp.args.JsonRestore()))
+    return step, restored["state"]["params"]
+
+
+def _common(digits, workdir, *extra):
+    return (f"data={digits['train']}", f"eval_data={digits['test']}", f"workdir={workdir}", "batch_size=32",
+            "learning_rate=0.003", *extra)
+
+
+def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
+    proc = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=30", "log_every=10", "eval_every=30",
+                                "checkpoint_every=30"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "strategy=default num_replicas_in_sync=1" in proc.stderr
+    records = _metrics(tmp_path)
+    assert [r["step"] for r in records] == [10, 20, 30]
+    for key in ("loss", "examples_per_sec", "examples_per_sec_per_device", "step_time_s", "data_wait_fraction"):
+        assert all(np.isfinite(r[key]) for r in records), key
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert 0.5 < records[-1]["eval_accuracy"] <= 1.0 and records[-1]["eval_examples"] == 359
+    assert list((tmp_path / "tensorboard").iterdir())
+    assert _params(tmp_path)[0] == 30
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["final_step"] == 30 and summary["eval_accuracy"] == pytest.approx(records[-1]["eval_accuracy"])
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "fsdp"])
+def test_eight_devices_match_one_device(digits, tmp_path, strategy):
+    one = run_trainer(*_common(digits, tmp_path / "one", "model=mlp", "steps=20", "log_every=1", "strategy=default"))
+    many = run_trainer(*_common(digits, tmp_path / "many", "model=mlp", "steps=20", "log_every=1",
+                                f"strategy={strategy}"), devices=8)
+    assert one.returncode == 0 and many.returncode == 0, (one.stderr[-2000:], many.stderr[-2000:])
+    assert f"strategy={strategy} num_replicas_in_sync=8" in many.stderr
+    np.testing.assert_allclose([r["loss"] for r in _metrics(tmp_path / "many")],
+                               [r["loss"] for r in _metrics(tmp_path / "one")], rtol=1e-4)
+    (_, a), (_, b) = _params(tmp_path / "one"), _params(tmp_path / "many")
+    np.testing.assert_allclose(np.concatenate([np.ravel(v) for v in _leaves(b)]),
+                               np.concatenate([np.ravel(v) for v in _leaves(a)]), atol=1e-4)
+
+
+def _leaves(tree):
+    import jax
+
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_sigterm_then_resume_matches_an_uninterrupted_run(digits, tmp_path):
+    args = ("model=mlp", "steps=60", "log_every=1", "checkpoint_every=1000")
+    straight = run_trainer(*_common(digits, tmp_path / "straight", *args))
+    assert straight.returncode == 0, straight.stderr[-2000:]
+
+    proc = run_trainer(*_common(digits, tmp_path / "stopped", *args), popen=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until training is under way, then preempt
+        if (tmp_path / "stopped" / "metrics.jsonl").exists() and len(_metrics(tmp_path / "stopped")) >= 10:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-2000:]
+    stopped_at, _ = _params(tmp_path / "stopped")
+    assert 10 <= stopped_at < 60 and "SIGTERM: saved a checkpoint" in output
+
+    resumed = run_trainer(*_common(digits, tmp_path / "stopped", *args))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from step {stopped_at}" in resumed.stderr
+    want = {r["step"]: r["loss"] for r in _metrics(tmp_path / "straight")}
+    got = {r["step"]: r["loss"] for r in _metrics(tmp_path / "stopped")}
+    assert sorted(got) == list(range(1, 61))
+    assert got == want  # bitwise: same batches, same losses
+    (_, a), (_, b) = _params(tmp_path / "straight"), _params(tmp_path / "stopped")
+    assert all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b)))
+
+
+def test_non_finite_loss_stops_with_the_step(digits, tmp_path):
+    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "steps=50", "log_every=50",
+                       "learning_rate=1e30", "batch_size=32")
+    assert proc.returncode != 0
+    assert "NonFiniteLoss: loss is" in proc.stderr and " at step " in proc.stderr
+
+
+def test_bad_config_is_one_line(tmp_path):
+    proc = run_trainer("data=x", f"workdir={tmp_path}", "stepz=3")
+    assert proc.returncode == 2 and "unknown config key(s) ['stepz']" in proc.stderr
+    proc = run_trainer("data=x", f"workdir={tmp_path}", "steps=many")
+    assert proc.returncode == 2 and "steps='many' is not a valid int" in proc.stderr
+    proc = run_trainer("data=x", f"workdir={tmp_path}", "strategy=tpu_pod")
+    assert proc.returncode == 2 and "strategy='tpu_pod' is not one of" in proc.stderr

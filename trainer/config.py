@@ -1,0 +1,78 @@
+"""The trainer's typed config: defaults in one place, `key=value` overrides, unknown keys rejected.
+
+    python -m trainer --config run.json data=out/train eval_data=out/test model=cnn strategy=mirrored steps=500
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+
+STRATEGIES = ("default", "one_device", "mirrored", "fsdp")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    data: str  # anything loader.load takes
+    workdir: str
+    eval_data: str | None = None
+    model: str = "cnn"
+    strategy: str = "default"
+    device: str | None = None  # for one_device, e.g. "cpu:0" or "gpu:1"
+    steps: int = 1000
+    batch_size: int = 128  # global
+    learning_rate: float = 1e-3
+    seed: int = 0
+    num_classes: int = 10
+    image_key: str = "image"
+    label_key: str = "label"
+    split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
+    log_every: int = 50
+    eval_every: int = 250
+    checkpoint_every: int = 250
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0 (got learning_rate={self.learning_rate})")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+
+    @classmethod
+    def from_args(cls, overrides: list[str], config_file: str | None = None) -> TrainConfig:
+        values: dict = {}
+        if config_file:
+            with open(config_file) as f:
+                values.update(json.load(f))
+        for item in overrides:
+            key, sep, raw = item.partition("=")
+            if not sep:
+                raise ValueError(f"argument {item!r} is not key=value (e.g. steps=500)")
+            values[key] = raw
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown config key(s) {unknown}; the keys are {sorted(fields)}")
+        missing = [k for k in ("data", "workdir") if k not in values]
+        if missing:
+            raise ValueError(f"missing required key(s) {missing}, e.g. data=out/train workdir=/tmp/run")
+        return cls(**{k: _coerce(k, v, fields[k].type) for k, v in values.items()})
+
+
+def _coerce(key: str, value, annotation):
+    if not isinstance(value, str):
+        return value
+    hint = eval(annotation, {}, {}) if isinstance(annotation, str) else annotation  # noqa: S307 - our own annotations
+    options = [a for a in typing.get_args(hint) if a is not type(None)] if isinstance(hint, types.UnionType) else [hint]
+    if value.lower() in ("none", "null") and isinstance(hint, types.UnionType):
+        return None
+    for option in options:
+        try:
+            return option(value) if option is not bool else value.lower() in ("1", "true", "yes")
+        except ValueError:
+            continue
+    raise ValueError(f"{key}={value!r} is not a valid {' or '.join(o.__name__ for o in options)}")

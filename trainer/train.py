@@ -1,0 +1,203 @@
+"""`train_and_evaluate(config)`: the training loop, in named phases.
+
+setup (strategy, data, model, optimizer) -> restore (latest checkpoint, loader state included) ->
+loop (step; every log_every: metrics; every eval_every: eval; every checkpoint_every or on SIGTERM:
+checkpoint) -> summary. Metrics go to WORKDIR/metrics.jsonl, TensorBoard (WORKDIR/tensorboard) and
+the console.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+import loader
+from trainer import models, strategy as strategies
+from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLoss(FloatingPointError):
+    pass
+
+
+def itstime(step: int, every: int, last_step: int) -> bool:
+    """Periodic work (big_vision's helper): every `every` steps, and at the last step."""
+    return step % every == 0 or step == last_step
+
+
+def _source_split(path: str, default: str | None) -> str | None:
+    """TFDS sources need a split; others must not get one."""
+    return default if os.path.exists(os.path.join(path, "dataset_info.json")) else None
+
+
+def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
+    # --- setup ------------------------------------------------------------------------------
+    os.makedirs(config.workdir, exist_ok=True)
+    strategy = strategies.make(config.strategy, device=config.device)
+    replicas = strategy.num_replicas_in_sync
+    if config.batch_size % replicas:
+        raise ValueError(f"batch_size={config.batch_size} does not split over num_replicas_in_sync={replicas}; "
+                         f"use a multiple of {replicas}")
+    log.info("strategy=%s num_replicas_in_sync=%d mesh=%s devices=%s", strategy.name, replicas,
+             dict(strategy.mesh.shape), [str(d) for d in strategy.mesh.devices.flat])
+
+    train_split = config.split or _source_split(config.data, "train")
+    batches = loader.load(config.data, batch_size=config.batch_size, seed=config.seed, split=train_split,
+                          sharding=strategy.batch_sharding)
+    sample = next(iter(loader.load(config.data, batch_size=1, shuffle=False, split=train_split)))
+    model = models.make(config.model, config.num_classes)
+    params = model.init(jax.random.key(config.seed), models.images_to_float(sample[config.image_key]))["params"]
+    tx = optax.adam(config.learning_rate)
+    state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    state_sharding = strategy.param_sharding(state)
+    state = jax.device_put(state, state_sharding)
+    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
+    log.info("model=%s parameters=%s", config.model, f"{n_params:,}")
+
+    def loss_fn(p, batch):
+        logits = model.apply({"params": p}, models.images_to_float(batch[config.image_key]))
+        labels = batch[config.label_key].astype(jnp.int32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    def train_step(state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
+               "step": state["step"] + 1}
+        return new, loss
+
+    train_step = jax.jit(train_step, in_shardings=(state_sharding, strategy.batch_sharding),
+                         out_shardings=(state_sharding, strategy.replicated), donate_argnums=(0,))
+
+    # --- restore ----------------------------------------------------------------------------
+    mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(config.workdir, "checkpoints")),
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=3))
+    it = iter(batches)
+    start = 0
+    if mngr.latest_step() is not None:
+        start = mngr.latest_step()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        restored = mngr.restore(start, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                               data=ocp.args.JsonRestore()))
+        state = restored["state"]
+        it.set_state(restored["data"])
+        log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])
+
+    def save(step: int) -> None:
+        mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                data=ocp.args.JsonSave(it.get_state())), force=True)
+        mngr.wait_until_finished()
+
+    preempted = {"flag": False}
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.update(flag=True))
+    metrics_file = open(os.path.join(config.workdir, "metrics.jsonl"), "a")
+    writer = _tensorboard(config.workdir)
+
+    # --- loop -------------------------------------------------------------------------------
+    losses: list = []
+    period_start, data_wait, last = time.perf_counter(), 0.0, {}
+    try:
+        for step in range(start + 1, config.steps + 1):
+            t = time.perf_counter()
+            batch = next(it)
+            data_wait += time.perf_counter() - t
+            state, loss = train_step(state, batch)
+            if losses:
+                # At most two steps in flight. Unbounded asynchronous dispatch of collective programs
+                # hangs XLA:CPU's in-process all-reduce (reproduced with 8 simulated devices after ~300
+                # queued steps); on accelerators one step of lookahead is all the overlap needed.
+                losses[-1].block_until_ready()
+            losses.append(loss)
+            if itstime(step, config.log_every, config.steps) or preempted["flag"]:
+                values = np.asarray(jax.device_get(losses), dtype=np.float64)  # waits for the steps
+                bad = np.flatnonzero(~np.isfinite(values))
+                if bad.size:
+                    raise NonFiniteLoss(f"loss is {values[bad[0]]} at step {step - len(values) + 1 + bad[0]}; "
+                                        "lower learning_rate or check the data")
+                elapsed = time.perf_counter() - period_start
+                last = {"step": step, "loss": float(values.mean()),
+                        "examples_per_sec": len(values) * config.batch_size / elapsed,
+                        "examples_per_sec_per_device": len(values) * config.batch_size / elapsed / replicas,
+                        "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed}
+                if config.eval_data and itstime(step, config.eval_every, config.steps):
+                    last.update(_evaluate(config, strategy, model, state["params"]))
+                _write(metrics_file, writer, last)
+                log.info("step %d/%d loss %.4f %s%.0f ex/s data-wait %.1f%%", step, config.steps, last["loss"],
+                         f"eval_accuracy {last['eval_accuracy']:.4f} " if "eval_accuracy" in last else "",
+                         last["examples_per_sec"], 100 * last["data_wait_fraction"])
+                losses, period_start, data_wait = [], time.perf_counter(), 0.0
+            if itstime(step, config.checkpoint_every, config.steps) or preempted["flag"]:
+                save(step)
+            if preempted["flag"]:
+                log.warning("SIGTERM: saved a checkpoint at step %d; exiting", step)
+                return {**last, "preempted": True, "final_step": step}
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        metrics_file.close()
+        if writer:
+            writer.close()
+        mngr.close()
+    # --- summary ----------------------------------------------------------------------------
+    final = _evaluate(config, strategy, model, state["params"]) if config.eval_data else {}
+    return {**last, **final, "preempted": False, "final_step": config.steps}
+
+
+def _evaluate(config: TrainConfig, strategy, model, params) -> dict[str, float]:
+    """Accuracy and loss over one pass of eval_data (the last batch padded and masked)."""
+    split = _source_split(config.eval_data, "test")
+    batches = loader.load(config.eval_data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
+                          drop_remainder=False, split=split)
+
+    @jax.jit
+    def eval_step(params, images, labels, weights):
+        logits = model.apply({"params": params}, models.images_to_float(images))
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels.astype(jnp.int32))
+        correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+        return jnp.sum(correct * weights), jnp.sum(loss * weights)
+
+    correct = total_loss = count = 0.0
+    for batch in batches:
+        images, labels = np.asarray(batch[config.image_key]), np.asarray(batch[config.label_key])
+        n = len(labels)
+        pad = config.batch_size - n
+        weights = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
+        if pad:
+            images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
+            labels = np.concatenate([labels, np.zeros(pad, labels.dtype)])
+        placed = strategy.distribute({"images": images, "labels": labels, "weights": weights})
+        c, l = eval_step(params, placed["images"], placed["labels"], placed["weights"])
+        correct, total_loss, count = correct + float(c), total_loss + float(l), count + n
+    return {"eval_accuracy": correct / count, "eval_loss": total_loss / count, "eval_examples": int(count)}
+
+
+def _tensorboard(workdir: str):
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:  # optional: metrics.jsonl has everything
+        log.warning("tensorboardX is not installed: no TensorBoard scalars (metrics.jsonl is still written)")
+        return None
+    return SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+
+def _write(metrics_file, writer, record: dict) -> None:
+    metrics_file.write(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                                   for k, v in record.items()}) + "\n")
+    metrics_file.flush()
+    if writer:
+        for key, value in record.items():
+            if key != "step":
+                writer.add_scalar(key, value, record["step"])
+        writer.flush()
