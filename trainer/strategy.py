@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -105,7 +106,7 @@ class Strategy:
         return jax.tree.map(lambda v: reducer(v, axis=0) if np.ndim(v) else v, value)
 
 
-_jit_cache: dict = {}
+_jit_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fn -> its jit, dropped with fn
 
 
 def get_strategy() -> Strategy:
