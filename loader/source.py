@@ -19,7 +19,9 @@ import os
 
 import numpy as np
 
+from pipelines import storage
 from pipelines.manifest import MANIFEST_NAME, Manifest
+
 
 TFDS_INFO = "dataset_info.json"
 
@@ -53,10 +55,10 @@ class ShardedSource:
 
 def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:
     if _is_dir(source):
-        manifest_path = _join(source, MANIFEST_NAME)
-        if _exists(manifest_path):
+        manifest_path = storage.join(source, MANIFEST_NAME)
+        if storage.exists(manifest_path):
             return _from_manifest(source, split, allow_incomplete)
-        if _exists(_join(source, TFDS_INFO)):
+        if storage.exists(storage.join(source, TFDS_INFO)):
             return _from_tfds_info(source, split or "train")
         raise FileNotFoundError(f"{source} has neither {MANIFEST_NAME} nor {TFDS_INFO}; pass a directory written "
                                 "by `python -m pipelines convert` or `tfds build --file_format=array_record`, or a "
@@ -65,7 +67,7 @@ def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = F
 
 
 def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> ShardedSource:
-    path = _join(root, MANIFEST_NAME)
+    path = storage.join(root, MANIFEST_NAME)
     manifest = Manifest.from_json(_read_text(path), path=path)
     if not manifest.complete and not allow_incomplete:
         raise ValueError(f"{path}: the conversion is incomplete ({len(manifest.failed)} shard(s) failed, e.g. "
@@ -80,33 +82,33 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
             raise ValueError(f"{path}: no shards for split {split!r}; the splits are {splits}")
     elif split is not None:
         raise ValueError(f"split={split!r} was given but {root} is not a TFDS dataset; leave split unset")
-    sizes = _listing(root)
+    sizes = storage.list_sizes(root)
     for entry in entries:
         size = sizes.get(entry.path)
         if size is None:
-            raise FileNotFoundError(f"{_join(root, entry.path)} is listed in {MANIFEST_NAME} but missing; re-run "
+            raise FileNotFoundError(f"{storage.join(root, entry.path)} is listed in {MANIFEST_NAME} but missing; re-run "
                                     "`python -m pipelines convert` (it recreates missing shards) or restage the data")
         if size != entry.bytes:
-            raise ValueError(f"{_join(root, entry.path)} is {size} bytes but {MANIFEST_NAME} says {entry.bytes}; "
+            raise ValueError(f"{storage.join(root, entry.path)} is {size} bytes but {MANIFEST_NAME} says {entry.bytes}; "
                              "the file is truncated or was replaced: re-run the conversion or restage the data")
-    features = root if manifest.kind == "tfds" and _exists(_join(root, "features.json")) else None
-    return ShardedSource(tuple(_join(root, e.path) for e in entries), tuple(e.records for e in entries),
+    features = root if manifest.kind == "tfds" and storage.exists(storage.join(root, "features.json")) else None
+    return ShardedSource(tuple(storage.join(root, e.path) for e in entries), tuple(e.records for e in entries),
                          "manifest", features, sum(e.bytes for e in entries))
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:
-    info = json.loads(_read_text(_join(root, TFDS_INFO)))
+    info = json.loads(_read_text(storage.join(root, TFDS_INFO)))
     if info.get("fileFormat") != "array_record":
-        raise ValueError(f"{_join(root, TFDS_INFO)} says fileFormat={info.get('fileFormat', 'tfrecord')!r}; convert it "
+        raise ValueError(f"{storage.join(root, TFDS_INFO)} says fileFormat={info.get('fileFormat', 'tfrecord')!r}; convert it "
                          f"first: python -m pipelines convert --input {root} --output OUT")
     splits = {s["name"]: s for s in info.get("splits", [])}
     if split not in splits:
-        raise ValueError(f"{_join(root, TFDS_INFO)} has no split {split!r}; the splits are {sorted(splits)}")
+        raise ValueError(f"{storage.join(root, TFDS_INFO)} has no split {split!r}; the splits are {sorted(splits)}")
     from pipelines.tfds_dir import shard_name  # pure JSON templating, shared with the converter
 
     lengths = [int(n) for n in splits[split].get("shardLengths", [])]
-    paths = [_join(root, shard_name(info, splits[split], "array_record", i, len(lengths))) for i in range(len(lengths))]
-    sizes = _listing(root)
+    paths = [storage.join(root, shard_name(info, splits[split], "array_record", i, len(lengths))) for i in range(len(lengths))]
+    sizes = storage.list_sizes(root)
     for p in paths:
         if os.path.basename(p) not in sizes:
             raise FileNotFoundError(f"{p} is listed in {TFDS_INFO} but missing; rebuild or re-download the dataset")
@@ -131,52 +133,23 @@ def _from_glob(pattern: str) -> ShardedSource:
     return ShardedSource(tuple(paths), tuple(lengths), "glob")
 
 
-# Local paths use os; gs:// goes through Beam's FileSystems (it honours the GCS emulator in tests).
-def _remote(path: str) -> bool:
-    return "://" in path
-
-
-def _join(root: str, name: str) -> str:
-    return root.rstrip("/") + "/" + name if _remote(root) else os.path.join(root, name)
-
-
-def _exists(path: str) -> bool:
-    if not _remote(path):
-        return os.path.exists(path)
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.exists(path)
-
-
 def _is_dir(path: str) -> bool:
     if any(c in path for c in "*?["):
         return False
-    if not _remote(path):
+    if not storage.is_remote(path):
         return os.path.isdir(path)
-    return _exists(_join(path, MANIFEST_NAME)) or _exists(_join(path, TFDS_INFO))
+    return storage.exists(storage.join(path, MANIFEST_NAME)) or storage.exists(storage.join(path, TFDS_INFO))
 
 
 def _read_text(path: str) -> str:
-    if not _remote(path):
-        with open(path) as f:
-            return f.read()
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(path) as f:
-        return f.read().decode()
-
-
-def _listing(root: str) -> dict[str, int]:
-    if not _remote(root):
-        return {e.name: e.stat().st_size for e in os.scandir(root) if e.is_file()}
-    from apache_beam.io.filesystems import FileSystems
-
-    metas = FileSystems.match([_join(root, "*")])[0].metadata_list
-    return {m.path.rsplit("/", 1)[-1]: m.size_in_bytes for m in metas}
+    text = storage.read_text(path)
+    if text is None:
+        raise FileNotFoundError(f"{path} does not exist")
+    return text
 
 
 def _glob(pattern: str) -> list[str]:
-    if not _remote(pattern):
+    if not storage.is_remote(pattern):
         return globlib.glob(os.path.expanduser(pattern))
     from apache_beam.io.filesystems import FileSystems
 

@@ -23,6 +23,7 @@ import shutil
 import time
 import uuid
 
+from pipelines import storage
 from pipelines.manifest import MANIFEST_NAME, Manifest
 
 log = logging.getLogger(__name__)
@@ -41,11 +42,8 @@ class StageResult:
 
 def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
     """Copies the dataset at `source` (gs:// or local) into `local_dir`; returns what it did."""
-    from apache_beam.io.filesystems import FileSystems
-
     started = time.monotonic()
-    listing = {m.path.rsplit("/", 1)[-1]: m.size_in_bytes
-               for m in FileSystems.match([source.rstrip("/") + "/*"])[0].metadata_list}
+    listing = storage.list_sizes(source)
     if not listing:
         raise FileNotFoundError(f"{source} is empty or does not exist; check the path (a directory written by "
                                 "`python -m pipelines convert` or tfds build)")
@@ -70,15 +68,12 @@ def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
 
 def _plan(source: str, listing: dict[str, int]) -> tuple[dict[str, int], list[str]]:
     """Shard name -> expected size, and the metadata files to copy after them."""
-    from apache_beam.io.filesystems import FileSystems
-
     if MANIFEST_NAME in listing:
-        with FileSystems.open(f"{source.rstrip('/')}/{MANIFEST_NAME}") as f:
-            manifest = Manifest.from_json(f.read().decode(), path=f"{source}/{MANIFEST_NAME}")
+        path = storage.join(source, MANIFEST_NAME)
+        manifest = Manifest.from_json(storage.read_text(path), path=path)
         shards = {e.path: e.bytes for e in manifest.shards}
     elif "dataset_info.json" in listing:
-        with FileSystems.open(f"{source.rstrip('/')}/dataset_info.json") as f:
-            info = json.loads(f.read())
+        info = json.loads(storage.read_text(storage.join(source, "dataset_info.json")))
         if info.get("fileFormat") != "array_record":
             raise ValueError(f"{source}/dataset_info.json says fileFormat={info.get('fileFormat', 'tfrecord')!r}; "
                              "convert it first (python -m pipelines convert)")

@@ -12,11 +12,12 @@ appended. A compression suffix (`.gz`) is dropped first.
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 import re
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+
+from pipelines.storage import basename
 
 _TOKEN = re.compile(r"(?<![A-Za-z0-9])tfrecords?(?![A-Za-z0-9])")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -37,14 +38,6 @@ class InputFile:
     @property
     def compression(self) -> str:
         return CompressionTypes.detect_compression_type(self.path)
-
-
-def is_remote(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def basename(path: str) -> str:
-    return posixpath.basename(path.rstrip("/")) if is_remote(path) else path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def output_name(source: str) -> str:

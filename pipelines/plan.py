@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from apache_beam.io.filesystems import FileSystems
-
 from pipelines import paths, storage, tfds_dir
 from pipelines.config import ConvertConfig
 from pipelines.manifest import MANIFEST_NAME, Manifest, ShardEntry
@@ -57,7 +55,7 @@ def make_plan(config: ConvertConfig) -> Plan:
                          f"converting {kind} input {config.input!r} there would mix datasets: use another "
                          "--output")
     old = {e.source: e for e in previous.shards} if previous else {}
-    existing = _existing_outputs(config.output) if old else {}
+    existing = storage.list_sizes(config.output) if old else {}
     options = config.resolved_writer_options
 
     tasks, kept = [], []
@@ -84,11 +82,3 @@ def make_plan(config: ConvertConfig) -> Plan:
                     "delete them.", len(orphaned), orphaned[0].source)
     return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned)
 
-
-def _existing_outputs(output: str) -> dict[str, int]:
-    """Relative path -> size of the files directly under `output`."""
-    try:
-        listing = FileSystems.match([storage.join(output, "*")])[0].metadata_list
-    except Exception:  # noqa: BLE001 - an absent directory simply has no outputs
-        return {}
-    return {paths.basename(m.path): m.size_in_bytes for m in listing}

@@ -20,7 +20,8 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 
 from pipelines import storage, tfrecord
 from pipelines.manifest import ShardEntry
-from pipelines.paths import InputFile, is_remote
+from pipelines.paths import InputFile
+from pipelines.storage import is_remote
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from apache_beam.io.filesystems import FileSystems
-
 from pipelines import storage
-from pipelines.paths import InputFile, basename
+from pipelines.paths import InputFile
+from pipelines.storage import basename
 
 INFO_NAME = "dataset_info.json"
 _DEFAULT_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
@@ -31,7 +30,7 @@ class TfdsShard:
 
 
 def is_tfds_dir(path: str) -> bool:
-    return not any(c in path for c in "*?[") and FileSystems.exists(storage.join(path, INFO_NAME))
+    return not any(c in path for c in "*?[") and storage.exists(storage.join(path, INFO_NAME))
 
 
 def read_info(directory: str) -> dict:
@@ -53,6 +52,8 @@ def list_shards(directory: str) -> list[TfdsShard]:
     if file_format != "tfrecord":
         raise ValueError(f"{storage.join(directory, INFO_NAME)} says fileFormat={file_format!r}; only "
                          "TFRecord datasets need converting")
+    from apache_beam.io.filesystems import FileSystems
+
     listing = {m.path: m for m in FileSystems.match([storage.join(directory, "*")])[0].metadata_list}
     shards = []
     for split in info.get("splits", []):
@@ -83,11 +84,10 @@ def write_metadata(source_dir: str, out_dir: str, shard_lengths: dict[str, list[
     """Copies the metadata files and writes `dataset_info.json` for the ArrayRecord shards."""
     info = read_info(source_dir)
     shard_names = {basename(s.file.path) for s in list_shards(source_dir)}
-    for meta in FileSystems.match([storage.join(source_dir, "*")])[0].metadata_list:
-        name = basename(meta.path)
+    for name in storage.list_sizes(source_dir):
         if name in shard_names or name == INFO_NAME or name.startswith("."):
             continue
-        data = storage.read_bytes(meta.path)
+        data = storage.read_bytes(storage.join(source_dir, name))
         if data is not None:
             storage.write_bytes(storage.join(out_dir, name), data)
     info["fileFormat"] = "array_record"
