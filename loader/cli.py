@@ -52,8 +52,8 @@ def bench_main(args) -> int:
     import loader
 
     started = time.perf_counter()
-    it = iter(loader.load(args.source, batch_size=args.batch_size, split=args.split, seed=0,
-                          decode=None if args.decode == "none" else args.decode, worker_count=args.workers))
+    it = iter(loader.load(args.source, batch_size=args.batch_size, split=args.split, seed=0, decode=args.decode,
+                          worker_count=args.workers))
     next(it)
     first = time.perf_counter() - started
     t = time.perf_counter()
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--workers", type=int, default=0)
     args = p.parse_args(argv)
     if args.decode == "none":
-        args.decode = None if args.command == "inspect" else "none"
+        args.decode = None
     try:
         return args.fn(args)
     except (FileNotFoundError, ValueError, OSError) as e:
