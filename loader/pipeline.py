@@ -131,6 +131,8 @@ class _ReadGroup:
         return batches
 
     def _finish(self, records: list[bytes], indices: np.ndarray):
+        if not records:  # this host's share of a short last batch (drop_remainder=False) can be empty
+            return []
         if self._decoder is None and self._map_fn is None:
             return records
         if self._map_fn is None and hasattr(self._decoder, "decode_batch"):

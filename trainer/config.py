@@ -10,7 +10,7 @@ import json
 import types
 import typing
 
-STRATEGIES = ("default", "one_device", "mirrored", "fsdp")
+STRATEGIES = ("default", "one_device", "mirrored", "fsdp", "multi_worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +21,10 @@ class TrainConfig:
     model: str = "cnn"
     strategy: str = "default"
     device: str | None = None  # for one_device, e.g. "cpu:0" or "gpu:1"
+    # multi_worker: explicit cluster (else TF_CONFIG, else JAX's auto-detection on TPU VMs, Slurm, GKE, ...)
+    coordinator_address: str | None = None  # host:port of process 0
+    num_processes: int | None = None
+    process_id: int | None = None
     steps: int = 1000
     batch_size: int = 128  # global
     learning_rate: float = 1e-3

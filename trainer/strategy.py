@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -115,7 +117,12 @@ def get_strategy() -> Strategy:
 
 
 def make(name: str, *, device: str | None = None) -> Strategy:
-    """default | one_device | mirrored | fsdp (multi_worker and tpu: see the issue's note)."""
+    """default | one_device | mirrored | fsdp | multi_worker (call `initialize_multi_worker` first)."""
+    if name == "multi_worker":
+        if not jax.distributed.is_initialized():
+            raise ValueError("strategy='multi_worker' needs jax.distributed: call "
+                             "trainer.strategy.initialize_multi_worker() before using JAX")
+        return Strategy(name, _mesh(jax.devices()))  # every device of every process, batch split over all
     devices = jax.devices()
     if name == "default":
         return Strategy(name, _mesh(devices[:1]))
@@ -128,6 +135,40 @@ def make(name: str, *, device: str | None = None) -> Strategy:
                              "running; use strategy=multi_worker")
         return Strategy(name, _mesh(local), shard_params=(name == "fsdp"))
     raise ValueError(f"strategy={name!r} is not one of default, one_device, mirrored, fsdp")
+
+
+def initialize_multi_worker(coordinator_address: str | None = None, num_processes: int | None = None,
+                            process_id: int | None = None) -> None:
+    """Starts jax.distributed: from explicit flags, else a tf.distribute TF_CONFIG, else JAX's auto-detection.
+
+    TF_CONFIG (MultiWorkerMirroredStrategy's): {"cluster": {"worker": ["host0:port", ...]},
+    "task": {"type": "worker", "index": i}}; worker 0's address becomes the coordinator.
+    """
+    if coordinator_address is None and os.environ.get("TF_CONFIG"):
+        coordinator_address, num_processes, process_id = _from_tf_config(os.environ["TF_CONFIG"])
+    if coordinator_address is not None and (num_processes is None or process_id is None):
+        raise ValueError("multi_worker with coordinator_address needs num_processes and process_id too")
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                               process_id=process_id)
+
+
+def _from_tf_config(text: str) -> tuple[str, int, int]:
+    try:
+        spec = json.loads(text)
+        workers = spec["cluster"]["worker"]
+        task = spec["task"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"TF_CONFIG is not a tf.distribute cluster spec ({e}): expected "
+                         '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}') from e
+    if task.get("type") not in ("worker", "chief"):
+        raise ValueError(f"TF_CONFIG task type {task.get('type')!r} is not 'worker'; parameter servers are not "
+                         "supported (use one process per worker)")
+    if "chief" in spec["cluster"]:
+        workers = list(spec["cluster"]["chief"]) + list(workers)
+        index = 0 if task["type"] == "chief" else int(task["index"]) + 1
+    else:
+        index = int(task["index"])
+    return workers[0], len(workers), index
 
 
 def _find_device(spec: str | None, devices: list) -> Any:

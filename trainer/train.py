@@ -45,19 +45,24 @@ def _source_split(path: str, default: str | None) -> str | None:
 
 def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     # --- setup ------------------------------------------------------------------------------
+    if config.strategy == "multi_worker" and not jax.distributed.is_initialized():
+        strategies.initialize_multi_worker(config.coordinator_address, config.num_processes, config.process_id)
     os.makedirs(config.workdir, exist_ok=True)
     strategy = strategies.make(config.strategy, device=config.device)
+    chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints
     replicas = strategy.num_replicas_in_sync
     if config.batch_size % replicas:
         raise ValueError(f"batch_size={config.batch_size} does not split over num_replicas_in_sync={replicas}; "
                          f"use a multiple of {replicas}")
-    log.info("strategy=%s num_replicas_in_sync=%d mesh=%s devices=%s", strategy.name, replicas,
-             dict(strategy.mesh.shape), [str(d) for d in strategy.mesh.devices.flat])
+    log.info("strategy=%s num_replicas_in_sync=%d mesh=%s devices=%s process=%d/%d", strategy.name, replicas,
+             dict(strategy.mesh.shape), [str(d) for d in strategy.mesh.devices.flat], jax.process_index(),
+             jax.process_count())
 
     train_split = config.split or _source_split(config.data, "train")
     batches = loader.load(config.data, batch_size=config.batch_size, seed=config.seed, split=train_split,
                           sharding=strategy.batch_sharding)
-    sample = next(iter(loader.load(config.data, batch_size=1, shuffle=False, split=train_split)))
+    sample = next(iter(loader.load(config.data, batch_size=1, shuffle=False, split=train_split, shard_index=0,
+                                   shard_count=1)))  # one record to shape the model, on every process
     model = models.make(config.model, config.num_classes)
     params = model.init(jax.random.key(config.seed), models.images_to_float(sample[config.image_key]))["params"]
     tx = optax.adam(config.learning_rate)
@@ -103,8 +108,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
 
     preempted = {"flag": False}
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.update(flag=True))
-    metrics_file = open(os.path.join(config.workdir, "metrics.jsonl"), "a")
-    writer = _tensorboard(config.workdir)
+    metrics_file = open(os.path.join(config.workdir, "metrics.jsonl"), "a") if chief else None
+    writer = _tensorboard(config.workdir) if chief else None
 
     # --- loop -------------------------------------------------------------------------------
     losses: list = []
@@ -134,7 +139,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
                     last.update(_evaluate(config, strategy, model, state["params"]))
-                _write(metrics_file, writer, last)
+                if chief:
+                    _write(metrics_file, writer, last)
                 log.info("step %d/%d loss %.4f %s%.0f ex/s data-wait %.1f%%", step, config.steps, last["loss"],
                          f"eval_accuracy {last['eval_accuracy']:.4f} " if "eval_accuracy" in last else "",
                          last["examples_per_sec"], 100 * last["data_wait_fraction"])
@@ -146,7 +152,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                 return {**last, "preempted": True, "final_step": step}
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
-        metrics_file.close()
+        if metrics_file:
+            metrics_file.close()
         if writer:
             writer.close()
         mngr.close()
@@ -156,30 +163,38 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
 
 
 def _evaluate(config: TrainConfig, strategy, model, params) -> dict[str, float]:
-    """Accuracy and loss over one pass of eval_data (the last batch padded and masked)."""
+    """Accuracy and loss over one pass of eval_data (each process its rows; short batches padded and masked)."""
     split = _source_split(config.eval_data, "test")
     batches = loader.load(config.eval_data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
                           drop_remainder=False, split=split)
+    per_process = config.batch_size // jax.process_count()
 
     @jax.jit
     def eval_step(params, images, labels, weights):
         logits = model.apply({"params": params}, models.images_to_float(images))
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels.astype(jnp.int32))
         correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-        return jnp.sum(correct * weights), jnp.sum(loss * weights)
+        return jnp.sum(correct * weights), jnp.sum(loss * weights), jnp.sum(weights)
 
     correct = total_loss = count = 0.0
+    template = None
     for batch in batches:
+        if len(batch) == 0:  # no rows for this process in the last batch: take part with an all-padding one
+            if template is None:
+                raise ValueError(f"eval_data has fewer records than processes x rows; lower batch_size")
+            batch = {k: v[:0] for k, v in template.items()}
+        template = template or {config.image_key: np.asarray(batch[config.image_key]),
+                                config.label_key: np.asarray(batch[config.label_key])}
         images, labels = np.asarray(batch[config.image_key]), np.asarray(batch[config.label_key])
         n = len(labels)
-        pad = config.batch_size - n
+        pad = per_process - n
         weights = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
         if pad:
             images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
             labels = np.concatenate([labels, np.zeros(pad, labels.dtype)])
         placed = strategy.distribute({"images": images, "labels": labels, "weights": weights})
-        c, l = eval_step(params, placed["images"], placed["labels"], placed["weights"])
-        correct, total_loss, count = correct + float(c), total_loss + float(l), count + n
+        c, l, w = eval_step(params, placed["images"], placed["labels"], placed["weights"])
+        correct, total_loss, count = correct + float(c), total_loss + float(l), count + float(w)
     return {"eval_accuracy": correct / count, "eval_loss": total_loss / count, "eval_examples": int(count)}
 
 

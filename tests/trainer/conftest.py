@@ -21,10 +21,11 @@ def digits(tmp_path_factory):
     return out
 
 
-def run_trainer(*overrides: str, devices: int = 1, timeout: int = 300, popen: bool = False):
+def run_trainer(*overrides: str, devices: int = 1, timeout: int = 300, popen: bool = False,
+                extra_env: dict | None = None):
     """`python -m trainer key=value ...` in a fresh process with `devices` simulated CPU devices."""
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(extra_env or {})}
     cmd = [sys.executable, "-m", "trainer", *overrides]
     if popen:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,0 +1,48 @@
+"""multi_worker: two real processes on localhost (jax.distributed, gloo), launched from flags and from TF_CONFIG."""
+
+import json
+import socket
+
+import numpy as np
+import pytest
+
+from tests.trainer.conftest import run_trainer
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _losses(workdir):
+    return [json.loads(line)["loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("launch", ["flags", "tf_config"])
+@pytest.mark.timeout(300)
+def test_two_processes_agree_with_one(digits, tmp_path, launch):
+    common = (f"data={digits['train']}", f"eval_data={digits['test']}", "model=mlp", "steps=15", "log_every=1",
+              "eval_every=15", "checkpoint_every=15", "batch_size=32", "learning_rate=0.003")
+    single = run_trainer(*common, f"workdir={tmp_path / 'single'}", "strategy=mirrored", devices=2)
+    assert single.returncode == 0, single.stderr[-2000:]
+
+    port = _port()
+    procs = []
+    for i in range(2):
+        if launch == "flags":
+            extra, env = (f"coordinator_address=127.0.0.1:{port}", "num_processes=2", f"process_id={i}"), None
+        else:
+            spec = {"cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]},
+                    "task": {"type": "worker", "index": i}}
+            extra, env = (), {"TF_CONFIG": json.dumps(spec)}
+        procs.append(run_trainer(*common, f"workdir={tmp_path / 'multi'}", "strategy=multi_worker", *extra,
+                                 popen=True, extra_env=env))
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
+    assert "strategy=multi_worker num_replicas_in_sync=2" in outputs[0] and "process=1/2" in outputs[1]
+    np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"), rtol=1e-5)
+    single_eval = json.loads((tmp_path / "single" / "metrics.jsonl").read_text().splitlines()[-1])
+    multi_eval = json.loads((tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert multi_eval["eval_examples"] == single_eval["eval_examples"] == 359
+    assert multi_eval["eval_accuracy"] == pytest.approx(single_eval["eval_accuracy"], abs=1e-6)
