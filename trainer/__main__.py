@@ -21,7 +21,11 @@ def main(argv=None) -> int:
         return 2
     from trainer.train import train_and_evaluate
 
-    summary = train_and_evaluate(config)
+    try:
+        summary = train_and_evaluate(config)
+    except (ValueError, FileNotFoundError) as e:  # bad data, strategy or hardware: say what, not where
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(json.dumps({"summary": summary, "workdir": config.workdir}, indent=1))
     return 0
 

@@ -10,7 +10,7 @@ import json
 import types
 import typing
 
-STRATEGIES = ("default", "one_device", "mirrored", "fsdp", "multi_worker")
+STRATEGIES = ("default", "one_device", "mirrored", "fsdp", "multi_worker", "tpu")
 
 
 @dataclasses.dataclass(frozen=True)

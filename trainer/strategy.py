@@ -117,7 +117,13 @@ def get_strategy() -> Strategy:
 
 
 def make(name: str, *, device: str | None = None) -> Strategy:
-    """default | one_device | mirrored | fsdp | multi_worker (call `initialize_multi_worker` first)."""
+    """default | one_device | mirrored | fsdp | multi_worker (call `initialize_multi_worker` first) | tpu."""
+    if name == "tpu":
+        found = sorted({d.platform for d in jax.devices()})
+        if found != ["tpu"]:
+            raise ValueError(f"strategy='tpu' needs TPU devices, but found {jax.device_count()} device(s) of "
+                             f"platform {', '.join(found)}; use strategy=mirrored here")
+        return Strategy(name, _mesh(jax.devices()))  # every core of the slice (all hosts), data parallel
     if name == "multi_worker":
         if not jax.distributed.is_initialized():
             raise ValueError("strategy='multi_worker' needs jax.distributed: call "

@@ -33,6 +33,11 @@ class NonFiniteLoss(FloatingPointError):
     pass
 
 
+def _on_multi_host_tpu() -> bool:
+    """True on a TPU VM that is one host of several (checked without starting a JAX backend)."""
+    return "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+
+
 def itstime(step: int, every: int, last_step: int) -> bool:
     """Periodic work (big_vision's helper): every `every` steps, and at the last step."""
     return step % every == 0 or step == last_step
@@ -47,6 +52,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     # --- setup ------------------------------------------------------------------------------
     if config.strategy == "multi_worker" and not jax.distributed.is_initialized():
         strategies.initialize_multi_worker(config.coordinator_address, config.num_processes, config.process_id)
+    if config.strategy == "tpu" and _on_multi_host_tpu() and not jax.distributed.is_initialized():
+        jax.distributed.initialize()  # a multi-host TPU slice: JAX finds the cluster from the TPU metadata
     os.makedirs(config.workdir, exist_ok=True)
     strategy = strategies.make(config.strategy, device=config.device)
     chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints

@@ -106,6 +106,15 @@ def test_non_finite_loss_stops_with_the_step(digits, tmp_path):
     assert "NonFiniteLoss: loss is" in proc.stderr and " at step " in proc.stderr
 
 
+def test_strategy_without_its_hardware_says_what_was_found(digits, tmp_path):
+    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "strategy=tpu", "steps=1", devices=2)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "strategy='tpu' needs TPU devices, but found 2 device(s) of platform cpu" in proc.stderr
+    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "strategy=one_device", "device=gpu:0",
+                       "steps=1")
+    assert proc.returncode != 0 and "device='gpu:0' not found; the devices are ['cpu:0']" in proc.stderr
+
+
 def test_bad_config_is_one_line(tmp_path):
     proc = run_trainer("data=x", f"workdir={tmp_path}", "stepz=3")
     assert proc.returncode == 2 and "unknown config key(s) ['stepz']" in proc.stderr
