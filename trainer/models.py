@@ -1,4 +1,5 @@
-"""Models for image classification, each a few lines of config away: `model=mlp` or `model=cnn`."""
+"""Models, each a few lines of config away: `model=mlp`, `model=cnn` (image classification) or
+`model=transformer` (sequence classification; an image is read as a sequence of rows)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,42 @@ class CNN(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
-MODELS = {"mlp": MLP, "cnn": CNN}
+class TransformerBlock(nn.Module):
+    heads: int
+    dim: int
+
+    @nn.compact
+    def __call__(self, x):
+        y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.dim)(nn.LayerNorm()(x))
+        x = x + y
+        y = nn.Dense(self.dim)(nn.gelu(nn.Dense(4 * self.dim)(nn.LayerNorm()(x))))
+        return x + y
+
+
+class Transformer(nn.Module):
+    """A small pre-norm Transformer encoder for sequence classification.
+
+    Input [batch, length, features] (an image [B, H, W, C] is read as H tokens of W*C features, the classic
+    "image rows as a sequence" task); learned position embeddings; mean-pooled tokens -> classes.
+    """
+
+    num_classes: int
+    dim: int = 64
+    depth: int = 2
+    heads: int = 4
+
+    @nn.compact
+    def __call__(self, x):
+        if x.ndim == 4:
+            x = x.reshape((x.shape[0], x.shape[1], -1))
+        x = nn.Dense(self.dim)(x)
+        x = x + self.param("position", nn.initializers.normal(0.02), (1, x.shape[1], self.dim))
+        for _ in range(self.depth):
+            x = TransformerBlock(self.heads, self.dim)(x)
+        return nn.Dense(self.num_classes)(nn.LayerNorm()(x).mean(axis=1))
+
+
+MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer}
 
 
 def make(name: str, num_classes: int) -> nn.Module:

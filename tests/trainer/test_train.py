@@ -99,6 +99,13 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(digits, tmp_path):
     assert all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b)))
 
 
+def test_transformer_learns_rows_as_a_sequence(digits, tmp_path):
+    proc = run_trainer(*_common(digits, tmp_path, "model=transformer", "steps=120", "log_every=40", "eval_every=120"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = _metrics(tmp_path)
+    assert records[-1]["loss"] < records[0]["loss"] and records[-1]["eval_accuracy"] > 0.6
+
+
 def test_non_finite_loss_stops_with_the_step(digits, tmp_path):
     proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "steps=50", "log_every=50",
                        "learning_rate=1e30", "batch_size=32")
