@@ -24,3 +24,58 @@ def to_global_arrays(batch: Any, sharding) -> Any:
         return jax.make_array_from_process_local_data(sharding, np.asarray(leaf))
 
     return jax.tree.map(put, batch, is_leaf=lambda x: isinstance(x, list))
+
+
+class DevicePrefetcher:
+    """Keeps `depth` batches placed on devices ahead of the consumer, from a background thread.
+
+    Device placement then costs the training thread nothing: `get()` pops a batch that is
+    already (being) copied. `next_host_batch` raises StopIteration at the end; errors reach the
+    consumer on its next `get()`. Holds no reference to its owner, so `close()` from the owner's
+    `__del__` stops the thread.
+    """
+
+    def __init__(self, next_host_batch, sharding, depth: int):
+        import queue
+        import threading
+
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, args=(next_host_batch, sharding), daemon=True,
+                                        name="loader-device-prefetch")
+        self._thread.start()
+
+    def _run(self, next_host_batch, sharding) -> None:
+        try:
+            while not self._stop.is_set():
+                self._put(("batch", to_global_arrays(next_host_batch(), sharding)))
+        except StopIteration:
+            self._put(("end", None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            self._put(("error", e))
+
+    def _put(self, item) -> None:
+        import queue
+
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def get(self):
+        if self._done:
+            raise StopIteration
+        kind, value = self._queue.get()
+        if kind == "batch":
+            return value
+        self._done = True
+        if kind == "end":
+            raise StopIteration
+        raise value
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -32,7 +32,7 @@ import numpy as np
 
 from loader.batches import BatchPlan
 from loader.decode import Decoder, collate, make_decoder
-from loader.device import to_global_arrays
+from loader.device import DevicePrefetcher
 from loader.reader import BatchReader
 from loader.source import ShardedSource, resolve
 
@@ -213,6 +213,19 @@ def _absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
+class _HostBatches:
+    """Hands out, one by one, the batches of the groups the grain iterator yields."""
+
+    def __init__(self, groups: Iterator):
+        self._groups = groups
+        self._pending: collections.deque = collections.deque()
+
+    def next(self):
+        if not self._pending:
+            self._pending.extend(next(self._groups))  # StopIteration at the end
+        return self._pending.popleft()
+
+
 class LoaderIterator(Iterator):
     """Iterator over a Loader's batches with `get_state()` / `set_state()`.
 
@@ -223,33 +236,29 @@ class LoaderIterator(Iterator):
     def __init__(self, loader: Loader, start: int = 0):
         self._loader = loader
         self._next = start
+        self._prefetcher: DevicePrefetcher | None = None
         self._restart(start)
 
     def _restart(self, start: int) -> None:
-        self._groups = iter(self._loader._dataset(start))
-        self._pending: collections.deque = collections.deque()  # read, not yet handed out
-        self._on_device: collections.deque = collections.deque()
-
-    def _next_host_batch(self):
-        if not self._pending:
-            self._pending.extend(next(self._groups))  # StopIteration at the end
-        return self._pending.popleft()
+        self.close()
+        self._host = _HostBatches(iter(self._loader._dataset(start)))
+        sharding = self._loader.config.sharding
+        if sharding is not None:
+            self._prefetcher = DevicePrefetcher(self._host.next, sharding, self._loader.config.device_prefetch)
 
     def __next__(self):
-        sharding = self._loader.config.sharding
-        if sharding is None:
-            batch = self._next_host_batch()
-        else:
-            while len(self._on_device) <= self._loader.config.device_prefetch:
-                try:
-                    self._on_device.append(to_global_arrays(self._next_host_batch(), sharding))
-                except StopIteration:
-                    break
-            if not self._on_device:
-                raise StopIteration
-            batch = self._on_device.popleft()
+        batch = self._host.next() if self._prefetcher is None else self._prefetcher.get()
         self._next += 1
         return batch
+
+    def close(self) -> None:
+        """Stops the device-prefetch thread, if any (also done when the iterator is garbage collected)."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
+    def __del__(self):
+        self.close()
 
     def get_state(self) -> dict:
         return {"version": STATE_VERSION, "next_batch": self._next, **self._loader.state_key()}
