@@ -91,6 +91,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                "step": state["step"] + 1}
         return new, loss
 
+    eval_step = _make_eval_step(model)
     train_step = jax.jit(train_step, in_shardings=(state_sharding, strategy.batch_sharding),
                          out_shardings=(state_sharding, strategy.replicated), donate_argnums=(0,))
 
@@ -145,7 +146,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                         "examples_per_sec_per_device": len(values) * config.batch_size / elapsed / replicas,
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
-                    last.update(_evaluate(config, strategy, model, state["params"]))
+                    last.update(_evaluate(config, strategy, eval_step, state["params"]))
                 if chief:
                     _write(metrics_file, writer, last)
                 log.info("step %d/%d loss %.4f %s%.0f ex/s data-wait %.1f%%", step, config.steps, last["loss"],
@@ -165,16 +166,12 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             writer.close()
         mngr.close()
     # --- summary ----------------------------------------------------------------------------
-    final = _evaluate(config, strategy, model, state["params"]) if config.eval_data else {}
+    final = _evaluate(config, strategy, eval_step, state["params"]) if config.eval_data else {}
     return {**last, **final, "preempted": False, "final_step": config.steps}
 
 
-def _evaluate(config: TrainConfig, strategy, model, params) -> dict[str, float]:
-    """Accuracy and loss over one pass of eval_data (each process its rows; short batches padded and masked)."""
-    split = _source_split(config.eval_data, "test")
-    batches = loader.load(config.eval_data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                          drop_remainder=False, split=split)
-    per_process = config.batch_size // jax.process_count()
+def _make_eval_step(model):
+    """The jit-compiled eval step, made once per run (a new closure per eval would recompile each time)."""
 
     @jax.jit
     def eval_step(params, images, labels, weights):
@@ -183,12 +180,21 @@ def _evaluate(config: TrainConfig, strategy, model, params) -> dict[str, float]:
         correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
         return jnp.sum(correct * weights), jnp.sum(loss * weights), jnp.sum(weights)
 
+    return eval_step
+
+
+def _evaluate(config: TrainConfig, strategy, eval_step, params) -> dict[str, float]:
+    """Accuracy and loss over one pass of eval_data (each process its rows; short batches padded and masked)."""
+    split = _source_split(config.eval_data, "test")
+    batches = loader.load(config.eval_data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
+                          drop_remainder=False, split=split)
+    per_process = config.batch_size // jax.process_count()
     correct = total_loss = count = 0.0
     template = None
     for batch in batches:
         if len(batch) == 0:  # no rows for this process in the last batch: take part with an all-padding one
             if template is None:
-                raise ValueError(f"eval_data has fewer records than processes x rows; lower batch_size")
+                raise ValueError("eval_data has fewer records than processes x rows; lower batch_size")
             batch = {k: v[:0] for k, v in template.items()}
         template = template or {config.image_key: np.asarray(batch[config.image_key]),
                                 config.label_key: np.asarray(batch[config.label_key])}
