@@ -63,10 +63,9 @@ class BatchReader:
                 continue
             shard = int(shards[run[0]])
             local = (indices[run] - self._starts[shard]).tolist()
+            reader = self._reader(shard)  # raises its own error naming the shard
             try:
-                records = self._reader(shard).read(local)
-            except OSError:
-                raise
+                records = reader.read(local)
             except Exception as e:  # noqa: BLE001 - name the shard and records, keep the cause
                 raise OSError(f"{self._paths[shard]}: cannot read records {local[0]}..{local[-1]} ({e}); the shard "
                               "is corrupt: re-run the conversion (python -m pipelines verify finds such shards)") from e

@@ -131,12 +131,16 @@ def upload(local_path: str, remote_path: str) -> None:
     _filesystems().rename([tmp], [remote_path])
 
 
+def delete(path: str) -> None:
+    if is_remote(path):
+        _filesystems().delete([path])
+    else:
+        os.remove(path)
+
+
 def delete_quietly(path: str) -> None:
     try:
-        if is_remote(path):
-            _filesystems().delete([path])
-        else:
-            os.remove(path)
+        delete(path)
     except Exception:  # noqa: BLE001 - best-effort clean-up of a temporary file; the real error is raised by the caller
         pass
 
@@ -148,10 +152,7 @@ def check_writable(directory: str) -> None:
         if not is_remote(directory):
             os.makedirs(directory, exist_ok=True)
         write_text(probe, "probe")
-        if is_remote(probe):
-            _filesystems().delete([probe])
-        else:
-            os.remove(probe)
+        delete(probe)
     except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
         raise PermissionError(f"output directory {directory!r} is not writable ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}); choose another --output or fix "

@@ -13,7 +13,6 @@ import hashlib
 import itertools
 import logging
 
-from apache_beam.io.filesystems import FileSystems
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipelines import storage, tfds_dir, tfrecord
@@ -44,9 +43,10 @@ def verify(output: str, *, deep: bool = False) -> VerifyResult:
     result = VerifyResult()
     for failure in manifest.failed:
         result.problems.append(f"{failure['source']}: failed to convert: {failure['error']}")
+    sizes = storage.list_sizes(output)  # one listing for all shards (one request on gs://)
     for i, entry in enumerate(manifest.shards):
         path = storage.join(output, entry.path)
-        problem = _check_shard(path, entry) or (_compare_records(path, entry) if deep else None)
+        problem = _check_shard(path, entry, sizes.get(entry.path)) or (_compare_records(path, entry) if deep else None)
         if problem:
             result.problems.append(problem)
         result.shards += 1
@@ -57,10 +57,9 @@ def verify(output: str, *, deep: bool = False) -> VerifyResult:
     return result
 
 
-def _check_shard(path: str, entry: ShardEntry) -> str | None:
-    if not FileSystems.exists(path):
+def _check_shard(path: str, entry: ShardEntry, size: int | None) -> str | None:
+    if size is None:
         return f"{path}: listed in the manifest but missing; re-run the conversion to recreate it"
-    size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
     if size != entry.bytes:
         return (f"{path}: {size} bytes, the manifest says {entry.bytes}; the file was changed or truncated, "
                 "delete it and re-run the conversion")
@@ -75,7 +74,7 @@ def _check_shard(path: str, entry: ShardEntry) -> str | None:
 
 
 def _compare_records(path: str, entry: ShardEntry) -> str | None:
-    if not FileSystems.exists(entry.source):
+    if not storage.exists(entry.source):
         return f"{path}: its source {entry.source} no longer exists, cannot compare records"
     reader = ArrayRecordReader(path, "readahead_buffer_size:16M")
     skipped: list = []
