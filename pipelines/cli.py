@@ -1,17 +1,21 @@
-"""`python -m pipelines {convert,verify,make-demo}`.
+"""`python -m pipelines {convert,plan,verify,make-demo}`.
 
     python -m pipelines convert --input 'data/train-*.tfrecord' --output out/ [Beam options]
     python -m pipelines convert --input ~/tensorflow_datasets/digits/1.0.0 --output gs://b/digits/1.0.0
+    python -m pipelines plan --input 'gs://b/raw/*.tfrecord' --output gs://b/ar [--json plan.json]
     python -m pipelines verify --output out/ [--deep]
     python -m pipelines make-demo --output data/ --num-shards 4
 
 Unknown flags of `convert` are Beam pipeline options and pass through unchanged
-(`--runner DataflowRunner --project P --region R --temp_location gs://...`).
+(`--runner DataflowRunner --project P --region R --temp_location gs://...`: see dataflow/README.md).
+`plan` says what `convert` would do (a scheduled refresh launches no job when it finds nothing).
+Boolean flags also take a value (`--prune=true`), as Flex Template launches pass them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -22,8 +26,24 @@ from pipelines.config import DEFAULT_COMPRESSION, ConvertConfig
 log = logging.getLogger("pipelines")
 
 
-def _convert_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines convert", description=
+def _boolean(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
+    """`--name`, `--name=true|false` and the dashed spelling `--na-me`."""
+    flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    p.add_argument(*flags, dest=name, nargs="?", const=True, default=False, type=_boolean, metavar="BOOL", help=help)
+
+
+def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.ArgumentParser:
+    """The conversion's flags; dataflow/metadata.json declares the same ones (a test checks)."""
+    p = argparse.ArgumentParser(prog=prog, description=
                                 "Convert TFRecord shards (a glob or a TFDS directory) to matched ArrayRecord shards. "
                                 "Other flags are Beam pipeline options.")
     p.add_argument("--input", required=True, help="TFRecord file or glob (local or gs://), or a TFDS "
@@ -33,23 +53,55 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="ArrayRecord compression: zstd:N, brotli:N, snappy or uncompressed (default %(default)s)")
     p.add_argument("--writer_options", "--writer-options", dest="writer_options", default=None,
                    help="full ArrayRecord writer options, e.g. 'group_size:1,zstd:1' (overrides --compression)")
-    p.add_argument("--skip_corrupt", "--skip-corrupt", dest="skip_corrupt", action="store_true",
-                   help="skip corrupt TFRecord frames and list them in OUT/report.json instead of failing the shard")
-    p.add_argument("--prune", action="store_true", help="delete outputs whose source no longer exists")
-    p.add_argument("--force", action="store_true", help="convert every shard, even up-to-date ones")
+    _flag(p, "skip_corrupt", "skip corrupt TFRecord frames and list them in OUT/report.json instead of failing "
+                             "the shard")
+    _flag(p, "prune", "delete outputs whose source no longer exists")
+    _flag(p, "force", "convert every shard, even up-to-date ones")
     return p
 
 
+# Flags of `convert` that are not conversion parameters (and so not in dataflow/metadata.json).
+LAUNCH_FLAGS = ("no_wait",)
+
+
+def _config(args: argparse.Namespace) -> ConvertConfig:
+    return ConvertConfig(input=args.input, output=args.output, compression=args.compression,
+                         writer_options=args.writer_options, skip_corrupt=args.skip_corrupt,
+                         prune=args.prune, force=args.force)
+
+
 def convert_main(argv: list[str]) -> int:
-    args, beam_args = _convert_parser().parse_known_args(argv)
-    config = ConvertConfig(input=args.input, output=args.output, compression=args.compression,
-                           writer_options=args.writer_options, skip_corrupt=args.skip_corrupt,
-                           prune=args.prune, force=args.force)
+    p = _convert_parser()
+    _flag(p, "no_wait", "on Dataflow, return once the job is submitted (the job writes the manifest last)")
+    args, beam_args = p.parse_known_args(argv)
     from pipelines.run import run_conversion
 
-    outcome = run_conversion(config, beam_args)
+    outcome = run_conversion(_config(args), beam_args, wait=not args.no_wait)
     print(outcome.summary())
     return 0 if outcome.ok else 1
+
+
+def plan_main(argv: list[str]) -> int:
+    p = _convert_parser("python -m pipelines plan")
+    p.description = "Say what `convert` with the same flags would do, without doing it."
+    p.add_argument("--json", default=None, help="also write the plan as JSON to this local path")
+    args = p.parse_args(argv)
+    from pipelines.plan import make_plan
+
+    plan = make_plan(_config(args))
+    body = {"input": args.input, "output": args.output, "to_convert": [t.source.path for t in plan.tasks],
+            "up_to_date": len(plan.kept), "to_prune": [e.path for e in plan.pruned],
+            "orphaned": [e.path for e in plan.orphaned]}
+    for source in body["to_convert"]:
+        print(f"convert {source}")
+    for path in body["to_prune"]:
+        print(f"prune {path}")
+    print(f"plan: {len(plan.tasks)} shard(s) to convert, {len(plan.kept)} up to date, {len(plan.pruned)} to prune"
+          + ("" if plan.tasks or plan.pruned else ": nothing to do"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(body, f, indent=1)
+    return 0
 
 
 def verify_main(argv: list[str]) -> int:
@@ -83,7 +135,7 @@ def make_demo_main(argv: list[str]) -> int:
     return 0
 
 
-_COMMANDS = {"convert": convert_main, "verify": verify_main, "make-demo": make_demo_main}
+_COMMANDS = {"convert": convert_main, "plan": plan_main, "verify": verify_main, "make-demo": make_demo_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from pipelines import report, storage
+from pipelines import dataflow, report, storage
 from pipelines.config import ConvertConfig
 from pipelines.convert import ConvertToArrayRecord, finalize
 from pipelines.manifest import Manifest
@@ -26,20 +26,24 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     plan: Plan
-    manifest: Manifest
+    manifest: Manifest | None  # None when the run ended at launch: the job writes it
     corrupt_records: int
     seconds: float
     record_bytes: int  # payload bytes of the records converted in this run
+    launched: str | None = None  # what was launched when the run did not wait for the job
 
     @property
     def ok(self) -> bool:
-        return self.manifest.complete
+        return self.launched is not None or self.manifest.complete
 
     @property
     def converted(self) -> int:
         return len(self.plan.tasks) - len(self.manifest.failed)
 
     def summary(self) -> str:
+        if self.launched is not None:
+            return (f"{self.launched}: {len(self.plan.tasks)} shard(s) to convert, {len(self.plan.kept)} up to date, "
+                    f"{len(self.plan.pruned)} to prune; the job writes manifest.json when it finishes")
         converted = {t.source.path for t in self.plan.tasks} - {f["source"] for f in self.manifest.failed}
         records = sum(s.records for s in self.manifest.shards if s.source in converted)
         rate = f", {records / self.seconds:,.0f} records/s, {self.record_bytes / 1e6 / self.seconds:,.1f} MB/s" \
@@ -59,19 +63,33 @@ class Outcome:
         return "\n".join(lines)
 
 
-def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None) -> Outcome:
-    """Converts what changed; returns once the manifest in `config.output` is written."""
+def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *, wait: bool = True) -> Outcome:
+    """Converts what changed; returns once the manifest in `config.output` is written, or, when
+    `wait` is False or the options ask for a job description (`--template_location`), once the
+    job is launched."""
     started = time.monotonic()
+    on_dataflow = dataflow.is_dataflow(PipelineOptions(beam_args or []))
+    if on_dataflow:
+        dataflow.check_remote_paths(config.input, config.output)
     plan = make_plan(config)
     storage.check_writable(config.output)
     log.info("plan: %d shard(s) to convert, %d up to date, %d to prune", len(plan.tasks), len(plan.kept),
              len(plan.pruned))
+    options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks))
+    template = dataflow.template_location(options)
     record_bytes = 0
-    if plan.tasks:
-        options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks))
+    # A job description is always written when asked for (a Flex Template launcher waits for one),
+    # even with nothing to convert: the job then only rewrites the manifest.
+    if plan.tasks or template:
         pipeline = beam.Pipeline(runner=_runner(options), options=options)
         _ = pipeline | "ConvertToArrayRecord" >> ConvertToArrayRecord(config, plan)
         result = pipeline.run()
+        if template:
+            return Outcome(plan, None, 0, time.monotonic() - started, 0,
+                           launched=f"job description written to {template} (not submitted)")
+        if not wait and on_dataflow:
+            return Outcome(plan, None, 0, time.monotonic() - started, 0,
+                           launched=f"Dataflow job {result.job_id()} submitted")
         result.wait_until_finish()
         record_bytes = _counter(result, "record_bytes")
         manifest = read_manifest(config.output)
@@ -84,12 +102,15 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None) ->
 
 
 def pipeline_options(beam_args: list[str], *, num_tasks: int) -> PipelineOptions:
-    """Beam options as given; on the DirectRunner, one worker process per core by default.
+    """Beam options as given; on Dataflow, our package shipped to the workers (`pipelines.dataflow`);
+    on the DirectRunner, one worker process per core by default.
 
     The ArrayRecord writer holds the GIL, so threads do not convert two shards at once;
     processes do (see docs/benchmarks.md for the measurements behind this default).
     """
     options = PipelineOptions(beam_args)
+    if dataflow.is_dataflow(options):
+        dataflow.ship_package(options)
     runner = options.view_as(StandardOptions).runner
     direct = options.view_as(DirectOptions)
     chosen = any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in beam_args)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Sets up the scheduled data refresh:
+#   1. a Cloud Build trigger that runs dataflow/refresh.cloudbuild.yaml (plan; launch the conversion
+#      Flex Template only if shards are new or changed), and
+#   2. a Cloud Scheduler job that runs that trigger on a cron schedule.
+#
+#   PROJECT=my-project BUCKET=my-bucket INPUT='gs://my-bucket/raw/train-*.tfrecord' \
+#   OUTPUT=gs://my-bucket/arrayrecord/train REPO=https://github.com/my-org/my-repo \
+#   SERVICE_ACCOUNT=refresh@my-project.iam.gserviceaccount.com bash dataflow/schedule_refresh.sh
+#
+# Optional: REGION (us-central1), SCHEDULE ('0 3 * * *'), TIME_ZONE (Etc/UTC), NAME (arrayrecord-refresh),
+# BRANCH (main), PRUNE (false), MAX_WORKERS (10), MACHINE_TYPE (n2-standard-4).
+# DRY_RUN=1 prints the gcloud commands instead of running them.
+# Roles and the first run: dataflow/README.md, "Scheduled refreshes".
+set -euo pipefail
+
+missing=()
+for var in PROJECT BUCKET INPUT OUTPUT REPO SERVICE_ACCOUNT; do
+  if [ -z "${!var:-}" ]; then missing+=("$var"); fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "error: set ${missing[*]} (see the top of $0 for an example)" >&2
+  exit 2
+fi
+case "$INPUT$OUTPUT" in
+  gs://*gs://*) ;;
+  *) echo "error: INPUT ($INPUT) and OUTPUT ($OUTPUT) must be gs:// paths: Dataflow workers see Cloud Storage only" >&2; exit 2 ;;
+esac
+
+REGION=${REGION:-us-central1}
+SCHEDULE=${SCHEDULE:-0 3 * * *}
+TIME_ZONE=${TIME_ZONE:-Etc/UTC}
+NAME=${NAME:-arrayrecord-refresh}
+BRANCH=${BRANCH:-main}
+
+run() {
+  if [ -n "${DRY_RUN:-}" ]; then
+    printf '%q ' "$@"
+    echo
+  else
+    "$@"
+  fi
+}
+
+# '^~^' makes '~' the separator, so that globs and paths may hold commas.
+substitutions="^~^_REGION=${REGION}~_BUCKET=${BUCKET}~_INPUT=${INPUT}~_OUTPUT=${OUTPUT}~_PRUNE=${PRUNE:-false}"
+substitutions+="~_MAX_WORKERS=${MAX_WORKERS:-10}~_MACHINE_TYPE=${MACHINE_TYPE:-n2-standard-4}~_SERVICE_ACCOUNT=${SERVICE_ACCOUNT}"
+
+run gcloud builds triggers create manual \
+  --project="$PROJECT" --region="$REGION" --name="$NAME" \
+  --repo="$REPO" --repo-type=GITHUB --branch="$BRANCH" \
+  --build-config=dataflow/refresh.cloudbuild.yaml \
+  --service-account="projects/${PROJECT}/serviceAccounts/${SERVICE_ACCOUNT}" \
+  --substitutions="$substitutions"
+
+if [ -n "${DRY_RUN:-}" ]; then
+  trigger_id=TRIGGER_ID
+else
+  trigger_id=$(gcloud builds triggers describe "$NAME" --project="$PROJECT" --region="$REGION" --format='value(id)')
+fi
+
+run gcloud scheduler jobs create http "$NAME" \
+  --project="$PROJECT" --location="$REGION" \
+  --schedule="$SCHEDULE" --time-zone="$TIME_ZONE" \
+  --uri="https://cloudbuild.googleapis.com/v1/projects/${PROJECT}/locations/${REGION}/triggers/${trigger_id}:run" \
+  --http-method=POST \
+  --headers=Content-Type=application/json \
+  --message-body="{\"source\": {\"branchName\": \"${BRANCH}\"}}" \
+  --oauth-service-account-email="$SERVICE_ACCOUNT"
+
+echo "scheduled: '$SCHEDULE' ($TIME_ZONE) runs trigger $NAME; run it now with:"
+echo "  gcloud scheduler jobs run $NAME --project=$PROJECT --location=$REGION"
