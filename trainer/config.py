@@ -36,11 +36,19 @@ class TrainConfig:
     log_every: int = 50
     eval_every: int = 250
     checkpoint_every: int = 250
+    data_workers: int = 0  # loader worker processes for `data` (0: threads in this process)
+    # 0: stream batches from the loader. N > 0: read N batches once, keep them on the devices and cycle
+    # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.
+    in_memory_batches: int = 0
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
+        if self.data_workers < 0:
+            raise ValueError(f"data_workers must be >= 0 (got data_workers={self.data_workers})")
+        if self.in_memory_batches < 0:
+            raise ValueError(f"in_memory_batches must be >= 0 (got in_memory_batches={self.in_memory_batches})")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0 (got learning_rate={self.learning_rate})")
         if self.strategy not in STRATEGIES:

@@ -8,6 +8,7 @@ the console.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -67,7 +68,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
 
     train_split = config.split or _source_split(config.data, "train")
     batches = loader.load(config.data, batch_size=config.batch_size, seed=config.seed, split=train_split,
-                          sharding=strategy.batch_sharding)
+                          sharding=strategy.batch_sharding, worker_count=config.data_workers)
     sample = next(iter(loader.load(config.data, batch_size=1, shuffle=False, split=train_split, shard_index=0,
                                    shard_count=1)))  # one record to shape the model, on every process
     model = models.make(config.model, config.num_classes)
@@ -109,6 +110,15 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         it.set_state(restored["data"])
         log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])
 
+    if config.in_memory_batches:
+        cached = [next(it) for _ in range(config.in_memory_batches)]
+        jax.block_until_ready(cached)
+        log.info("in_memory_batches=%d: cycling batches held on the devices (no input cost; for measuring the "
+                 "input-bound limit)", len(cached))
+        fetch = itertools.cycle(cached).__next__
+    else:
+        fetch = it.__next__
+
     def save(step: int) -> None:
         mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                 data=ocp.args.JsonSave(it.get_state())), force=True)
@@ -125,7 +135,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     try:
         for step in range(start + 1, config.steps + 1):
             t = time.perf_counter()
-            batch = next(it)
+            batch = fetch()
             data_wait += time.perf_counter() - t
             state, loss = train_step(state, batch)
             if losses:

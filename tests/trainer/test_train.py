@@ -129,3 +129,16 @@ def test_bad_config_is_one_line(tmp_path):
     assert proc.returncode == 2 and "steps='many' is not a valid int" in proc.stderr
     proc = run_trainer("data=x", f"workdir={tmp_path}", "strategy=tpu_pod")
     assert proc.returncode == 2 and "strategy='tpu_pod' is not one of" in proc.stderr
+
+
+def test_in_memory_batches_train_on_the_loaders_first_batches_cycled(digits, tmp_path):
+    """in_memory_batches=2 (the benchmark's input-bound limit): steps 1-2 see the loader's batches 1-2,
+    exactly as a streaming run does; step 3 sees batch 1 again, where a streaming run sees batch 3."""
+    args = ("model=mlp", "steps=3", "log_every=1", "eval_every=100", "checkpoint_every=100")
+    streamed = run_trainer(*_common(digits, tmp_path / "streamed", *args))
+    cached = run_trainer(*_common(digits, tmp_path / "cached", *args, "in_memory_batches=2"))
+    assert streamed.returncode == 0 and cached.returncode == 0, (streamed.stderr[-2000:], cached.stderr[-2000:])
+    assert "in_memory_batches=2: cycling batches held on the devices" in cached.stderr
+    a, b = [r["loss"] for r in _metrics(tmp_path / "streamed")], [r["loss"] for r in _metrics(tmp_path / "cached")]
+    assert a[:2] == b[:2] and a[2] != b[2]
+    assert _metrics(tmp_path / "cached")[-1]["data_wait_fraction"] < 0.05  # no input on the step path
