@@ -6,7 +6,8 @@
 Builds TFRecord shards of tf.train.Example (`data`: ~1 KB bytes, `label`: int64), converts them with our
 pipeline, then runs each contender in its own process, one after the other, in this one run:
 
-- ours: `loader.load(dir, batch_size=256, seed=0)`, globally shuffled (exact permutation);
+- ours: `loader.load(dir, batch_size=256, seed=0)`, globally shuffled (exact permutation), on the default
+  conversion (zstd:3) and on the same data converted `--compression uncompressed` (like the TFRecords);
 - grain stock: `MapDataset.source(ArrayRecordDataSource(shards)).shuffle(seed).batch(256)`, global shuffle;
 - tf.data: `TFRecordDataset` with `interleave` over the shards, `shuffle(10_000)`, `batch(256)`, `prefetch`;
 - raw sequential: ArrayRecordReader.read(start, end) over each shard in order (an upper bound: no shuffle).
@@ -41,6 +42,15 @@ import loader
 t0 = time.perf_counter()
 ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else None, num_threads=THREADS,
                  worker_count=WORKERS)
+it = iter(ds)
+""",
+    # The same records converted with --compression uncompressed: what tf.data reads (TFRecord) is not
+    # compressed either, and these ~1 KB random-ish records barely compress (zstd:3 saves ~12%).
+    "ours, uncompressed": """
+import loader
+t0 = time.perf_counter()
+ds = loader.load(OUT_UNCOMPRESSED, batch_size=256, seed=0, decode="example" if DECODE else None,
+                 num_threads=THREADS, worker_count=WORKERS)
 it = iter(ds)
 """,
     "grain stock": """
@@ -83,7 +93,8 @@ it = gen()
 
 _HARNESS = """
 import json, sys, time, resource
-OUT, SHARDS, TFRECORDS, DECODE, BATCHES, THREADS, WORKERS = json.loads(sys.argv[1])
+OUT, SHARDS, TFRECORDS, DECODE, BATCHES, THREADS, WORKERS, OUT_UNCOMPRESSED, SHARDS_UNCOMPRESSED = \
+    json.loads(sys.argv[1])
 {setup}
 first = next(it)
 t1 = time.perf_counter()
@@ -111,6 +122,18 @@ def build(work: Path, records: int, shards: int) -> tuple[Path, list[str], list[
     return out, outcome.manifest.shard_paths(str(out)), sorted(str(p) for p in (work / "tfrecord").iterdir())
 
 
+def uncompressed_copy(work: Path) -> tuple[Path, list[str]]:
+    """The same TFRecords converted with --compression uncompressed (built once per workdir)."""
+    from pipelines import ConvertConfig, run_conversion
+    from pipelines.manifest import Manifest
+
+    out = work / "array_record_uncompressed"
+    if not (out / "manifest.json").exists():
+        assert run_conversion(ConvertConfig(input=str(work / "tfrecord" / "*"), output=str(out),
+                                            compression="uncompressed")).ok
+    return out, Manifest.from_json((out / "manifest.json").read_text()).shard_paths(str(out))
+
+
 def warm(paths: list[str]) -> None:
     """Reads the files once so every contender starts from the page cache (this VM reclaims it: kdamond)."""
     for path in paths:
@@ -120,7 +143,7 @@ def warm(paths: list[str]) -> None:
 
 
 def measure(name: str, args: list) -> dict:
-    warm(args[2] if name == "tf.data" else args[1])
+    warm(args[2] if name == "tf.data" else args[8] if name == "ours, uncompressed" else args[1])
     code = _HARNESS.format(setup=_CONTENDERS[name])
     proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -163,22 +186,25 @@ def main() -> None:
 
         shards = Manifest.from_json((out / "manifest.json").read_text()).shard_paths(str(out))
         tfrecords = sorted(str(p) for p in (work / "tfrecord").iterdir())
+    out_unc, shards_unc = uncompressed_copy(work)
     names = args.only or list(_CONTENDERS)
     results = {}
     for decode in (False, True):
         for name in names:
-            r = measure(name, [str(out), shards, tfrecords, decode, args.batches, args.threads, args.workers])
+            r = measure(name, [str(out), shards, tfrecords, decode, args.batches, args.threads, args.workers,
+                               str(out_unc), shards_unc])
             results[(name, decode)] = r
-            print(f"  {name:15s} {'decode' if decode else 'raw':6s} {r['examples_per_s']:>10,.0f} ex/s  first batch "
+            print(f"  {name:18s} {'decode' if decode else 'raw':6s} {r['examples_per_s']:>10,.0f} ex/s  first batch "
                   f"{r['first_batch_s']:.2f} s  peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
     print()
     for decode in (False, True):
         mode = "decode" if decode else "raw"
-        ours = results.get(("ours", decode))
-        for name in names:
-            if name != "ours" and ours:
-                ratio = ours["examples_per_s"] / results[(name, decode)]["examples_per_s"]
-                print(f"ours / {name} ({mode}): {ratio:.2f}x")
+        for mine in ("ours", "ours, uncompressed"):
+            ours = results.get((mine, decode))
+            for name in names:
+                if not name.startswith("ours") and ours:
+                    ratio = ours["examples_per_s"] / results[(name, decode)]["examples_per_s"]
+                    print(f"{mine} / {name} ({mode}): {ratio:.2f}x")
     if args.first_batch_shards:
         many = work / f"shards-{args.first_batch_shards}"
         if not (many / "array_record" / "manifest.json").exists():
@@ -187,7 +213,8 @@ def main() -> None:
 
         many_shards = Manifest.from_json((many / "array_record" / "manifest.json").read_text()).shard_paths(
             str(many / "array_record"))
-        r = measure("ours", [str(many / "array_record"), many_shards, [], False, 10, args.threads, args.workers])
+        r = measure("ours", [str(many / "array_record"), many_shards, [], False, 10, args.threads, args.workers,
+                             "", []])
         print(f"ours, {args.first_batch_shards} shards: first batch {r['first_batch_s']:.2f} s")
     if not args.workdir:
         shutil.rmtree(work)

@@ -45,10 +45,12 @@ class ExampleDecoder:
                 values = [getattr(f[key], kind).value for f in features] if all(key in f for f in features) else None
             except AttributeError:
                 return None
-            if values is None or any(f[key].WhichOneof("kind") != kind for f in features):
+            if values is None:
                 return None
+            # A record whose `key` holds another kind has an empty `kind` list here, so the width check
+            # below also catches mixed kinds (no per-record WhichOneof: ~20% of the decode).
             width = len(values[0])
-            if any(len(v) != width for v in values) or width == 0:
+            if width == 0 or any(len(v) != width for v in values):
                 return None
             if width == 1:
                 column = [v[0] for v in values]
