@@ -188,3 +188,5 @@ def test_batch_decoding_equals_record_by_record_decoding():
     assert decoder.decode_batch(ragged) is None  # falls back to per-record decoding
     mixed = [encode_example({"a": 1}), encode_example({"b": 1})]
     assert decoder.decode_batch(mixed) is None
+    kinds = [encode_example({"a": [1, 2]}), encode_example({"a": [1.5, 2.5]})]  # same key and width, other kind
+    assert decoder.decode_batch(kinds) is None
