@@ -43,7 +43,7 @@ run() {
 }
 
 # '^~^' makes '~' the separator, so that globs and paths may hold commas.
-substitutions="^~^_REGION=${REGION}~_BUCKET=${BUCKET}~_INPUT=${INPUT}~_OUTPUT=${OUTPUT}~_PRUNE=${PRUNE:-false}"
+substitutions="^~^_PROJECT=${PROJECT}~_REGION=${REGION}~_BUCKET=${BUCKET}~_INPUT=${INPUT}~_OUTPUT=${OUTPUT}~_PRUNE=${PRUNE:-false}"
 substitutions+="~_MAX_WORKERS=${MAX_WORKERS:-10}~_MACHINE_TYPE=${MACHINE_TYPE:-n2-standard-4}~_SERVICE_ACCOUNT=${SERVICE_ACCOUNT}"
 
 run gcloud builds triggers create manual \

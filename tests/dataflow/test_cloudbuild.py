@@ -96,6 +96,7 @@ def test_launch_runs_only_when_asked(tmp_path):
     assert cb.flag(call, "template-file-gcs-location") == "gs://my-bucket/templates/tfrecord-to-arrayrecord-abc123.json"
     assert cb.flag(call, "parameters") == "^~^input=gs://my-bucket/raw/*,x~output=gs://my-bucket/ar"
     assert (cb.flag(call, "region"), cb.flag(call, "service-account-email")) == ("us-central1", "sa@x")
+    assert cb.flag(call, "project") == "my-project"  # _PROJECT defaults to the build's project
     assert cb.flag(call, "temp-location") == "gs://my-bucket/tmp"
 
 

@@ -102,6 +102,7 @@ def test_schedule_script_creates_a_trigger_for_the_refresh_config_and_a_schedule
     given = dict(pair.split("=", 1) for pair in substitutions[3:].split("~"))
     assert set(given) <= set(REFRESH["substitutions"])  # Cloud Build rejects unknown ones
     assert given["_INPUT"] == SCHEDULE_ENV["INPUT"] and given["_BUCKET"] == "my-bucket"
+    assert given["_PROJECT"] == "my-project"
     assert job[:5] == ["gcloud", "scheduler", "jobs", "create", "http"]
     assert cb.flag(job, "schedule") == "0 3 * * *"
     assert cb.flag(job, "uri") == ("https://cloudbuild.googleapis.com/v1/projects/my-project/locations/us-central1/"
