@@ -9,6 +9,8 @@ laid out by `sharding` (e.g. NamedSharding(mesh, P("data"))).
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import Any
 
 
@@ -26,18 +28,35 @@ def to_global_arrays(batch: Any, sharding) -> Any:
     return jax.tree.map(put, batch, is_leaf=lambda x: isinstance(x, list))
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_AT_EXIT = {"registered": False}
+
+
+def _stop_all_at_exit() -> None:
+    """Stops prefetch threads before the interpreter finalizes. A daemon thread still inside JAX's or
+    ArrayRecord's C++ code when Python tears down is killed by a forced unwind, which aborts the whole
+    process ("terminate called ... FATAL: exception not rethrown") after it has done its work."""
+    for prefetcher in list(_LIVE):
+        prefetcher.close(wait_s=10.0)
+
+
 class DevicePrefetcher:
     """Keeps `depth` batches placed on devices ahead of the consumer, from a background thread.
 
     Device placement then costs the training thread nothing: `get()` pops a batch that is
     already (being) copied. `next_host_batch` raises StopIteration at the end; errors reach the
     consumer on its next `get()`. Holds no reference to its owner, so `close()` from the owner's
-    `__del__` stops the thread.
+    `__del__` stops the thread; at interpreter exit, live threads are stopped and joined.
     """
 
     def __init__(self, next_host_batch, sharding, depth: int):
         import queue
         import threading
+
+        if not _AT_EXIT["registered"]:
+            atexit.register(_stop_all_at_exit)
+            _AT_EXIT["registered"] = True
+        _LIVE.add(self)
 
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
@@ -76,6 +95,9 @@ class DevicePrefetcher:
             raise StopIteration
         raise value
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stops the thread after its current batch; with `wait_s`, waits that long for it to end."""
         self._stop.set()
+        if wait_s and self._thread.is_alive():
+            self._thread.join(wait_s)
         self._thread.join(timeout=5)
