@@ -76,8 +76,7 @@ def run_trainer(data: Path, workdir: Path, steps: int, log_every: int, batch_siz
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     periods = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()][1:]
     step_time = statistics.median(p["step_time_s"] for p in periods)
-    return {"steps_per_sec": 1 / step_time, "data_wait": statistics.mean(p["data_wait_fraction"] for p in periods),
-            "examples_per_sec": batch_size / step_time, "periods": len(periods)}
+    return {"steps_per_sec": 1 / step_time, "data_wait": statistics.mean(p["data_wait_fraction"] for p in periods)}
 
 
 def main() -> None:

@@ -7,10 +7,9 @@ A batch of decoded records is collated into {feature: array stacked on a new fir
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
-
-import itertools
 
 import numpy as np
 

@@ -37,7 +37,7 @@ def _stop_all_at_exit() -> None:
     ArrayRecord's C++ code when Python tears down is killed by a forced unwind, which aborts the whole
     process ("terminate called ... FATAL: exception not rethrown") after it has done its work."""
     for prefetcher in list(_LIVE):
-        prefetcher.close(wait_s=10.0)
+        prefetcher.close()
 
 
 class DevicePrefetcher:
@@ -95,9 +95,7 @@ class DevicePrefetcher:
             raise StopIteration
         raise value
 
-    def close(self, wait_s: float = 0.0) -> None:
-        """Stops the thread after its current batch; with `wait_s`, waits that long for it to end."""
+    def close(self) -> None:
+        """Stops the thread after its current batch and waits (up to 5 s) for it to end."""
         self._stop.set()
-        if wait_s and self._thread.is_alive():
-            self._thread.join(wait_s)
         self._thread.join(timeout=5)

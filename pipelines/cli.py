@@ -96,8 +96,7 @@ def plan_main(argv: list[str]) -> int:
         print(f"convert {source}")
     for path in body["to_prune"]:
         print(f"prune {path}")
-    print(f"plan: {len(plan.tasks)} shard(s) to convert, {len(plan.kept)} up to date, {len(plan.pruned)} to prune"
-          + ("" if plan.tasks or plan.pruned else ": nothing to do"))
+    print(f"plan: {plan.describe()}" + ("" if plan.tasks or plan.pruned else ": nothing to do"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(body, f, indent=1)

@@ -27,6 +27,9 @@ class Plan:
     orphaned: tuple[ShardEntry, ...]  # source gone; kept unless pruned
     pruned: tuple[ShardEntry, ...]  # source gone; output to delete
 
+    def describe(self) -> str:
+        return f"{len(self.tasks)} shard(s) to convert, {len(self.kept)} up to date, {len(self.pruned)} to prune"
+
     @property
     def entries_after(self) -> tuple[ShardEntry, ...]:
         """Entries that stay in the manifest whatever this run's tasks do."""

@@ -42,8 +42,7 @@ class Outcome:
 
     def summary(self) -> str:
         if self.launched is not None:
-            return (f"{self.launched}: {len(self.plan.tasks)} shard(s) to convert, {len(self.plan.kept)} up to date, "
-                    f"{len(self.plan.pruned)} to prune; the job writes manifest.json when it finishes")
+            return f"{self.launched}: {self.plan.describe()}; the job writes manifest.json when it finishes"
         converted = {t.source.path for t in self.plan.tasks} - {f["source"] for f in self.manifest.failed}
         records = sum(s.records for s in self.manifest.shards if s.source in converted)
         rate = f", {records / self.seconds:,.0f} records/s, {self.record_bytes / 1e6 / self.seconds:,.1f} MB/s" \
@@ -73,8 +72,7 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
         dataflow.check_remote_paths(config.input, config.output)
     plan = make_plan(config)
     storage.check_writable(config.output)
-    log.info("plan: %d shard(s) to convert, %d up to date, %d to prune", len(plan.tasks), len(plan.kept),
-             len(plan.pruned))
+    log.info("plan: %s", plan.describe())
     options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks))
     template = dataflow.template_location(options)
     record_bytes = 0

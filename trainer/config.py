@@ -45,10 +45,9 @@ class TrainConfig:
         for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
-        if self.data_workers < 0:
-            raise ValueError(f"data_workers must be >= 0 (got data_workers={self.data_workers})")
-        if self.in_memory_batches < 0:
-            raise ValueError(f"in_memory_batches must be >= 0 (got in_memory_batches={self.in_memory_batches})")
+        for name in ("data_workers", "in_memory_batches"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0 (got learning_rate={self.learning_rate})")
         if self.strategy not in STRATEGIES:
