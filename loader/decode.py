@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from loader.example_batch import parse_examples
+
 Decoder = Callable[[bytes], Any]
 
 
@@ -28,15 +30,23 @@ class ExampleDecoder:
         return {k: (v[0] if v.shape == (1,) else v) for k, v in decode_example(record).items()}
 
     def decode_batch(self, records: Sequence[bytes]) -> dict[str, Any] | None:
-        """`collate([self(r) for r in records])`, column by column (~4x faster); None when the batch
-        is not uniform (features or lengths differ between records): then decode record by record."""
+        """`collate([self(r) for r in records])`, column by column; None when the batch is not uniform
+        (features or lengths differ between records): then decode record by record.
+
+        Records sharing one wire layout parse all at once with NumPy (`parse_examples`); the others
+        (e.g. map entries in another order) parse with protobuf, then build the columns."""
+        columns = parse_examples(records)
+        return columns if columns is not None else self._decode_columns(records)
+
+    @staticmethod
+    def _decode_columns(records: Sequence[bytes]) -> dict[str, Any] | None:
         from pipelines.example_proto import example_class
 
         parse = example_class().FromString
         features = [parse(r).features.feature for r in records]
         first = features[0]
         out = {}
-        for key in first:
+        for key in sorted(first):
             kind = first[key].WhichOneof("kind")
             if kind is None:
                 return None

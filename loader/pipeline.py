@@ -12,7 +12,7 @@ first and each element is a group of consecutive global batches:
 
     MapDataset.range(num_groups)             reading schedule from the start batch: 1, 2, 4, ... G batches
       .map(read_group)                       per batch k: exact permutation of (seed, epoch), this host's
-                                             rows; one read per shard for the group; decode, map_fn, collate
+                                             rows; one read per shard for the group; decode (whole group), map_fn, collate
       .to_iter_dataset(ReadOptions)          thread prefetch
       .mp_prefetch(...)                      worker processes, when asked for
     then the iterator hands the group's batches out one by one (and, with sharding=, onto devices).
@@ -124,24 +124,31 @@ class _ReadGroup:
         per_batch = self._plan.host_indices_range(first, end)
         indices = np.concatenate(per_batch)
         records = self._reader(indices)
+        columns = self._decode_columns(records)
         batches, at = [], 0
         for rows in per_batch:
-            batches.append(self._finish(records[at:at + len(rows)], rows))
+            part = slice(at, at + len(rows))
+            if columns is not None and len(rows):
+                batches.append({key: column[part] for key, column in columns.items()})
+            else:
+                batches.append(self._finish(records[part], rows))
             at += len(rows)
         return batches
+
+    def _decode_columns(self, records: list[bytes]) -> dict | None:
+        """The whole group decoded at once (the batches are slices of it), when the decoder can."""
+        if self._map_fn is not None or not records or not hasattr(self._decoder, "decode_batch"):
+            return None
+        try:
+            return self._decoder.decode_batch(records)
+        except Exception:  # noqa: BLE001 - decode record by record, which names the bad record
+            return None
 
     def _finish(self, records: list[bytes], indices: np.ndarray):
         if not records:  # this host's share of a short last batch (drop_remainder=False) can be empty
             return []
         if self._decoder is None and self._map_fn is None:
             return records
-        if self._map_fn is None and hasattr(self._decoder, "decode_batch"):
-            try:
-                batch = self._decoder.decode_batch(records)
-            except Exception:  # noqa: BLE001 - decode record by record below, which names the bad record
-                batch = None
-            if batch is not None:
-                return batch
         items = [self._decode(r, i) for r, i in zip(records, indices)] if self._decoder else records
         if self._map_fn is not None:
             items = [self._map_fn(item) for item in items]

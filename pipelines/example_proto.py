@@ -74,10 +74,10 @@ def encode_example(features: Mapping[str, object]) -> bytes:
 
 
 def decode_example(data: bytes) -> dict[str, np.ndarray]:
-    """Parses an Example into {key: 1-D array} (int64, float32, or object array of bytes)."""
+    """Parses an Example into {key: 1-D array} (int64, float32, or object array of bytes), keys sorted."""
     example = example_class().FromString(data)
     out = {}
-    for key, feature in example.features.feature.items():
+    for key, feature in sorted(example.features.feature.items()):
         kind = feature.WhichOneof("kind")
         if kind == "int64_list":
             out[key] = np.array(feature.int64_list.value, dtype=np.int64)
