@@ -7,7 +7,7 @@ Builds TFRecord shards of tf.train.Example (`data`: ~1 KB bytes, `label`: int64)
 pipeline, then runs each contender in its own process, one after the other, in this one run:
 
 - ours: `loader.load(dir, batch_size=256, seed=0)`, globally shuffled (exact permutation), on the default
-  conversion (zstd:3) and on the same data converted `--compression uncompressed` (like the TFRecords);
+  conversion (snappy) and on the same data converted `--compression zstd:3` (array_record's and TFDS's default);
 - grain stock: `MapDataset.source(ArrayRecordDataSource(shards)).shuffle(seed).batch(256)`, global shuffle;
 - tf.data: `TFRecordDataset` with `interleave` over the shards, `shuffle(10_000)`, `batch(256)`, `prefetch`;
 - raw sequential: ArrayRecordReader.read(start, end) over each shard in order (an upper bound: no shuffle).
@@ -44,12 +44,12 @@ ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else No
                  worker_count=WORKERS)
 it = iter(ds)
 """,
-    # The same records converted with --compression uncompressed: what tf.data reads (TFRecord) is not
-    # compressed either, and these ~1 KB random-ish records barely compress (zstd:3 saves ~12%).
-    "ours, uncompressed": """
+    # The same records converted with --compression zstd:3, what `tfds build --file_format=array_record`
+    # writes: ~12% smaller here, but every random read pays a zstd decompression (benchmarks/compression_bench.py).
+    "ours, zstd:3": """
 import loader
 t0 = time.perf_counter()
-ds = loader.load(OUT_UNCOMPRESSED, batch_size=256, seed=0, decode="example" if DECODE else None,
+ds = loader.load(OUT_ZSTD, batch_size=256, seed=0, decode="example" if DECODE else None,
                  num_threads=THREADS, worker_count=WORKERS)
 it = iter(ds)
 """,
@@ -93,7 +93,7 @@ it = gen()
 
 _HARNESS = """
 import json, sys, time, resource
-OUT, SHARDS, TFRECORDS, DECODE, BATCHES, THREADS, WORKERS, OUT_UNCOMPRESSED, SHARDS_UNCOMPRESSED = \
+OUT, SHARDS, TFRECORDS, DECODE, BATCHES, THREADS, WORKERS, OUT_ZSTD, SHARDS_ZSTD = \
     json.loads(sys.argv[1])
 {setup}
 first = next(it)
@@ -105,8 +105,9 @@ print(json.dumps({{"first_batch_s": t1 - t0, "examples_per_s": BATCHES * 256 / (
 """
 
 
-def build(work: Path, records: int, shards: int) -> tuple[Path, list[str], list[str]]:
-    from pipelines import ConvertConfig, example_proto, run_conversion, tfrecord
+def build(work: Path, records: int, shards: int) -> list[str]:
+    """TFRecord shards of Examples under work/tfrecord (kept in a --workdir between runs)."""
+    from pipelines import example_proto, tfrecord
 
     rng = np.random.default_rng(0)
     per = records // shards
@@ -116,21 +117,18 @@ def build(work: Path, records: int, shards: int) -> tuple[Path, list[str], list[
         with open(work / "tfrecord" / f"data-{s:05d}-of-{shards:05d}.tfrecord", "wb") as f:
             tfrecord.write_records(f, (example_proto.encode_example({"data": row.tobytes(), "label": s * per + i})
                                        for i, row in enumerate(block)))
-    out = work / "array_record"
-    outcome = run_conversion(ConvertConfig(input=str(work / "tfrecord" / "*"), output=str(out)))
-    assert outcome.ok
-    return out, outcome.manifest.shard_paths(str(out)), sorted(str(p) for p in (work / "tfrecord").iterdir())
+    return sorted(str(p) for p in (work / "tfrecord").iterdir())
 
 
-def uncompressed_copy(work: Path) -> tuple[Path, list[str]]:
-    """The same TFRecords converted with --compression uncompressed (built once per workdir)."""
+def converted(work: Path, compression: str) -> tuple[Path, list[str]]:
+    """work/tfrecord converted by our pipeline with `compression` (once per workdir)."""
     from pipelines import ConvertConfig, run_conversion
     from pipelines.manifest import Manifest
 
-    out = work / "array_record_uncompressed"
+    out = work / f"array_record-{compression.replace(':', '')}"
     if not (out / "manifest.json").exists():
         assert run_conversion(ConvertConfig(input=str(work / "tfrecord" / "*"), output=str(out),
-                                            compression="uncompressed")).ok
+                                            compression=compression)).ok
     return out, Manifest.from_json((out / "manifest.json").read_text()).shard_paths(str(out))
 
 
@@ -143,7 +141,7 @@ def warm(paths: list[str]) -> None:
 
 
 def measure(name: str, args: list) -> dict:
-    warm(args[2] if name == "tf.data" else args[8] if name == "ours, uncompressed" else args[1])
+    warm(args[2] if name == "tf.data" else args[8] if name == "ours, zstd:3" else args[1])
     code = _HARNESS.format(setup=_CONTENDERS[name])
     proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -176,30 +174,28 @@ def main() -> None:
                    help="also time ours to the first batch on a dataset with this many shards (e.g. 1000)")
     args = p.parse_args()
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="loader-bench-"))
-    if not (work / "array_record" / "manifest.json").exists():
-        print(f"building {args.records:,} records in {args.shards} shards under {work} ...", flush=True)
-        out, shards, tfrecords = build(work, args.records, args.shards)
-    else:
-        out = work / "array_record"
-        from pipelines.manifest import Manifest
+    from pipelines.config import DEFAULT_COMPRESSION
 
-        shards = Manifest.from_json((out / "manifest.json").read_text()).shard_paths(str(out))
-        tfrecords = sorted(str(p) for p in (work / "tfrecord").iterdir())
-    out_unc, shards_unc = uncompressed_copy(work)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="loader-bench-"))
+    if not (work / "tfrecord").exists():
+        print(f"building {args.records:,} records in {args.shards} shards under {work} ...", flush=True)
+        build(work, args.records, args.shards)
+    tfrecords = sorted(str(p) for p in (work / "tfrecord").iterdir())
+    out, shards = converted(work, DEFAULT_COMPRESSION)
+    out_zstd, shards_zstd = converted(work, "zstd:3")
     names = args.only or list(_CONTENDERS)
     results = {}
     for decode in (False, True):
         for name in names:
             r = measure(name, [str(out), shards, tfrecords, decode, args.batches, args.threads, args.workers,
-                               str(out_unc), shards_unc])
+                               str(out_zstd), shards_zstd])
             results[(name, decode)] = r
             print(f"  {name:18s} {'decode' if decode else 'raw':6s} {r['examples_per_s']:>10,.0f} ex/s  first batch "
                   f"{r['first_batch_s']:.2f} s  peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
     print()
     for decode in (False, True):
         mode = "decode" if decode else "raw"
-        for mine in ("ours", "ours, uncompressed"):
+        for mine in ("ours", "ours, zstd:3"):
             ours = results.get((mine, decode))
             for name in names:
                 if not name.startswith("ours") and ours:
@@ -207,14 +203,10 @@ def main() -> None:
                     print(f"{mine} / {name} ({mode}): {ratio:.2f}x")
     if args.first_batch_shards:
         many = work / f"shards-{args.first_batch_shards}"
-        if not (many / "array_record" / "manifest.json").exists():
+        if not (many / "tfrecord").exists():
             build(many, args.first_batch_shards * 100, args.first_batch_shards)
-        from pipelines.manifest import Manifest
-
-        many_shards = Manifest.from_json((many / "array_record" / "manifest.json").read_text()).shard_paths(
-            str(many / "array_record"))
-        r = measure("ours", [str(many / "array_record"), many_shards, [], False, 10, args.threads, args.workers,
-                             "", []])
+        many_out, many_shards = converted(many, DEFAULT_COMPRESSION)
+        r = measure("ours", [str(many_out), many_shards, [], False, 10, args.threads, args.workers, "", []])
         print(f"ours, {args.first_batch_shards} shards: first batch {r['first_batch_s']:.2f} s")
     if not args.workdir:
         shutil.rmtree(work)

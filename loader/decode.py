@@ -2,7 +2,8 @@
 
 - `tf.train.Example` records -> {feature: np.ndarray}; a feature holding one value becomes a scalar.
 - TFDS datasets -> their own FeaturesDict (`deserialize_example_np`: images decoded, labels as ints).
-A batch of decoded records is collated into {feature: array stacked on a new first axis}.
+A batch of decoded records is collated into {feature: array stacked on a new first axis}; a batch of
+Examples that share one layout is decoded straight into those columns (`loader.example_batch`).
 """
 
 from __future__ import annotations

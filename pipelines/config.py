@@ -6,7 +6,7 @@ import dataclasses
 import re
 
 # grain reads ArrayRecord files written with group_size 1 only ("Grain requires group size 1").
-DEFAULT_COMPRESSION = "zstd:3"
+DEFAULT_COMPRESSION = "snappy"
 _COMPRESSION = re.compile(r"^(uncompressed|snappy|zstd:-?\d+|brotli:\d+)$")
 
 
