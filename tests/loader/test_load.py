@@ -125,6 +125,31 @@ def test_map_fn_and_example_decoding(tmp_path):
     assert batch["name"] == [b"r0", b"r1", b"r2", b"r3", b"r4", b"r5"]
 
 
+def test_group_decoding_gives_the_batches_of_record_by_record_decoding(tmp_path):
+    """Read groups decode in one call (NumPy parse) and are cut into batches; the same epoch decoded record by
+    record (map_fn forces that path), with groups of one batch or many, gives equal batches."""
+    from pipelines import ConvertConfig, example_proto, run_conversion
+    from tests.conftest import write_tfrecord_shards
+
+    records = [example_proto.encode_example({"x": [i, 300 * i], "y": i, "name": f"r{i}".encode()})
+               for i in range(50)]
+    write_tfrecord_shards(tmp_path / "in", [records[:17], records[17:]])
+    run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(tmp_path / "out")),
+                   ["--direct_num_workers=1"])
+    out = str(tmp_path / "out")
+    options = dict(batch_size=8, seed=3, num_epochs=1, drop_remainder=False)
+    slow = list(loader.load(out, map_fn=lambda ex: ex, **options))
+    for records_per_read in (8, 1000):
+        fast = list(loader.load(out, records_per_read=records_per_read, **options))
+        assert len(fast) == len(slow) == 7
+        for a, b in zip(fast, slow):
+            assert a.keys() == b.keys() and a["name"] == b["name"]
+            for key in ("x", "y"):
+                assert a[key].dtype == b[key].dtype == np.int64
+                np.testing.assert_array_equal(a[key], b[key])
+    assert slow[0]["y"].tolist() == [int(name[1:]) for name in slow[0]["name"]]
+
+
 def test_record_that_does_not_decode_is_named(converted):
     it = iter(loader.load(str(converted), batch_size=4, shuffle=False, decode="example"))
     with pytest.raises(ValueError, match=r"train-00000-of-00005.array_record: record 0 does not decode"):
