@@ -11,8 +11,9 @@ Builds two datasets with our own pipeline (TFRecord of tf.train.Example -> `pyth
 Each runs the real `python -m trainer` twice, interleaved: with the loader (`in_memory_batches=0`: read,
 shuffle, decode, device-prefetch) and with `in_memory_batches=16` (16 batches read once, kept on the devices
 and cycled: no input cost, the input-bound limit). Reported per run from WORKDIR/metrics.jsonl, log periods
-after the first (compilation) only: steps/s and the data-wait fraction (time blocked on `next(batch)` / step
-time). Ratios: loader steps/s / in-memory steps/s. Target: data-wait < 2% of step time.
+after the first (compilation) only: steps/s, the data-wait fraction (time blocked on `next(batch)` with no step
+running: the devices idle for want of input) and the host wait (all time blocked on `next(batch)`, also while a
+step still runs). Ratios: loader steps/s / in-memory steps/s. Target: data-wait < 2% of step time.
 Without an accelerator the runs use 8 simulated CPU devices (`strategy=mirrored`), as the demo does.
 Results: docs/benchmarks.md.
 """
@@ -76,7 +77,8 @@ def run_trainer(data: Path, workdir: Path, steps: int, log_every: int, batch_siz
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     periods = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()][1:]
     step_time = statistics.median(p["step_time_s"] for p in periods)
-    return {"steps_per_sec": 1 / step_time, "data_wait": statistics.mean(p["data_wait_fraction"] for p in periods)}
+    return {"steps_per_sec": 1 / step_time, "data_wait": statistics.mean(p["data_wait_fraction"] for p in periods),
+            "host_wait": statistics.mean(p["host_wait_fraction"] for p in periods)}
 
 
 def main() -> None:
@@ -106,7 +108,7 @@ def main() -> None:
 
     print(f"strategy=mirrored on {where}; batch {args.batch_size}; {args.steps} steps, log every {args.log_every} "
           "(first period = compilation, dropped)\n")
-    print(f"| model | input | steps/s | examples/s | data-wait |\n| --- | --- | ---: | ---: | ---: |")
+    print("| model | input | steps/s | examples/s | data-wait | host wait |\n| --- | --- | ---: | ---: | ---: | ---: |")
     results = {}
     for name, data in datasets.items():
         runs = {"loader": [], "in memory": []}
@@ -118,7 +120,9 @@ def main() -> None:
         for mode, outs in runs.items():
             sps = statistics.median(o["steps_per_sec"] for o in outs)
             wait = statistics.median(o["data_wait"] for o in outs)
-            print(f"| {name} | {mode} | {sps:.1f} | {sps * args.batch_size:,.0f} | {100 * wait:.2f}% |", flush=True)
+            host = statistics.median(o["host_wait"] for o in outs)
+            print(f"| {name} | {mode} | {sps:.1f} | {sps * args.batch_size:,.0f} | {100 * wait:.2f}% | {100 * host:.2f}% |",
+                  flush=True)
         results[name] = runs
     print()
     for name, runs in results.items():

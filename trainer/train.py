@@ -131,12 +131,15 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
 
     # --- loop -------------------------------------------------------------------------------
     losses: list = []
-    period_start, data_wait, last = time.perf_counter(), 0.0, {}
+    period_start, data_wait, host_wait, last = time.perf_counter(), 0.0, 0.0, {}
     try:
         for step in range(start + 1, config.steps + 1):
             t = time.perf_counter()
             batch = fetch()
-            data_wait += time.perf_counter() - t
+            waited = time.perf_counter() - t
+            host_wait += waited  # all time blocked on input, also while step - 1 still runs
+            if not losses or losses[-1].is_ready():  # no step running: the devices may have idled this long
+                data_wait += waited
             state, loss = train_step(state, batch)
             if losses:
                 # At most two steps in flight. Unbounded asynchronous dispatch of collective programs
@@ -154,7 +157,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                 last = {"step": step, "loss": float(values.mean()),
                         "examples_per_sec": len(values) * config.batch_size / elapsed,
                         "examples_per_sec_per_device": len(values) * config.batch_size / elapsed / replicas,
-                        "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed}
+                        "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed,
+                        "host_wait_fraction": host_wait / elapsed}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
                     last.update(_evaluate(config, strategy, eval_step, state["params"]))
                 if chief:
@@ -162,7 +166,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                 log.info("step %d/%d loss %.4f %s%.0f ex/s data-wait %.1f%%", step, config.steps, last["loss"],
                          f"eval_accuracy {last['eval_accuracy']:.4f} " if "eval_accuracy" in last else "",
                          last["examples_per_sec"], 100 * last["data_wait_fraction"])
-                losses, period_start, data_wait = [], time.perf_counter(), 0.0
+                losses, period_start, data_wait, host_wait = [], time.perf_counter(), 0.0, 0.0
             if itstime(step, config.checkpoint_every, config.steps) or preempted["flag"]:
                 save(step)
             if preempted["flag"]:

@@ -41,8 +41,11 @@ def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
     assert "strategy=default num_replicas_in_sync=1" in proc.stderr
     records = _metrics(tmp_path)
     assert [r["step"] for r in records] == [10, 20, 30]
-    for key in ("loss", "examples_per_sec", "examples_per_sec_per_device", "step_time_s", "data_wait_fraction"):
+    for key in ("loss", "examples_per_sec", "examples_per_sec_per_device", "step_time_s", "data_wait_fraction",
+                "host_wait_fraction"):
         assert all(np.isfinite(r[key]) for r in records), key
+    # data-wait is the part of the host's wait with no step running (the devices idle for want of input)
+    assert all(0 <= r["data_wait_fraction"] <= r["host_wait_fraction"] < 1 for r in records)
     assert records[-1]["loss"] < records[0]["loss"]
     assert 0.5 < records[-1]["eval_accuracy"] <= 1.0 and records[-1]["eval_examples"] == 359
     assert list((tmp_path / "tensorboard").iterdir())
