@@ -122,21 +122,22 @@ class _ReadGroup:
     def __call__(self, g: int) -> list:
         first, end = self.first_batch(int(g)), self.first_batch(int(g) + 1)
         per_batch = self._plan.host_indices_range(first, end)
-        indices = np.concatenate(per_batch)
-        records = self._reader(indices)
-        columns = self._decode_columns(records)
+        records = self._reader(np.concatenate(per_batch))
         batches, at = [], 0
-        for rows in per_batch:
-            part = slice(at, at + len(rows))
-            if columns is not None and len(rows):
-                batches.append({key: column[part] for key, column in columns.items()})
-            else:
-                batches.append(self._finish(records[part], rows))
-            at += len(rows)
+        for chunk in _runs_of_batches(per_batch, DECODE_RECORDS):
+            start = at
+            columns = self._decode_columns(records[start:start + sum(map(len, chunk))])
+            for rows in chunk:
+                if columns is not None and len(rows):
+                    part = slice(at - start, at - start + len(rows))
+                    batches.append({key: column[part] for key, column in columns.items()})
+                else:
+                    batches.append(self._finish(records[at:at + len(rows)], rows))
+                at += len(rows)
         return batches
 
     def _decode_columns(self, records: list[bytes]) -> dict | None:
-        """The whole group decoded at once (the batches are slices of it), when the decoder can."""
+        """Consecutive batches decoded at once (the batches are slices of it), when the decoder can."""
         if self._map_fn is not None or not records or not hasattr(self._decoder, "decode_batch"):
             return None
         try:
@@ -162,6 +163,24 @@ class _ReadGroup:
             local = int(index - self._source.starts[shard])
             raise ValueError(f"{self._source.paths[shard]}: record {local} does not decode ({type(e).__name__}: "
                              f"{e}); pass decode=None for raw bytes, or another decode=") from e
+
+
+# Records decoded per `decode_batch` call: enough to amortise NumPy's per-call costs, few enough that the
+# joined records stay in cache (in an A/B on 1 KB records, 4096 beat whole 16k-record groups by 5-12%).
+DECODE_RECORDS = 4096
+
+
+def _runs_of_batches(per_batch: list[np.ndarray], records: int) -> Iterator[list[np.ndarray]]:
+    """Consecutive batches in runs of about `records` rows (at least one batch a run)."""
+    run, size = [], 0
+    for rows in per_batch:
+        run.append(rows)
+        size += len(rows)
+        if size >= records:
+            yield run
+            run, size = [], 0
+    if run:
+        yield run
 
 
 class Loader:

@@ -125,9 +125,11 @@ def test_map_fn_and_example_decoding(tmp_path):
     assert batch["name"] == [b"r0", b"r1", b"r2", b"r3", b"r4", b"r5"]
 
 
-def test_group_decoding_gives_the_batches_of_record_by_record_decoding(tmp_path):
-    """Read groups decode in one call (NumPy parse) and are cut into batches; the same epoch decoded record by
-    record (map_fn forces that path), with groups of one batch or many, gives equal batches."""
+def test_group_decoding_gives_the_batches_of_record_by_record_decoding(tmp_path, monkeypatch):
+    """Runs of batches in a read group decode in one call (NumPy parse) and are cut into batches; the same
+    epoch decoded record by record (map_fn forces that path), with groups of one batch or many, and runs of
+    one group or several per group, gives equal batches."""
+    import loader.pipeline
     from pipelines import ConvertConfig, example_proto, run_conversion
     from tests.conftest import write_tfrecord_shards
 
@@ -139,7 +141,8 @@ def test_group_decoding_gives_the_batches_of_record_by_record_decoding(tmp_path)
     out = str(tmp_path / "out")
     options = dict(batch_size=8, seed=3, num_epochs=1, drop_remainder=False)
     slow = list(loader.load(out, map_fn=lambda ex: ex, **options))
-    for records_per_read in (8, 1000):
+    for records_per_read, decode_records in ((8, 4096), (1000, 4096), (1000, 16), (1000, 1)):
+        monkeypatch.setattr(loader.pipeline, "DECODE_RECORDS", decode_records)
         fast = list(loader.load(out, records_per_read=records_per_read, **options))
         assert len(fast) == len(slow) == 7
         for a, b in zip(fast, slow):
