@@ -16,6 +16,8 @@ Each is measured raw (bytes) and with a tf.train.Example decode (tf.data: `tf.io
 batch; grain and ours: our TensorFlow-free decoder per record). Reported: examples/s over `--batches`
 batches after the first, time to first batch (from building the pipeline, imports excluded), peak RSS.
 `--first-batch-shards 1000` also times ours to the first batch on a dataset of that many shards.
+`--repeats N` runs N rounds of all contenders in turn and reports the medians (this VM's speed drifts by
++-20% between minutes; one round's ratios can mislead).
 Results: docs/benchmarks.md.
 """
 
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -169,6 +172,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="ours: prefetch threads")
     p.add_argument("--workers", type=int, default=0, help="ours: grain worker processes")
     p.add_argument("--only", nargs="*", default=None, help="run only these contenders")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of all contenders; medians and their ratios")
     p.add_argument("--workdir", default=None)
     p.add_argument("--first-batch-shards", type=int, default=0,
                    help="also time ours to the first batch on a dataset with this many shards (e.g. 1000)")
@@ -185,14 +189,20 @@ def main() -> None:
     out_zstd, shards_zstd = converted(work, "zstd:3")
     names = args.only or list(_CONTENDERS)
     results = {}
-    for decode in (False, True):
-        for name in names:
-            r = measure(name, [str(out), shards, tfrecords, decode, args.batches, args.threads, args.workers,
-                               str(out_zstd), shards_zstd])
-            results[(name, decode)] = r
-            print(f"  {name:18s} {'decode' if decode else 'raw':6s} {r['examples_per_s']:>10,.0f} ex/s  first batch "
-                  f"{r['first_batch_s']:.2f} s  peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
-    print()
+    runs: dict = {}
+    for repeat in range(args.repeats):  # the contenders take turns, so drift on the machine hits them all
+        for decode in (False, True):
+            for name in names:
+                r = measure(name, [str(out), shards, tfrecords, decode, args.batches, args.threads, args.workers,
+                                   str(out_zstd), shards_zstd])
+                runs.setdefault((name, decode), []).append(r)
+                print(f"  {name:18s} {'decode' if decode else 'raw':6s} {r['examples_per_s']:>10,.0f} ex/s  first "
+                      f"batch {r['first_batch_s']:.2f} s  peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
+    results = {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
+    print(f"\nmedians of {args.repeats} run(s):" if args.repeats > 1 else "")
+    for (name, decode), r in results.items() if args.repeats > 1 else ():
+        print(f"  {name:18s} {'decode' if decode else 'raw':6s} {r['examples_per_s']:>10,.0f} ex/s  first batch "
+              f"{r['first_batch_s']:.2f} s  peak RSS {r['peak_rss_mb']:,.0f} MB")
     for decode in (False, True):
         mode = "decode" if decode else "raw"
         for mine in ("ours", "ours, zstd:3"):

@@ -1,13 +1,13 @@
 import pytest
 
 from loader.batches import BatchPlan
-from loader.pipeline import _ReadGroup
+from loader.pipeline import RAMP_GROWTH, _ReadGroup
 from loader.source import ShardedSource
 
 
 @pytest.mark.parametrize("num_epochs", [1, 3, None])
 @pytest.mark.parametrize("start", [0, 1, 5, 20])
-@pytest.mark.parametrize("max_batches", [1, 3, 8])
+@pytest.mark.parametrize("max_batches", [1, 3, 8, 100])
 def test_groups_cover_every_batch_once_ramping_up(num_epochs, start, max_batches):
     plan = BatchPlan(num_records=100, batch_size=4, num_epochs=num_epochs)
     source = ShardedSource(("unused",), (100,), "glob")
@@ -20,7 +20,7 @@ def test_groups_cover_every_batch_once_ramping_up(num_epochs, start, max_batches
         sizes.append(end - first)
         g += 1
     assert covered == list(range(start, limit))
-    ramp = [min(1 << i, max_batches) for i in range(len(sizes))]
-    assert sizes[:-1] == ramp[:-1] and sizes[-1] <= ramp[-1]  # 1, 2, 4, ... capped; the last may be cut short
+    ramp = [min(RAMP_GROWTH**i, max_batches) for i in range(len(sizes))]
+    assert sizes[:-1] == ramp[:-1] and sizes[-1] <= ramp[-1]  # 1, 8, 64, ... capped; the last may be cut short
     if num_epochs is not None:  # num_groups() covers exactly the batches left
         assert group.first_batch(group.num_groups() - 1) < plan.num_batches == group.first_batch(group.num_groups())
