@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import os
-import signal
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ import orbax.checkpoint as ocp
 import loader
 from trainer import models, strategy as strategies
 from trainer.config import TrainConfig
+from trainer.preemption import PreemptionNotice
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                                                 data=ocp.args.JsonSave(it.get_state())), force=True)
         mngr.wait_until_finished()
 
-    preempted = {"flag": False}
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.update(flag=True))
+    preemption = PreemptionNotice()  # SIGTERM, to any process: all save at one step and stop
     metrics_file = open(os.path.join(config.workdir, "metrics.jsonl"), "a") if chief else None
     writer = _tensorboard(config.workdir) if chief else None
 
@@ -147,7 +146,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                 # queued steps); on accelerators one step of lookahead is all the overlap needed.
                 losses[-1].block_until_ready()
             losses.append(loss)
-            if itstime(step, config.log_every, config.steps) or preempted["flag"]:
+            stop = preemption.reached(step)
+            if itstime(step, config.log_every, config.steps) or stop:
                 values = np.asarray(jax.device_get(losses), dtype=np.float64)  # waits for the steps
                 bad = np.flatnonzero(~np.isfinite(values))
                 if bad.size:
@@ -167,13 +167,13 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                          f"eval_accuracy {last['eval_accuracy']:.4f} " if "eval_accuracy" in last else "",
                          last["examples_per_sec"], 100 * last["data_wait_fraction"])
                 losses, period_start, data_wait, host_wait = [], time.perf_counter(), 0.0, 0.0
-            if itstime(step, config.checkpoint_every, config.steps) or preempted["flag"]:
+            if itstime(step, config.checkpoint_every, config.steps) or stop:
                 save(step)
-            if preempted["flag"]:
+            if stop:
                 log.warning("SIGTERM: saved a checkpoint at step %d; exiting", step)
                 return {**last, "preempted": True, "final_step": step}
     finally:
-        signal.signal(signal.SIGTERM, previous_handler)
+        preemption.close()
         if metrics_file:
             metrics_file.close()
         if writer:

@@ -1,7 +1,10 @@
 """multi_worker: two real processes on localhost (jax.distributed, gloo), launched from flags and from TF_CONFIG."""
 
 import json
+import re
+import signal
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -46,3 +49,47 @@ def test_two_processes_agree_with_one(digits, tmp_path, launch):
     multi_eval = json.loads((tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()[-1])
     assert multi_eval["eval_examples"] == single_eval["eval_examples"] == 359
     assert multi_eval["eval_accuracy"] == pytest.approx(single_eval["eval_accuracy"], abs=1e-6)
+
+
+@pytest.mark.timeout(400)
+def test_sigterm_to_one_process_stops_both_at_one_step_and_resume_matches(digits, tmp_path):
+    """A preemption notice that reaches process 1 only: both processes save at the same step and exit
+    cleanly (JAX's preemption service agrees on the step); resuming both gives the uninterrupted losses."""
+    common = (f"data={digits['train']}", "model=mlp", "steps=60", "log_every=1", "checkpoint_every=1000",
+              "batch_size=32", "learning_rate=0.003")
+    single = run_trainer(*common, f"workdir={tmp_path / 'single'}", "strategy=mirrored", devices=2)
+    assert single.returncode == 0, single.stderr[-2000:]
+
+    def launch():
+        port = _port()
+        return [run_trainer(*common, f"workdir={tmp_path / 'multi'}", "strategy=multi_worker",
+                            f"coordinator_address=127.0.0.1:{port}", "num_processes=2", f"process_id={i}",
+                            popen=True) for i in range(2)]
+
+    procs = launch()
+    metrics = tmp_path / "multi" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 10):
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGTERM)  # process 0 gets no signal
+        outputs = [p.communicate(timeout=200)[0] for p in procs]
+    finally:
+        for p in procs:  # a process left waiting in a collective must not outlive the test
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
+    stops = [re.findall(r"SIGTERM: saved a checkpoint at step (\d+)", out) for out in outputs]
+    assert stops[0] == stops[1] and len(stops[0]) == 1, stops
+    stopped_at = int(stops[0][0])
+    assert 10 <= stopped_at < 60
+
+    procs = launch()
+    outputs = [p.communicate(timeout=200)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
+    assert f"resumed from step {stopped_at}" in outputs[0] and f"resumed from step {stopped_at}" in outputs[1]
+    got = {}
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        got[record["step"]] = record["loss"]
+    assert sorted(got) == list(range(1, 61))
+    np.testing.assert_allclose([got[s] for s in range(1, 61)], _losses(tmp_path / "single"), rtol=1e-5)

@@ -1,0 +1,41 @@
+"""Preemption notices (SIGTERM): save a checkpoint and stop, at the same step on every process.
+
+One process: a SIGTERM handler sets a flag that the loop reads after each step.
+Several processes (`jax.distributed`): a scheduler may signal one host only, and a process that stops on
+its own would leave the others waiting in the next collective. JAX's preemption service (on by default
+with `jax.distributed`) catches SIGTERM in any process, tells the others through the coordination
+service, and agrees on a step that all of them reach; `multihost_utils.reached_preemption_sync_point`,
+called by every process at every step, is True there on all of them.
+"""
+
+from __future__ import annotations
+
+import signal
+
+
+class PreemptionNotice:
+    """`reached(step)` after each step: True when the run must save and stop now. `close()` at the end."""
+
+    def __init__(self):
+        from jax._src import distributed
+
+        self._multi = distributed.global_state.preemption_sync_manager is not None
+        self._flag = False
+        self._previous = None
+        if not self._multi:
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, *_) -> None:
+        self._flag = True
+
+    def reached(self, step: int) -> bool:
+        if self._multi:
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.reached_preemption_sync_point(step)
+        return self._flag
+
+    def close(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
