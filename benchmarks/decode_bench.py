@@ -75,7 +75,7 @@ def main() -> None:
             records = all_records[:n]
             contenders = {
                 "per record": lambda: collate([decoder(r) for r in records]),
-                "protobuf columns": lambda: decoder._decode_columns(records),
+                "protobuf columns": lambda: decoder._protobuf_columns(records),
                 "ours (NumPy wire parse)": lambda: parse_examples(records),
             }
             tf_parse = tf_parser(records)

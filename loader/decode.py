@@ -37,10 +37,10 @@ class ExampleDecoder:
         Records sharing one wire layout parse all at once with NumPy (`parse_examples`); the others
         (e.g. map entries in another order) parse with protobuf, then build the columns."""
         columns = parse_examples(records)
-        return columns if columns is not None else self._decode_columns(records)
+        return columns if columns is not None else self._protobuf_columns(records)
 
     @staticmethod
-    def _decode_columns(records: Sequence[bytes]) -> dict[str, Any] | None:
+    def _protobuf_columns(records: Sequence[bytes]) -> dict[str, Any] | None:
         from pipelines.example_proto import example_class
 
         parse = example_class().FromString

@@ -107,12 +107,14 @@ class _Batch:
         self.pos += 1
         for shift in range(7, 70, 7):
             if not more.any():
-                return value
+                break
             b = self.buf[self.pos]
             value |= ((b & 0x7F).astype(np.uint64) << np.uint64(shift)) * more
             self.pos += more
             more &= b >= 0x80
-        raise _Irregular  # over 10 bytes: not a varint
+        if more.any():
+            raise _Irregular  # over 10 bytes: not a varint
+        return value
 
     def length(self, within: np.ndarray | None = None) -> np.ndarray:
         """Reads a length prefix; returns where the field ends (checked to lie inside `within`)."""
@@ -159,15 +161,14 @@ class _Batch:
     def varints(self, sizes: np.ndarray) -> np.ndarray:
         """The packed varints between each cursor and cursor + size, as int64 [N, width]."""
         size = int(sizes[0])
+        region_starts = np.cumsum(sizes) - sizes  # where each record's values start in `b`
         if (sizes == size).all():
             b = self.buf[self.pos[:, None] + np.arange(size)].reshape(-1)
             if (b < 0x80).all():  # every value one byte (0-127): the bytes are the values
                 return b.astype(np.int64).reshape(self.n, size)
         else:
-            starts = np.cumsum(sizes) - sizes
-            b = self.buf[np.arange(int(sizes.sum())) + np.repeat(self.pos - starts, sizes)]
+            b = self.buf[np.arange(int(sizes.sum())) + np.repeat(self.pos - region_starts, sizes)]
         last = b < 0x80  # a varint's last byte
-        region_starts = np.cumsum(sizes) - sizes
         if not last[region_starts + sizes - 1].all():
             raise _Irregular  # a varint runs past its list
         first = np.flatnonzero(np.concatenate(([True], last[:-1])))  # each varint's first byte

@@ -12,7 +12,7 @@ first and each element is a group of consecutive global batches:
 
     MapDataset.range(num_groups)             reading schedule from the start batch: 1, 8, 64, ... G batches
       .map(read_group)                       per batch k: exact permutation of (seed, epoch), this host's
-                                             rows; one read per shard for the group; decode (whole group), map_fn, collate
+                                             rows; one read per shard for the group; decode (~4k records a call), map_fn, collate
       .to_iter_dataset(ReadOptions)          thread prefetch
       .mp_prefetch(...)                      worker processes, when asked for
     then the iterator hands the group's batches out one by one (and, with sharding=, onto devices).
@@ -153,19 +153,21 @@ class _ReadGroup:
         per_batch = self._plan.host_indices_range(first, end)
         records = self._reader(np.concatenate(per_batch))
         batches, at = [], 0
-        for chunk in _runs_of_batches(per_batch, DECODE_RECORDS):
-            start = at
-            columns = self._decode_columns(records[start:start + sum(map(len, chunk))])
-            for rows in chunk:
+        for run in _runs_of_batches(per_batch, DECODE_RECORDS):
+            run_records = records[at:at + sum(map(len, run))]
+            at += len(run_records)
+            columns = self._decode_run(run_records)
+            offset = 0
+            for rows in run:
+                part = slice(offset, offset + len(rows))
+                offset += len(rows)
                 if columns is not None and len(rows):
-                    part = slice(at - start, at - start + len(rows))
                     batches.append({key: column[part] for key, column in columns.items()})
                 else:
-                    batches.append(self._finish(records[at:at + len(rows)], rows))
-                at += len(rows)
+                    batches.append(self._finish(run_records[part], rows))
         return batches
 
-    def _decode_columns(self, records: list[bytes]) -> dict | None:
+    def _decode_run(self, records: list[bytes]) -> dict | None:
         """Consecutive batches decoded at once (the batches are slices of it), when the decoder can."""
         if self._map_fn is not None or not records or not hasattr(self._decoder, "decode_batch"):
             return None
