@@ -15,9 +15,10 @@ pipeline, then runs each contender in its own process, one after the other, in t
 Each is measured raw (bytes) and with a tf.train.Example decode (tf.data: `tf.io.parse_example` on the
 batch; grain and ours: our TensorFlow-free decoder per record). Reported: examples/s over `--batches`
 batches after the first, time to first batch (from building the pipeline, imports excluded), peak RSS.
-`--first-batch-shards 1000` also times ours to the first batch on a dataset of that many shards.
-`--repeats N` runs N rounds of all contenders in turn and reports the medians (this VM's speed drifts by
-+-20% between minutes; one round's ratios can mislead).
+`--first-batch-shards 1000` also runs ours and the raw read on a dataset of that many shards of 100 records
+(time to the first batch; throughput where each read group takes few records from each shard).
+`--repeats N` runs N rounds of all contenders in turn and reports the medians, and for the ratios the
+median of each round's ratio (this VM's speed drifts by +-20% between minutes; one round can mislead).
 Results: docs/benchmarks.md.
 """
 
@@ -43,7 +44,7 @@ _CONTENDERS = {
     "ours": """
 import loader
 t0 = time.perf_counter()
-ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else None, num_threads=THREADS,
+ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else None, num_threads=THREADS or None,
                  worker_count=WORKERS)
 it = iter(ds)
 """,
@@ -53,7 +54,7 @@ it = iter(ds)
 import loader
 t0 = time.perf_counter()
 ds = loader.load(OUT_ZSTD, batch_size=256, seed=0, decode="example" if DECODE else None,
-                 num_threads=THREADS, worker_count=WORKERS)
+                 num_threads=THREADS or None, worker_count=WORKERS)
 it = iter(ds)
 """,
     "grain stock": """
@@ -83,10 +84,17 @@ from loader.decode import ExampleDecoder
 t0 = time.perf_counter()
 def gen():
     dec = ExampleDecoder()
+    small = []  # shards of < 256 records (--first-batch-shards) are joined into batches
     while True:
         for path in SHARDS:
             r = ArrayRecordReader(path, "readahead_buffer_size:16M")
             n = r.num_records()
+            if n < 256:
+                small += r.read(0, n)
+                if len(small) < 256:
+                    continue
+                recs, small = small[:256], small[256:]
+                yield [dec(x) for x in recs] if DECODE else recs
             for s in range(0, n - 255, 256):
                 recs = r.read(s, s + 256)
                 yield [dec(x) for x in recs] if DECODE else recs
@@ -169,7 +177,7 @@ def main() -> None:
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--batches", type=int, default=400, help="batches timed after the first")
-    p.add_argument("--threads", type=int, default=1, help="ours: prefetch threads")
+    p.add_argument("--threads", type=int, default=0, help="ours: prefetch threads (0: the loader chooses)")
     p.add_argument("--workers", type=int, default=0, help="ours: grain worker processes")
     p.add_argument("--only", nargs="*", default=None, help="run only these contenders")
     p.add_argument("--repeats", type=int, default=1, help="rounds of all contenders; medians and their ratios")
@@ -206,18 +214,22 @@ def main() -> None:
     for decode in (False, True):
         mode = "decode" if decode else "raw"
         for mine in ("ours", "ours, zstd:3"):
-            ours = results.get((mine, decode))
             for name in names:
-                if not name.startswith("ours") and ours:
-                    ratio = ours["examples_per_s"] / results[(name, decode)]["examples_per_s"]
+                if not name.startswith("ours") and (mine, decode) in runs:
+                    # the median of each round's ratio: a round's contenders ran minutes apart at most
+                    ratio = statistics.median(a["examples_per_s"] / b["examples_per_s"]
+                                              for a, b in zip(runs[(mine, decode)], runs[(name, decode)]))
                     print(f"{mine} / {name} ({mode}): {ratio:.2f}x")
     if args.first_batch_shards:
         many = work / f"shards-{args.first_batch_shards}"
         if not (many / "tfrecord").exists():
             build(many, args.first_batch_shards * 100, args.first_batch_shards)
         many_out, many_shards = converted(many, DEFAULT_COMPRESSION)
-        r = measure("ours", [str(many_out), many_shards, [], False, 10, args.threads, args.workers, "", []])
-        print(f"ours, {args.first_batch_shards} shards: first batch {r['first_batch_s']:.2f} s")
+        many_args = [str(many_out), many_shards, [], False, args.batches, args.threads, args.workers, "", []]
+        r, seq = measure("ours", many_args), measure("raw sequential", many_args)
+        print(f"ours, {args.first_batch_shards} shards of 100 records: first batch {r['first_batch_s']:.2f} s, "
+              f"{r['examples_per_s']:,.0f} ex/s raw, {r['examples_per_s'] / seq['examples_per_s']:.2f}x raw sequential "
+              f"({seq['examples_per_s']:,.0f} ex/s)")
     if not args.workdir:
         shutil.rmtree(work)
 

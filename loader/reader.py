@@ -1,12 +1,19 @@
 """Batched random reads from a sharded ArrayRecord dataset.
 
-Measured on 1 KB records, 125k per file (docs/benchmarks.md): grain's ArrayRecordDataSource
-reads one record per call (~300 us each at that file size); `reader.read([i, ...])` has a
-per-call cost that grows with the records in the file, so it pays only for long lists:
-~28 us a record for one batch of 256 spread over 8 shards, 5.5 us for 64 batches at once,
-which is the cost of a sequential read. So the loader reads many batches per call: their
-indices are grouped by shard and sorted, read with one call per shard (one reader per
-shard and process, opened for random access), and put back in order.
+The loader reads many batches at once: their indices are grouped by shard and sorted, each shard's
+run is read with one reader per shard and thread (opened for random access), and the records are put
+back in order. ArrayRecord offers two ways to read a run of k records from a shard of N records, and
+each is slow where the other is fast (1 KB records, 2 cores; docs/benchmarks.md, "Reading a shard"):
+
+- `reader.read([i, ...])`: a call costs ~60 us (it dispatches to ArrayRecord's thread pool) plus
+  ~3.5 ns per record in the file (it allocates a slot per chunk), then ~3 us a record, decoded on
+  the pool's threads with the GIL released. It pays for long runs: 2.8-3.8 us a record at k=2048,
+  but 12-43 us a record at k=16 (files of 100 to 125k records).
+- `reader.seek(i); reader.read()`: ~4-6 us a record, no per-call cost, in the calling thread.
+
+So a run is read with one list call when it is long for its file (k >= SEEK_BELOW + N / SEEK_PER_FILE),
+record by record otherwise. Many shards, or big ones, make each group's runs short: without the
+per-record path a dataset of 1000 shards read 3x slower than the same records in 8.
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ from loader.source import ShardedSource
 
 RANDOM_ACCESS = "readahead_buffer_size:0,max_parallelism:0"
 
+# A run of k records from a file of N is read by one list call when k >= SEEK_BELOW + N // SEEK_PER_FILE
+# (measured crossovers: k ~ 256 in files of 100 to 25k records, ~500 at 125k), else record by record.
+SEEK_BELOW = 256
+SEEK_PER_FILE = 500
+
 
 class BatchReader:
     """`reader(indices)` -> the records at those global indices, in that order. Picklable."""
@@ -29,13 +41,23 @@ class BatchReader:
         self._starts = source.starts
         self._total = len(source)
         self._local = threading.local()
+        # per shard: the shortest run read with one list call
+        self._list_from = SEEK_BELOW + np.asarray(source.lengths, dtype=np.int64) // SEEK_PER_FILE
 
     def __getstate__(self):
-        return {"paths": self._paths, "starts": self._starts, "total": self._total}
+        return {"paths": self._paths, "starts": self._starts, "total": self._total, "list_from": self._list_from}
 
     def __setstate__(self, state):
         self._paths, self._starts, self._total = state["paths"], state["starts"], state["total"]
+        self._list_from = state["list_from"]
         self._local = threading.local()
+
+    def list_share(self, group_records: int) -> float:
+        """The share of records read by list calls when a group of `group_records` uniformly spread records
+        is read (a shard of N records holds ~group_records * N / total of them)."""
+        lengths = np.asarray(np.diff(np.append(self._starts, self._total)), dtype=np.int64)
+        expected = group_records * lengths / self._total
+        return float(lengths[expected >= self._list_from].sum() / self._total)
 
     def _reader(self, shard: int) -> ArrayRecordReader:
         readers = getattr(self._local, "readers", None)
@@ -65,7 +87,13 @@ class BatchReader:
             local = (indices[run] - self._starts[shard]).tolist()
             reader = self._reader(shard)  # raises its own error naming the shard
             try:
-                records = reader.read(local)
+                if len(local) >= self._list_from[shard]:
+                    records = reader.read(local)
+                else:
+                    records = []
+                    for i in local:
+                        reader.seek(i)
+                        records.append(reader.read())
             except Exception as e:  # noqa: BLE001 - name the shard and records, keep the cause
                 raise OSError(f"{self._paths[shard]}: cannot read records {local[0]}..{local[-1]} ({e}); the shard "
                               "is corrupt: re-run the conversion (python -m pipelines verify finds such shards)") from e

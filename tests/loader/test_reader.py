@@ -1,0 +1,49 @@
+"""BatchReader: records at global indices, in order, by either read path (one list call, or record by record)."""
+
+import os
+
+import numpy as np
+import pytest
+
+import loader.reader
+from loader.reader import BatchReader
+from loader.source import resolve
+
+PATHS = {"list calls": (0, 10**9), "record by record": (10**9, 10**9)}  # (SEEK_BELOW, SEEK_PER_FILE)
+
+
+@pytest.fixture(params=sorted(PATHS))
+def read_path(request, monkeypatch):
+    below, per_file = PATHS[request.param]
+    monkeypatch.setattr(loader.reader, "SEEK_BELOW", below)
+    monkeypatch.setattr(loader.reader, "SEEK_PER_FILE", per_file)
+    return request.param
+
+
+def test_records_come_back_in_the_asked_order_on_either_path(converted, all_records, read_path):
+    reader = BatchReader(resolve(str(converted)))
+    indices = np.random.default_rng(0).integers(0, len(all_records), size=300)  # unordered, with repeats
+    assert reader(indices) == [all_records[i] for i in indices]
+    assert reader(np.array([256, 0, 37, 36, 37])) == [b"4:54", b"0:0", b"2:0", b"0:36", b"2:0"]
+
+
+def test_list_share_picks_the_path_by_run_length(converted):
+    reader = BatchReader(resolve(str(converted)))  # shards of 37, 0, 101, 64, 55 records
+    assert reader.list_share(257) == 0.0  # runs of ~1 record per shard record: all shorter than SEEK_BELOW (256)
+    # a group of 4 * 257: runs of ~4 per shard record, 404 and 256 from the 101- and 64-record shards
+    assert reader.list_share(4 * 257) == pytest.approx((101 + 64) / 257)
+    assert reader.list_share(7 * 257) == 1.0  # 259 from the 37-record shard
+
+
+def test_corrupt_records_are_named_on_either_path(converted, tmp_path, read_path):
+    broken = tmp_path / "rot"
+    broken.mkdir()
+    for f in converted.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    shard = broken / "train-00002-of-00005.array_record"
+    data = bytearray(shard.read_bytes())
+    data[100:2000] = os.urandom(1900)  # records' chunks near the start of the file: same size, bad content
+    shard.write_bytes(bytes(data))
+    reader = BatchReader(resolve(str(broken)))
+    with pytest.raises(OSError, match=r"train-00002-of-00005.array_record: cannot read records 0\.\.100.*corrupt"):
+        reader(np.arange(37, 37 + 101))
