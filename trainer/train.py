@@ -125,7 +125,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         mngr.wait_until_finished()
 
     preemption = PreemptionNotice()  # SIGTERM, to any process: all save at one step and stop
-    metrics_file = open(os.path.join(config.workdir, "metrics.jsonl"), "a") if chief else None
+    metrics_file = _open_metrics(os.path.join(config.workdir, "metrics.jsonl"), start) if chief else None
     writer = _tensorboard(config.workdir) if chief else None
 
     # --- loop -------------------------------------------------------------------------------
@@ -232,6 +232,22 @@ def _tensorboard(workdir: str):
         log.warning("tensorboardX is not installed: no TensorBoard scalars (metrics.jsonl is still written)")
         return None
     return SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+
+def _open_metrics(path: str, start: int):
+    """metrics.jsonl for appending, without the records of steps after `start` (the checkpoint resumed from):
+    a run that stopped between a log and its next checkpoint logged steps that the resumed run repeats."""
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = f.read().splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= start]
+        if len(kept) < len(lines):
+            log.info("metrics.jsonl: dropped %d record(s) after step %d (logged before the restart, repeated now)",
+                     len(lines) - len(kept), start)
+            with open(path + ".tmp", "w") as f:
+                f.writelines(line + "\n" for line in kept)
+            os.replace(path + ".tmp", path)
+    return open(path, "a")
 
 
 def _write(metrics_file, writer, record: dict) -> None:

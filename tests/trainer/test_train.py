@@ -1,6 +1,7 @@
 """The real `python -m trainer`, on the digits converted by the pipeline."""
 
 import json
+import shutil
 import signal
 import time
 
@@ -100,6 +101,22 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(digits, tmp_path):
     assert got == want  # bitwise: same batches, same losses
     (_, a), (_, b) = _params(tmp_path / "straight"), _params(tmp_path / "stopped")
     assert all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b)))
+
+
+def test_resume_after_a_crash_between_log_and_checkpoint_logs_each_step_once(digits, tmp_path):
+    args = ("model=mlp", "steps=20", "log_every=1", "checkpoint_every=10")
+    first = run_trainer(*_common(digits, tmp_path, *args))
+    assert first.returncode == 0, first.stderr[-2000:]
+    want = _metrics(tmp_path)
+    shutil.rmtree(tmp_path / "checkpoints" / "20")  # as if the process died after logging 11..20, before saving 20
+
+    again = run_trainer(*_common(digits, tmp_path, *args))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumed from step 10" in again.stderr
+    assert "dropped 10 record(s) after step 10" in again.stderr
+    got = _metrics(tmp_path)
+    assert [r["step"] for r in got] == list(range(1, 21))
+    assert [r["loss"] for r in got] == [r["loss"] for r in want]  # the repeated steps, bitwise
 
 
 def test_transformer_learns_rows_as_a_sequence(digits, tmp_path):
