@@ -17,9 +17,11 @@ class PreemptionNotice:
     """`reached(step)` after each step: True when the run must save and stop now. `close()` at the end."""
 
     def __init__(self):
-        from jax._src import distributed
+        import jax
 
-        self._multi = distributed.global_state.preemption_sync_manager is not None
+        # Several processes: jax.distributed is up (the trainer initialises it for multi_worker), and with it the
+        # preemption service (jax_enable_preemption_service, on by default).
+        self._multi = jax.process_count() > 1
         self._flag = False
         self._previous = None
         if not self._multi:
