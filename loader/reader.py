@@ -24,6 +24,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from loader.source import ShardedSource
+from pipelines import storage
 
 RANDOM_ACCESS = "readahead_buffer_size:0,max_parallelism:0"
 
@@ -41,8 +42,10 @@ class BatchReader:
         self._starts = source.starts
         self._total = len(source)
         self._local = threading.local()
-        # per shard: the shortest run read with one list call
-        self._list_from = SEEK_BELOW + np.asarray(source.lengths, dtype=np.int64) // SEEK_PER_FILE
+        # per shard: the shortest run read with one list call. Remote shards (gs://) always take list calls: each
+        # record is a range request, which a list call issues from ArrayRecord's pool, not one after another.
+        self._list_from = np.where([storage.is_remote(p) for p in source.paths], 0,
+                                   SEEK_BELOW + np.asarray(source.lengths, dtype=np.int64) // SEEK_PER_FILE)
 
     def __getstate__(self):
         return {"paths": self._paths, "starts": self._starts, "total": self._total, "list_from": self._list_from}

@@ -47,3 +47,14 @@ def test_corrupt_records_are_named_on_either_path(converted, tmp_path, read_path
     reader = BatchReader(resolve(str(broken)))
     with pytest.raises(OSError, match=r"train-00002-of-00005.array_record: cannot read records 0\.\.100.*corrupt"):
         reader(np.arange(37, 37 + 101))
+
+
+def test_remote_shards_always_take_list_calls(gcs_bucket, converted):
+    """gs:// shards: each record is a range request; a list call issues them from ArrayRecord's pool."""
+    bucket, client = gcs_bucket
+    for f in converted.iterdir():
+        client.bucket(bucket).blob(f"ds/{f.name}").upload_from_filename(str(f))
+    remote = resolve(f"gs://{bucket}/ds")
+    reader = BatchReader(remote)
+    assert reader.list_share(1) == 1.0 and BatchReader(resolve(str(converted))).list_share(1) == 0.0
+    assert reader(np.array([256, 0, 37])) == [b"4:54", b"0:0", b"2:0"]
