@@ -154,17 +154,22 @@ def warm(paths: list[str]) -> None:
 def measure(name: str, args: list) -> dict:
     warm(args[2] if name == "tf.data" else args[8] if name == "ours, zstd:3" else args[1])
     code = _HARNESS.format(setup=_CONTENDERS[name])
-    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    root = psutil.Process(proc.pid)
-    peak = 0
-    while proc.poll() is None:
-        try:
-            peak = max(peak, sum(p.memory_info().rss for p in [root] + root.children(recursive=True)))
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
-    out, err = proc.communicate()
+    # Output goes to files, not pipes: nothing reads a pipe while the child runs, and a chatty child (grain's
+    # worker processes log to stderr) would block once the pipe's buffer is full.
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=REPO, stdout=out_file,
+                                stderr=err_file, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        root = psutil.Process(proc.pid)
+        peak = 0
+        while proc.poll() is None:
+            try:
+                peak = max(peak, sum(p.memory_info().rss for p in [root] + root.children(recursive=True)))
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read(), err_file.read()
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
