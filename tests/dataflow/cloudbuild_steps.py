@@ -70,18 +70,22 @@ def step(config: dict, step_id: str) -> dict:
 
 
 def fake_gcloud(directory: Path) -> Path:
-    """A `gcloud` on PATH that appends its arguments (one JSON list per call) to $GCLOUD_CALLS."""
+    """A `gcloud` on PATH that appends its arguments (one JSON list per call) to $GCLOUD_CALLS, and answers
+    `dataflow jobs list` with $GCLOUD_ACTIVE_JOBS (job ids, one a line; none if unset)."""
     directory.mkdir(parents=True, exist_ok=True)
     exe = directory / "gcloud"
     exe.write_text("#!/usr/bin/env python3\nimport json, os, sys\n"
                    "with open(os.environ['GCLOUD_CALLS'], 'a') as f:\n"
-                   "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n")
+                   "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                   "if sys.argv[1:4] == ['dataflow', 'jobs', 'list']:\n"
+                   "    print(os.environ.get('GCLOUD_ACTIVE_JOBS', ''))\n")
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return directory
 
 
-def run_bash_step(config: dict, step_id: str, values: dict[str, str], workspace: Path):
-    """Runs a `bash -c` step as Cloud Build would (cwd = the workspace); returns (process, gcloud calls)."""
+def run_bash_step(config: dict, step_id: str, values: dict[str, str], workspace: Path, active_jobs: str = ""):
+    """Runs a `bash -c` step as Cloud Build would (cwd = the workspace); returns (process, gcloud calls).
+    `active_jobs`: what `gcloud dataflow jobs list` prints."""
     s = step(config, step_id)
     assert s["entrypoint"] == "bash" and s["args"][0] == "-c", s
     script = substitute(s["args"][1], values)
@@ -90,7 +94,7 @@ def run_bash_step(config: dict, step_id: str, values: dict[str, str], workspace:
     calls.write_text("")
     proc = subprocess.run(["bash", "-c", script], cwd=workspace, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                               "GCLOUD_CALLS": str(calls)})
+                               "GCLOUD_CALLS": str(calls), "GCLOUD_ACTIVE_JOBS": active_jobs})
     return proc, [json.loads(line) for line in calls.read_text().splitlines()]
 
 

@@ -3,6 +3,7 @@ step (in-process `python -m pipelines plan`), its launch script against a stand-
 Template entry point (dataflow/main.py) run with the parameters that script passed, on the DirectRunner,
 against the GCS emulator. Plus the scheduler set-up script in dry-run mode."""
 
+import hashlib
 import json
 import os
 import shlex
@@ -57,7 +58,11 @@ def test_refresh_converts_only_new_shards_and_launches_nothing_when_up_to_date(t
     assert [p.rsplit("/", 1)[1] for p in plan["to_convert"]] == [paths[0].name, paths[1].name]
     proc, calls = cb.run_bash_step(REFRESH, "launch-if-changed", values, workspace)
     assert proc.returncode == 0, proc.stderr
-    (call,) = calls
+    listed, call = calls  # first: is a refresh of this output still running? (none)
+    prefix = "refresh-" + hashlib.sha1(f"gs://{bucket}/ar".encode()).hexdigest()[:8]
+    assert listed[:3] == ["dataflow", "jobs", "list"] and cb.flag(listed, "status") == "active"
+    assert cb.flag(listed, "filter") == f"name~^{prefix}-"
+    assert call[:3] == ["dataflow", "flex-template", "run"] and call[3].startswith(f"{prefix}-2")
     assert cb.flag(call, "template-file-gcs-location") == f"gs://{bucket}/templates/tfrecord-to-arrayrecord-latest.json"
     assert "converted 2 shard(s) (21 records" in _launch_as_dataflow_would(call)
 
@@ -72,8 +77,12 @@ def test_refresh_converts_only_new_shards_and_launches_nothing_when_up_to_date(t
     upload(paths[2])
     out, plan = _run_plan_step(values, workspace)
     assert plan["to_convert"] == [f"gs://{bucket}/raw/{paths[2].name}"] and plan["up_to_date"] == 2
+    # ... while the previous refresh's job still runs: nothing is launched over it
+    proc, calls = cb.run_bash_step(REFRESH, "launch-if-changed", values, workspace, active_jobs="2026-11-22_01_02-77")
+    assert proc.returncode == 0 and [c[:3] for c in calls] == [["dataflow", "jobs", "list"]]
+    assert "still running (Dataflow job 2026-11-22_01_02-77): none launched" in proc.stdout
     proc, calls = cb.run_bash_step(REFRESH, "launch-if-changed", values, workspace)
-    (call,) = calls
+    _, call = calls
     summary = _launch_as_dataflow_would(call)
     assert "converted 1 shard(s) (12 records" in summary and "skipped 2 up-to-date shard(s)" in summary
     manifest = Manifest.from_json(client.bucket(bucket).blob("ar/manifest.json").download_as_text())
