@@ -10,7 +10,7 @@
 The grain chain. Reads are batched (random access is fast only in long reads), so batching comes
 first and each element is a group of consecutive global batches:
 
-    MapDataset.range(num_groups)             reading schedule from the start batch: 1, 8, 64, ... G batches
+    MapDataset.range(num_groups)             reading schedule from the start batch: 1, 4, 16, ... G batches
       .map(read_group)                       per batch k: exact permutation of (seed, epoch), this host's
                                              rows; one read per shard for the group; decode (~4k records a call), map_fn, collate
       .to_iter_dataset(ReadOptions)          thread prefetch
@@ -86,9 +86,10 @@ def _host_shard(config: LoaderConfig) -> tuple[int, int]:
     return 0, 1
 
 
-# Read groups grow by this factor from one batch (a quick first batch) to `max_batches` (cheap reads): small
-# groups cost more per record (one read call per shard each), so the ramp is short.
-RAMP_GROWTH = 8
+# Read groups grow by this factor from one batch (a quick first batch) to `max_batches` (cheap reads). Small
+# groups take few records from each shard, which the reader reads record by record (no per-call cost), so a
+# gentler ramp pays: 4 against 8 in an A/B, the first 73 batches came 8-90% faster (docs/benchmarks.md).
+RAMP_GROWTH = 4
 
 # Records decoded per `decode_batch` call: enough to amortise NumPy's per-call costs, few enough that the
 # joined records stay in cache (in an A/B on 1 KB records, 4096 beat whole 16k-record groups by 5-12%).
@@ -119,7 +120,7 @@ def _threads_for(reader: BatchReader, group_records: int) -> int:
 class _ReadGroup:
     """Group g of the reading schedule -> this host's batches in it (raw lists, or collated decoded records).
 
-    The schedule starts at batch `start` with groups of 1, 8, 64, ... batches, up to `max_batches`: the
+    The schedule starts at batch `start` with groups of 1, 4, 16, ... batches, up to `max_batches`: the
     first batch comes quickly, later reads are long (one `read` call per shard for many batches, which
     is what makes ArrayRecord random access fast). A batch's contents depend only on its global index,
     so where the groups fall does not change the data.

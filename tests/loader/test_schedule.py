@@ -21,6 +21,6 @@ def test_groups_cover_every_batch_once_ramping_up(num_epochs, start, max_batches
         g += 1
     assert covered == list(range(start, limit))
     ramp = [min(RAMP_GROWTH**i, max_batches) for i in range(len(sizes))]
-    assert sizes[:-1] == ramp[:-1] and sizes[-1] <= ramp[-1]  # 1, 8, 64, ... capped; the last may be cut short
+    assert sizes[:-1] == ramp[:-1] and sizes[-1] <= ramp[-1]  # 1, 4, 16, ... capped; the last may be cut short
     if num_epochs is not None:  # num_groups() covers exactly the batches left
         assert group.first_batch(group.num_groups() - 1) < plan.num_batches == group.first_batch(group.num_groups())
