@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from pipelines import ConvertConfig, run_conversion
@@ -24,3 +26,17 @@ def converted(tmp_path_factory):
 @pytest.fixture(scope="session")
 def all_records():
     return [record(s, i) for s, n in enumerate(SHARD_SIZES) for i in range(n)]
+
+
+@pytest.fixture
+def rotten_copy(converted, tmp_path):
+    """A copy of `converted` whose shard 2 has the right size but bad bytes in its first records' chunks."""
+    broken = tmp_path / "rot"
+    broken.mkdir()
+    for f in converted.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    shard = broken / "train-00002-of-00005.array_record"
+    data = bytearray(shard.read_bytes())
+    data[100:2000] = os.urandom(1900)  # records' chunks near the start of the file: same size, bad content
+    shard.write_bytes(bytes(data))
+    return broken
