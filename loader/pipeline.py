@@ -111,9 +111,9 @@ def _runs_of_batches(per_batch: list[np.ndarray], records: int) -> Iterator[list
 
 def _threads_for(reader: BatchReader, group_records: int) -> int:
     """Prefetch threads: list reads run on ArrayRecord's thread pool with the GIL released, so a second
-    thread overlaps one group's Python work with another's reads (+15-30% on 8 shards of 125k records);
-    record-by-record reads hold the GIL, and a second thread only contends for it (-25% on 1000 shards
-    of 100 records). docs/benchmarks.md, "Reading a shard"."""
+    thread overlaps one group's Python work with another's reads (+10-20% on 8 shards); record-by-record
+    reads hold the GIL, and a second thread only contends for it (20-25% slower on 1000 shards of 100
+    records). docs/benchmarks.md, "two read paths"."""
     return 2 if reader.list_share(group_records) >= 0.5 else 1
 
 
