@@ -14,11 +14,18 @@ each is slow where the other is fast (1 KB records, 2 cores; docs/benchmarks.md,
 So a run is read with one list call when it is long for its file (k >= SEEK_BELOW + N / SEEK_PER_FILE),
 record by record otherwise. Many shards, or big ones, make each group's runs short: without the
 per-record path a dataset of 1000 shards read 3x slower than the same records in 8.
+
+One reader per shard serves every thread. Opening one reads the file's whole chunk index (~15 ms for
+125k records), so readers are opened once, several at a time (the GIL is released while they open).
+List calls are const and may run concurrently (ArrayRecord's own data source shares its readers the same
+way; riegeli's `NewReader`, which each read starts from, is thread-safe even against a seek); a
+`seek` + `read` pair moves the reader, so a shard's pairs hold that shard's lock.
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
@@ -33,6 +40,8 @@ RANDOM_ACCESS = "readahead_buffer_size:0,max_parallelism:0"
 SEEK_BELOW = 256
 SEEK_PER_FILE = 500
 
+OPEN_THREADS = 8  # readers opened at once
+
 
 class BatchReader:
     """`reader(indices)` -> the records at those global indices, in that order. Picklable."""
@@ -41,11 +50,16 @@ class BatchReader:
         self._paths = source.paths
         self._starts = source.starts
         self._total = len(source)
-        self._local = threading.local()
         # per shard: the shortest run read with one list call. Remote shards (gs://) always take list calls: each
         # record is a range request, which a list call issues from ArrayRecord's pool, not one after another.
         self._list_from = np.where([storage.is_remote(p) for p in source.paths], 0,
                                    SEEK_BELOW + np.asarray(source.lengths, dtype=np.int64) // SEEK_PER_FILE)
+        self._open_readers()
+
+    def _open_readers(self) -> None:
+        self._readers: dict[int, ArrayRecordReader] = {}
+        self._seek_locks: dict[int, threading.Lock] = {}
+        self._opening = threading.Lock()
 
     def __getstate__(self):
         return {"paths": self._paths, "starts": self._starts, "total": self._total, "list_from": self._list_from}
@@ -53,7 +67,7 @@ class BatchReader:
     def __setstate__(self, state):
         self._paths, self._starts, self._total = state["paths"], state["starts"], state["total"]
         self._list_from = state["list_from"]
-        self._local = threading.local()
+        self._open_readers()
 
     def list_share(self, group_records: int) -> float:
         """The share of records read by list calls when a group of `group_records` uniformly spread records
@@ -62,18 +76,27 @@ class BatchReader:
         expected = group_records * lengths / self._total
         return float(lengths[expected >= self._list_from].sum() / self._total)
 
-    def _reader(self, shard: int) -> ArrayRecordReader:
-        readers = getattr(self._local, "readers", None)
-        if readers is None:
-            readers = self._local.readers = {}
-        reader = readers.get(shard)
-        if reader is None:
-            try:
-                reader = readers[shard] = ArrayRecordReader(self._paths[shard], RANDOM_ACCESS)
-            except Exception as e:  # noqa: BLE001 - array_record raises bare RuntimeErrors; name the file
-                raise OSError(f"cannot open {self._paths[shard]} ({e}); the shard is corrupt or unreadable: "
-                              "re-run the conversion or restage the data") from e
-        return reader
+    def _open(self, shards: list[int]) -> None:
+        """Opens the readers of `shards` that are not open yet, up to OPEN_THREADS at once."""
+        if all(shard in self._readers for shard in shards):
+            return
+        with self._opening:
+            missing = [shard for shard in shards if shard not in self._readers]
+            if len(missing) > 1:
+                with ThreadPoolExecutor(min(len(missing), OPEN_THREADS)) as pool:
+                    opened = list(pool.map(self._open_one, missing))
+            else:
+                opened = [self._open_one(shard) for shard in missing]
+            for shard, reader in zip(missing, opened):
+                self._seek_locks[shard] = threading.Lock()
+                self._readers[shard] = reader
+
+    def _open_one(self, shard: int) -> ArrayRecordReader:
+        try:
+            return ArrayRecordReader(self._paths[shard], RANDOM_ACCESS)
+        except Exception as e:  # noqa: BLE001 - array_record raises bare RuntimeErrors; name the file
+            raise OSError(f"cannot open {self._paths[shard]} ({e}); the shard is corrupt or unreadable: "
+                          "re-run the conversion or restage the data") from e
 
     def __call__(self, indices: np.ndarray) -> list[bytes]:
         """The records at global `indices`, in that order (duplicates allowed)."""
@@ -83,20 +106,22 @@ class BatchReader:
         sorted_shards = shards[order]
         bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
         out: list[bytes | None] = [None] * len(indices)
+        self._open(sorted_shards[np.r_[0, bounds]].tolist() if len(indices) else [])  # errors name the shard
         for run in np.split(order, bounds):
             if not len(run):
                 continue
             shard = int(shards[run[0]])
             local = (indices[run] - self._starts[shard]).tolist()
-            reader = self._reader(shard)  # raises its own error naming the shard
+            reader = self._readers[shard]
             try:
                 if len(local) >= self._list_from[shard]:
                     records = reader.read(local)
                 else:
-                    records = []
-                    for i in local:
-                        reader.seek(i)
-                        records.append(reader.read())
+                    with self._seek_locks[shard]:
+                        records = []
+                        for i in local:
+                            reader.seek(i)
+                            records.append(reader.read())
             except Exception as e:  # noqa: BLE001 - name the shard and records, keep the cause
                 raise OSError(f"{self._paths[shard]}: cannot read records {local[0]}..{local[-1]} ({e}); the shard "
                               "is corrupt: re-run the conversion (python -m pipelines verify finds such shards)") from e

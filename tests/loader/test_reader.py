@@ -1,5 +1,7 @@
 """BatchReader: records at global indices, in order, by either read path (one list call, or record by record)."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,39 @@ def test_list_share_picks_the_path_by_run_length(converted):
     # a group of 4 * 257: runs of ~4 per shard record, 404 and 256 from the 101- and 64-record shards
     assert reader.list_share(4 * 257) == pytest.approx((101 + 64) / 257)
     assert reader.list_share(7 * 257) == 1.0  # 259 from the 37-record shard
+
+
+def test_threads_share_one_reader_per_shard_on_both_paths(converted, all_records, monkeypatch):
+    """Four threads read at once through one BatchReader; runs of >= 20 records take list calls, shorter
+    ones seek, so list calls and seek + read pairs hit the same shard's reader concurrently. (CPython 3.11
+    switches threads only between loop iterations, never between a seek and its read, so this cannot catch
+    a missing seek lock; it catches readers opened per thread, and wrong records.)"""
+    monkeypatch.setattr(loader.reader, "SEEK_BELOW", 20)
+    monkeypatch.setattr(loader.reader, "SEEK_PER_FILE", 10**9)
+    opened = []
+    real = loader.reader.ArrayRecordReader
+    monkeypatch.setattr(loader.reader, "ArrayRecordReader", lambda path, options: opened.append(path) or
+                        real(path, options))
+    reader = BatchReader(resolve(str(converted)))
+    wrong, failures = [], []
+
+    def work(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(30):
+                indices = rng.integers(0, len(all_records), size=int(rng.integers(5, 400)))
+                if reader(indices) != [all_records[i] for i in indices]:
+                    wrong.append(seed)
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures and not wrong
+    assert sorted(opened) == sorted(str(p) for p in resolve(str(converted)).paths if "00001" not in p)  # 0 records
 
 
 def test_corrupt_records_are_named_on_either_path(rotten_copy, read_path):
