@@ -160,7 +160,9 @@ def warm(paths: list[str]) -> None:
 
 
 def measure(name: str, args: list) -> dict:
-    warm(args[2] if name == "tf.data" else args[8] if name == "ours, zstd:3" else args[1])
+    """Runs contender `name` in a child process on the harness arguments `args` (see _HARNESS)."""
+    tfrecords, shards, shards_zstd = args[2], args[1], args[-1]
+    warm(tfrecords if name == "tf.data" else shards_zstd if name == "ours, zstd:3" else shards)
     code = _HARNESS.format(setup=_CONTENDERS[name])
     # Output goes to files, not pipes: nothing reads a pipe while the child runs, and a chatty child (grain's
     # worker processes log to stderr) would block once the pipe's buffer is full.
