@@ -128,11 +128,11 @@ class _ReadGroup:
     so where the groups fall does not change the data.
     """
 
-    def __init__(self, plan: BatchPlan, source: ShardedSource, decoder: Decoder | None, map_fn, start: int,
-                 max_batches: int):
+    def __init__(self, plan: BatchPlan, source: ShardedSource, reader: BatchReader, decoder: Decoder | None, map_fn,
+                 start: int, max_batches: int):
         self._plan = plan
         self._source = source
-        self._reader = BatchReader(source)
+        self._reader = reader
         self._decoder = decoder
         self._map_fn = map_fn
         self._start = start
@@ -222,8 +222,9 @@ class Loader:
         per_batch = self.plan.per_host
         by_bytes = max(1, (64 << 20) // max(1, per_batch * self.source.mean_record_bytes))
         self.batches_per_read = max(1, min(config.records_per_read // per_batch, by_bytes))
-        self.num_threads = config.num_threads or _threads_for(BatchReader(self.source),
-                                                              self.batches_per_read * per_batch)
+        # One reader for every iterator of this loader: a restart (set_state, a new epoch loop) keeps its open files.
+        self._reader = BatchReader(self.source)
+        self.num_threads = config.num_threads or _threads_for(self._reader, self.batches_per_read * per_batch)
 
     def __len__(self) -> int:
         if self.config.num_epochs is None:
@@ -235,7 +236,7 @@ class Loader:
 
     def _dataset(self, start: int) -> grain.IterDataset:
         """Groups of batches from global batch `start` on (each element: a list of batches)."""
-        read_group = _ReadGroup(self.plan, self.source, self._decoder, self.config.map_fn, start,
+        read_group = _ReadGroup(self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
                                 self.batches_per_read)
         ds = (
             grain.MapDataset.range(read_group.num_groups())

@@ -73,6 +73,23 @@ def test_resume_is_exact_and_state_is_small_json(converted):
     assert _take(resumed, 50) == expected
 
 
+def test_a_restored_or_new_iterator_reuses_the_open_shards(converted, monkeypatch):
+    """Opening a shard reads its whole chunk index; a loader opens each shard once, however often it restarts."""
+    import loader.reader
+
+    opened = []
+    real = loader.reader.ArrayRecordReader
+    monkeypatch.setattr(loader.reader, "ArrayRecordReader", lambda path, options: opened.append(path) or
+                        real(path, options))
+    ds = loader.load(str(converted), batch_size=8, seed=2, decode=None)
+    it = iter(ds)
+    first = _take(it, 40)  # more than an epoch: every non-empty shard is read
+    it.set_state({**it.get_state(), "next_batch": 3})
+    assert _take(it, 37) == first[3:]
+    assert _take(iter(ds), 40) == first
+    assert sorted(opened) == sorted(p for p in map(str, converted.glob("*.array_record*")) if "00001" not in p)
+
+
 def test_resume_with_another_host_count_and_worker_processes(converted):
     it = iter(loader.load(str(converted), batch_size=8, seed=4, decode=None))
     _take(it, 3)

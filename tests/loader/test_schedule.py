@@ -11,7 +11,7 @@ from loader.source import ShardedSource
 def test_groups_cover_every_batch_once_ramping_up(num_epochs, start, max_batches):
     plan = BatchPlan(num_records=100, batch_size=4, num_epochs=num_epochs)
     source = ShardedSource(("unused",), (100,), "glob")
-    group = _ReadGroup(plan, source, None, None, start, max_batches)
+    group = _ReadGroup(plan, source, None, None, None, start, max_batches)  # schedule only: no reads
     limit = min(plan.num_batches, start + 200)
     covered, sizes, g = [], [], 0
     while group.first_batch(g) < limit:
