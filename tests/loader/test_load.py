@@ -227,3 +227,11 @@ def test_batch_decoding_equals_record_by_record_decoding():
     assert decoder.decode_batch(mixed) is None
     kinds = [encode_example({"a": [1, 2]}), encode_example({"a": [1.5, 2.5]})]  # same key and width, other kind
     assert decoder.decode_batch(kinds) is None
+
+
+def test_more_threads_than_prefetch_reads_ahead_for_each_thread(converted, caplog):
+    """grain warns, and idles threads, when fewer reads are buffered than threads run."""
+    with caplog.at_level("WARNING"):
+        batches = _take(iter(loader.load(str(converted), batch_size=8, decode=None, num_threads=3, prefetch=1)), 4)
+    assert len(batches) == 4
+    assert not [r for r in caplog.records if "prefetch_buffer_size" in r.getMessage()]
