@@ -71,21 +71,26 @@ def step(config: dict, step_id: str) -> dict:
 
 def fake_gcloud(directory: Path) -> Path:
     """A `gcloud` on PATH that appends its arguments (one JSON list per call) to $GCLOUD_CALLS, and answers
-    `dataflow jobs list` with $GCLOUD_ACTIVE_JOBS (job ids, one a line; none if unset)."""
+    `dataflow jobs list --filter=name~REGEX` with the ids of the jobs in $GCLOUD_ACTIVE_JOBS ("id name" a line)
+    whose name the regular expression finds (as gcloud's `~` does)."""
     directory.mkdir(parents=True, exist_ok=True)
     exe = directory / "gcloud"
-    exe.write_text("#!/usr/bin/env python3\nimport json, os, sys\n"
+    exe.write_text("#!/usr/bin/env python3\nimport json, os, re, sys\n"
                    "with open(os.environ['GCLOUD_CALLS'], 'a') as f:\n"
                    "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
                    "if sys.argv[1:4] == ['dataflow', 'jobs', 'list']:\n"
-                   "    print(os.environ.get('GCLOUD_ACTIVE_JOBS', ''))\n")
+                   "    pattern = next(a.split('name~', 1)[1] for a in sys.argv if a.startswith('--filter=name~'))\n"
+                   "    for line in os.environ.get('GCLOUD_ACTIVE_JOBS', '').splitlines():\n"
+                   "        job_id, name = line.split()\n"
+                   "        if re.search(pattern, name):\n"
+                   "            print(job_id)\n")
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return directory
 
 
 def run_bash_step(config: dict, step_id: str, values: dict[str, str], workspace: Path, active_jobs: str = ""):
     """Runs a `bash -c` step as Cloud Build would (cwd = the workspace); returns (process, gcloud calls).
-    `active_jobs`: what `gcloud dataflow jobs list` prints."""
+    `active_jobs`: the active Dataflow jobs, "id name" a line."""
     s = step(config, step_id)
     assert s["entrypoint"] == "bash" and s["args"][0] == "-c", s
     script = substitute(s["args"][1], values)

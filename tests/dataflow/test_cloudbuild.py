@@ -1,6 +1,7 @@
 """cloudbuild.yaml and dataflow/refresh.cloudbuild.yaml: valid against Cloud Build's schema, plus what
 the schema misses (substitution names, `waitFor` ids, the step scripts themselves)."""
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -91,13 +92,29 @@ def test_launch_runs_only_when_asked(tmp_path):
                                  "_OUTPUT": "gs://my-bucket/ar", "_SERVICE_ACCOUNT": "sa@x"}, BUILD)
     proc, calls = cb.run_bash_step(config, "launch", values, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    (call,) = calls
-    assert call[:3] == ["dataflow", "flex-template", "run"] and call[3].startswith("convert-2")
+    listed, call = calls  # first: is a conversion of this output running? (none)
+    output_id = hashlib.sha1(b"gs://my-bucket/ar").hexdigest()[:8]
+    assert listed[:3] == ["dataflow", "jobs", "list"] and cb.flag(listed, "status") == "active"
+    assert cb.flag(listed, "filter") == f"name~^(refresh|convert)-{output_id}-"
+    assert call[:3] == ["dataflow", "flex-template", "run"] and call[3].startswith(f"convert-{output_id}-2")
     assert cb.flag(call, "template-file-gcs-location") == "gs://my-bucket/templates/tfrecord-to-arrayrecord-abc123.json"
     assert cb.flag(call, "parameters") == "^~^input=gs://my-bucket/raw/*,x~output=gs://my-bucket/ar"
     assert (cb.flag(call, "region"), cb.flag(call, "service-account-email")) == ("us-central1", "sa@x")
     assert cb.flag(call, "project") == "my-project"  # _PROJECT defaults to the build's project
     assert cb.flag(call, "temp-location") == "gs://my-bucket/tmp"
+
+
+def test_launch_refuses_while_a_conversion_of_the_output_runs(tmp_path):
+    """A scheduled refresh (or an earlier launch) still writing the output: the launch fails, naming the job."""
+    config = cb.load(CONFIGS[0])
+    values = cb.resolve(config, {"_BUCKET": "my-bucket", "_LAUNCH": "true", "_INPUT": "gs://my-bucket/raw/*",
+                                 "_OUTPUT": "gs://my-bucket/ar"}, BUILD)
+    output_id = hashlib.sha1(b"gs://my-bucket/ar").hexdigest()[:8]
+    proc, calls = cb.run_bash_step(config, "launch", values, tmp_path,
+                                   active_jobs=f"2026-11-22_03_04-5 refresh-{output_id}-20261122-030400")
+    assert proc.returncode == 1 and [c[:3] for c in calls] == [["dataflow", "jobs", "list"]]
+    assert "a conversion of gs://my-bucket/ar is still running (Dataflow job 2026-11-22_03_04-5)" in proc.stderr
+    assert "gcloud dataflow jobs cancel 2026-11-22_03_04-5" in proc.stderr
 
 
 def test_missing_bucket_or_commit_fails_the_build_first(tmp_path):

@@ -61,7 +61,7 @@ def test_refresh_converts_only_new_shards_and_launches_nothing_when_up_to_date(t
     listed, call = calls  # first: is a refresh of this output still running? (none)
     prefix = "refresh-" + hashlib.sha1(f"gs://{bucket}/ar".encode()).hexdigest()[:8]
     assert listed[:3] == ["dataflow", "jobs", "list"] and cb.flag(listed, "status") == "active"
-    assert cb.flag(listed, "filter") == f"name~^{prefix}-"
+    assert cb.flag(listed, "filter") == f"name~^(refresh|convert)-{prefix[8:]}-"
     assert call[:3] == ["dataflow", "flex-template", "run"] and call[3].startswith(f"{prefix}-2")
     assert cb.flag(call, "template-file-gcs-location") == f"gs://{bucket}/templates/tfrecord-to-arrayrecord-latest.json"
     assert "converted 2 shard(s) (21 records" in _launch_as_dataflow_would(call)
@@ -77,11 +77,16 @@ def test_refresh_converts_only_new_shards_and_launches_nothing_when_up_to_date(t
     upload(paths[2])
     out, plan = _run_plan_step(values, workspace)
     assert plan["to_convert"] == [f"gs://{bucket}/raw/{paths[2].name}"] and plan["up_to_date"] == 2
-    # ... while the previous refresh's job still runs: nothing is launched over it
-    proc, calls = cb.run_bash_step(REFRESH, "launch-if-changed", values, workspace, active_jobs="2026-11-22_01_02-77")
-    assert proc.returncode == 0 and [c[:3] for c in calls] == [["dataflow", "jobs", "list"]]
-    assert "still running (Dataflow job 2026-11-22_01_02-77): none launched" in proc.stdout
-    proc, calls = cb.run_bash_step(REFRESH, "launch-if-changed", values, workspace)
+    # ... while the previous refresh's job, or a job launched by cloudbuild.yaml, still writes this output: nothing
+    # is launched over it (a job writing another output does not count)
+    other = "convert-" + hashlib.sha1(f"gs://{bucket}/other".encode()).hexdigest()[:8] + "-20261122-010203"
+    for job in (f"{prefix}-20261122-010203", f"convert-{prefix[8:]}-20261122-010203"):
+        proc, calls = cb.run_bash_step(REFRESH, "launch-if-changed", values, workspace,
+                                       active_jobs=f"2026-11-22_01_02-66 {other}\n2026-11-22_01_02-77 {job}")
+        assert proc.returncode == 0 and [c[:3] for c in calls] == [["dataflow", "jobs", "list"]]
+        assert "still running (Dataflow job 2026-11-22_01_02-77): none launched" in proc.stdout
+    proc, calls = cb.run_bash_step(REFRESH, "launch-if-changed", values, workspace,
+                                   active_jobs=f"2026-11-22_01_02-66 {other}")
     _, call = calls
     summary = _launch_as_dataflow_would(call)
     assert "converted 1 shard(s) (12 records" in summary and "skipped 2 up-to-date shard(s)" in summary
