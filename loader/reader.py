@@ -1,8 +1,8 @@
 """Batched random reads from a sharded ArrayRecord dataset.
 
 The loader reads many batches at once: their indices are grouped by shard and sorted, each shard's
-run is read with one reader per shard and thread (opened for random access), and the records are put
-back in order. ArrayRecord offers two ways to read a run of k records from a shard of N records, and
+run is read with that shard's reader (opened for random access), and the records are put back in
+order. ArrayRecord offers two ways to read a run of k records from a shard of N records, and
 each is slow where the other is fast (1 KB records, 2 cores; docs/benchmarks.md, "Reading a shard"):
 
 - `reader.read([i, ...])`: a call costs ~60 us (it dispatches to ArrayRecord's thread pool) plus
