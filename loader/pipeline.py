@@ -20,11 +20,13 @@ first and each element is a group of consecutive global batches:
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import collections
 import dataclasses
 import logging
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -278,9 +280,36 @@ class _HostBatches:
         self._pending: collections.deque = collections.deque()
 
     def next(self):
+        if self._groups is None:
+            raise ValueError("this loader iterator was closed; set_state() (or a new iter()) starts reading again")
         if not self._pending:
             self._pending.extend(next(self._groups))  # StopIteration at the end
         return self._pending.popleft()
+
+    def close(self) -> None:
+        """Stops grain's prefetch threads and worker processes. grain's iterators close again when collected,
+        which fails once the interpreter has torn its modules down: drop them now, while it has not."""
+        self._pending.clear()
+        if self._groups is not None:
+            self._groups.close()
+            self._groups = None
+
+
+_OPEN_ITERATORS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_at_exit(iterator: LoaderIterator) -> None:
+    """Closes `iterator` at exit if it is still open, before the interpreter tears its modules down (grain's worker
+    processes and threads, stopped later by garbage collection, print tracebacks then)."""
+    if not _OPEN_ITERATORS:
+        atexit.unregister(_close_open_iterators)  # registered once however often the set empties and refills
+        atexit.register(_close_open_iterators)
+    _OPEN_ITERATORS.add(iterator)
+
+
+def _close_open_iterators() -> None:
+    for iterator in list(_OPEN_ITERATORS):
+        iterator.close()
 
 
 class LoaderIterator(Iterator):
@@ -295,6 +324,7 @@ class LoaderIterator(Iterator):
         self._next = start
         self._prefetcher: DevicePrefetcher | None = None
         self._restart(start)
+        _close_at_exit(self)
 
     def _restart(self, start: int) -> None:
         self.close()
@@ -309,10 +339,14 @@ class LoaderIterator(Iterator):
         return batch
 
     def close(self) -> None:
-        """Stops the device-prefetch thread, if any (also done when the iterator is garbage collected)."""
+        """Stops the device-prefetch thread and grain's prefetch threads and worker processes (also done when the
+        iterator is garbage collected, and at exit). A closed iterator yields nothing more until `set_state`."""
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None
+        host = getattr(self, "_host", None)
+        if host is not None:
+            host.close()
 
     def __del__(self):
         self.close()

@@ -173,6 +173,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                 log.warning("SIGTERM: saved a checkpoint at step %d; exiting", step)
                 return {**last, "preempted": True, "final_step": step}
     finally:
+        it.close()  # stops the loader's read-ahead (threads, worker processes) before the evaluation
         preemption.close()
         if metrics_file:
             metrics_file.close()

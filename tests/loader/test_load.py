@@ -118,6 +118,30 @@ def test_resume_in_a_fresh_process(converted, tmp_path):
     assert json.loads(proc.stdout) == expected
 
 
+def test_close_stops_reading_and_set_state_resumes(converted):
+    it = iter(loader.load(str(converted), batch_size=8, seed=5, decode=None, worker_count=1))
+    expected = _take(it, 6)
+    it.close()
+    with pytest.raises(ValueError, match="closed; set_state"):
+        next(it)
+    it.set_state({**it.get_state(), "next_batch": 2})
+    assert _take(it, 4) == expected[2:]
+
+
+def test_a_script_with_worker_processes_exits_cleanly(converted, tmp_path):
+    """grain's iterators stop their workers again when collected, which printed tracebacks at exit once the
+    interpreter had torn its modules down; open loader iterators are closed at exit, before that."""
+    script = tmp_path / "train.py"
+    script.write_text("import sys, loader\n"
+                      "if __name__ == '__main__':\n"  # worker processes are spawned: the guard is needed
+                      "    it = iter(loader.load(sys.argv[1], batch_size=8, decode=None, worker_count=2))\n"
+                      "    print(len(next(it)), len(next(it)))\n")
+    proc = subprocess.run([sys.executable, str(script), str(converted)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["8", "8"], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_restoring_a_state_from_other_options_is_refused(converted):
     state = iter(loader.load(str(converted), batch_size=8, seed=2, decode=None)).get_state()
     it = iter(loader.load(str(converted), batch_size=8, seed=3, decode=None))
