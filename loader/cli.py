@@ -49,6 +49,10 @@ def inspect_main(args) -> int:
 
 
 def bench_main(args) -> int:
+    """Time to the first batch, then examples/s over a start window (the loader ramps its reads up from one
+    batch to groups of ~32k records) and over the batches after it (what a long training run sees)."""
+    import resource
+
     import loader
 
     started = time.perf_counter()
@@ -56,11 +60,16 @@ def bench_main(args) -> int:
                           worker_count=args.workers))
     next(it)
     first = time.perf_counter() - started
-    t = time.perf_counter()
-    for i in range(args.batches):
-        next(it)
-    rate = args.batches * args.batch_size / (time.perf_counter() - t)
-    print(f"first batch {first:.2f} s; {rate:,.0f} examples/s over {args.batches} batches of {args.batch_size} "
+    rates = []
+    for batches in (args.start, args.batches):
+        t = time.perf_counter()
+        for _ in range(batches):
+            next(it)
+        rates.append(batches * args.batch_size / max(time.perf_counter() - t, 1e-9))
+    it.close()
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"first batch {first:.2f} s; {rates[1]:,.0f} examples/s over {args.batches} batches of {args.batch_size} "
+          f"after a start window of {args.start} ({rates[0]:,.0f} examples/s); peak RSS {peak_mb:,.0f} MB "
           f"(decode={args.decode}, workers={args.workers}, globally shuffled)")
     return 0
 
@@ -93,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         s.set_defaults(fn=fn)
         if name == "bench":
             s.add_argument("--batch_size", "--batch-size", type=int, default=256)
-            s.add_argument("--batches", type=int, default=200)
+            s.add_argument("--start", type=int, default=100, help="batches timed first (the start window)")
+            s.add_argument("--batches", type=int, default=500, help="batches timed after the start window")
             s.add_argument("--workers", type=int, default=0)
     args = p.parse_args(argv)
     if args.decode == "none":

@@ -13,9 +13,9 @@ def test_inspect_and_bench(converted):
     assert proc.returncode == 0, proc.stderr
     assert "records: 257 in 5 shard(s)" in proc.stdout
     assert "record 0: 3 bytes" in proc.stdout  # b"0:0"
-    bench = _run("bench", str(converted), "--batch_size", "16", "--batches", "5", "--decode", "none")
+    bench = _run("bench", str(converted), "--batch_size", "16", "--start", "3", "--batches", "5", "--decode", "none")
     assert bench.returncode == 0, bench.stderr
-    assert "examples/s over 5 batches of 16" in bench.stdout
+    assert "examples/s over 5 batches of 16 after a start window of 3 (" in bench.stdout
 
 
 def test_errors_are_one_line(tmp_path):
