@@ -9,14 +9,17 @@ import loader.reader
 from loader.reader import BatchReader
 from loader.source import resolve
 
-PATHS = {"list calls": (0, 10**9), "record by record": (10**9, 10**9)}  # (SEEK_BELOW, SEEK_PER_FILE)
+# (SEEK_BELOW, SEEK_PER_FILE, SMALL_SHARD_BYTES): the test shards are tiny, so by default they are all "small"
+PATHS = {"list calls": (0, 10**9, 0), "record by record": (10**9, 10**9, 0),
+         "small shards: list calls through a whole-file buffer": (10**9, 10**9, 1 << 30)}
 
 
 @pytest.fixture(params=sorted(PATHS))
 def read_path(request, monkeypatch):
-    below, per_file = PATHS[request.param]
+    below, per_file, small = PATHS[request.param]
     monkeypatch.setattr(loader.reader, "SEEK_BELOW", below)
     monkeypatch.setattr(loader.reader, "SEEK_PER_FILE", per_file)
+    monkeypatch.setattr(loader.reader, "SMALL_SHARD_BYTES", small)
     return request.param
 
 
@@ -27,7 +30,9 @@ def test_records_come_back_in_the_asked_order_on_either_path(converted, all_reco
     assert reader(np.array([256, 0, 37, 36, 37])) == [b"4:54", b"0:0", b"2:0", b"0:36", b"2:0"]
 
 
-def test_list_share_picks_the_path_by_run_length(converted):
+def test_list_share_picks_the_path_by_run_length(converted, monkeypatch):
+    assert BatchReader(resolve(str(converted))).list_share(1) == 1.0  # small shards: always list calls
+    monkeypatch.setattr(loader.reader, "SMALL_SHARD_BYTES", 0)
     reader = BatchReader(resolve(str(converted)))  # shards of 37, 0, 101, 64, 55 records
     assert reader.list_share(257) == 0.0  # runs of ~1 record per shard record: all shorter than SEEK_BELOW (256)
     # a group of 4 * 257: runs of ~4 per shard record, 404 and 256 from the 101- and 64-record shards
@@ -42,6 +47,7 @@ def test_threads_share_one_reader_per_shard_on_both_paths(converted, all_records
     a missing seek lock; it catches readers opened per thread, and wrong records.)"""
     monkeypatch.setattr(loader.reader, "SEEK_BELOW", 20)
     monkeypatch.setattr(loader.reader, "SEEK_PER_FILE", 10**9)
+    monkeypatch.setattr(loader.reader, "SMALL_SHARD_BYTES", 0)
     opened = []
     real = loader.reader.ArrayRecordReader
     monkeypatch.setattr(loader.reader, "ArrayRecordReader", lambda path, options: opened.append(path) or
@@ -81,5 +87,5 @@ def test_remote_shards_always_take_list_calls(gcs_bucket, converted):
         client.bucket(bucket).blob(f"ds/{f.name}").upload_from_filename(str(f))
     remote = resolve(f"gs://{bucket}/ds")
     reader = BatchReader(remote)
-    assert reader.list_share(1) == 1.0 and BatchReader(resolve(str(converted))).list_share(1) == 0.0
+    assert reader.list_share(1) == 1.0
     assert reader(np.array([256, 0, 37])) == [b"4:54", b"0:0", b"2:0"]
