@@ -114,10 +114,10 @@ def _runs_of_batches(per_batch: list[np.ndarray], records: int) -> Iterator[list
 
 
 def _threads_for(reader: BatchReader, group_records: int) -> int:
-    """Prefetch threads: list reads run on ArrayRecord's thread pool with the GIL released, so a second
-    thread overlaps one group's Python work with another's reads (+10-20% on 8 shards); record-by-record
-    reads hold the GIL, and a second thread only contends for it (20-25% slower on 1000 shards of 100
-    records). docs/benchmarks.md, "two read paths"."""
+    """Prefetch threads: list reads release the GIL, so a second thread overlaps one group's Python work
+    with another's reads (+10-20% on 8 shards); record-by-record reads hold the GIL, and a second thread
+    only contends for it (20-25% slower on 1000 shards of 100 records when those were read that way; small
+    shards now take list calls). docs/benchmarks.md, "two read paths"."""
     return 2 if reader.list_share(group_records) >= 0.5 else 1
 
 
