@@ -59,7 +59,8 @@ class BatchReader:
         self._starts = source.starts
         self._total = len(source)
         # per shard: the shortest run read with one list call. Remote shards (gs://) always take list calls: each
-        # record is a range request, which a list call issues from ArrayRecord's pool, not one after another.
+        # record is a range request, which a list call issues from ArrayRecord's pool, not one after another. So do
+        # small shards (their size estimated from the dataset's mean record size): see the module docstring.
         lengths = np.asarray(source.lengths, dtype=np.int64)
         self._small = lengths * source.mean_record_bytes <= SMALL_SHARD_BYTES
         remote = np.array([storage.is_remote(p) for p in source.paths], dtype=bool)
