@@ -225,7 +225,7 @@ class Loader:
         by_bytes = max(1, (64 << 20) // max(1, per_batch * self.source.mean_record_bytes))
         self.batches_per_read = max(1, min(config.records_per_read // per_batch, by_bytes))
         # One reader for every iterator of this loader: a restart (set_state, a new epoch loop) keeps its open files.
-        self._reader = BatchReader(self.source)
+        self._reader = BatchReader(self.source, group_records=self.batches_per_read * per_batch)
         self.num_threads = config.num_threads or _threads_for(self._reader, self.batches_per_read * per_batch)
 
     def __len__(self) -> int:

@@ -89,3 +89,18 @@ def test_remote_shards_always_take_list_calls(gcs_bucket, converted):
     reader = BatchReader(remote)
     assert reader.list_share(1) == 1.0
     assert reader(np.array([256, 0, 37])) == [b"4:54", b"0:0", b"2:0"]
+
+
+@pytest.mark.parametrize("shards, records, record_bytes, whole", [
+    (1000, 100, 1966, True),  # 197 KB files: small, always
+    (500, 1000, 1179, True),  # 1.2 MB files, 66 records a group each: ~17 KB copied per record
+    (1000, 1000, 1179, False),  # 33 a group each: ~34 KB per record
+    (1000, 3000, 1135, False),  # 3.4 MB files, 33 a group each: ~97 KB per record
+    (8, 125_000, 1099, False),  # 137 MB files: larger than any whole-file buffer
+])
+def test_whole_file_buffers_where_a_group_copies_little_per_record(shards, records, record_bytes, whole):
+    """The rule behind the measured cases in docs/benchmarks.md (groups of 32,768 records)."""
+    lengths = np.full(shards, records)
+    assert loader.reader._whole_file(lengths, record_bytes, 32768, shards * records).tolist() == [whole] * shards
+    small = records * record_bytes <= loader.reader.SMALL_SHARD_BYTES  # without a group size: small shards only
+    assert loader.reader._whole_file(lengths, record_bytes, None, shards * records).tolist() == [small] * shards
