@@ -57,11 +57,10 @@ SEEK_PER_FILE = 500
 OPEN_THREADS = 8  # readers opened at once
 
 
-def _whole_file(lengths: np.ndarray, record_bytes: int, group_records: int | None, total: int) -> np.ndarray:
-    """Per shard: read through one whole-file buffer? A list call of k records spread over a file of S bytes
-    copies the span between its first and last record, on average S (k - 1) / (k + 1), so S (k - 1) / (k (k + 1))
-    a record, with k the shard's share of a read group."""
-    size = lengths * record_bytes
+def _whole_file(lengths: np.ndarray, size: np.ndarray, group_records: int | None, total: int) -> np.ndarray:
+    """Per shard of `lengths` records and `size` bytes: read through one whole-file buffer? A list call of k records
+    spread over a file of S bytes copies the span between its first and last record, on average S (k - 1) / (k + 1),
+    so S (k - 1) / (k (k + 1)) a record, with k the shard's share of a read group."""
     if not group_records:
         return size <= SMALL_SHARD_BYTES
     k = np.maximum(group_records * lengths / total, 1.0)
@@ -82,7 +81,8 @@ class BatchReader:
         # record is a range request, which a list call issues from ArrayRecord's pool, not one after another. So do
         # small shards (their size estimated from the dataset's mean record size): see the module docstring.
         lengths = np.asarray(source.lengths, dtype=np.int64)
-        self._small = _whole_file(lengths, source.mean_record_bytes, group_records, self._total)
+        sizes = np.asarray(source.shard_bytes if source.shard_bytes else lengths * source.mean_record_bytes)
+        self._small = _whole_file(lengths, sizes, group_records, self._total)
         remote = np.array([storage.is_remote(p) for p in source.paths], dtype=bool)
         self._list_from = np.where(remote | self._small, 0, SEEK_BELOW + lengths // SEEK_PER_FILE)
         self._open_readers()

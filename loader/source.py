@@ -33,6 +33,7 @@ class ShardedSource:
     kind: str  # "manifest", "tfds" or "glob"
     features_dir: str | None = None  # a directory holding TFDS features.json, when there is one
     total_bytes: int | None = None  # stored size of all shards, when known without opening them
+    shard_bytes: tuple[int, ...] | None = None  # stored size of each shard, when known
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
@@ -93,7 +94,7 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
                              "the file is truncated or was replaced: re-run the conversion or restage the data")
     features = root if manifest.kind == "tfds" and storage.exists(storage.join(root, "features.json")) else None
     return ShardedSource(tuple(storage.join(root, e.path) for e in entries), tuple(e.records for e in entries),
-                         "manifest", features, sum(e.bytes for e in entries))
+                         "manifest", features, sum(e.bytes for e in entries), tuple(e.bytes for e in entries))
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:
@@ -112,7 +113,8 @@ def _from_tfds_info(root: str, split: str) -> ShardedSource:
     for p in paths:
         if os.path.basename(p) not in sizes:
             raise FileNotFoundError(f"{p} is listed in {TFDS_INFO} but missing; rebuild or re-download the dataset")
-    return ShardedSource(tuple(paths), tuple(lengths), "tfds", root, sum(sizes[os.path.basename(p)] for p in paths))
+    shard_bytes = tuple(sizes[os.path.basename(p)] for p in paths)
+    return ShardedSource(tuple(paths), tuple(lengths), "tfds", root, sum(shard_bytes), shard_bytes)
 
 
 def _from_glob(pattern: str) -> ShardedSource:
@@ -130,7 +132,9 @@ def _from_glob(pattern: str) -> ShardedSource:
         except Exception as e:  # noqa: BLE001 - array_record raises bare RuntimeErrors; name the file
             raise ValueError(f"{p} is not a readable ArrayRecord file ({e}); check the glob matches only "
                              "ArrayRecord shards") from e
-    return ShardedSource(tuple(paths), tuple(lengths), "glob")
+    sizes = {d: storage.list_sizes(d) for d in {os.path.dirname(p) for p in paths}}
+    shard_bytes = tuple(sizes[os.path.dirname(p)].get(os.path.basename(p), 0) for p in paths)
+    return ShardedSource(tuple(paths), tuple(lengths), "glob", None, sum(shard_bytes) or None, shard_bytes)
 
 
 def _is_dir(path: str) -> bool:

@@ -101,6 +101,7 @@ def test_remote_shards_always_take_list_calls(gcs_bucket, converted):
 def test_whole_file_buffers_where_a_group_copies_little_per_record(shards, records, record_bytes, whole):
     """The rule behind the measured cases in docs/benchmarks.md (groups of 32,768 records)."""
     lengths = np.full(shards, records)
-    assert loader.reader._whole_file(lengths, record_bytes, 32768, shards * records).tolist() == [whole] * shards
+    sizes = lengths * record_bytes
+    assert loader.reader._whole_file(lengths, sizes, 32768, shards * records).tolist() == [whole] * shards
     small = records * record_bytes <= loader.reader.SMALL_SHARD_BYTES  # without a group size: small shards only
-    assert loader.reader._whole_file(lengths, record_bytes, None, shards * records).tolist() == [small] * shards
+    assert loader.reader._whole_file(lengths, sizes, None, shards * records).tolist() == [small] * shards

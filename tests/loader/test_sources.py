@@ -46,3 +46,14 @@ def test_gcs_source_reads_directly(tmp_path, gcs_bucket):
     assert [r for b in remote for r in b] != [r for c in contents for r in c]  # shuffled...
     assert sorted(r for b in remote for r in b) == sorted(r for c in contents for r in c)  # ...exactly once each
     assert remote == list(loader.load(str(tmp_path / "local"), batch_size=11, seed=1, num_epochs=1, decode=None))
+
+
+def test_every_kind_of_source_knows_its_shard_sizes(converted):
+    """The reader picks each shard's read path by its stored size (loader.reader._whole_file)."""
+    import os
+
+    from loader.source import resolve
+
+    for source in (resolve(str(converted)), resolve(str(converted / "*.array_record*"))):
+        assert source.shard_bytes == tuple(os.path.getsize(p) for p in source.paths), source.kind
+        assert source.total_bytes == sum(source.shard_bytes)
