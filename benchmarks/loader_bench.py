@@ -188,9 +188,9 @@ def measure(name: str, args: list) -> dict:
 
 
 def _line(name: str, decode: bool, r: dict) -> str:
-    return (f"  {name:18s} {'decode' if decode else 'raw':6s} {r['examples_per_s']:>10,.0f} ex/s over {r['batches_timed']:,.0f} batches (start window "
-            f"{r['start_examples_per_s']:>9,.0f})  first batch {r['first_batch_s']:.2f} s  peak RSS "
-            f"{r['peak_rss_mb']:,.0f} MB")
+    return (f"  {name:18s} {'decode' if decode else 'raw':6s} {r['examples_per_s']:>10,.0f} ex/s over "
+            f"{r['batches_timed']:,.0f} batches (start window {r['start_examples_per_s']:>9,.0f})  first batch "
+            f"{r['first_batch_s']:.2f} s  peak RSS {r['peak_rss_mb']:,.0f} MB")
 
 
 def main() -> None:
@@ -220,7 +220,6 @@ def main() -> None:
     out_zstd, shards_zstd = converted(work, "zstd:3")
     names = args.only or list(_CONTENDERS)
     windows = [args.start, args.batches]
-    results = {}
     runs: dict = {}
     for repeat in range(args.repeats):  # the contenders take turns, so drift on the machine hits them all
         for decode in (False, True):

@@ -79,12 +79,12 @@ class BatchReader:
         self._total = len(source)
         # per shard: the shortest run read with one list call. Remote shards (gs://) always take list calls: each
         # record is a range request, which a list call issues from ArrayRecord's pool, not one after another. So do
-        # small shards (their size estimated from the dataset's mean record size): see the module docstring.
+        # shards read through a whole-file buffer (by their stored sizes, else lengths x the mean record size).
         lengths = np.asarray(source.lengths, dtype=np.int64)
         sizes = np.asarray(source.shard_bytes if source.shard_bytes else lengths * source.mean_record_bytes)
-        self._small = _whole_file(lengths, sizes, group_records, self._total)
+        self._whole_file = _whole_file(lengths, sizes, group_records, self._total)
         remote = np.array([storage.is_remote(p) for p in source.paths], dtype=bool)
-        self._list_from = np.where(remote | self._small, 0, SEEK_BELOW + lengths // SEEK_PER_FILE)
+        self._list_from = np.where(remote | self._whole_file, 0, SEEK_BELOW + lengths // SEEK_PER_FILE)
         self._open_readers()
 
     def _open_readers(self) -> None:
@@ -94,11 +94,11 @@ class BatchReader:
 
     def __getstate__(self):
         return {"paths": self._paths, "starts": self._starts, "total": self._total, "list_from": self._list_from,
-                "small": self._small}
+                "whole_file": self._whole_file}
 
     def __setstate__(self, state):
         self._paths, self._starts, self._total = state["paths"], state["starts"], state["total"]
-        self._list_from, self._small = state["list_from"], state["small"]
+        self._list_from, self._whole_file = state["list_from"], state["whole_file"]
         self._open_readers()
 
     def list_share(self, group_records: int) -> float:
@@ -125,7 +125,7 @@ class BatchReader:
 
     def _open_one(self, shard: int) -> ArrayRecordReader:
         try:
-            options = f"readahead_buffer_size:{WHOLE_FILE_BYTES},max_parallelism:0" if self._small[shard] \
+            options = f"readahead_buffer_size:{WHOLE_FILE_BYTES},max_parallelism:0" if self._whole_file[shard] \
                 else RANDOM_ACCESS
             return ArrayRecordReader(self._paths[shard], options)
         except Exception as e:  # noqa: BLE001 - array_record raises bare RuntimeErrors; name the file
