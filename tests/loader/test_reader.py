@@ -28,6 +28,7 @@ def test_records_come_back_in_the_asked_order_on_either_path(converted, all_reco
     indices = np.random.default_rng(0).integers(0, len(all_records), size=300)  # unordered, with repeats
     assert reader(indices) == [all_records[i] for i in indices]
     assert reader(np.array([256, 0, 37, 36, 37])) == [b"4:54", b"0:0", b"2:0", b"0:36", b"2:0"]
+    assert reader(np.array([], dtype=np.int64)) == []
 
 
 def test_list_share_picks_the_path_by_run_length(converted, monkeypatch):
