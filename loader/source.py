@@ -61,10 +61,31 @@ def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = F
             return _from_manifest(source, split, allow_incomplete)
         if storage.exists(storage.join(source, TFDS_INFO)):
             return _from_tfds_info(source, split or "train")
+        below = _datasets_below(source)
+        hint = f"; datasets below it: {', '.join(below)} (pass one of those)" if below else ""
         raise FileNotFoundError(f"{source} has neither {MANIFEST_NAME} nor {TFDS_INFO}; pass a directory written "
                                 "by `python -m pipelines convert` or `tfds build --file_format=array_record`, or a "
-                                "glob of ArrayRecord files")
+                                f"glob of ArrayRecord files{hint}")
     return _from_glob(source)
+
+
+def _datasets_below(root: str, depth: int = 3, limit: int = 5) -> list[str]:
+    """Directories up to `depth` levels below local `root` that hold a manifest or TFDS info (the first `limit`),
+    for the error when a user passes their parent."""
+    if storage.is_remote(root):
+        return []
+    found = []
+    base = root.rstrip(os.sep).count(os.sep)
+    for directory, subdirs, files in os.walk(root):
+        subdirs.sort()
+        if directory.count(os.sep) - base >= depth:
+            subdirs.clear()
+        if directory != root and (MANIFEST_NAME in files or TFDS_INFO in files):
+            found.append(directory)
+            subdirs.clear()
+            if len(found) == limit:
+                break
+    return found
 
 
 def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> ShardedSource:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -204,8 +205,17 @@ def test_bad_sources_are_named(converted, tmp_path):
     with pytest.raises(FileNotFoundError, match="no files match"):
         loader.load(str(tmp_path / "nothing-*.array_record"), batch_size=4)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="has neither manifest.json nor dataset_info.json"):
+    with pytest.raises(FileNotFoundError, match="has neither manifest.json nor dataset_info.json") as empty:
         loader.load(str(tmp_path / "empty"), batch_size=4)
+    assert "datasets below it" not in str(empty.value)
+    for split in ("train", "test"):  # the parent of converted datasets: the error names them
+        (tmp_path / "parent" / "custom" / split).mkdir(parents=True)
+        manifest = (converted / "manifest.json").read_bytes()
+        (tmp_path / "parent" / "custom" / split / "manifest.json").write_bytes(manifest)
+    parent = tmp_path / "parent" / "custom"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"datasets below it: {parent}/test, {parent}/train (pass "
+                                                          "one of those)")):
+        loader.load(str(tmp_path / "parent"), batch_size=4)
 
     broken = tmp_path / "broken"
     broken.mkdir()
