@@ -113,12 +113,12 @@ def _runs_of_batches(per_batch: list[np.ndarray], records: int) -> Iterator[list
         yield run
 
 
-def _threads_for(reader: BatchReader, group_records: int) -> int:
+def _threads_for(reader: BatchReader) -> int:
     """Prefetch threads: list reads release the GIL, so a second thread overlaps one group's Python work
     with another's reads (+10-20% on 8 shards); record-by-record reads hold the GIL, and a second thread
     only contends for it (20-25% slower on 1000 shards of 100 records when those were read that way; small
     shards now take list calls). docs/benchmarks.md, "two read paths"."""
-    return 2 if reader.list_share(group_records) >= 0.5 else 1
+    return 2 if reader.list_share() >= 0.5 else 1
 
 
 class _ReadGroup:
@@ -226,7 +226,7 @@ class Loader:
         self.batches_per_read = max(1, min(config.records_per_read // per_batch, by_bytes))
         # One reader for every iterator of this loader: a restart (set_state, a new epoch loop) keeps its open files.
         self._reader = BatchReader(self.source, group_records=self.batches_per_read * per_batch)
-        self.num_threads = config.num_threads or _threads_for(self._reader, self.batches_per_read * per_batch)
+        self.num_threads = config.num_threads or _threads_for(self._reader)
 
     def __len__(self) -> int:
         if self.config.num_epochs is None:

@@ -82,6 +82,7 @@ class BatchReader:
         # shards read through a whole-file buffer (by their stored sizes, else lengths x the mean record size).
         lengths = np.asarray(source.lengths, dtype=np.int64)
         sizes = np.asarray(source.shard_bytes if source.shard_bytes else lengths * source.mean_record_bytes)
+        self.group_records = group_records
         self._whole_file = _whole_file(lengths, sizes, group_records, self._total)
         remote = np.array([storage.is_remote(p) for p in source.paths], dtype=bool)
         self._list_from = np.where(remote | self._whole_file, 0, SEEK_BELOW + lengths // SEEK_PER_FILE)
@@ -94,16 +95,18 @@ class BatchReader:
 
     def __getstate__(self):
         return {"paths": self._paths, "starts": self._starts, "total": self._total, "list_from": self._list_from,
-                "whole_file": self._whole_file}
+                "whole_file": self._whole_file, "group_records": self.group_records}
 
     def __setstate__(self, state):
         self._paths, self._starts, self._total = state["paths"], state["starts"], state["total"]
         self._list_from, self._whole_file = state["list_from"], state["whole_file"]
+        self.group_records = state["group_records"]
         self._open_readers()
 
-    def list_share(self, group_records: int) -> float:
-        """The share of records read by list calls when a group of `group_records` uniformly spread records
-        is read (a shard of N records holds ~group_records * N / total of them)."""
+    def list_share(self, group_records: int | None = None) -> float:
+        """The share of records read by list calls when a group of `group_records` (default: this reader's read
+        group) uniformly spread records is read (a shard of N records holds ~group_records * N / total of them)."""
+        group_records = group_records or self.group_records or 1
         lengths = np.asarray(np.diff(np.append(self._starts, self._total)), dtype=np.int64)
         expected = group_records * lengths / self._total
         return float(lengths[expected >= self._list_from].sum() / self._total)

@@ -39,6 +39,8 @@ def test_list_share_picks_the_path_by_run_length(converted, monkeypatch):
     # a group of 4 * 257: runs of ~4 per shard record, 404 and 256 from the 101- and 64-record shards
     assert reader.list_share(4 * 257) == pytest.approx((101 + 64) / 257)
     assert reader.list_share(7 * 257) == 1.0  # 259 from the 37-record shard
+    monkeypatch.setattr(loader.reader, "WHOLE_FILE_BYTES", 0)  # by default the reader's own read group
+    assert BatchReader(resolve(str(converted)), group_records=4 * 257).list_share() == pytest.approx((101 + 64) / 257)
 
 
 def test_threads_share_one_reader_per_shard_on_both_paths(converted, all_records, monkeypatch):
