@@ -120,7 +120,7 @@ it = iter(ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator())
 _HARNESS = """
 import json, sys, time, resource
 OUT, SHARDS, TFRECORDS, DECODE, WINDOWS, MAX_S, THREADS, WORKERS, OUT_ZSTD, SHARDS_ZSTD = \
-    json.loads(sys.argv[1])
+    json.load(open(sys.argv[1]))
 {setup}
 first = next(it)
 t1 = time.perf_counter()
@@ -178,8 +178,12 @@ def measure(name: str, args: list) -> dict:
     code = _HARNESS.format(setup=_CONTENDERS[name])
     # Output goes to files, not pipes: nothing reads a pipe while the child runs, and a chatty child (grain's
     # worker processes log to stderr) would block once the pipe's buffer is full.
-    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
-        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=REPO, stdout=out_file,
+    # The arguments go in a file: with a thousand shards their paths exceed the kernel's limit for one argument.
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file, \
+            tempfile.NamedTemporaryFile("w", suffix=".json") as args_file:
+        json.dump(args, args_file)
+        args_file.flush()
+        proc = subprocess.Popen([sys.executable, "-c", code, args_file.name], cwd=REPO, stdout=out_file,
                                 stderr=err_file, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
         root = psutil.Process(proc.pid)
         peak = 0
