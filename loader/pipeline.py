@@ -131,8 +131,10 @@ class _ReadGroup:
     """
 
     def __init__(self, plan: BatchPlan, source: ShardedSource, reader: BatchReader, decoder: Decoder | None, map_fn,
-                 start: int, max_batches: int):
+                 start: int, max_batches: int, pack: bool = False):
+        """`pack`: hand raw batches over as arrays (see _pack), for grain's worker processes."""
         self._plan = plan
+        self._pack = pack and decoder is None and map_fn is None
         self._source = source
         self._reader = reader
         self._decoder = decoder
@@ -165,6 +167,8 @@ class _ReadGroup:
         first, end = self.first_batch(int(g)), self.first_batch(int(g) + 1)
         per_batch = self._plan.host_indices_range(first, end)
         records = self._reader(np.concatenate(per_batch))
+        if self._pack:
+            return _pack(records, [len(rows) for rows in per_batch])
         batches, at = [], 0
         for run in _runs_of_batches(per_batch, DECODE_RECORDS):
             run_records = records[at:at + sum(map(len, run))]
@@ -209,6 +213,27 @@ class _ReadGroup:
                              f"{e}); pass decode=None for raw bytes, or another decode=") from e
 
 
+def _pack(records: list[bytes], counts: list[int]) -> dict:
+    """Raw batches as arrays: the records' bytes end to end, where each ends, and the records per batch. grain's
+    worker processes hand NumPy arrays to the main process through shared memory, but pickle a list of bytes
+    through a pipe, which cost more than a second worker gained (docs/benchmarks.md, "a middle band")."""
+    ends = np.cumsum(np.fromiter(map(len, records), dtype=np.int64, count=len(records)))
+    return {"records": np.frombuffer(b"".join(records), dtype=np.uint8), "ends": ends,
+            "counts": np.asarray(counts, dtype=np.int64)}
+
+
+def _unpack(group: dict) -> list[list[bytes]]:
+    """The batches of records that _pack packed."""
+    data = group["records"].tobytes()
+    ends = group["ends"].tolist()
+    records = [data[start:end] for start, end in zip([0] + ends[:-1], ends)]
+    batches, at = [], 0
+    for count in group["counts"].tolist():
+        batches.append(records[at:at + count])
+        at += count
+    return batches
+
+
 class Loader:
     """An iterable of batches; each `iter()` starts at batch 0 (use `set_state` to resume)."""
 
@@ -239,7 +264,7 @@ class Loader:
     def _dataset(self, start: int) -> grain.IterDataset:
         """Groups of batches from global batch `start` on (each element: a list of batches)."""
         read_group = _ReadGroup(self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
-                                self.batches_per_read)
+                                self.batches_per_read, pack=self.config.worker_count > 0)
         ds = (
             grain.MapDataset.range(read_group.num_groups())
             .map(read_group)
@@ -283,7 +308,8 @@ class _HostBatches:
         if self._groups is None:
             raise ValueError("this loader iterator was closed; set_state() (or a new iter()) starts reading again")
         if not self._pending:
-            self._pending.extend(next(self._groups))  # StopIteration at the end
+            group = next(self._groups)  # StopIteration at the end
+            self._pending.extend(_unpack(group) if isinstance(group, dict) else group)
         return self._pending.popleft()
 
     def close(self) -> None:
