@@ -66,10 +66,12 @@ def bench_main(args) -> int:
         for _ in range(batches):
             next(it)
         rates.append(batches * args.batch_size / max(time.perf_counter() - t, 1e-9))
-    it.close()
+    it.close()  # also ends the worker processes, whose peak RSS is then counted below
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    workers = f", the largest worker {worker_mb:,.0f} MB" if args.workers and worker_mb else ""
     print(f"first batch {first:.2f} s; {rates[1]:,.0f} examples/s over {args.batches} batches of {args.batch_size} "
-          f"after a start window of {args.start} ({rates[0]:,.0f} examples/s); peak RSS {peak_mb:,.0f} MB "
+          f"after a start window of {args.start} ({rates[0]:,.0f} examples/s); peak RSS {peak_mb:,.0f} MB{workers} "
           f"(decode={args.decode}, workers={args.workers}, globally shuffled)")
     return 0
 

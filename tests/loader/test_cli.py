@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -16,6 +17,15 @@ def test_inspect_and_bench(converted):
     bench = _run("bench", str(converted), "--batch_size", "16", "--start", "3", "--batches", "5", "--decode", "none")
     assert bench.returncode == 0, bench.stderr
     assert "examples/s over 5 batches of 16 after a start window of 3 (" in bench.stdout
+    assert "worker" not in bench.stdout.split("(decode=")[0]
+
+
+def test_bench_with_worker_processes_reports_their_memory(converted):
+    bench = _run("bench", str(converted), "--batch_size", "16", "--start", "3", "--batches", "5", "--decode", "none",
+                 "--workers", "1")
+    assert bench.returncode == 0, bench.stderr
+    worker_mb = re.search(r"the largest worker ([\d,]+) MB", bench.stdout)
+    assert worker_mb and int(worker_mb.group(1).replace(",", "")) > 50, bench.stdout  # a worker imports numpy, grain
 
 
 def test_errors_are_one_line(tmp_path):
