@@ -32,8 +32,7 @@ class ShardedSource:
     lengths: tuple[int, ...]
     kind: str  # "manifest", "tfds" or "glob"
     features_dir: str | None = None  # a directory holding TFDS features.json, when there is one
-    total_bytes: int | None = None  # stored size of all shards, when known without opening them
-    shard_bytes: tuple[int, ...] | None = None  # stored size of each shard, when known
+    shard_bytes: tuple[int, ...] | None = None  # stored size of each shard, when known without opening them
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
@@ -42,6 +41,11 @@ class ShardedSource:
 
     def __len__(self) -> int:
         return int(sum(self.lengths))
+
+    @property
+    def total_bytes(self) -> int | None:
+        """Stored size of all shards, when known."""
+        return sum(self.shard_bytes) if self.shard_bytes else None
 
     @property
     def mean_record_bytes(self) -> int:
@@ -115,7 +119,7 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
                              "the file is truncated or was replaced: re-run the conversion or restage the data")
     features = root if manifest.kind == "tfds" and storage.exists(storage.join(root, "features.json")) else None
     return ShardedSource(tuple(storage.join(root, e.path) for e in entries), tuple(e.records for e in entries),
-                         "manifest", features, sum(e.bytes for e in entries), tuple(e.bytes for e in entries))
+                         "manifest", features, tuple(e.bytes for e in entries))
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:
@@ -135,7 +139,7 @@ def _from_tfds_info(root: str, split: str) -> ShardedSource:
         if os.path.basename(p) not in sizes:
             raise FileNotFoundError(f"{p} is listed in {TFDS_INFO} but missing; rebuild or re-download the dataset")
     shard_bytes = tuple(sizes[os.path.basename(p)] for p in paths)
-    return ShardedSource(tuple(paths), tuple(lengths), "tfds", root, sum(shard_bytes), shard_bytes)
+    return ShardedSource(tuple(paths), tuple(lengths), "tfds", root, shard_bytes)
 
 
 def _from_glob(pattern: str) -> ShardedSource:
@@ -155,7 +159,7 @@ def _from_glob(pattern: str) -> ShardedSource:
                              "ArrayRecord shards") from e
     sizes = {d: storage.list_sizes(d) for d in {os.path.dirname(p) for p in paths}}
     shard_bytes = tuple(sizes[os.path.dirname(p)].get(os.path.basename(p), 0) for p in paths)
-    return ShardedSource(tuple(paths), tuple(lengths), "glob", None, sum(shard_bytes) or None, shard_bytes)
+    return ShardedSource(tuple(paths), tuple(lengths), "glob", None, shard_bytes)
 
 
 def _is_dir(path: str) -> bool:
