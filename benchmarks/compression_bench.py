@@ -26,7 +26,7 @@ COMPRESSIONS = ("uncompressed", "snappy", "zstd:1", "zstd:3")
 
 
 def record_kinds(rng: np.random.Generator) -> dict:
-    from pipelines.example_proto import encode_example
+    from dataset_format.example_proto import encode_example
 
     words = [bytes(rng.integers(97, 123, int(k), dtype=np.uint8)) for k in rng.integers(2, 9, 3000)]
     return {

@@ -42,7 +42,8 @@ NAME = "synthetic"
 
 def build_dataset(root: Path, shards: int, records: int, size: int) -> Path:
     """A TFDS-style directory of TFRecord shards holding tf.train.Examples with one bytes feature."""
-    from pipelines import example_proto, tfrecord
+    from dataset_format import example_proto
+    from pipelines import tfrecord
 
     version_dir = root / NAME / "1.0.0"
     version_dir.mkdir(parents=True)
@@ -114,8 +115,8 @@ pipelines.convert_tf_to_arrayrecord_disk(num_shards=n, args={"input": inp, "outp
 _BARE = """
 import glob, sys
 from array_record.python.array_record_module import ArrayRecordWriter
+from dataset_format.naming import output_name
 from pipelines import tfrecord
-from pipelines.paths import output_name
 inp, out = sys.argv[1], sys.argv[2]
 for path in sorted(glob.glob(inp)):
     writer = ArrayRecordWriter(out + "/" + output_name(path), "group_size:1,zstd:3")

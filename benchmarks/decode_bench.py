@@ -23,7 +23,7 @@ import numpy as np
 
 
 def kinds(rng: np.random.Generator, n: int) -> dict:
-    from pipelines.example_proto import encode_example
+    from dataset_format.example_proto import encode_example
 
     return {
         "1 KB bytes + label": [encode_example({"data": rng.integers(32, 96, 1000, dtype=np.uint8).tobytes(),

@@ -138,7 +138,8 @@ print(json.dumps({{"first_batch_s": t1 - t0, "start_examples_per_s": rates[0][0]
 
 def build(work: Path, records: int, shards: int) -> list[str]:
     """TFRecord shards of Examples under work/tfrecord (kept in a --workdir between runs)."""
-    from pipelines import example_proto, tfrecord
+    from dataset_format import example_proto
+    from pipelines import tfrecord
 
     rng = np.random.default_rng(0)
     per = records // shards
@@ -154,7 +155,7 @@ def build(work: Path, records: int, shards: int) -> list[str]:
 def converted(work: Path, compression: str) -> tuple[Path, list[str]]:
     """work/tfrecord converted by our pipeline with `compression` (once per workdir)."""
     from pipelines import ConvertConfig, run_conversion
-    from pipelines.manifest import Manifest
+    from dataset_format.manifest import Manifest
 
     out = work / f"array_record-{compression.replace(':', '')}"
     if not (out / "manifest.json").exists():

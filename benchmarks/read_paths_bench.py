@@ -31,7 +31,7 @@ def write_file(path: str, n: int, rng: np.random.Generator) -> None:
     from array_record.python.array_record_module import ArrayRecordWriter
 
     from pipelines.config import DEFAULT_COMPRESSION
-    from pipelines.example_proto import encode_example
+    from dataset_format.example_proto import encode_example
 
     writer = ArrayRecordWriter(path, f"group_size:1,{DEFAULT_COMPRESSION}")
     for i in range(n):

@@ -48,7 +48,8 @@ def build_demo(work: Path) -> Path:
 
 
 def build_larger(work: Path, records: int, shards: int) -> Path:
-    from pipelines import example_proto, tfrecord
+    from dataset_format import example_proto
+    from pipelines import tfrecord
 
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 10, records)

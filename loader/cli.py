@@ -86,7 +86,7 @@ def stage_main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines import logs
+    from dataset_format import logs
 
     logs.setup()
     p = argparse.ArgumentParser(prog="python -m loader")

@@ -9,11 +9,14 @@ Examples that share one layout is decoded straight into those columns (`loader.e
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from dataset_format import storage
+from dataset_format.tfds_info import FEATURES_NAME
 from loader.example_batch import parse_examples
 
 Decoder = Callable[[bytes], Any]
@@ -26,7 +29,7 @@ class ExampleDecoder:
     """tf.train.Example bytes -> {feature: np.ndarray} (int64, float32, or object array of bytes)."""
 
     def __call__(self, record: bytes) -> dict[str, np.ndarray]:
-        from pipelines.example_proto import decode_example
+        from dataset_format.example_proto import decode_example
 
         return {k: (v[0] if v.shape == (1,) else v) for k, v in decode_example(record).items()}
 
@@ -41,7 +44,7 @@ class ExampleDecoder:
 
     @staticmethod
     def _protobuf_columns(records: Sequence[bytes]) -> dict[str, Any] | None:
-        from pipelines.example_proto import example_class
+        from dataset_format.example_proto import example_class
 
         parse = example_class().FromString
         features = [parse(r).features.feature for r in records]
@@ -87,8 +90,22 @@ class TfdsDecoder:
         if self._features is None:
             from tensorflow_datasets.core.features import features_dict
 
-            self._features = features_dict.FeaturesDict.from_config(self._features_dir)
+            self._features = features_dict.FeaturesDict.from_config(_local_metadata(self._features_dir))
         return self._features.deserialize_example_np(record)
+
+
+def _local_metadata(features_dir: str) -> str:
+    """`features_dir` itself when local; else a local copy of its features.json and label files. TFDS would read
+    gs:// through TensorFlow's file system, which a training host need not have (and which ignores the emulator)."""
+    if not storage.is_remote(features_dir):
+        return features_dir
+    import tempfile
+
+    local = tempfile.mkdtemp(prefix="tfds-features-")
+    for name in storage.list_sizes(features_dir):
+        if name == FEATURES_NAME or name.endswith(".labels.txt"):
+            storage.download(storage.join(features_dir, name), os.path.join(local, name))
+    return local
 
 
 def make_decoder(decode: str | Decoder | None, features_dir: str | None) -> Decoder | None:

@@ -38,8 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
+from dataset_format import storage
 from loader.source import ShardedSource
-from pipelines import storage
 
 RANDOM_ACCESS = "readahead_buffer_size:0,max_parallelism:0"
 # Shards read through one whole-file buffer: up to SMALL_SHARD_BYTES always; up to WHOLE_FILE_BYTES when a read

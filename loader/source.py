@@ -13,17 +13,13 @@ missing or truncated shard fails here, naming the file, not in the middle of an 
 from __future__ import annotations
 
 import dataclasses
-import glob as globlib
-import json
 import os
 
 import numpy as np
 
-from pipelines import storage
-from pipelines.manifest import MANIFEST_NAME, Manifest
-
-
-TFDS_INFO = "dataset_info.json"
+from dataset_format import storage, tfds_info
+from dataset_format.manifest import MANIFEST_NAME, Manifest
+from dataset_format.tfds_info import FEATURES_NAME, INFO_NAME as TFDS_INFO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,35 +113,33 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
         if size != entry.bytes:
             raise ValueError(f"{storage.join(root, entry.path)} is {size} bytes but {MANIFEST_NAME} says {entry.bytes}; "
                              "the file is truncated or was replaced: re-run the conversion or restage the data")
-    features = root if manifest.kind == "tfds" and storage.exists(storage.join(root, "features.json")) else None
+    features = root if manifest.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
     return ShardedSource(tuple(storage.join(root, e.path) for e in entries), tuple(e.records for e in entries),
                          "manifest", features, tuple(e.bytes for e in entries))
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:
-    info = json.loads(_read_text(storage.join(root, TFDS_INFO)))
+    info = tfds_info.read_info(root)
     if info.get("fileFormat") != "array_record":
         raise ValueError(f"{storage.join(root, TFDS_INFO)} says fileFormat={info.get('fileFormat', 'tfrecord')!r}; convert it "
                          f"first: python -m pipelines convert --input {root} --output OUT")
-    splits = {s["name"]: s for s in info.get("splits", [])}
-    if split not in splits:
-        raise ValueError(f"{storage.join(root, TFDS_INFO)} has no split {split!r}; the splits are {sorted(splits)}")
-    from pipelines.tfds_dir import shard_name  # pure JSON templating, shared with the converter
-
-    lengths = [int(n) for n in splits[split].get("shardLengths", [])]
-    paths = [storage.join(root, shard_name(info, splits[split], "array_record", i, len(lengths))) for i in range(len(lengths))]
+    try:
+        shards = tfds_info.split_shards(info, split, "array_record")
+    except ValueError as e:
+        raise ValueError(f"{storage.join(root, TFDS_INFO)}: {e}") from None
     sizes = storage.list_sizes(root)
-    for p in paths:
-        if os.path.basename(p) not in sizes:
-            raise FileNotFoundError(f"{p} is listed in {TFDS_INFO} but missing; rebuild or re-download the dataset")
-    shard_bytes = tuple(sizes[os.path.basename(p)] for p in paths)
-    return ShardedSource(tuple(paths), tuple(lengths), "tfds", root, shard_bytes)
+    for name, _ in shards:
+        if name not in sizes:
+            raise FileNotFoundError(f"{storage.join(root, name)} is listed in {TFDS_INFO} but missing; rebuild or "
+                                    "re-download the dataset")
+    return ShardedSource(tuple(storage.join(root, name) for name, _ in shards), tuple(n for _, n in shards), "tfds",
+                         root, tuple(sizes[name] for name, _ in shards))
 
 
 def _from_glob(pattern: str) -> ShardedSource:
     from array_record.python.array_record_module import ArrayRecordReader
 
-    paths = sorted(_glob(pattern))
+    paths = storage.glob(pattern)
     if not paths:
         raise FileNotFoundError(f"no files match {pattern!r}; check the path and the glob")
     lengths = []
@@ -157,8 +151,9 @@ def _from_glob(pattern: str) -> ShardedSource:
         except Exception as e:  # noqa: BLE001 - array_record raises bare RuntimeErrors; name the file
             raise ValueError(f"{p} is not a readable ArrayRecord file ({e}); check the glob matches only "
                              "ArrayRecord shards") from e
-    sizes = {d: storage.list_sizes(d) for d in {os.path.dirname(p) for p in paths}}
-    shard_bytes = tuple(sizes[os.path.dirname(p)].get(os.path.basename(p), 0) for p in paths)
+    directories = {p.rsplit("/", 1)[0] for p in paths}
+    sizes = {d: storage.list_sizes(d) for d in directories}
+    shard_bytes = tuple(sizes[p.rsplit("/", 1)[0]].get(storage.basename(p), 0) for p in paths)
     return ShardedSource(tuple(paths), tuple(lengths), "glob", None, shard_bytes)
 
 
@@ -176,10 +171,3 @@ def _read_text(path: str) -> str:
         raise FileNotFoundError(f"{path} does not exist")
     return text
 
-
-def _glob(pattern: str) -> list[str]:
-    if not storage.is_remote(pattern):
-        return globlib.glob(os.path.expanduser(pattern))
-    from apache_beam.io.filesystems import FileSystems
-
-    return [m.path for m in FileSystems.match([pattern])[0].metadata_list]

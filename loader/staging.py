@@ -2,9 +2,10 @@
 
 array_record reads gs:// directly, but each random read is then a remote request: fine for
 `inspect`, slow for shuffled training. `stage` copies the shards listed in the manifest (or
-dataset_info.json) in parallel, checks each copy's size against it, and skips files already
-staged, so an interrupted staging resumes where it stopped. Metadata files are copied last, so a
-directory with a manifest is a complete one.
+dataset_info.json) in parallel through google-cloud-storage (checksums checked, transient errors
+retried: dataset_format/storage.py), checks each copy's size against the metadata, and skips files
+already staged, so an interrupted staging resumes where it stopped. Metadata files are copied last,
+so a directory with a manifest is a complete one.
 
     local = loader.stage("gs://bucket/digits/train", "/mnt/disks/data/digits/train")
     batches = loader.load(local, batch_size=256)
@@ -16,19 +17,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import os
-import shutil
 import time
-import uuid
 
-from pipelines import storage
-from pipelines.manifest import MANIFEST_NAME, Manifest
+from dataset_format import storage, tfds_info
+from dataset_format.manifest import MANIFEST_NAME, Manifest
 
 log = logging.getLogger(__name__)
-
-_CHUNK = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,14 +68,14 @@ def _plan(source: str, listing: dict[str, int]) -> tuple[dict[str, int], list[st
         path = storage.join(source, MANIFEST_NAME)
         manifest = Manifest.from_json(storage.read_text(path), path=path)
         shards = {e.path: e.bytes for e in manifest.shards}
-    elif "dataset_info.json" in listing:
-        info = json.loads(storage.read_text(storage.join(source, "dataset_info.json")))
+    elif tfds_info.INFO_NAME in listing:
+        info = tfds_info.read_info(source)
         if info.get("fileFormat") != "array_record":
-            raise ValueError(f"{source}/dataset_info.json says fileFormat={info.get('fileFormat', 'tfrecord')!r}; "
+            raise ValueError(f"{source}/{tfds_info.INFO_NAME} says fileFormat={info.get('fileFormat', 'tfrecord')!r}; "
                              "convert it first (python -m pipelines convert)")
         shards = {n: s for n, s in listing.items() if ".array_record-" in n}
     else:
-        raise FileNotFoundError(f"{source} has neither {MANIFEST_NAME} nor dataset_info.json; stage a converted "
+        raise FileNotFoundError(f"{source} has neither {MANIFEST_NAME} nor {tfds_info.INFO_NAME}; stage a converted "
                                 "dataset directory")
     missing = [n for n in shards if n not in listing]
     if missing:
@@ -102,19 +98,4 @@ def _local_size(local_dir: str, name: str) -> int | None:
 
 
 def _copy(remote: str, local_dir: str, name: str, size: int) -> int:
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    final = os.path.join(local_dir, name)
-    tmp = os.path.join(local_dir, f".staging-{uuid.uuid4().hex[:8]}-{name}")
-    try:
-        with FileSystems.open(remote, compression_type=CompressionTypes.UNCOMPRESSED) as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, _CHUNK)
-        got = os.path.getsize(tmp)
-        if got != size:
-            raise OSError(f"staged {got} bytes of {remote}, expected {size}; the copy was cut short, run stage again")
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return size
+    return storage.download(remote, os.path.join(local_dir, name), expected_size=size)

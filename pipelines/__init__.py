@@ -3,12 +3,12 @@
     from pipelines import ConvertConfig, run_conversion
     outcome = run_conversion(ConvertConfig(input="data/*.tfrecord", output="out/"))
 
-The manifest (`pipelines.manifest`) is the contract with the loader; it imports nothing heavy.
-Beam-dependent names load on first use, so `import pipelines.manifest` stays cheap.
+What they write (manifest, naming, codec, storage) is the `dataset_format` package, the contract with the
+loader. Beam-dependent names load on first use, so `import pipelines` stays cheap.
 """
 
+from dataset_format.manifest import Manifest, ShardEntry
 from pipelines.config import ConvertConfig
-from pipelines.manifest import Manifest, ShardEntry
 
 __all__ = ["ConvertConfig", "ConvertToArrayRecord", "Manifest", "ShardEntry", "run_conversion", "verify"]
 

@@ -20,8 +20,8 @@ import logging
 import sys
 import time
 
-from pipelines import logs
-from pipelines.config import DEFAULT_COMPRESSION, ConvertConfig
+from dataset_format import logs
+from pipelines.config import ConvertConfig, DEFAULT_COMPRESSION
 
 log = logging.getLogger("pipelines")
 

@@ -17,9 +17,10 @@ import logging
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipelines import report, storage, tfds_dir
+from dataset_format import storage
+from dataset_format.manifest import MANIFEST_NAME, Manifest
+from pipelines import report, tfds_dir
 from pipelines.config import ConvertConfig
-from pipelines.manifest import MANIFEST_NAME, Manifest
 from pipelines.plan import Plan
 from pipelines.shard import ShardCountMismatch, ShardResult, ShardTask, convert_shard
 from pipelines.tfrecord import CorruptRecordError

@@ -3,9 +3,11 @@
 Workers need the `pipelines` package. Two ways, fastest first:
 - the image built from dataflow/Dockerfile (`--sdk_container_image IMAGE --sdk_location container`):
   workers start with everything installed, and the same image is the Flex Template launcher;
-- `--setup_file PATH/pyproject.toml`: Beam builds an sdist and every worker pip-installs it (and its
-  dependencies) at start-up, which costs minutes per worker but needs no image. When neither is given,
-  this checkout's pyproject.toml is used.
+- `--setup_file`: Beam builds an sdist and every worker pip-installs it (and its dependencies) at start-up,
+  which costs minutes per worker but needs no image. When neither is given (or --setup_file names this
+  checkout's pyproject.toml), the workers get a project of the conversion alone, made from this checkout
+  (`worker_project`): `dataset_format` and `pipelines`, depending on the base install and the `convert`
+  extra, so no worker installs jax, flax, optax, orbax or grain.
 
 A run that writes a job description (`--template_location`, what a Flex Template launch and the
 offline tests do) or is told not to wait (`--no_wait`) ends at submission; the job itself writes
@@ -17,9 +19,13 @@ OUT/manifest.json as its last step.
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -43,7 +49,7 @@ def template_location(options) -> str | None:
 
 def check_remote_paths(input: str, output: str) -> None:
     """Dataflow workers see gs:// only: a local --input or --output fails before any work."""
-    from pipelines import storage
+    from dataset_format import storage
 
     for flag, value in (("--input", input), ("--output", output)):
         if not storage.is_remote(value):
@@ -57,6 +63,44 @@ def checkout_pyproject() -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+# What the workers install from this checkout: the contract and the converter, not the loader or the trainer.
+WORKER_PACKAGES = ("dataset_format", "pipelines")
+
+
+def worker_project(checkout: Path, dest: Path) -> Path:
+    """Writes a project of the conversion alone into `dest` and returns its pyproject.toml: WORKER_PACKAGES copied
+    from `checkout`, depending on the base install plus the `convert` extra of `checkout`'s pyproject.toml."""
+    import tomllib
+
+    meta = tomllib.loads((checkout / "pyproject.toml").read_text())
+    project = meta["project"]
+    dependencies = project["dependencies"] + project["optional-dependencies"]["convert"]
+    package_data = {k: v for k, v in meta.get("tool", {}).get("setuptools", {}).get("package-data", {}).items()
+                    if k.split(".")[0] in WORKER_PACKAGES}
+    toml = [
+        "[build-system]",
+        f"requires = {json.dumps(meta['build-system']['requires'])}",
+        f"build-backend = {json.dumps(meta['build-system']['build-backend'])}",
+        "",
+        "[project]",
+        f"name = {json.dumps(project['name'] + '-convert')}",
+        f"version = {json.dumps(project['version'])}",
+        f"requires-python = {json.dumps(project['requires-python'])}",
+        f"dependencies = {json.dumps(dependencies)}",
+        "",
+        "[tool.setuptools.packages.find]",
+        f"include = {json.dumps([p + '*' for p in WORKER_PACKAGES])}",
+        "",
+        "[tool.setuptools.package-data]",
+        *(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in package_data.items()),
+    ]
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "pyproject.toml").write_text("\n".join(toml) + "\n")
+    for package in WORKER_PACKAGES:
+        shutil.copytree(checkout / package, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest / "pyproject.toml"
+
+
 def ship_package(options) -> None:
     """Makes sure Dataflow workers get the `pipelines` package; raises naming the fix if they cannot."""
     from apache_beam.options.pipeline_options import SetupOptions, WorkerOptions
@@ -66,15 +110,19 @@ def ship_package(options) -> None:
         if setup.sdk_location == "default":
             setup.sdk_location = "container"  # the image has Beam; do not stage another copy
         return
-    if setup.setup_file or setup.extra_packages:
-        return
     pyproject = checkout_pyproject()
+    ours = setup.setup_file and pyproject and Path(setup.setup_file).resolve() == pyproject
+    if (setup.setup_file and not ours) or setup.extra_packages:
+        return
     if pyproject is None:
         raise ValueError("Dataflow workers need the pipelines package: pass --sdk_container_image IMAGE (built "
                          "from dataflow/Dockerfile) or --setup_file /path/to/checkout/pyproject.toml")
-    log.info("shipping this checkout to the workers with --setup_file %s (each worker installs it at start-up; "
-             "--sdk_container_image starts faster: see dataflow/README.md)", pyproject)
-    setup.setup_file = str(pyproject)
+    dest = Path(tempfile.mkdtemp(prefix="arconv-workers-"))
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    setup.setup_file = str(worker_project(pyproject.parent, dest))
+    log.info("shipping the conversion (%s, with the convert extra's dependencies) to the workers with --setup_file "
+             "%s (each worker installs it at start-up; --sdk_container_image starts faster: see dataflow/README.md)",
+             " and ".join(WORKER_PACKAGES), setup.setup_file)
 
 
 def flex_template_argv(argv: list[str], environ: dict[str, str]) -> list[str]:

@@ -11,7 +11,8 @@ import os
 
 import numpy as np
 
-from pipelines import example_proto, tfrecord
+from dataset_format import example_proto
+from pipelines import tfrecord
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0

@@ -1,27 +1,19 @@
-"""Input listing, output naming and source fingerprints, for local paths and gs://.
-
-Output naming (one output shard per input shard): the token `tfrecord` (or `tfrecords`)
-in the input's base name becomes `array_record`; a name without it gets `.array_record`
-appended. A compression suffix (`.gz`) is dropped first.
-
-    mnist-train.tfrecord-00000-of-00004 -> mnist-train.array_record-00000-of-00004
-    train-00003-of-00016.tfrecord       -> train-00003-of-00016.array_record
-    part-0                              -> part-0.array_record
+"""Input listing, opening and source fingerprints, for local paths and gs://, through Beam's FileSystems
+(which also reads gzip and other compressed TFRecords). Output naming is the contract's: see
+dataset_format/naming.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.storage import basename
+from dataset_format.naming import output_name
+from dataset_format.storage import has_glob, is_remote
 
-_TOKEN = re.compile(r"(?<![A-Za-z0-9])tfrecords?(?![A-Za-z0-9])")
-_GLOB_CHARS = re.compile(r"[*?\[]")
-_COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zz", ".zlib", ".deflate", ".bz2")
+_READ_BUFFER = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,24 +30,6 @@ class InputFile:
     @property
     def compression(self) -> str:
         return CompressionTypes.detect_compression_type(self.path)
-
-
-def output_name(source: str) -> str:
-    """The ArrayRecord shard's base name for TFRecord shard `source` (see module doc)."""
-    name = basename(source)
-    for suffix in _COMPRESSED_SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    matches = list(_TOKEN.finditer(name))
-    if not matches:
-        return name + ".array_record"
-    last = matches[-1]
-    return name[: last.start()] + "array_record" + name[last.end():]
-
-
-def has_glob(path: str) -> bool:
-    return bool(_GLOB_CHARS.search(path))
 
 
 def list_inputs(pattern: str) -> list[InputFile]:
@@ -80,3 +54,11 @@ def check_unique_outputs(sources: list[str]) -> None:
             raise ValueError(f"inputs {seen[name]!r} and {source!r} would both be written as {name!r}; "
                              "convert them into separate output directories")
         seen[name] = source
+
+
+def open_source(path: str):
+    """Opens a (possibly compressed, possibly remote) TFRecord file for streaming reads."""
+    compression = CompressionTypes.detect_compression_type(path)
+    if not is_remote(path) and compression == CompressionTypes.UNCOMPRESSED:
+        return open(path, "rb", buffering=_READ_BUFFER)
+    return FileSystems.open(path, compression_type=compression)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from pipelines import paths, storage, tfds_dir
+from dataset_format import storage
+from dataset_format.manifest import MANIFEST_NAME, Manifest, ShardEntry
+from dataset_format.naming import output_name
+from pipelines import paths, tfds_dir
 from pipelines.config import ConvertConfig
-from pipelines.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from pipelines.shard import ShardTask
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ def make_plan(config: ConvertConfig) -> Plan:
 
     tasks, kept = [], []
     for file, split, expected in inputs:
-        relative = paths.output_name(file.path)
+        relative = output_name(file.path)
         entry = old.get(file.path)
         up_to_date = (
             entry is not None and not config.force

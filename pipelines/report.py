@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from pipelines import storage
+from dataset_format import storage
 
 REPORT_NAME = "report.json"
 

@@ -14,10 +14,11 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from pipelines import dataflow, report, storage
+from dataset_format import storage
+from dataset_format.manifest import Manifest
+from pipelines import dataflow, report
 from pipelines.config import ConvertConfig
 from pipelines.convert import ConvertToArrayRecord, finalize
-from pipelines.manifest import Manifest
 from pipelines.plan import Plan, make_plan, read_manifest
 
 log = logging.getLogger(__name__)

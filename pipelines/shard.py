@@ -18,10 +18,11 @@ from collections.abc import Callable
 from apache_beam.io.filesystem import CompressionTypes
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
-from pipelines import storage, tfrecord
-from pipelines.manifest import ShardEntry
+from dataset_format import storage
+from dataset_format.manifest import ShardEntry
+from dataset_format.storage import is_remote
+from pipelines import paths, tfrecord
 from pipelines.paths import InputFile
-from pipelines.storage import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def _copy_records(task, local, writer_options, on_corrupt, on_records) -> tuple[
     reported_records = reported_bytes = 0
     started = last_log = time.monotonic()
     try:
-        with storage.open_source(source.path) as f:
+        with paths.open_source(source.path) as f:
             for record in tfrecord.iter_records(f, path=source.path, on_corrupt=on_corrupt):
                 writer.write(record)
                 written += 1

@@ -1,12 +1,8 @@
 """TFDS dataset directories: find their TFRecord shards and write the ArrayRecord twin's metadata.
 
-A TFDS dataset version directory (e.g. `~/tensorflow_datasets/mnist/3.0.1`) holds
-`dataset_info.json` (a DatasetInfo proto in JSON), `features.json`, label files, and the
-shards `{name}-{split}.{format}-{XXXXX}-of-{YYYYY}`. Converting it gives a directory that
-`tfds.builder_from_directory(OUT)` loads: the same metadata files, `fileFormat` set to
-`array_record`, and each split's `shardLengths` set to the records actually written.
-
-Pure JSON: no TensorFlow import.
+Converting a TFDS dataset version directory (the metadata and naming: dataset_format/tfds_info.py) gives a
+directory that `tfds.builder_from_directory(OUT)` loads: the same metadata files, `fileFormat` set to
+`array_record`, and each split's `shardLengths` set to the records actually written. No TensorFlow import.
 """
 
 from __future__ import annotations
@@ -14,12 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from pipelines import storage
+from dataset_format import storage
+from dataset_format.storage import basename
+from dataset_format.tfds_info import INFO_NAME, read_info, shard_name
 from pipelines.paths import InputFile
-from pipelines.storage import basename
-
-INFO_NAME = "dataset_info.json"
-_DEFAULT_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,18 +25,6 @@ class TfdsShard:
 
 def is_tfds_dir(path: str) -> bool:
     return not any(c in path for c in "*?[") and storage.exists(storage.join(path, INFO_NAME))
-
-
-def read_info(directory: str) -> dict:
-    path = storage.join(directory, INFO_NAME)
-    text = storage.read_text(path)
-    if text is None:
-        raise FileNotFoundError(f"{path} does not exist; pass a TFDS dataset version directory "
-                                "(the one that holds dataset_info.json)")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e}); rebuild the dataset with tfds build") from e
 
 
 def list_shards(directory: str) -> list[TfdsShard]:
@@ -70,14 +52,6 @@ def list_shards(directory: str) -> list[TfdsShard]:
     if not shards:
         raise ValueError(f"{storage.join(directory, INFO_NAME)} lists no shards; the dataset is empty")
     return shards
-
-
-def shard_name(info: dict, split: dict, file_format: str, index: int, num_shards: int) -> str:
-    template = split.get("filepathTemplate") or _DEFAULT_TEMPLATE
-    return template.format(
-        DATASET=info["name"], SPLIT=split["name"], FILEFORMAT=file_format,
-        SHARD_X_OF_Y=f"{index:05d}-of-{num_shards:05d}", SHARD_INDEX=f"{index:05d}",
-        NUM_SHARDS=f"{num_shards:05d}")
 
 
 def write_metadata(source_dir: str, out_dir: str, shard_lengths: dict[str, list[int]]) -> None:

@@ -15,8 +15,9 @@ import logging
 
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipelines import storage, tfds_dir, tfrecord
-from pipelines.manifest import MANIFEST_NAME, ShardEntry
+from dataset_format import storage, tfds_info
+from dataset_format.manifest import MANIFEST_NAME, ShardEntry
+from pipelines import paths, tfrecord
 from pipelines.plan import read_manifest
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def _compare_records(path: str, entry: ShardEntry) -> str | None:
     reader = ArrayRecordReader(path, "readahead_buffer_size:16M")
     skipped: list = []
     try:
-        with storage.open_source(entry.source) as f:
+        with paths.open_source(entry.source) as f:
             expected = tfrecord.iter_records(f, path=entry.source,
                                              on_corrupt=skipped.append if entry.skipped_corrupt else None)
             for start in range(0, entry.records, _BATCH):
@@ -106,12 +107,12 @@ def _digest(record: bytes) -> str:
 
 
 def _check_tfds_info(output: str, shards: tuple[ShardEntry, ...]) -> list[str]:
-    info = tfds_dir.read_info(output)
+    info = tfds_info.read_info(output)
     problems = []
     for split in info.get("splits", []):
         want = [e.records for e in shards if e.split == split["name"]]
         have = [int(n) for n in split.get("shardLengths", [])]
         if want != have:
-            problems.append(f"{storage.join(output, tfds_dir.INFO_NAME)}: split {split['name']!r} shardLengths "
+            problems.append(f"{storage.join(output, tfds_info.INFO_NAME)}: split {split['name']!r} shardLengths "
                             f"{have} differ from the manifest's {want}; re-run the conversion")
     return problems

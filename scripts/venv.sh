@@ -9,11 +9,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv with $PY"
   "$PY" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS:-test,train}
+stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS:-convert,train,demo,test}
 if [ ! -f "$stamp" ]; then
   echo "==> installing the project and its dependencies into .venv (first run: ~2 min)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[${EXTRAS:-test,train}]"
+  .venv/bin/python -m pip install -q -e ".[${EXTRAS:-convert,train,demo,test}]"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -10,7 +10,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", help="a JSON file of config keys (command-line key=value pairs override it)")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=out/train steps=500 strategy=mirrored")
     args = p.parse_args(argv)
-    from pipelines import logs
+    from dataset_format import logs
     from trainer.config import TrainConfig
 
     logs.setup()

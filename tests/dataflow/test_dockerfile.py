@@ -60,4 +60,8 @@ def test_the_image_is_both_launcher_and_worker():
             assert not any(Path(source).match(pattern) for pattern in ignored), source
             destinations[source] = dest
     assert f"{workdir}/{destinations['dataflow/main.py']}" == py_file
-    assert {"pipelines/", "pyproject.toml"} <= set(destinations)
+    assert {"dataset_format/", "pipelines/", "pyproject.toml"} <= set(destinations)
+    # Conversion only: the training packages stay out of the image, and pip installs the convert extra.
+    assert not {"loader/", "trainer/"} & set(destinations)
+    (install,) = [a for i, a in instructions if i == "RUN" and "pip install" in a]
+    assert "\"./[convert]\"" in install

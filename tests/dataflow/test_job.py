@@ -4,6 +4,7 @@ our steps, and without an image the staged package must carry our code to the wo
 
 import io
 import json
+import re
 import tarfile
 
 import pytest
@@ -67,7 +68,10 @@ def test_job_with_the_image_names_image_options_and_steps(tmp_path, gcs_bucket):
     assert list(client.list_blobs(bucket, prefix="ar/")) == []
 
 
-def test_job_without_an_image_ships_this_checkout_as_a_package(tmp_path, gcs_bucket):
+TRAINING_STACK = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorboardx")
+
+
+def test_job_without_an_image_ships_the_conversion_alone(tmp_path, gcs_bucket):
     bucket, client = gcs_bucket
     source = _upload_shards(tmp_path, bucket, client, count=1)
     template = tmp_path / "job.json"
@@ -75,12 +79,23 @@ def test_job_without_an_image_ships_this_checkout_as_a_package(tmp_path, gcs_buc
     proc = run_cli("convert", "--input", source, "--output", f"gs://{bucket}/ar", *_dataflow_args(bucket, template),
                    check=True)
 
-    assert "shipping this checkout to the workers with --setup_file" in proc.stderr
+    assert "shipping the conversion (dataset_format and pipelines, with the convert extra's dependencies) to the " \
+           "workers with --setup_file" in proc.stderr
     job = json.loads(template.read_text())
     assert "workflow.tar.gz" in {p["name"] for p in job["environment"]["workerPools"][0]["packages"]}
     with tarfile.open(fileobj=io.BytesIO(_staged(client, bucket, "workflow.tar.gz"))) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
-    assert {"pyproject.toml", "pipelines/convert.py", "pipelines/shard.py", "pipelines/tfrecord.py"} <= names
+        # What pip installs with the sdist: setuptools writes it to egg-info/requires.txt whatever its version
+        # (PKG-INFO lists it only from Metadata-Version 2.2 on); sections like [extra] would be conditional.
+        (requires_txt,) = [m for m in sdist.getmembers() if m.name.endswith(".egg-info/requires.txt")]
+        requires = sdist.extractfile(requires_txt).read().decode().split()
+    assert {"pyproject.toml", "pipelines/convert.py", "pipelines/shard.py", "pipelines/tfrecord.py",
+            "dataset_format/storage.py", "dataset_format/manifest.py"} <= names
+    assert not [n for n in names if n.startswith(("loader/", "trainer/"))]
+    assert not [r for r in requires if r.startswith("[")], requires  # no extras: the workers install all of it
+    distributions = {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].lower() for r in requires}
+    assert {"apache-beam", "array-record", "google-cloud-storage", "tensorflow-datasets"} <= distributions
+    assert not distributions & set(TRAINING_STACK), requires
 
 
 def test_local_paths_are_refused_for_dataflow_before_any_work(tmp_path, gcs_bucket):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.manifest import Manifest
+from dataset_format.manifest import Manifest
 from tests.conftest import REPO, synthetic_records, write_tfrecord_shards
 from tests.dataflow import cloudbuild_steps as cb
 

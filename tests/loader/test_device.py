@@ -41,7 +41,8 @@ print(json.dumps(out))
 
 
 def test_batches_arrive_as_sharded_global_arrays_and_resume_exactly(tmp_path):
-    from pipelines import ConvertConfig, example_proto, run_conversion
+    from dataset_format import example_proto
+    from pipelines import ConvertConfig, run_conversion
     from tests.conftest import write_tfrecord_shards
 
     records = [example_proto.encode_example({"x": [i, -i, 2 * i], "y": i}) for i in range(100)]

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
+from dataset_format.example_proto import encode_example
 from loader.decode import ExampleDecoder, collate
 from loader.example_batch import parse_examples
-from pipelines.example_proto import encode_example
 
 
 def assert_same_columns(fast, slow):

@@ -162,7 +162,8 @@ def test_restoring_a_state_from_other_options_is_refused(converted):
 
 
 def test_map_fn_and_example_decoding(tmp_path):
-    from pipelines import ConvertConfig, example_proto, run_conversion
+    from dataset_format import example_proto
+    from pipelines import ConvertConfig, run_conversion
     from tests.conftest import write_tfrecord_shards
 
     records = [example_proto.encode_example({"x": [i, i + 1, i + 2], "y": i % 3, "name": f"r{i}".encode()})
@@ -183,7 +184,8 @@ def test_group_decoding_gives_the_batches_of_record_by_record_decoding(tmp_path,
     epoch decoded record by record (map_fn forces that path), with groups of one batch or many, and runs of
     one group or several per group, gives equal batches."""
     import loader.pipeline
-    from pipelines import ConvertConfig, example_proto, run_conversion
+    from dataset_format import example_proto
+    from pipelines import ConvertConfig, run_conversion
     from tests.conftest import write_tfrecord_shards
 
     records = [example_proto.encode_example({"x": [i, 300 * i], "y": i, "name": f"r{i}".encode()})
@@ -254,7 +256,7 @@ def test_corrupt_shard_with_the_right_size_fails_naming_the_shard(rotten_copy):
 
 def test_batch_decoding_equals_record_by_record_decoding():
     from loader.decode import ExampleDecoder, collate
-    from pipelines.example_proto import encode_example
+    from dataset_format.example_proto import encode_example
 
     decoder = ExampleDecoder()
     uniform = [encode_example({"x": [i, i + 1], "f": float(i) / 2, "s": b"a" * i, "y": i}) for i in range(1, 6)]

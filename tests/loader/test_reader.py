@@ -5,8 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-import loader.reader
 from loader.reader import BatchReader
+import loader.reader
 from loader.source import resolve
 
 # (SEEK_BELOW, SEEK_PER_FILE, SMALL_SHARD_BYTES): the test shards are tiny, so by default they are all "small"

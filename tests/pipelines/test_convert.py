@@ -7,8 +7,8 @@ import grain
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
+from dataset_format.manifest import Manifest
 from pipelines import ConvertConfig, run_conversion, tfrecord
-from pipelines.manifest import Manifest
 from tests.conftest import synthetic_records, write_tfrecord_shards
 
 ONE_WORKER = ["--direct_num_workers=1"]

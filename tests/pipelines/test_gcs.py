@@ -5,8 +5,8 @@ import json
 import grain
 import pytest
 
+from dataset_format.manifest import Manifest
 from pipelines import ConvertConfig, run_conversion
-from pipelines.manifest import Manifest
 from pipelines.verify import verify
 from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
 

@@ -3,18 +3,6 @@ import pytest
 from pipelines import paths
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("/d/mnist-train.tfrecord-00000-of-00004", "mnist-train.array_record-00000-of-00004"),
-    ("gs://b/x/train-00003-of-00016.tfrecord", "train-00003-of-00016.array_record"),
-    ("/d/part-0", "part-0.array_record"),
-    ("/d/data.tfrecords", "data.array_record"),
-    ("/d/train.tfrecord.gz", "train.array_record"),
-    ("/d/mytfrecordfile", "mytfrecordfile.array_record"),  # not a token: appended
-])
-def test_output_name(source, expected):
-    assert paths.output_name(source) == expected
-
-
 def test_colliding_outputs_are_refused_up_front():
     with pytest.raises(ValueError, match="'/a/x.tfrecord' and '/a/x.tfrecords' would both be written as 'x.array_record'"):
         paths.check_unique_outputs(["/a/x.tfrecord", "/a/x.tfrecords"])

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pipelines.manifest import Manifest, ShardEntry
+from dataset_format.manifest import Manifest, ShardEntry
 
 
 def _manifest():

@@ -4,16 +4,16 @@
 with its record count and size, so that a reader learns the dataset's layout from one
 small file instead of opening every shard. See docs/dataset-format.md.
 
-This module has no heavy imports (no Beam, no TensorFlow): the loader imports it.
+Both the converter (writing) and the loader (reading) import it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import posixpath
 from typing import Any
+
+from dataset_format.storage import join
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "arrayrecord-platform/manifest"
@@ -111,7 +111,3 @@ class Manifest:
                              "the conversion")
         return manifest
 
-
-def join(root: str, relative: str) -> str:
-    """Joins a dataset directory (local or gs://) and a relative shard path."""
-    return posixpath.join(root, relative) if "://" in root else os.path.join(root, relative)

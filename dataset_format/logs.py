@@ -12,7 +12,7 @@ import os
 import re
 
 _FORWARDED = re.compile(r'message: "(?P<msg>(?:[^"\\]|\\.)*)".*?log_location: "(?P<loc>[^"]*)"', re.S)
-_OURS = ("/pipelines/", "/loader/", "/trainer/")
+_OURS = ("/dataset_format/", "/pipelines/", "/loader/", "/trainer/")
 
 
 class _WorkerRecords(logging.Filter):
@@ -36,7 +36,7 @@ def setup(level: str | None = None) -> None:
     level = level or os.environ.get("LOGLEVEL", "INFO")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", force=True)  # force: absl/JAX may have configured logging already
-    for name in ("pipelines", "loader", "trainer"):
+    for name in ("dataset_format", "pipelines", "loader", "trainer"):
         logging.getLogger(name).setLevel(level)
     forwarded = logging.getLogger("apache_beam.runners.portability.local_job_service")
     forwarded.setLevel(level)

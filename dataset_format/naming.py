@@ -1,0 +1,32 @@
+"""Shard naming: which ArrayRecord shard a TFRecord shard becomes (one output shard per input shard).
+
+The token `tfrecord` (or `tfrecords`) in the input's base name becomes `array_record`; a name without it gets
+`.array_record` appended. A compression suffix (`.gz`) is dropped first.
+
+    mnist-train.tfrecord-00000-of-00004 -> mnist-train.array_record-00000-of-00004
+    train-00003-of-00016.tfrecord       -> train-00003-of-00016.array_record
+    part-0                              -> part-0.array_record
+"""
+
+from __future__ import annotations
+
+import re
+
+from dataset_format.storage import basename
+
+_TOKEN = re.compile(r"(?<![A-Za-z0-9])tfrecords?(?![A-Za-z0-9])")
+COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zz", ".zlib", ".deflate", ".bz2")
+
+
+def output_name(source: str) -> str:
+    """The ArrayRecord shard's base name for TFRecord shard `source` (see module doc)."""
+    name = basename(source)
+    for suffix in COMPRESSED_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    matches = list(_TOKEN.finditer(name))
+    if not matches:
+        return name + ".array_record"
+    last = matches[-1]
+    return name[: last.start()] + "array_record" + name[last.end():]

@@ -1,0 +1,280 @@
+"""Files on local disk or gs://, for the converter and the loader alike: list, read, write, upload, download.
+
+Local paths use `os`. gs:// goes through google-cloud-storage (no Beam: a training host reads Cloud Storage
+without installing it). The client honours STORAGE_EMULATOR_HOST, which the tests use.
+
+Every Cloud Storage call retries what is transient (429, 408, 5xx, dropped connections) with exponential
+backoff (0.25 s doubling to 16 s, for up to `RETRY_SECONDS`), logging each retry. What is not transient
+becomes one line naming the bucket and the object: a 403 a `PermissionError`, a missing bucket a
+`FileNotFoundError`; a missing object is `None` from `read_bytes` and `False` from `exists`.
+
+Nothing appears half-written under its final name: a local file is written under a temporary name beside
+it and renamed (atomic on POSIX); a Cloud Storage upload creates the object whole or not at all.
+
+    sizes = list_sizes("gs://bucket/digits/train")       # {"manifest.json": 1234, "digits....": 56789}
+    manifest = read_text("gs://bucket/digits/train/manifest.json")
+    download("gs://bucket/digits/train/x.array_record-00000-of-00001", "/mnt/data/x...")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import functools
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
+
+GCS = "gs://"
+RETRY_SECONDS = 120.0
+_READ_BUFFER = 1 << 20
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path.rstrip("/"))
+
+
+def join(directory: str, name: str) -> str:
+    return directory.rstrip("/") + "/" + name if is_remote(directory) else os.path.join(directory, name)
+
+
+def has_glob(path: str) -> bool:
+    return bool(_GLOB_CHARS.search(path))
+
+
+def split_gcs(path: str) -> tuple[str, str]:
+    """`gs://bucket/a/b` -> ("bucket", "a/b"); raises naming the path for anything else remote."""
+    if not path.startswith(GCS):
+        raise ValueError(f"{path!r}: only local paths and gs:// are supported; copy the data to Cloud Storage or "
+                         "local disk")
+    bucket, _, name = path[len(GCS):].partition("/")
+    if not bucket:
+        raise ValueError(f"{path!r} names no bucket; write gs://BUCKET/PATH")
+    return bucket, name
+
+
+# ---------------------------------------------------------------- Cloud Storage: client, retries, errors
+
+
+def _client():
+    return _client_for(os.getpid(), os.environ.get("STORAGE_EMULATOR_HOST"))
+
+
+@functools.cache
+def _client_for(pid: int, emulator: str | None):  # one per process (forked workers) and endpoint
+    from google.cloud import storage as gcs
+
+    return gcs.Client()
+
+
+@functools.cache
+def _retry():
+    from google.api_core.retry import Retry
+    from google.cloud.storage.retry import _should_retry  # 408, 429, 5xx, connection resets and timeouts
+
+    def on_error(exc: Exception) -> None:
+        log.warning("Cloud Storage: %s; retrying", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    return Retry(predicate=_should_retry, initial=0.25, maximum=16.0, multiplier=2.0, timeout=RETRY_SECONDS,
+                 on_error=on_error)
+
+
+@contextlib.contextmanager
+def _gcs_errors(path: str) -> Iterator[None]:
+    """Turns a 403, or a 404 of the bucket, into one line naming the bucket and the object."""
+    from google.api_core import exceptions
+
+    try:
+        yield
+    except exceptions.Forbidden as e:
+        bucket, name = split_gcs(path)
+        raise PermissionError(f"{path}: permission denied (403) on bucket {bucket!r}, object {name!r}; grant this "
+                              "account access to the bucket (roles/storage.objectViewer to read, objectAdmin to "
+                              "write) or check the path") from e
+    except exceptions.NotFound as e:
+        bucket, name = split_gcs(path)
+        if not _client().bucket(bucket).exists(retry=_retry()):
+            raise FileNotFoundError(f"{path}: bucket {bucket!r} does not exist (404); check the bucket name, or "
+                                    f"create it (gcloud storage buckets create gs://{bucket})") from e
+        raise FileNotFoundError(f"{path}: no such object {name!r} in bucket {bucket!r} (404)") from e
+
+
+def _blob(path: str):
+    bucket, name = split_gcs(path)
+    return _client().bucket(bucket).blob(name)
+
+
+def _list(prefix_path: str, *, delimiter: str | None) -> Iterator:
+    bucket, prefix = split_gcs(prefix_path)
+    with _gcs_errors(prefix_path):
+        yield from _client().list_blobs(bucket, prefix=prefix, delimiter=delimiter, retry=_retry())
+
+
+# ---------------------------------------------------------------- the operations
+
+
+def exists(path: str) -> bool:
+    if not is_remote(path):
+        return os.path.exists(path)
+    with _gcs_errors(path):
+        return _blob(path).exists(retry=_retry())
+
+
+def list_sizes(directory: str) -> dict[str, int]:
+    """Base name -> size of the files directly under `directory`; {} if it does not exist (raises if its bucket
+    does not)."""
+    if not is_remote(directory):
+        try:
+            return {e.name: e.stat().st_size for e in os.scandir(directory) if e.is_file()}
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+    prefix = directory.rstrip("/") + "/"
+    return {basename(GCS + b.bucket.name + "/" + b.name): b.size
+            for b in _list(prefix, delimiter="/") if not b.name.endswith("/")}
+
+
+def glob(pattern: str) -> list[str]:
+    """Files matching `pattern`, sorted. On gs://, `*` and `?` stay within one path segment and `**` crosses
+    them (as Beam and gsutil read globs); the listing starts at the literal prefix before the first wildcard."""
+    if not is_remote(pattern):
+        import glob as globlib
+
+        return sorted(globlib.glob(os.path.expanduser(pattern)))
+    bucket, name = split_gcs(pattern)
+    if not has_glob(name):
+        return [pattern] if exists(pattern) else []
+    prefix = name[: _GLOB_CHARS.search(name).start()]
+    regex = re.compile(_translate(name))
+    return sorted(f"{GCS}{bucket}/{b.name}" for b in _list(f"{GCS}{bucket}/{prefix}", delimiter=None)
+                  if regex.fullmatch(b.name) and not b.name.endswith("/"))
+
+
+def _translate(pattern: str) -> str:
+    out = []
+    for part in re.split(r"(\*\*|\*|\?)", pattern):
+        out.append({"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part) or fnmatch.translate(part)[4:-3])
+    return "".join(out)
+
+
+def temp_name(final_path: str) -> str:
+    """A sibling of `final_path` that readers ignore (dot-prefixed, unique)."""
+    directory, name = final_path.rsplit("/", 1) if "/" in final_path else ("", final_path)
+    tmp = f".tmp-{uuid.uuid4().hex[:12]}-{name}"
+    return f"{directory}/{tmp}" if directory else tmp
+
+
+def read_bytes(path: str) -> bytes | None:
+    """The file's contents, or None if it does not exist."""
+    if not is_remote(path):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    try:
+        with _gcs_errors(path):
+            return _blob(path).download_as_bytes(retry=_retry())
+    except FileNotFoundError as e:
+        if "no such object" in str(e):
+            return None
+        raise
+
+
+def read_text(path: str) -> str | None:
+    data = read_bytes(path)
+    return None if data is None else data.decode("utf-8")
+
+
+def open_read(path: str):
+    """A binary file object for streaming reads (buffered; on gs:// ranged reads of `_READ_BUFFER` bytes)."""
+    if not is_remote(path):
+        return open(path, "rb", buffering=_READ_BUFFER)
+    with _gcs_errors(path):
+        return _blob(path).open("rb", chunk_size=_READ_BUFFER, retry=_retry())
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes `data` to `path` so that it appears whole or not at all."""
+    if not is_remote(path):
+        tmp = temp_name(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return
+    with _gcs_errors(path):
+        _blob(path).upload_from_string(data, content_type="application/octet-stream", retry=_retry())
+
+
+def write_text(path: str, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def upload(local_path: str, remote_path: str) -> None:
+    """Copies a finished local file to `remote_path`; the object appears whole or not at all."""
+    with _gcs_errors(remote_path):
+        _blob(remote_path).upload_from_filename(local_path, content_type="application/octet-stream",
+                                                retry=_retry())
+
+
+def download(remote_path: str, local_path: str, *, expected_size: int | None = None) -> int:
+    """Copies `remote_path` (gs:// or local) to `local_path` under a temporary name, then renames it; returns
+    the bytes copied. Cloud Storage downloads are checked against the object's checksum; with `expected_size`
+    a copy of another size raises `OSError` and leaves nothing under `local_path`."""
+    tmp = temp_name(local_path)
+    try:
+        if is_remote(remote_path):
+            with _gcs_errors(remote_path), open(tmp, "wb") as f:
+                _blob(remote_path).download_to_file(f, retry=_retry())
+        else:
+            shutil.copyfile(remote_path, tmp)
+        size = os.path.getsize(tmp)
+        if expected_size is not None and size != expected_size:
+            raise OSError(f"copied {size} bytes of {remote_path}, expected {expected_size}; the file changed since "
+                          "it was listed: copy it again")
+        os.replace(tmp, local_path)
+        return size
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def delete(path: str) -> None:
+    if not is_remote(path):
+        os.remove(path)
+        return
+    with _gcs_errors(path):
+        _blob(path).delete(retry=_retry())
+
+
+def delete_quietly(path: str) -> None:
+    try:
+        delete(path)
+    except Exception:  # noqa: BLE001 - best-effort clean-up of a temporary file; the real error is raised by the caller
+        pass
+
+
+def check_writable(directory: str) -> None:
+    """Creates `directory` if needed and proves it writable with a probe file, else raises."""
+    probe = join(directory, f".write-probe-{uuid.uuid4().hex[:8]}")
+    try:
+        if not is_remote(directory):
+            os.makedirs(directory, exist_ok=True)
+        write_text(probe, "probe")
+        delete(probe)
+    except FileNotFoundError:
+        raise  # a missing bucket: its message already names it and the fix
+    except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
+        raise PermissionError(f"output directory {directory!r} is not writable ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); choose another --output or fix "
+                              "its permissions") from e

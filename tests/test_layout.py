@@ -1,0 +1,78 @@
+"""The packages' layout: trainer -> loader -> dataset_format <- pipelines, read from every module's imports.
+
+Imports inside functions count too (a lazy import still needs the package installed), so each side installs
+only its own extra: a training host carries no Beam, a Dataflow worker no JAX.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+_BEAM = {"apache_beam"}
+_TRAINING = {"jax", "jaxlib", "flax", "optax", "orbax", "grain", "tensorboardX"}
+_TENSORFLOW = {"tensorflow", "tensorflow_datasets", "keras"}
+_OURS = {"dataset_format", "pipelines", "loader", "trainer"}
+
+# package -> top-level modules it must never import
+FORBIDDEN = {
+    "dataset_format": _BEAM | _TRAINING | _TENSORFLOW | (_OURS - {"dataset_format"}) | {"array_record"},
+    "pipelines": _TRAINING | {"loader", "trainer"},
+    "loader": _BEAM | {"tensorflow", "keras", "pipelines", "trainer"},
+    "trainer": _BEAM | {"tensorflow", "pipelines"},
+}
+
+
+def imported_modules(path: Path) -> dict[str, int]:
+    """Top-level module name -> first line that imports it, for every import in the file (nested ones too)."""
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            found.setdefault(name.split(".")[0], node.lineno)
+    return found
+
+
+def violations(package: str) -> list[str]:
+    bad = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        for module, line in imported_modules(path).items():
+            if module in FORBIDDEN[package]:
+                bad.append(f"{path.relative_to(REPO)}:{line} imports {module}")
+    return bad
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_follow_the_layout(package):
+    assert violations(package) == []
+
+
+def test_a_forbidden_import_is_found_wherever_it_stands(tmp_path, monkeypatch):
+    """The check itself: a lazy import inside a function, and a `from x.y import z`, are both caught."""
+    package = tmp_path / "loader"
+    package.mkdir()
+    (package / "ok.py").write_text("import numpy\nfrom dataset_format import storage\n")
+    (package / "bad.py").write_text("import os\n\n\ndef f():\n    from apache_beam.io import filesystems\n"
+                                    "    import pipelines.convert\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["REPO"]), "REPO", tmp_path)
+    assert violations("loader") == ["loader/bad.py:5 imports apache_beam", "loader/bad.py:6 imports pipelines"]
+
+
+def test_the_dataset_format_package_needs_only_the_base_install():
+    """Its imports are the standard library, numpy, protobuf and google-cloud-storage: pyproject's base list."""
+    import sys
+
+    allowed = set(sys.stdlib_module_names) | {"numpy", "google", "dataset_format"}
+    used = set()
+    for path in (REPO / "dataset_format").rglob("*.py"):
+        used |= set(imported_modules(path))
+    assert used - allowed == set()
