@@ -69,7 +69,8 @@ def build_larger(work: Path, records: int, shards: int) -> Path:
 
 def run_trainer(data: Path, workdir: Path, steps: int, log_every: int, batch_size: int, in_memory: int,
                 env: dict, data_workers: int = 0) -> dict:
-    cmd = [sys.executable, "-m", "trainer", f"data={data}", f"workdir={workdir}", "model=cnn", "strategy=mirrored",
+    cmd = [sys.executable, "-m", "trainer", f"data={data}", f"workdir={workdir}", "model=cnn", "num_classes=10",
+           "strategy=mirrored",
            f"steps={steps}", f"batch_size={batch_size}", f"log_every={log_every}", f"eval_every={steps}",
            f"checkpoint_every={10 * steps}", f"in_memory_batches={in_memory}", "learning_rate=0.002",
            f"data_workers={data_workers}"]

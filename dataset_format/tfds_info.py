@@ -46,3 +46,28 @@ def split_shards(info: dict, split: str, file_format: str) -> list[tuple[str, in
         raise ValueError(f"{INFO_NAME} of {info.get('name')!r} has no split {split!r}; the splits are {sorted(splits)}")
     lengths = [int(n) for n in splits[split].get("shardLengths", [])]
     return [(shard_name(info, splits[split], file_format, i, len(lengths)), n) for i, n in enumerate(lengths)]
+
+
+def read_features(directory: str) -> dict | None:
+    """The parsed features.json of `directory` (TFDS's FeaturesDict as JSON), or None if there is none."""
+    text = storage.read_text(storage.join(directory, FEATURES_NAME))
+    return None if text is None else json.loads(text)
+
+
+def feature_specs(features: dict) -> dict[str, dict]:
+    """The top-level features of a features.json: name -> {"type": TFDS class name, and where TFDS records them
+    "num_classes" (ClassLabel), "dtype" and "shape" (Image, Tensor)}.
+
+        feature_specs(read_features(d))["label"]  # {"type": "ClassLabel", "num_classes": 10}
+    """
+    specs = {}
+    for name, feature in features.get("featuresDict", {}).get("features", {}).items():
+        spec = {"type": feature.get("pythonClassName", "").rsplit(".", 1)[-1]}
+        if "classLabel" in feature:
+            spec["num_classes"] = int(feature["classLabel"]["numClasses"])
+        body = feature.get("image") or feature.get("tensor")
+        if body:
+            spec["dtype"] = body.get("dtype")
+            spec["shape"] = [int(d) for d in body.get("shape", {}).get("dimensions", [])]
+        specs[name] = spec
+    return specs

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dataset_format import storage
+from dataset_format.example_proto import decode_example, example_class
 from dataset_format.tfds_info import FEATURES_NAME
 from loader.example_batch import parse_examples
 
@@ -25,13 +26,24 @@ Decoder = Callable[[bytes], Any]
 _KINDS = {"int64_list": np.int64, "float_list": np.float32, "bytes_list": object}
 
 
+def _select(decoded: dict, keys: tuple[str, ...]) -> dict:
+    missing = [k for k in keys if k not in decoded]
+    if missing:
+        raise KeyError(f"no feature {missing[0]!r} in this record; its features are {sorted(decoded)}")
+    return {k: decoded[k] for k in keys}
+
+
 class ExampleDecoder:
-    """tf.train.Example bytes -> {feature: np.ndarray} (int64, float32, or object array of bytes)."""
+    """tf.train.Example bytes -> {feature: np.ndarray} (int64, float32, or object array of bytes).
+
+    `keys`: decode only these features (the others, ragged or text, are skipped and never collated)."""
+
+    def __init__(self, keys: tuple[str, ...] | None = None):
+        self._keys = tuple(sorted(keys)) if keys else None
 
     def __call__(self, record: bytes) -> dict[str, np.ndarray]:
-        from dataset_format.example_proto import decode_example
-
-        return {k: (v[0] if v.shape == (1,) else v) for k, v in decode_example(record).items()}
+        decoded = {k: (v[0] if v.shape == (1,) else v) for k, v in decode_example(record).items()}
+        return _select(decoded, self._keys) if self._keys else decoded
 
     def decode_batch(self, records: Sequence[bytes]) -> dict[str, Any] | None:
         """`collate([self(r) for r in records])`, column by column; None when the batch is not uniform
@@ -40,17 +52,21 @@ class ExampleDecoder:
         Records sharing one wire layout parse all at once with NumPy (`parse_examples`); the others
         (e.g. map entries in another order) parse with protobuf, then build the columns."""
         columns = parse_examples(records)
-        return columns if columns is not None else self._protobuf_columns(records)
+        if columns is None:
+            return self._protobuf_columns(records, self._keys)
+        if self._keys:
+            return _select(columns, self._keys) if all(k in columns for k in self._keys) else None
+        return columns
 
     @staticmethod
-    def _protobuf_columns(records: Sequence[bytes]) -> dict[str, Any] | None:
-        from dataset_format.example_proto import example_class
-
+    def _protobuf_columns(records: Sequence[bytes], keys: tuple[str, ...] | None = None) -> dict[str, Any] | None:
         parse = example_class().FromString
         features = [parse(r).features.feature for r in records]
         first = features[0]
         out = {}
-        for key in sorted(first):
+        for key in keys or sorted(first):
+            if key not in first:
+                return None
             kind = first[key].WhichOneof("kind")
             if kind is None:
                 return None
@@ -71,7 +87,7 @@ class ExampleDecoder:
             else:
                 flat = itertools.chain.from_iterable(values)  # ~1.4x faster than a list of lists
                 out[key] = np.fromiter(flat, dtype=_KINDS[kind], count=len(values) * width).reshape(len(values), width)
-        if any(len(f) != len(first) for f in features):
+        if keys is None and any(len(f) != len(first) for f in features):
             return None
         return out
 
@@ -79,19 +95,21 @@ class ExampleDecoder:
 class TfdsDecoder:
     """Decodes with the FeaturesDict saved beside a TFDS dataset (features.json); built lazily per process."""
 
-    def __init__(self, features_dir: str):
+    def __init__(self, features_dir: str, keys: tuple[str, ...] | None = None):
         self._features_dir = features_dir
+        self._keys = tuple(sorted(keys)) if keys else None
         self._features = None
 
     def __getstate__(self):
-        return {"_features_dir": self._features_dir, "_features": None}
+        return {**self.__dict__, "_features": None}
 
     def __call__(self, record: bytes) -> dict[str, Any]:
         if self._features is None:
             from tensorflow_datasets.core.features import features_dict
 
             self._features = features_dict.FeaturesDict.from_config(_local_metadata(self._features_dir))
-        return self._features.deserialize_example_np(record)
+        decoded = self._features.deserialize_example_np(record)
+        return _select(decoded, self._keys) if self._keys else decoded
 
 
 def _local_metadata(features_dir: str) -> str:
@@ -108,18 +126,23 @@ def _local_metadata(features_dir: str) -> str:
     return local
 
 
-def make_decoder(decode: str | Decoder | None, features_dir: str | None) -> Decoder | None:
+def make_decoder(decode: str | Decoder | None, features_dir: str | None,
+                 features: tuple[str, ...] | None = None) -> Decoder | None:
+    """The decoder for `decode=`; `features` keeps only those features of each decoded record."""
+    if features is not None and (decode is None or callable(decode)):
+        raise ValueError("features= selects features of decoded records: use decode='auto', 'example' or 'tfds' "
+                         "(a decode function can drop features itself)")
     if decode is None or callable(decode):
         return decode
     if decode == "auto":
-        return TfdsDecoder(features_dir) if features_dir else ExampleDecoder()
+        return TfdsDecoder(features_dir, features) if features_dir else ExampleDecoder(features)
     if decode == "example":
-        return ExampleDecoder()
+        return ExampleDecoder(features)
     if decode == "tfds":
         if not features_dir:
             raise ValueError("decode='tfds' needs a TFDS dataset (features.json beside the shards); this source has "
                              "none: use decode='example', a function, or None for raw bytes")
-        return TfdsDecoder(features_dir)
+        return TfdsDecoder(features_dir, features)
     raise ValueError(f"decode={decode!r} is not one of 'auto', 'example', 'tfds', None or a function")
 
 

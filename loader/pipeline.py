@@ -56,6 +56,7 @@ class LoaderConfig:
     shard_index: int | None = None  # default: jax.process_index() when JAX is in use, else 0
     shard_count: int | None = None  # default: jax.process_count() when JAX is in use, else 1
     decode: str | Decoder | None = "auto"
+    features: tuple[str, ...] | None = None  # decode, collate and place only these features (None: all)
     map_fn: Callable[[Any], Any] | None = None  # applied to each record after decoding
     split: str | None = None  # for TFDS sources; default "train"
     worker_count: int = 0  # grain worker processes (0: none, reads run in this process)
@@ -76,6 +77,10 @@ class LoaderConfig:
             raise ValueError(f"records_per_read must be >= 1 (got records_per_read={self.records_per_read})")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 (got num_threads={self.num_threads})")
+        if self.features is not None:
+            if isinstance(self.features, str) or not self.features:
+                raise ValueError(f"features must be a non-empty list of feature names (got features={self.features!r})")
+            object.__setattr__(self, "features", tuple(self.features))
         if (self.shard_index is None) != (self.shard_count is None):
             raise ValueError("pass both shard_index and shard_count, or neither (to use JAX's process index/count)")
 
@@ -244,7 +249,7 @@ class Loader:
         shard_index, shard_count = _host_shard(config)
         self.plan = BatchPlan(len(self.source), config.batch_size, config.seed, config.shuffle, config.num_epochs,
                               config.drop_remainder, shard_index, shard_count)
-        self._decoder = make_decoder(config.decode, self.source.features_dir)
+        self._decoder = make_decoder(config.decode, self.source.features_dir, config.features)
         # Batches per read: ~records_per_read records, at most ~64 MB of (compressed) data.
         per_batch = self.plan.per_host
         by_bytes = max(1, (64 << 20) // max(1, per_batch * self.source.mean_record_bytes))

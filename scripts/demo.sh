@@ -60,7 +60,7 @@ else
   echo "accelerator found: mirrored over its devices"
 fi
 $PY -m trainer data="$OUT/array_record/custom/train" eval_data="$OUT/array_record/custom/test" model=cnn \
-  strategy=mirrored steps=600 batch_size=64 learning_rate=0.002 log_every=100 eval_every=200 checkpoint_every=200 \
+  num_classes=10 strategy=mirrored steps=600 batch_size=64 learning_rate=0.002 log_every=100 eval_every=200 checkpoint_every=200 \
   workdir="$OUT/train" > "$OUT/train-summary.json"
 $PY - "$OUT" <<'PYEOF'
 import json, sys

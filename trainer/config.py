@@ -18,7 +18,8 @@ class TrainConfig:
     data: str  # anything loader.load takes
     workdir: str
     eval_data: str | None = None
-    model: str = "cnn"
+    task: str = "classification"  # or package.module:attr, your own (trainer/tasks.py)
+    model: str = "cnn"  # mlp, cnn, transformer, or package.module:attr naming a flax.linen.Module (class or function)
     strategy: str = "default"
     device: str | None = None  # for one_device, e.g. "cpu:0" or "gpu:1"
     # multi_worker: explicit cluster (else TF_CONFIG, else JAX's auto-detection on TPU VMs, Slurm, GKE, ...)
@@ -29,7 +30,7 @@ class TrainConfig:
     batch_size: int = 128  # global
     learning_rate: float = 1e-3
     seed: int = 0
-    num_classes: int = 10
+    num_classes: int | None = None  # classification: default the TFDS ClassLabel's; needed for other data
     image_key: str = "image"
     label_key: str = "label"
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
@@ -43,7 +44,7 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
         for name in ("data_workers", "in_memory_batches"):
             if getattr(self, name) < 0:

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax.numpy as jnp
+
+from trainer import imports
 
 
 class MLP(nn.Module):
@@ -74,10 +78,21 @@ class Transformer(nn.Module):
 MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer}
 
 
-def make(name: str, num_classes: int) -> nn.Module:
-    if name not in MODELS:
-        raise ValueError(f"model={name!r} is not one of {sorted(MODELS)}")
-    return MODELS[name](num_classes=num_classes)
+def make(spec: str, kwargs: dict[str, Any]) -> nn.Module:
+    """The model `spec` names (a built-in, or `package.module:attr`: a flax.linen.Module class, or a function
+    returning a Module instance), built with the task's keyword arguments (classification: num_classes)."""
+    factory = imports.resolve(spec, MODELS, "model")
+    if isinstance(factory, nn.Module):
+        raise ValueError(f"model={spec!r} is a Module instance; name its class, or a function returning one")
+    if not callable(factory):
+        raise ValueError(f"model={spec!r} is a {type(factory).__name__}, not a flax.linen.Module class or a function")
+    try:
+        model = factory(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"model={spec!r} does not take the task's arguments {sorted(kwargs)} ({e})") from e
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model={spec!r} returned a {type(model).__name__}, not a flax.linen.Module")
+    return model
 
 
 def images_to_float(images):

@@ -23,7 +23,8 @@ import optax
 import orbax.checkpoint as ocp
 
 import loader
-from trainer import models, strategy as strategies
+from dataset_format import storage, tfds_info
+from trainer import models, strategy as strategies, tasks
 from trainer.config import TrainConfig
 from trainer.preemption import PreemptionNotice
 
@@ -45,8 +46,8 @@ def itstime(step: int, every: int, last_step: int) -> bool:
 
 
 def _source_split(path: str, default: str | None) -> str | None:
-    """TFDS sources need a split; others must not get one."""
-    return default if os.path.exists(os.path.join(path, "dataset_info.json")) else None
+    """TFDS sources (local or gs://) need a split; others must not get one."""
+    return default if storage.exists(storage.join(path, tfds_info.INFO_NAME)) else None
 
 
 def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
@@ -67,23 +68,22 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
              jax.process_count())
 
     train_split = config.split or _source_split(config.data, "train")
+    task = tasks.make(config, _feature_specs(config.data))
+    sample = _sample(config.data, train_split, task)  # one record to shape the model, on every process
     batches = loader.load(config.data, batch_size=config.batch_size, seed=config.seed, split=train_split,
-                          sharding=strategy.batch_sharding, worker_count=config.data_workers)
-    sample = next(iter(loader.load(config.data, batch_size=1, shuffle=False, split=train_split, shard_index=0,
-                                   shard_count=1)))  # one record to shape the model, on every process
-    model = models.make(config.model, config.num_classes)
-    params = model.init(jax.random.key(config.seed), models.images_to_float(sample[config.image_key]))["params"]
+                          sharding=strategy.batch_sharding, worker_count=config.data_workers, features=task.features)
+    model = models.make(config.model, task.model_kwargs())
+    params = model.init(jax.random.key(config.seed), task.inputs(sample))["params"]
     tx = optax.adam(config.learning_rate)
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
     state_sharding = strategy.param_sharding(state)
     state = jax.device_put(state, state_sharding)
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-    log.info("model=%s parameters=%s", config.model, f"{n_params:,}")
+    log.info("task=%s features=%s model=%s parameters=%s", config.task, list(task.features), config.model,
+             f"{n_params:,}")
 
     def loss_fn(p, batch):
-        logits = model.apply({"params": p}, models.images_to_float(batch[config.image_key]))
-        labels = batch[config.label_key].astype(jnp.int32)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        return task.losses(model.apply({"params": p}, task.inputs(batch)), batch).mean()
 
     def train_step(state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch)
@@ -92,7 +92,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                "step": state["step"] + 1}
         return new, loss
 
-    eval_step = _make_eval_step(model)
+    eval_step = _make_eval_step(model, task)
     train_step = jax.jit(train_step, in_shardings=(state_sharding, strategy.batch_sharding),
                          out_shardings=(state_sharding, strategy.replicated), donate_argnums=(0,))
 
@@ -160,11 +160,11 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed,
                         "host_wait_fraction": host_wait / elapsed}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
-                    last.update(_evaluate(config, strategy, eval_step, state["params"]))
+                    last.update(_evaluate(config, strategy, task, eval_step, state["params"]))
                 if chief:
                     _write(metrics_file, writer, last)
-                log.info("step %d/%d loss %.4f %s%.0f ex/s data-wait %.1f%%", step, config.steps, last["loss"],
-                         f"eval_accuracy {last['eval_accuracy']:.4f} " if "eval_accuracy" in last else "",
+                evals = "".join(f"{k} {v:.4f} " for k, v in last.items() if k.startswith("eval_") and k != "eval_examples")
+                log.info("step %d/%d loss %.4f %s%.0f ex/s data-wait %.1f%%", step, config.steps, last["loss"], evals,
                          last["examples_per_sec"], 100 * last["data_wait_fraction"])
                 losses, period_start, data_wait, host_wait = [], time.perf_counter(), 0.0, 0.0
             if itstime(step, config.checkpoint_every, config.steps) or stop:
@@ -181,49 +181,66 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             writer.close()
         mngr.close()
     # --- summary ----------------------------------------------------------------------------
-    final = _evaluate(config, strategy, eval_step, state["params"]) if config.eval_data else {}
+    final = _evaluate(config, strategy, task, eval_step, state["params"]) if config.eval_data else {}
     return {**last, **final, "preempted": False, "final_step": config.steps}
 
 
-def _make_eval_step(model):
-    """The jit-compiled eval step, made once per run (a new closure per eval would recompile each time)."""
+def _feature_specs(data: str) -> dict[str, dict]:
+    """The TFDS feature metadata (features.json) of a dataset directory; {} for other sources."""
+    features = None if storage.has_glob(data) else tfds_info.read_features(data)
+    return tfds_info.feature_specs(features) if features else {}
+
+
+def _sample(data: str, split: str | None, task) -> dict[str, np.ndarray]:
+    """The first record's task features (all features are decoded once, to name them if one is missing)."""
+    record = next(iter(loader.load(data, batch_size=1, shuffle=False, split=split, shard_index=0, shard_count=1)))
+    missing = [f for f in task.features if f not in record]
+    if missing:
+        raise ValueError(f"task reads feature {missing[0]!r}, which {data} does not have; its features are "
+                         f"{sorted(record)} (set image_key= / label_key=, or the task's own keys)")
+    return {f: record[f] for f in task.features}
+
+
+def _make_eval_step(model, task):
+    """The jit-compiled eval step, made once per run (a new closure per eval would recompile each time): weighted
+    sums of the task's losses and metrics over a batch, and of the weights (0 for padding rows)."""
 
     @jax.jit
-    def eval_step(params, images, labels, weights):
-        logits = model.apply({"params": params}, models.images_to_float(images))
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels.astype(jnp.int32))
-        correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-        return jnp.sum(correct * weights), jnp.sum(loss * weights), jnp.sum(weights)
+    def eval_step(params, batch, weights):
+        outputs = model.apply({"params": params}, task.inputs(batch))
+        sums = {name: jnp.sum(values * weights) for name, values in task.metrics(outputs, batch).items()}
+        return {**sums, "loss": jnp.sum(task.losses(outputs, batch) * weights)}, jnp.sum(weights)
 
     return eval_step
 
 
-def _evaluate(config: TrainConfig, strategy, eval_step, params) -> dict[str, float]:
-    """Accuracy and loss over one pass of eval_data (each process its rows; short batches padded and masked)."""
+def _evaluate(config: TrainConfig, strategy, task, eval_step, params) -> dict[str, float]:
+    """The task's metrics and loss over one pass of eval_data (each process its rows; short batches padded and
+    masked): {"eval_<metric>": mean, "eval_loss": mean, "eval_examples": count}."""
     split = _source_split(config.eval_data, "test")
     batches = loader.load(config.eval_data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                          drop_remainder=False, split=split)
+                          drop_remainder=False, split=split, features=task.features)
     per_process = config.batch_size // jax.process_count()
-    correct = total_loss = count = 0.0
+    totals: dict[str, float] = {}
+    count = 0.0
     template = None
     for batch in batches:
         if len(batch) == 0:  # no rows for this process in the last batch: take part with an all-padding one
             if template is None:
                 raise ValueError("eval_data has fewer records than processes x rows; lower batch_size")
             batch = {k: v[:0] for k, v in template.items()}
-        template = template or {config.image_key: np.asarray(batch[config.image_key]),
-                                config.label_key: np.asarray(batch[config.label_key])}
-        images, labels = np.asarray(batch[config.image_key]), np.asarray(batch[config.label_key])
-        n = len(labels)
+        batch = {k: np.asarray(v) for k, v in batch.items()}
+        template = template or batch
+        n = len(next(iter(batch.values())))
         pad = per_process - n
         weights = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
         if pad:
-            images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
-            labels = np.concatenate([labels, np.zeros(pad, labels.dtype)])
-        placed = strategy.distribute({"images": images, "labels": labels, "weights": weights})
-        c, l, w = eval_step(params, placed["images"], placed["labels"], placed["weights"])
-        correct, total_loss, count = correct + float(c), total_loss + float(l), count + float(w)
-    return {"eval_accuracy": correct / count, "eval_loss": total_loss / count, "eval_examples": int(count)}
+            batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
+        sums, weight = eval_step(params, strategy.distribute(batch), strategy.distribute(weights))
+        for name, value in sums.items():
+            totals[name] = totals.get(name, 0.0) + float(value)
+        count += float(weight)
+    return {**{f"eval_{name}": value / count for name, value in sorted(totals.items())}, "eval_examples": int(count)}
 
 
 def _tensorboard(workdir: str):

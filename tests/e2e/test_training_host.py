@@ -29,14 +29,15 @@ direct = next(iter(loader.load(examples, batch_size=6, shuffle=False)))         
 local = loader.stage(examples, staged)                                             # copied through google-cloud-storage
 from_disk = next(iter(loader.load(staged, batch_size=6, shuffle=False)))
 tfds = next(iter(loader.load(tfds_dir, batch_size=4, shuffle=False, split="train")))  # TFDS FeaturesDict decoding
-summary = train_and_evaluate(TrainConfig(data=tfds_dir, workdir=workdir, model="mlp", steps=1, batch_size=8,
-                                         log_every=1))
+summary = train_and_evaluate(TrainConfig(data=tfds_dir, eval_data=tfds_dir, workdir=workdir, model="mlp", steps=1,
+                                         batch_size=8, log_every=1))
 print(json.dumps({
     "direct": {k: np.asarray(v).tolist() for k, v in direct.items()},
     "same_after_staging": all(np.array_equal(direct[k], from_disk[k]) for k in direct),
     "staged": local.copied,
     "tfds": {k: list(np.asarray(v).shape) for k, v in tfds.items()},
     "loss": summary["loss"],
+    "eval_examples": summary["eval_examples"],
     "modules": sorted(m for m in ("apache_beam", "tensorflow") if m in sys.modules),
 }))
 '''
@@ -65,3 +66,5 @@ def test_a_training_host_loads_stages_and_trains_from_gcs_without_beam(tmp_path,
     assert report["same_after_staging"] and report["staged"] == 2
     assert report["tfds"] == {"image": [4, 8, 8, 1], "label": [4]}
     assert np.isfinite(report["loss"])
+    test_split = [s for s in json.loads((tfds_digits / "dataset_info.json").read_text())["splits"] if s["name"] == "test"]
+    assert report["eval_examples"] == sum(int(n) for n in test_split[0]["shardLengths"])  # the "test" split, on gs://

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,17 @@ def run_trainer(*overrides: str, devices: int = 1, timeout: int = 300, popen: bo
     if popen:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def rich_tfds(tmp_path_factory):
+    """A TFDS dataset built by TFDS with Image, ClassLabel, Text, Tensor and Sequence features
+    (tests/fixtures/rich_digits), converted by the real pipeline: the converted directory."""
+    root = tmp_path_factory.mktemp("rich")
+    subprocess.run([str(Path(sys.executable).with_name("tfds")), "build", "tests/fixtures/rich_digits", "--data_dir",
+                    str(root / "tfds"), "--file_format=tfrecord", "--num_shards", "2"],
+                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    out = root / "converted"
+    run_conversion(ConvertConfig(input=str(root / "tfds" / "rich_digits" / "1.0.0"), output=str(out)),
+                   ["--direct_num_workers=1"])
+    return out

@@ -26,7 +26,7 @@ def _losses(workdir):
 @pytest.mark.timeout(300)
 def test_two_processes_agree_with_one(digits, tmp_path, launch):
     common = (f"data={digits['train']}", f"eval_data={digits['test']}", "model=mlp", "steps=15", "log_every=1",
-              "eval_every=15", "checkpoint_every=15", "batch_size=32", "learning_rate=0.003")
+              "eval_every=15", "checkpoint_every=15", "batch_size=32", "learning_rate=0.003", "num_classes=10")
     single = run_trainer(*common, f"workdir={tmp_path / 'single'}", "strategy=mirrored", devices=2)
     assert single.returncode == 0, single.stderr[-2000:]
 
@@ -59,7 +59,8 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resume_matches(digits
     The interrupted run asks for far more steps than it can run in the test's time, so it ends only through
     the notice, however fast the machine (the service takes a moment to agree on a step: with a short run,
     a fast machine finished before it did)."""
-    common = ("model=mlp", "log_every=1", "checkpoint_every=100000", "batch_size=32", "learning_rate=0.003")
+    common = ("model=mlp", "log_every=1", "checkpoint_every=100000", "batch_size=32", "learning_rate=0.003",
+              "num_classes=10")
     multi = tmp_path / "multi"
 
     def launch(steps):

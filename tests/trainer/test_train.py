@@ -32,7 +32,7 @@ def _params(workdir):
 
 def _common(digits, workdir, *extra):
     return (f"data={digits['train']}", f"eval_data={digits['test']}", f"workdir={workdir}", "batch_size=32",
-            "learning_rate=0.003", *extra)
+            "learning_rate=0.003", "num_classes=10", *extra)
 
 
 def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
@@ -128,7 +128,7 @@ def test_transformer_learns_rows_as_a_sequence(digits, tmp_path):
 
 def test_non_finite_loss_stops_with_the_step(digits, tmp_path):
     proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "steps=50", "log_every=50",
-                       "learning_rate=1e30", "batch_size=32")
+                       "learning_rate=1e30", "batch_size=32", "num_classes=10")
     assert proc.returncode != 0
     assert "NonFiniteLoss: loss is" in proc.stderr and " at step " in proc.stderr
 

@@ -1,0 +1,123 @@
+"""Tasks and models by name or import path, on data with the features real datasets carry."""
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+import loader
+from dataset_format import tfds_info
+from tests.conftest import REPO
+from tests.trainer.conftest import run_trainer
+
+
+def _losses(workdir):
+    return [r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_feature_specs_read_the_tfds_metadata(rich_tfds):
+    specs = tfds_info.feature_specs(tfds_info.read_features(str(rich_tfds)))
+    assert specs == {"image": {"type": "Image", "dtype": "uint8", "shape": [8, 8, 1]},
+                     "label": {"type": "ClassLabel", "num_classes": 10},
+                     "text": {"type": "Text"}, "tokens": {"type": "Sequence"},
+                     "vec": {"type": "Tensor", "dtype": "float32", "shape": [3]}}
+
+
+def test_the_loader_decodes_only_the_features_asked_for(rich_tfds):
+    everything = next(iter(loader.load(str(rich_tfds), batch_size=4, shuffle=False)))
+    assert sorted(everything) == ["image", "label", "text", "tokens", "vec"]
+    assert isinstance(everything["tokens"], list)  # ragged: what broke device placement
+    picked = next(iter(loader.load(str(rich_tfds), batch_size=4, shuffle=False, features=["label", "image"])))
+    assert sorted(picked) == ["image", "label"]
+    assert picked["image"].shape == (4, 8, 8, 1) and picked["label"].tolist() == everything["label"].tolist()
+    with pytest.raises(ValueError, match=r"features must be a non-empty list of feature names \(got features='image'\)"):
+        loader.load(str(rich_tfds), batch_size=4, features="image")
+
+
+def test_a_tfds_dataset_with_text_tensor_and_sequence_features_trains(rich_tfds, tmp_path):
+    """num_classes comes from the ClassLabel; mirrored over 8 devices matches one device."""
+    common = (f"data={rich_tfds}", f"eval_data={rich_tfds}", "task=classification", "model=mlp", "steps=20",
+              "batch_size=32", "log_every=1", "eval_every=20", "checkpoint_every=100", "learning_rate=0.003")
+    one = run_trainer(*common, f"workdir={tmp_path / 'one'}", "strategy=default")
+    many = run_trainer(*common, f"workdir={tmp_path / 'many'}", "strategy=mirrored", devices=8)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert many.returncode == 0, many.stderr[-3000:]
+    assert "task=classification features=['image', 'label'] model=mlp" in one.stderr
+    assert "strategy=mirrored num_replicas_in_sync=8" in many.stderr
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "many")
+    assert len(a) == len(b) == 20 and a[-1] < a[0]
+    np.testing.assert_allclose(a, b, atol=1e-3)
+    summary = json.loads(one.stdout)["summary"]
+    assert summary["eval_examples"] == 200 and 0.0 <= summary["eval_accuracy"] <= 1.0
+
+
+NETS = '''
+import flax.linen as nn
+
+
+class TwoLayer(nn.Module):
+    """A user's own model: the trainer builds it with the task's keyword arguments."""
+    num_classes: int
+    width: int = 64
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.gelu(nn.Dense(self.width)(x.reshape((x.shape[0], -1))))
+        return nn.Dense(self.num_classes)(x)
+
+
+def small(num_classes):
+    return TwoLayer(num_classes=num_classes, width=32)
+
+
+def wrong_task(config, specs):
+    return TwoLayer(num_classes=3)
+
+
+not_a_model = 42
+'''
+
+
+def test_a_model_by_import_path_from_outside_the_project_trains_digits(digits, tmp_path):
+    (tmp_path / "user" / "mynets").mkdir(parents=True)
+    (tmp_path / "user" / "mynets" / "__init__.py").write_text("")
+    (tmp_path / "user" / "mynets" / "nets.py").write_text(textwrap.dedent(NETS))
+    proc = run_trainer(f"data={digits['train']}", f"eval_data={digits['test']}", f"workdir={tmp_path / 'run'}",
+                       "model=mynets.nets:TwoLayer", "num_classes=10", "steps=300", "batch_size=32",
+                       "learning_rate=0.003", "log_every=100", "eval_every=300", "checkpoint_every=300",
+                       extra_env={"PYTHONPATH": f"{REPO}:{tmp_path / 'user'}"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["summary"]["eval_accuracy"] >= 0.85
+    assert "model=mynets.nets:TwoLayer parameters=4,810" in proc.stderr  # 64*64+64 + 64*10+10
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("model=nosuch_pkg.nets:Net",), "error: model='nosuch_pkg.nets:Net': module 'nosuch_pkg.nets' does not import "
+                                     "(ModuleNotFoundError: No module named 'nosuch_pkg')"),
+    (("model=mynets.nets:Missing",), "error: model='mynets.nets:Missing': module 'mynets.nets' has no attribute "
+                                     "'Missing'; it has ['TwoLayer', 'nn', 'not_a_model', 'small', 'wrong_task']"),
+    (("model=mynets.nets:not_a_model",), "error: model='mynets.nets:not_a_model' is a int, not a flax.linen.Module"),
+    (("model=mlp", "label_key=digit"), "error: task reads feature 'digit', which "),
+    (("model=mlp", "task=mynets.nets:wrong_task"), "error: task='mynets.nets:wrong_task' returned a TwoLayer without"),
+    (("model=mlp", "task=mynets.nets:small"), "error: task='mynets.nets:small' cannot be called as small(config, specs) "
+                                              "(small() takes 1 positional argument but 2 were given)"),
+    (("model=mlp", "task=regression"), "error: task='regression' is not one of ['classification']"),
+])
+def test_bad_models_and_tasks_are_one_line_and_exit_2(rich_tfds, tmp_path, overrides, message):
+    (tmp_path / "user" / "mynets").mkdir(parents=True)
+    (tmp_path / "user" / "mynets" / "__init__.py").write_text("")
+    (tmp_path / "user" / "mynets" / "nets.py").write_text(textwrap.dedent(NETS))
+    proc = run_trainer(f"data={rich_tfds}", f"workdir={tmp_path / 'run'}", "steps=1", *overrides,
+                       extra_env={"PYTHONPATH": f"{REPO}:{tmp_path / 'user'}"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    if "label_key=digit" in overrides:
+        assert "its features are ['image', 'label', 'text', 'tokens', 'vec']" in proc.stderr
+
+
+def test_custom_examples_without_metadata_need_num_classes(digits, tmp_path):
+    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "steps=1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "the data has no ClassLabel metadata for 'label' (not a TFDS dataset, or another feature type): pass " \
+           "num_classes=N" in proc.stderr
