@@ -1,13 +1,17 @@
-"""The demo dataset: scikit-learn's handwritten digits (1,797 8x8 images, 10 classes).
+"""The demo datasets, both of data that ships offline:
 
-The data ships inside scikit-learn's wheel, so nothing is downloaded. The same split and
-encoding serve the custom-TFRecord writer here and the TFDS builder in
-`pipelines/datasets/digits` (pixels scaled from 0..16 to 0..255, uint8).
+- digits: scikit-learn's handwritten digits (1,797 8x8 images, 10 classes), inside scikit-learn's wheel. The same
+  split and encoding serve the custom-TFRecord writer here and the TFDS builder in `pipelines/datasets/digits`
+  (pixels scaled from 0..16 to 0..255, uint8).
+- text: the Python standard library's own sources (`*.py` under `sysconfig`'s stdlib path), in passages of whole
+  lines, for a byte-level language model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sysconfig
 
 import numpy as np
 
@@ -49,3 +53,65 @@ def write_digits_tfrecords(output_dir: str, *, num_shards: int = 4) -> list[str]
                     {"image": images[i].reshape(-1), "label": labels[i]}) for i in index))
             written.append(path)
     return written
+
+
+TEXT_TEST_FRACTION = 0.1
+
+
+def stdlib_passages(*, max_bytes: int = 4 << 20, passage_bytes: int = 256) -> dict[str, list[bytes]]:
+    """{'train': [passage, ...], 'test': [...]}: the stdlib's .py files in path order, cut into passages of whole
+    lines of at most `passage_bytes` (a longer line is cut), up to `max_bytes` in all. A file goes to 'test' when
+    the first byte of the SHA-1 of its relative path is below TEXT_TEST_FRACTION * 256, so the split is fixed."""
+    root = sysconfig.get_paths()["stdlib"]
+    files = sorted(os.path.relpath(os.path.join(d, f), root) for d, subdirs, names in os.walk(root)
+                   if "site-packages" not in d and "test" not in os.path.relpath(d, root).split(os.sep)
+                   for f in names if f.endswith(".py"))
+    splits: dict[str, list[bytes]] = {"train": [], "test": []}
+    total = 0
+    for rel in files:
+        with open(os.path.join(root, rel), "rb") as f:
+            data = f.read()
+        split = "test" if hashlib.sha1(rel.encode()).digest()[0] < TEXT_TEST_FRACTION * 256 else "train"
+        passage = b""
+        for line in data.splitlines(keepends=True):
+            if len(passage) + len(line) > passage_bytes and passage:
+                splits[split].append(passage)
+                passage = b""
+            while len(line) > passage_bytes:  # a line longer than a passage: cut it
+                head, line = line[:passage_bytes], line[passage_bytes:]
+                splits[split].append(head)
+            if len(passage) + len(line) > passage_bytes and passage:
+                splits[split].append(passage)
+                passage = b""
+            passage += line
+        if passage:
+            splits[split].append(passage)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    return splits
+
+
+def write_text_tfrecords(output_dir: str, *, num_shards: int = 4, max_bytes: int = 4 << 20) -> list[str]:
+    """Writes `text-{split}.tfrecord-XXXXX-of-YYYYY` shards of tf.train.Example with one feature, `text` (bytes)."""
+    if num_shards < 1:
+        raise ValueError(f"num_shards={num_shards} must be >= 1")
+    os.makedirs(output_dir, exist_ok=True)
+    written = []
+    for split, passages in stdlib_passages(max_bytes=max_bytes).items():
+        for shard, index in enumerate(np.array_split(np.arange(len(passages)), num_shards)):
+            path = os.path.join(output_dir, f"text-{split}.tfrecord-{shard:05d}-of-{num_shards:05d}")
+            with open(path, "wb") as f:
+                tfrecord.write_records(f, (example_proto.encode_example({"text": passages[i]}) for i in index))
+            written.append(path)
+    return written
+
+
+def unigram_bits_per_byte(passages) -> float:
+    """The entropy, in bits, of the byte distribution of `passages` (an iterable of bytes): what a model that
+    knows only each byte's frequency in these very bytes would pay per byte. A language model must beat it."""
+    counts = np.zeros(256, np.int64)
+    for passage in passages:
+        counts += np.bincount(np.frombuffer(passage, np.uint8), minlength=256)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum())

@@ -33,6 +33,9 @@ class TrainConfig:
     num_classes: int | None = None  # classification: default the TFDS ClassLabel's; needed for other data
     image_key: str = "image"
     label_key: str = "label"
+    text_key: str = "text"  # lm: the token-sequence feature (int64 ids, or text read as UTF-8 bytes)
+    seq_len: int = 256  # lm: tokens per row
+    vocab_size: int | None = None  # lm over int64 ids (byte-level text: 258)
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
     log_every: int = 50
     eval_every: int = 250
@@ -43,7 +46,8 @@ class TrainConfig:
     in_memory_batches: int = 0
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes"):
+        for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes",
+                     "seq_len", "vocab_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
         for name in ("data_workers", "in_memory_batches"):

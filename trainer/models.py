@@ -1,5 +1,6 @@
-"""Models, each a few lines of config away: `model=mlp`, `model=cnn` (image classification) or
-`model=transformer` (sequence classification; an image is read as a sequence of rows)."""
+"""Models, each a few lines of config away: `model=mlp`, `model=cnn` (image classification),
+`model=transformer` (sequence classification; an image is read as a sequence of rows) or `model=transformer_lm`
+(a decoder-only causal language model, `task=lm`)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ class TransformerBlock(nn.Module):
     dim: int
 
     @nn.compact
-    def __call__(self, x):
-        y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.dim)(nn.LayerNorm()(x))
+    def __call__(self, x, mask=None):
+        y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.dim)(nn.LayerNorm()(x), mask=mask)
         x = x + y
         y = nn.Dense(self.dim)(nn.gelu(nn.Dense(4 * self.dim)(nn.LayerNorm()(x))))
         return x + y
@@ -75,7 +76,36 @@ class Transformer(nn.Module):
         return nn.Dense(self.num_classes)(nn.LayerNorm()(x).mean(axis=1))
 
 
-MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer}
+class TransformerLM(nn.Module):
+    """A decoder-only causal Transformer: tokens [B, L] -> next-token logits [B, L, vocab_size].
+
+    Takes the LM task's inputs, {"tokens", "segment_ids", "positions"} (or bare tokens): a position attends to
+    earlier positions of its own segment only, so examples packed into one row never see each other, and
+    positions restart at each segment.
+    """
+
+    vocab_size: int
+    max_len: int
+    dim: int = 128
+    depth: int = 2
+    heads: int = 4
+
+    @nn.compact
+    def __call__(self, inputs):
+        if isinstance(inputs, dict):
+            tokens, segments, positions = inputs["tokens"], inputs["segment_ids"], inputs["positions"]
+        else:
+            tokens = inputs
+            segments = jnp.ones_like(tokens)
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
+        x = nn.Embed(self.vocab_size, self.dim)(tokens) + nn.Embed(self.max_len, self.dim)(positions)
+        mask = nn.combine_masks(nn.make_causal_mask(tokens), nn.make_attention_mask(segments, segments, jnp.equal))
+        for _ in range(self.depth):
+            x = TransformerBlock(self.heads, self.dim)(x, mask)
+        return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
+
+
+MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer, "transformer_lm": TransformerLM}
 
 
 def make(spec: str, kwargs: dict[str, Any]) -> nn.Module:

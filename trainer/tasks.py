@@ -1,7 +1,8 @@
 """Tasks: what the trainer reads from the data, what the model is built with, and what it optimises and reports.
 
-`task=classification` is built in; `task=package.module:attr` names your own: `attr(config, specs)` must return an
-object with the members of `Task` below (`specs`: the data's TFDS feature metadata, `{}` for plain Examples):
+`task=classification` and `task=lm` (next-token prediction) are built in; `task=package.module:attr` names your own:
+`attr(config, specs)` must return an object with the members of `Task` below (`specs`: the data's TFDS feature
+metadata, `{}` for plain Examples); `preprocess` and `weights` are optional:
 
     @dataclasses.dataclass(frozen=True)
     class Regression:
@@ -25,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from trainer import imports
@@ -43,10 +45,26 @@ class Task(Protocol):
         """The model's input, computed inside the jitted step from the task's features."""
 
     def losses(self, outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-        """Per-example losses, shape [batch]; training minimises their mean, eval reports it as eval_loss."""
+        """Per-example losses, shape [batch] (summed over what the example counts for, see `weights`); training
+        minimises their sum over the sum of the weights, eval reports that as eval_loss."""
 
     def metrics(self, outputs: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        """Per-example values, shape [batch] each; eval reports their mean over the eval data as eval_<name>."""
+        """Per-example values, shape [batch] each, summed like `losses`; eval reports eval_<name> = their sum over
+        the eval data / the sum of the weights."""
+
+    # Optional:
+    # def preprocess(self, record: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    #     """On the host, per decoded record (only the task's features), before batching: e.g. tokenise, pad."""
+    # def weights(self, batch) -> jax.Array:
+    #     """What each example counts for in the averages, shape [batch] (default 1 each; lm: its tokens)."""
+
+
+def weights(task: Task, batch) -> jax.Array:
+    """The task's per-example weights, or ones."""
+    if hasattr(task, "weights"):
+        return task.weights(batch)
+    first = batch[task.features[0]]
+    return jnp.ones(first.shape[:1], jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +108,88 @@ class Classification:
         return {"accuracy": (jnp.argmax(outputs, -1) == batch[self.label_key]).astype(jnp.float32)}
 
 
-TASKS = {"classification": Classification.from_config}
+PAD, BOS = 0, 1  # byte-level vocabulary: PAD, BOS, then byte b is token b + BYTE_OFFSET
+BYTE_OFFSET = 2
+BYTE_VOCAB = 256 + BYTE_OFFSET
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageModel:
+    """Next-token prediction over a token-sequence feature `text_key`, padded to `seq_len` with a mask.
+
+    A bytes/string feature is read as UTF-8 bytes (vocabulary 256 + PAD + BOS; eval also reports bits per byte);
+    an int64 sequence feature is taken as token ids (vocab_size= from the config). An example longer than
+    seq_len is cut to its first seq_len targets.
+    """
+
+    text_key: str
+    seq_len: int
+    vocab_size: int
+    byte_level: bool
+
+    @classmethod
+    def from_config(cls, config: TrainConfig, specs: dict[str, dict]) -> LanguageModel:
+        spec = specs.get(config.text_key)
+        if specs and spec is None:
+            raise ValueError(f"task reads feature {config.text_key!r}, which the data does not have; its features are "
+                             f"{sorted(specs)} (set text_key=)")
+        byte_level = spec is None or spec["type"] == "Text" or spec.get("dtype") in ("string", "bytes")
+        if spec is not None and not byte_level and spec.get("dtype") not in ("int64", "int32", None):
+            raise ValueError(f"task=lm needs a token-sequence feature (int64 ids, or text read as bytes), but "
+                             f"{config.text_key!r} is {spec['type']} of {spec.get('dtype')}")
+        vocab_size = BYTE_VOCAB if byte_level and config.vocab_size is None else config.vocab_size
+        if vocab_size is None:
+            raise ValueError(f"{config.text_key!r} holds token ids: pass vocab_size=N (ids must be < N)")
+        return cls(config.text_key, config.seq_len, vocab_size, byte_level)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return (self.text_key,)
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "max_len": self.seq_len}
+
+    def preprocess(self, record: dict) -> dict:
+        value = record[self.text_key]
+        if isinstance(value, (bytes, str, np.bytes_)) or (isinstance(value, np.ndarray) and value.dtype == object):
+            if not isinstance(value, (bytes, str, np.bytes_)):
+                value = b"".join(value.tolist())
+            data = value.encode() if isinstance(value, str) else bytes(value)
+            ids = np.concatenate([[BOS], np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET])
+        else:
+            array = np.asarray(value)
+            if array.dtype.kind not in "iu":
+                raise ValueError(f"task=lm needs a token-sequence feature (int64 ids, or text read as bytes), but "
+                                 f"{self.text_key!r} holds {array.dtype} values")
+            ids = array.astype(np.int32).reshape(-1)
+            if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+                raise ValueError(f"{self.text_key!r} has token id {int(ids.max())} outside [0, vocab_size="
+                                 f"{self.vocab_size}); raise vocab_size")
+        ids = ids[: self.seq_len + 1]
+        n = max(len(ids) - 1, 0)  # targets
+        row = np.zeros((2, self.seq_len), np.int32)
+        row[0, :n], row[1, :n] = ids[:-1], ids[1:]
+        segment = (np.arange(self.seq_len) < n).astype(np.int32)
+        return {"tokens": row[0], "targets": row[1], "segment_ids": segment,
+                "positions": np.arange(self.seq_len, dtype=np.int32)}
+
+    def inputs(self, batch):
+        return {"tokens": batch["tokens"], "segment_ids": batch["segment_ids"], "positions": batch["positions"]}
+
+    def weights(self, batch):
+        return (batch["segment_ids"] > 0).sum(-1).astype(jnp.float32)
+
+    def losses(self, outputs, batch):
+        per_token = optax.softmax_cross_entropy_with_integer_labels(outputs.astype(jnp.float32), batch["targets"])
+        return (per_token * (batch["segment_ids"] > 0)).sum(-1)
+
+    def metrics(self, outputs, batch):
+        if not self.byte_level:
+            return {}
+        return {"bits_per_byte": self.losses(outputs, batch) / np.log(2)}
+
+
+TASKS = {"classification": Classification.from_config, "lm": LanguageModel.from_config}
 _MEMBERS = ("features", "model_kwargs", "inputs", "losses", "metrics")
 
 

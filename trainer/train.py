@@ -71,7 +71,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     task = tasks.make(config, _feature_specs(config.data))
     sample = _sample(config.data, train_split, task)  # one record to shape the model, on every process
     batches = loader.load(config.data, batch_size=config.batch_size, seed=config.seed, split=train_split,
-                          sharding=strategy.batch_sharding, worker_count=config.data_workers, features=task.features)
+                          sharding=strategy.batch_sharding, worker_count=config.data_workers, features=task.features,
+                          map_fn=getattr(task, "preprocess", None))
     model = models.make(config.model, task.model_kwargs())
     params = model.init(jax.random.key(config.seed), task.inputs(sample))["params"]
     tx = optax.adam(config.learning_rate)
@@ -83,7 +84,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
              f"{n_params:,}")
 
     def loss_fn(p, batch):
-        return task.losses(model.apply({"params": p}, task.inputs(batch)), batch).mean()
+        outputs = model.apply({"params": p}, task.inputs(batch))
+        return task.losses(outputs, batch).sum() / tasks.weights(task, batch).sum()
 
     def train_step(state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch)
@@ -192,13 +194,17 @@ def _feature_specs(data: str) -> dict[str, dict]:
 
 
 def _sample(data: str, split: str | None, task) -> dict[str, np.ndarray]:
-    """The first record's task features (all features are decoded once, to name them if one is missing)."""
-    record = next(iter(loader.load(data, batch_size=1, shuffle=False, split=split, shard_index=0, shard_count=1)))
+    """The first record as the task sees it, a batch of one (all features are decoded once, to name them if one
+    is missing)."""
+    one = dict(batch_size=1, shuffle=False, split=split, shard_index=0, shard_count=1)
+    record = next(iter(loader.load(data, **one)))
     missing = [f for f in task.features if f not in record]
     if missing:
         raise ValueError(f"task reads feature {missing[0]!r}, which {data} does not have; its features are "
-                         f"{sorted(record)} (set image_key= / label_key=, or the task's own keys)")
-    return {f: record[f] for f in task.features}
+                         f"{sorted(record)} (set image_key= / label_key= / text_key=, or the task's own keys)")
+    if not hasattr(task, "preprocess"):
+        return {f: record[f] for f in task.features}
+    return next(iter(loader.load(data, **one, features=task.features, map_fn=task.preprocess)))
 
 
 def _make_eval_step(model, task):
@@ -206,10 +212,11 @@ def _make_eval_step(model, task):
     sums of the task's losses and metrics over a batch, and of the weights (0 for padding rows)."""
 
     @jax.jit
-    def eval_step(params, batch, weights):
+    def eval_step(params, batch, real):
         outputs = model.apply({"params": params}, task.inputs(batch))
-        sums = {name: jnp.sum(values * weights) for name, values in task.metrics(outputs, batch).items()}
-        return {**sums, "loss": jnp.sum(task.losses(outputs, batch) * weights)}, jnp.sum(weights)
+        sums = {name: jnp.sum(values * real) for name, values in task.metrics(outputs, batch).items()}
+        sums["loss"] = jnp.sum(task.losses(outputs, batch) * real)
+        return sums, jnp.sum(tasks.weights(task, batch) * real), jnp.sum(real)
 
     return eval_step
 
@@ -219,10 +226,11 @@ def _evaluate(config: TrainConfig, strategy, task, eval_step, params) -> dict[st
     masked): {"eval_<metric>": mean, "eval_loss": mean, "eval_examples": count}."""
     split = _source_split(config.eval_data, "test")
     batches = loader.load(config.eval_data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                          drop_remainder=False, split=split, features=task.features)
+                          drop_remainder=False, split=split, features=task.features,
+                          map_fn=getattr(task, "preprocess", None))
     per_process = config.batch_size // jax.process_count()
     totals: dict[str, float] = {}
-    count = 0.0
+    weight = examples = 0.0
     template = None
     for batch in batches:
         if len(batch) == 0:  # no rows for this process in the last batch: take part with an all-padding one
@@ -236,11 +244,12 @@ def _evaluate(config: TrainConfig, strategy, task, eval_step, params) -> dict[st
         weights = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
         if pad:
             batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
-        sums, weight = eval_step(params, strategy.distribute(batch), strategy.distribute(weights))
+        sums, w, n = eval_step(params, strategy.distribute(batch), strategy.distribute(weights))
         for name, value in sums.items():
             totals[name] = totals.get(name, 0.0) + float(value)
-        count += float(weight)
-    return {**{f"eval_{name}": value / count for name, value in sorted(totals.items())}, "eval_examples": int(count)}
+        weight, examples = weight + float(w), examples + float(n)
+    return {**{f"eval_{name}": value / weight for name, value in sorted(totals.items())},
+            "eval_examples": int(examples)}
 
 
 def _tensorboard(workdir: str):

@@ -1,0 +1,111 @@
+"""task=lm with model=transformer_lm: a byte-level language model on the Python standard library's own sources."""
+
+import json
+
+import numpy as np
+import pytest
+
+import loader
+from pipelines import ConvertConfig, run_conversion
+from pipelines.demo import stdlib_passages, unigram_bits_per_byte, write_text_tfrecords
+from trainer import TrainConfig
+from trainer.tasks import BOS, BYTE_OFFSET, LanguageModel
+from tests.trainer.conftest import run_trainer
+
+
+@pytest.fixture(scope="session")
+def stdlib_text(tmp_path_factory):
+    """1 MB of stdlib sources as text Examples, converted: {'train': dir, 'test': dir}."""
+    root = tmp_path_factory.mktemp("text")
+    write_text_tfrecords(str(root / "tfrecord"), num_shards=2, max_bytes=1 << 20)
+    out = {}
+    for split in ("train", "test"):
+        out[split] = root / split
+        run_conversion(ConvertConfig(input=str(root / "tfrecord" / f"text-{split}.tfrecord-*"), output=str(out[split])),
+                       ["--direct_num_workers=1"])
+    return out
+
+
+def _metrics(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_bytes_become_padded_next_token_rows():
+    task = LanguageModel.from_config(TrainConfig(data="x", workdir="w", task="lm", seq_len=6), {})
+    assert task.model_kwargs() == {"vocab_size": 258, "max_len": 6}
+    row = task.preprocess({"text": b"abc"})
+    a, b, c = (ord(x) + BYTE_OFFSET for x in "abc")
+    assert row["tokens"].tolist() == [BOS, a, b, 0, 0, 0]
+    assert row["targets"].tolist() == [a, b, c, 0, 0, 0]
+    assert row["segment_ids"].tolist() == [1, 1, 1, 0, 0, 0]
+    long = task.preprocess({"text": b"abcdefghij"})  # cut to the first seq_len targets
+    assert long["targets"].tolist() == [ord(x) + BYTE_OFFSET for x in "abcdef"]
+    ids = LanguageModel("tokens", 4, 10, byte_level=False).preprocess({"tokens": np.array([3, 4, 5])})
+    assert ids["tokens"].tolist() == [3, 4, 0, 0] and ids["targets"].tolist() == [4, 5, 0, 0]
+    with pytest.raises(ValueError, match=r"'tokens' has token id 12 outside \[0, vocab_size=10\); raise vocab_size"):
+        LanguageModel("tokens", 4, 10, byte_level=False).preprocess({"tokens": np.array([3, 12])})
+
+
+def test_the_passages_split_on_lines_and_keep_every_byte():
+    passages = stdlib_passages(max_bytes=1 << 20)
+    assert all(0 < len(p) <= 256 for split in passages.values() for p in split)
+    assert len(passages["train"]) > 5 * len(passages["test"]) > 0
+    assert 4.0 < unigram_bits_per_byte(passages["test"]) < 5.5  # Python source: ~4.8 bits per byte
+
+
+def _train_and_compare(stdlib_text, workdir, seq_len: int, steps: int) -> tuple[dict, float]:
+    """Trains the LM; returns its summary and the unigram entropy of the eval bytes it predicted."""
+    proc = run_trainer(f"data={stdlib_text['train']}", f"eval_data={stdlib_text['test']}", f"workdir={workdir}",
+                       "task=lm", "model=transformer_lm", f"seq_len={seq_len}", "batch_size=16", f"steps={steps}",
+                       "learning_rate=0.003", f"log_every={steps // 4}", f"eval_every={steps}",
+                       f"checkpoint_every={steps}", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    test = loader.load(str(stdlib_text["test"]), batch_size=64, shuffle=False, num_epochs=1, drop_remainder=False)
+    # The bytes it predicted: the first seq_len of each passage (BOS predicts the first).
+    return json.loads(proc.stdout)["summary"], unigram_bits_per_byte(t[:seq_len] for b in test for t in b["text"])
+
+
+def test_the_lm_beats_the_unigram_entropy_of_the_eval_bytes(stdlib_text, tmp_path):
+    summary, unigram = _train_and_compare(stdlib_text, tmp_path, seq_len=128, steps=200)
+    assert summary["eval_bits_per_byte"] < unigram - 0.75, (summary["eval_bits_per_byte"], unigram)
+    assert summary["eval_loss"] == pytest.approx(summary["eval_bits_per_byte"] * np.log(2))
+    records = _metrics(tmp_path)
+    assert [r["step"] for r in records] == [50, 100, 150, 200] and records[-1]["loss"] < records[0]["loss"]
+    assert "eval_bits_per_byte" in records[-1]
+
+
+@pytest.mark.slow
+def test_the_lm_on_whole_passages_beats_the_unigram_entropy_by_far(stdlib_text, tmp_path):
+    summary, unigram = _train_and_compare(stdlib_text, tmp_path, seq_len=256, steps=800)
+    assert summary["eval_bits_per_byte"] < unigram - 1.5, (summary["eval_bits_per_byte"], unigram)
+
+
+def test_lm_mirrored_over_8_devices_matches_one_device(stdlib_text, tmp_path):
+    common = (f"data={stdlib_text['train']}", "task=lm", "model=transformer_lm", "seq_len=64", "batch_size=16",
+              "steps=8", "log_every=1", "eval_every=100", "checkpoint_every=100", "learning_rate=0.003")
+    one = run_trainer(*common, f"workdir={tmp_path / 'one'}", "strategy=default")
+    many = run_trainer(*common, f"workdir={tmp_path / 'many'}", "strategy=mirrored", devices=8)
+    assert one.returncode == 0 and many.returncode == 0, (one.stderr[-2000:], many.stderr[-2000:])
+    a, b = [r["loss"] for r in _metrics(tmp_path / "one")], [r["loss"] for r in _metrics(tmp_path / "many")]
+    assert len(a) == 8
+    np.testing.assert_allclose(a, b, atol=1e-3)
+
+
+def test_lm_over_an_int64_sequence_feature_trains(rich_tfds, tmp_path):
+    proc = run_trainer(f"data={rich_tfds}", f"workdir={tmp_path}", "task=lm", "text_key=tokens", "vocab_size=256",
+                       "model=transformer_lm", "seq_len=16", "batch_size=16", "steps=5", "log_every=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "task=lm features=['tokens'] model=transformer_lm" in proc.stderr
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("text_key=vec",), "error: task=lm needs a token-sequence feature (int64 ids, or text read as bytes), but 'vec' "
+                        "is Tensor of float32"),
+    (("text_key=tokens",), "error: 'tokens' holds token ids: pass vocab_size=N (ids must be < N)"),
+    (("text_key=caption",), "error: task reads feature 'caption', which the data does not have; its features are "
+                            "['image', 'label', 'text', 'tokens', 'vec'] (set text_key=)"),
+])
+def test_lm_over_the_wrong_feature_is_one_line(rich_tfds, tmp_path, overrides, message):
+    proc = run_trainer(f"data={rich_tfds}", f"workdir={tmp_path}", "task=lm", "model=transformer_lm", "steps=1",
+                       *overrides)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
