@@ -36,6 +36,7 @@ import numpy as np
 from loader.batches import BatchPlan
 from loader.decode import Decoder, collate, make_decoder
 from loader.device import DevicePrefetcher
+from loader.packing import PackedLoader, Packing
 from loader.reader import BatchReader
 from loader.source import ShardedSource, resolve
 
@@ -57,6 +58,7 @@ class LoaderConfig:
     shard_count: int | None = None  # default: jax.process_count() when JAX is in use, else 1
     decode: str | Decoder | None = "auto"
     features: tuple[str, ...] | None = None  # decode, collate and place only these features (None: all)
+    packing: Packing | None = None  # pack a token feature into rows (loader/packing.py); batch_size counts rows
     map_fn: Callable[[Any], Any] | None = None  # applied to each record after decoding
     split: str | None = None  # for TFDS sources; default "train"
     worker_count: int = 0  # grain worker processes (0: none, reads run in this process)
@@ -404,4 +406,20 @@ def load(source: str | ShardedSource, *, batch_size: int, **options) -> Loader:
     if unknown:
         raise TypeError(f"load() got unknown options {sorted(unknown)}; the options are "
                         f"{sorted(f.name for f in dataclasses.fields(LoaderConfig) if f.name != 'batch_size')}")
-    return Loader(source, LoaderConfig(batch_size=batch_size, **options))
+    config = LoaderConfig(batch_size=batch_size, **options)
+    return _packed(source, config) if config.packing is not None else Loader(source, config)
+
+
+def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
+    """A loader of packed rows (loader/packing.py): the same source, reader, decoder and host sharding."""
+    if config.map_fn is not None or config.worker_count or not config.drop_remainder:
+        raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, worker_count= or "
+                         "drop_remainder=False (tokenise in Packing.tokenize)")
+    src = source if isinstance(source, ShardedSource) else resolve(source, split=config.split,
+                                                                   allow_incomplete=config.allow_incomplete)
+    shard_index, shard_count = _host_shard(config)
+    decoder = make_decoder(config.decode, src.features_dir, (config.packing.feature,))
+    plan_args = dict(batch_size=config.batch_size, seed=config.seed, shuffle=config.shuffle,
+                     num_epochs=config.num_epochs, shard_index=shard_index, shard_count=shard_count)
+    return PackedLoader(src, BatchReader(src), decoder, config.packing, plan_args, prefetch=max(1, config.prefetch),
+                        sharding=config.sharding, device_prefetch=config.device_prefetch)

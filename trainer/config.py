@@ -36,6 +36,7 @@ class TrainConfig:
     text_key: str = "text"  # lm: the token-sequence feature (int64 ids, or text read as UTF-8 bytes)
     seq_len: int = 256  # lm: tokens per row
     vocab_size: int | None = None  # lm over int64 ids (byte-level text: 258)
+    packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/packing.py); eval pads
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
     log_every: int = 50
     eval_every: int = 250

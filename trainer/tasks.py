@@ -149,22 +149,33 @@ class LanguageModel:
     def model_kwargs(self) -> dict[str, Any]:
         return {"vocab_size": self.vocab_size, "max_len": self.seq_len}
 
-    def preprocess(self, record: dict) -> dict:
-        value = record[self.text_key]
+    @property
+    def packing(self):
+        """Packed rows for training (`packing=true`): the loader packs this task's token ids into rows."""
+        import loader
+
+        return loader.Packing(self.text_key, self.seq_len, self.tokenize)
+
+    def tokenize(self, value) -> np.ndarray:
+        """The feature's token ids: BOS + each byte + BYTE_OFFSET for text, the ids themselves for int sequences."""
         if isinstance(value, (bytes, str, np.bytes_)) or (isinstance(value, np.ndarray) and value.dtype == object):
             if not isinstance(value, (bytes, str, np.bytes_)):
                 value = b"".join(value.tolist())
             data = value.encode() if isinstance(value, str) else bytes(value)
-            ids = np.concatenate([[BOS], np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET])
-        else:
-            array = np.asarray(value)
-            if array.dtype.kind not in "iu":
-                raise ValueError(f"task=lm needs a token-sequence feature (int64 ids, or text read as bytes), but "
-                                 f"{self.text_key!r} holds {array.dtype} values")
-            ids = array.astype(np.int32).reshape(-1)
-            if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-                raise ValueError(f"{self.text_key!r} has token id {int(ids.max())} outside [0, vocab_size="
-                                 f"{self.vocab_size}); raise vocab_size")
+            return np.concatenate([[BOS], np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET])
+        array = np.asarray(value)
+        if array.dtype.kind not in "iu":
+            raise ValueError(f"task=lm needs a token-sequence feature (int64 ids, or text read as bytes), but "
+                             f"{self.text_key!r} holds {array.dtype} values")
+        ids = array.astype(np.int32).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"{self.text_key!r} has token id {int(ids.max())} outside [0, vocab_size="
+                             f"{self.vocab_size}); raise vocab_size")
+        return ids
+
+    def preprocess(self, record: dict) -> dict:
+        """One example padded to a row of seq_len (cut to its first seq_len targets)."""
+        ids = self.tokenize(record[self.text_key])
         ids = ids[: self.seq_len + 1]
         n = max(len(ids) - 1, 0)  # targets
         row = np.zeros((2, self.seq_len), np.int32)

@@ -70,9 +70,13 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     train_split = config.split or _source_split(config.data, "train")
     task = tasks.make(config, _feature_specs(config.data))
     sample = _sample(config.data, train_split, task)  # one record to shape the model, on every process
+    if config.packing and not hasattr(task, "packing"):
+        raise ValueError(f"packing=true needs a task that packs token sequences (task=lm); task={config.task!r} "
+                         "does not")
     batches = loader.load(config.data, batch_size=config.batch_size, seed=config.seed, split=train_split,
-                          sharding=strategy.batch_sharding, worker_count=config.data_workers, features=task.features,
-                          map_fn=getattr(task, "preprocess", None))
+                          sharding=strategy.batch_sharding, worker_count=config.data_workers,
+                          **({"packing": task.packing} if config.packing else
+                             {"features": task.features, "map_fn": getattr(task, "preprocess", None)}))
     model = models.make(config.model, task.model_kwargs())
     params = model.init(jax.random.key(config.seed), task.inputs(sample))["params"]
     tx = optax.adam(config.learning_rate)
