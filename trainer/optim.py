@@ -1,0 +1,51 @@
+"""The optimizer the config names: optax by name, a warmup + decay schedule, weight decay and global-norm clipping.
+
+    optimizer=adamw learning_rate=3e-4 schedule=cosine warmup_steps=100 weight_decay=0.01 grad_clip=1.0
+
+- `optimizer`: adam, adamw (decoupled weight decay), sgd (with `momentum`, weight decay added to the gradient),
+  adafactor (factored second moments, MaxText's and T5's memory-light choice).
+- `schedule`: constant, cosine or linear decay from `learning_rate` to `learning_rate * end_lr_fraction` at the
+  last step, after `warmup_steps` of linear warmup from 0.
+- `grad_clip`: the global norm gradients are clipped to first (0: off).
+Gradient accumulation and mixed precision are the training step's (trainer/train.py), not the optimizer's.
+"""
+
+from __future__ import annotations
+
+import optax
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+def schedule(config) -> optax.Schedule:
+    """The learning rate at each update step."""
+    peak, warmup = config.learning_rate, config.warmup_steps
+    end = peak * config.end_lr_fraction
+    decay_steps = max(1, config.steps - warmup)
+    if config.schedule == "constant":
+        main = optax.constant_schedule(peak)
+    elif config.schedule == "cosine":
+        main = optax.cosine_decay_schedule(peak, decay_steps, alpha=config.end_lr_fraction)
+    else:
+        main = optax.linear_schedule(peak, end, decay_steps)
+    if not warmup:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), main], [warmup])
+
+
+def make(config) -> optax.GradientTransformation:
+    """The optimizer of `config` (see module doc); its values were checked by TrainConfig."""
+    lr = schedule(config)
+    if config.optimizer == "adam":
+        tx = optax.adam(lr)
+    elif config.optimizer == "adamw":
+        tx = optax.adamw(lr, weight_decay=config.weight_decay)
+    elif config.optimizer == "sgd":
+        tx = optax.chain(optax.add_decayed_weights(config.weight_decay),
+                         optax.sgd(lr, momentum=config.momentum or None))
+    else:
+        tx = optax.adafactor(lr, weight_decay_rate=config.weight_decay or None)
+    if config.grad_clip:
+        tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), tx)
+    return tx
