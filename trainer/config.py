@@ -11,6 +11,9 @@ import types
 import typing
 
 STRATEGIES = ("default", "one_device", "mirrored", "fsdp", "multi_worker", "tpu")
+OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
+SCHEDULES = ("constant", "cosine", "linear")
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +31,17 @@ class TrainConfig:
     process_id: int | None = None
     steps: int = 1000
     batch_size: int = 128  # global
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-3  # the peak, after warmup
+    # The optimizer (trainer/optim.py) and the step's precision and accumulation, as MaxText/big_vision users expect.
+    optimizer: str = "adam"  # adam, adamw, sgd, adafactor
+    schedule: str = "constant"  # constant, cosine, linear: decay to learning_rate * end_lr_fraction at `steps`
+    warmup_steps: int = 0  # linear warmup from 0
+    end_lr_fraction: float = 0.0
+    weight_decay: float = 0.0  # adamw: decoupled; sgd: added to the gradient; adafactor: its decay rate
+    momentum: float = 0.9  # sgd
+    grad_clip: float = 0.0  # clip gradients to this global norm (0: off)
+    grad_accum_steps: int = 1  # split each batch into this many micro-batches, one update (less device memory)
+    dtype: str = "float32"  # compute dtype: bfloat16 computes in bf16, parameters and optimizer state stay float32
     seed: int = 0
     num_classes: int | None = None  # classification: default the TFDS ClassLabel's; needed for other data
     image_key: str = "image"
@@ -56,6 +69,21 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0 (got learning_rate={self.learning_rate})")
+        for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("dtype", DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name in ("warmup_steps", "weight_decay", "momentum", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be below steps={self.steps}")
+        if not 0 <= self.end_lr_fraction <= 1:
+            raise ValueError(f"end_lr_fraction must be in [0, 1] (got end_lr_fraction={self.end_lr_fraction})")
+        if self.optimizer == "adam" and self.weight_decay:
+            raise ValueError("optimizer=adam has no weight decay; use optimizer=adamw with weight_decay=")
+        if self.grad_accum_steps < 1 or self.batch_size % self.grad_accum_steps:
+            raise ValueError(f"grad_accum_steps={self.grad_accum_steps} must be >= 1 and divide batch_size="
+                             f"{self.batch_size}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}")
 

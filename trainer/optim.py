@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import optax
 
-OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
-SCHEDULES = ("constant", "cosine", "linear")
 
-
-def schedule(config) -> optax.Schedule:
-    """The learning rate at each update step."""
+def schedule(config) -> optax.Schedule | float:
+    """The learning rate at each update step (a plain float when constant: the optimizer state then has no step
+    count, as before schedules existed, so older checkpoints still restore)."""
     peak, warmup = config.learning_rate, config.warmup_steps
+    if config.schedule == "constant" and not warmup:
+        return peak
     end = peak * config.end_lr_fraction
     decay_steps = max(1, config.steps - warmup)
     if config.schedule == "constant":

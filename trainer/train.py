@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 
 import loader
 from dataset_format import storage, tfds_info
-from trainer import models, strategy as strategies, tasks
+from trainer import models, optim, strategy as strategies, tasks
 from trainer.config import TrainConfig
 from trainer.preemption import PreemptionNotice
 
@@ -79,26 +79,48 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                              {"features": task.features, "map_fn": getattr(task, "preprocess", None)}))
     model = models.make(config.model, task.model_kwargs())
     params = model.init(jax.random.key(config.seed), task.inputs(sample))["params"]
-    tx = optax.adam(config.learning_rate)
+    tx = optim.make(config)
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
     state_sharding = strategy.param_sharding(state)
     state = jax.device_put(state, state_sharding)
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
     log.info("task=%s features=%s model=%s parameters=%s", config.task, list(task.features), config.model,
              f"{n_params:,}")
+    log.info("optimizer=%s learning_rate=%g schedule=%s warmup_steps=%d weight_decay=%g grad_clip=%g "
+             "grad_accum_steps=%d dtype=%s", config.optimizer, config.learning_rate, config.schedule,
+             config.warmup_steps, config.weight_decay, config.grad_clip, config.grad_accum_steps, config.dtype)
 
-    def loss_fn(p, batch):
-        outputs = model.apply({"params": p}, task.inputs(batch))
-        return task.losses(outputs, batch).sum() / tasks.weights(task, batch).sum()
+    compute = _caster(config.dtype)
+
+    def loss_sums(p, batch):
+        """(sum of the losses, sum of the weights) of a batch, the model run in the compute dtype."""
+        outputs = model.apply({"params": compute(p)}, compute(task.inputs(batch)))
+        outputs = jax.tree.map(lambda o: o.astype(jnp.float32), outputs)
+        return task.losses(outputs, batch).sum(), tasks.weights(task, batch).sum()
+
+    grad_sums = jax.value_and_grad(loss_sums, has_aux=True)
 
     def train_step(state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch)
+        k = config.grad_accum_steps
+        if k == 1:
+            (loss_sum, weight), grads = grad_sums(state["params"], batch)
+        else:  # micro-batch i = rows i, i+k, ...: every device keeps a share of each
+            micro = jax.tree.map(lambda x: x.reshape((x.shape[0] // k, k) + x.shape[1:]).swapaxes(0, 1), batch)
+
+            def accumulate(carry, mb):
+                (l, w), g = grad_sums(state["params"], mb)
+                return jax.tree.map(jnp.add, carry, (g, l, w)), None
+
+            zeros = (jax.tree.map(jnp.zeros_like, state["params"]), jnp.zeros(()), jnp.zeros(()))
+            (grads, loss_sum, weight), _ = jax.lax.scan(accumulate, zeros, micro)
+        grads = jax.tree.map(lambda g: g / weight, grads)  # the gradient of the mean over the whole batch
+        loss = loss_sum / weight
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
                "step": state["step"] + 1}
         return new, loss
 
-    eval_step = _make_eval_step(model, task)
+    eval_step = _make_eval_step(model, task, compute)
     train_step = jax.jit(train_step, in_shardings=(state_sharding, strategy.batch_sharding),
                          out_shardings=(state_sharding, strategy.replicated), donate_argnums=(0,))
 
@@ -211,13 +233,22 @@ def _sample(data: str, split: str | None, task) -> dict[str, np.ndarray]:
     return next(iter(loader.load(data, **one, features=task.features, map_fn=task.preprocess)))
 
 
-def _make_eval_step(model, task):
+def _caster(dtype: str):
+    """Casts the floating-point leaves of a tree to the compute dtype (identity for float32)."""
+    if dtype == "float32":
+        return lambda tree: tree
+    target = jnp.dtype(dtype)
+    return lambda tree: jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _make_eval_step(model, task, compute):
     """The jit-compiled eval step, made once per run (a new closure per eval would recompile each time): weighted
     sums of the task's losses and metrics over a batch, and of the weights (0 for padding rows)."""
 
     @jax.jit
     def eval_step(params, batch, real):
-        outputs = model.apply({"params": params}, task.inputs(batch))
+        outputs = model.apply({"params": compute(params)}, compute(task.inputs(batch)))
+        outputs = jax.tree.map(lambda o: o.astype(jnp.float32), outputs)
         sums = {name: jnp.sum(values * real) for name, values in task.metrics(outputs, batch).items()}
         sums["loss"] = jnp.sum(task.losses(outputs, batch) * real)
         return sums, jnp.sum(tasks.weights(task, batch) * real), jnp.sum(real)
