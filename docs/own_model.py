@@ -1,0 +1,33 @@
+"""Your own model, trained by `python -m trainer` without editing the project: name it as `module:attr`.
+
+    PYTHONPATH=docs .venv/bin/python -m trainer data=demo_out/array_record/custom/train \
+        eval_data=demo_out/array_record/custom/test num_classes=10 model=own_model:ResidualMLP steps=300 workdir=/tmp/own
+
+`model=` takes a `flax.linen.Module` class or a function returning a Module instance; the trainer builds it with
+the task's keyword arguments (`task=classification`: `num_classes`; `task=lm`: `vocab_size` and `max_len`) and
+calls it on the task's inputs (classification: images as float32 in [0, 1], NHWC). tests/trainer/test_docs.py runs
+the command above on the digits demo data.
+"""
+
+import flax.linen as nn
+
+
+class ResidualMLP(nn.Module):
+    """Flattened pixels -> residual blocks of (LayerNorm, Dense, GELU, Dense) -> class logits."""
+
+    num_classes: int
+    width: int = 128
+    blocks: int = 2
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.Dense(self.width)(x.reshape((x.shape[0], -1)))
+        for _ in range(self.blocks):
+            y = nn.Dense(self.width)(nn.gelu(nn.Dense(2 * self.width)(nn.LayerNorm()(x))))
+            x = x + y
+        return nn.Dense(self.num_classes)(nn.LayerNorm()(x))
+
+
+def small(num_classes: int) -> nn.Module:
+    """A function works too: `model=own_model:small`."""
+    return ResidualMLP(num_classes=num_classes, width=64, blocks=1)
