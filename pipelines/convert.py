@@ -19,7 +19,7 @@ from apache_beam.metrics import Metrics
 
 from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest
-from pipelines import report, tfds_dir
+from pipelines import commits, report, tfds_dir
 from pipelines.config import ConvertConfig
 from pipelines.plan import Plan
 from pipelines.shard import ShardCountMismatch, ShardResult, ShardTask, convert_shard
@@ -117,6 +117,8 @@ def finalize(config: ConvertConfig, plan: Plan, converted: list[ShardResult], fa
     for entry in plan.pruned:
         log.info("pruning %s: its source %s is gone", entry.path, entry.source)
         storage.delete_quietly(storage.join(config.output, entry.path))
+        commits.delete(config.output, entry.path)
+    converted = list(plan.recovered) + converted  # shards an interrupted run committed count as converted now
     split_rank = {}
     for task in plan.tasks:
         split_rank.setdefault(task.split, len(split_rank))

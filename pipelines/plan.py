@@ -14,9 +14,9 @@ import logging
 from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from dataset_format.naming import output_name
-from pipelines import paths, tfds_dir
+from pipelines import commits, paths, tfds_dir
 from pipelines.config import ConvertConfig
-from pipelines.shard import ShardTask
+from pipelines.shard import ShardResult, ShardTask
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,12 @@ class Plan:
     kept: tuple[ShardEntry, ...]  # up to date, carried into the new manifest
     orphaned: tuple[ShardEntry, ...]  # source gone; kept unless pruned
     pruned: tuple[ShardEntry, ...]  # source gone; output to delete
+    recovered: tuple[ShardResult, ...] = ()  # committed by a run that died before its manifest (pipelines/commits.py)
 
     def describe(self) -> str:
-        return f"{len(self.tasks)} shard(s) to convert, {len(self.kept)} up to date, {len(self.pruned)} to prune"
+        recovered = f", {len(self.recovered)} recovered from an interrupted run" if self.recovered else ""
+        return (f"{len(self.tasks)} shard(s) to convert, {len(self.kept)} up to date{recovered}, "
+                f"{len(self.pruned)} to prune")
 
     @property
     def entries_after(self) -> tuple[ShardEntry, ...]:
@@ -60,7 +63,8 @@ def make_plan(config: ConvertConfig) -> Plan:
                          f"converting {kind} input {config.input!r} there would mix datasets: use another "
                          "--output")
     old = {e.source: e for e in previous.shards} if previous else {}
-    existing = storage.list_sizes(config.output) if old else {}
+    recorded = set() if config.force else commits.listed(config.output)
+    existing = storage.list_sizes(config.output) if old or recorded else {}
     options = config.resolved_writer_options
 
     tasks, kept = [], []
@@ -78,6 +82,8 @@ def make_plan(config: ConvertConfig) -> Plan:
             kept.append(entry)
         else:
             tasks.append(ShardTask(file, storage.join(config.output, relative), relative, split, expected))
+    recovered = _recover(config.output, tasks, recorded, existing, options)
+    tasks = [t for t in tasks if t.relative_path not in {r.entry.path for r in recovered}]
 
     sources = {f.path for f, _, _ in inputs}
     gone = [e for e in old.values() if e.source not in sources]
@@ -85,5 +91,24 @@ def make_plan(config: ConvertConfig) -> Plan:
     if orphaned:
         log.warning("%d output shard(s) have no source any more (e.g. %s); keeping them. Pass --prune to "
                     "delete them.", len(orphaned), orphaned[0].source)
-    return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned)
+    return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned, tuple(recovered))
+
+
+def _recover(output: str, tasks: list[ShardTask], recorded: set[str], existing: dict[str, int],
+             options: str) -> list[ShardResult]:
+    """The tasks already done by an earlier run: a commit record for the same source fingerprint and writer
+    options, and the output file there with the recorded size."""
+    candidates = [t for t in tasks if t.relative_path in recorded]
+    records = commits.read(output, [t.relative_path for t in candidates]) if candidates else {}
+    recovered = []
+    for task in candidates:
+        entry, corruptions = records.get(task.relative_path, (None, ()))
+        if (entry is not None and entry.source == task.source.path
+                and entry.source_fingerprint == task.source.fingerprint and entry.writer_options == options
+                and existing.get(task.relative_path) == entry.bytes):
+            recovered.append(ShardResult(entry, corruptions))
+    if recovered:
+        log.info("%d shard(s) were committed by a run that stopped before its manifest; keeping them",
+                 len(recovered))
+    return recovered
 

@@ -73,6 +73,7 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
         dataflow.check_remote_paths(config.input, config.output)
     plan = make_plan(config)
     storage.check_writable(config.output)
+    _remove_dead_temp_files(config.output)
     log.info("plan: %s", plan.describe())
     options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks))
     template = dataflow.template_location(options)
@@ -98,6 +99,16 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
         manifest = finalize(config, plan, [], [])
     body = report.read(config.output) or {}
     return Outcome(plan, manifest, len(body.get("corrupt_records", [])), time.monotonic() - started, record_bytes)
+
+
+def _remove_dead_temp_files(output: str) -> None:
+    """Temporary files a killed run left beside the shards (`.tmp-*`, never a committed name). One conversion
+    writes an output at a time, so none of them belongs to a live run."""
+    dead = [name for name in storage.list_sizes(output) if name.startswith(".tmp-")]
+    for name in dead:
+        storage.delete_quietly(storage.join(output, name))
+    if dead:
+        log.info("removed %d temporary file(s) left by an interrupted run (e.g. %s)", len(dead), dead[0])
 
 
 def pipeline_options(beam_args: list[str], *, num_tasks: int) -> PipelineOptions:

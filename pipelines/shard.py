@@ -21,7 +21,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 from dataset_format import storage
 from dataset_format.manifest import ShardEntry
 from dataset_format.storage import is_remote
-from pipelines import paths, tfrecord
+from pipelines import commits, paths, tfrecord
 from pipelines.paths import InputFile
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,11 @@ class ShardTask:
     relative_path: str  # the output's path relative to the dataset directory
     split: str | None = None
     expected_records: int | None = None  # known from TFDS's dataset_info.json
+
+    @property
+    def output_dir(self) -> str:
+        """The dataset directory the shard is written into."""
+        return self.output[: -len(self.relative_path)].rstrip("/") or "."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,12 +92,11 @@ def convert_shard(
     finally:
         if os.path.exists(local):
             os.remove(local)
-    return ShardResult(
-        ShardEntry(path=task.relative_path, source=task.source.path, records=written, bytes=size,
-                   source_bytes=task.source.size, source_fingerprint=task.source.fingerprint,
-                   writer_options=writer_options, split=task.split, skipped_corrupt=len(corruptions)),
-        tuple(corruptions),
-    )
+    entry = ShardEntry(path=task.relative_path, source=task.source.path, records=written, bytes=size,
+                       source_bytes=task.source.size, source_fingerprint=task.source.fingerprint,
+                       writer_options=writer_options, split=task.split, skipped_corrupt=len(corruptions))
+    commits.write(task.output_dir, entry, tuple(corruptions))  # the shard is done, whatever happens next
+    return ShardResult(entry, tuple(corruptions))
 
 
 def _copy_records(task, local, writer_options, on_corrupt, on_records) -> tuple[int, int]:

@@ -28,7 +28,8 @@ def _read_tfrecord(path) -> list[bytes]:
 
 
 def _files(directory):
-    return sorted(p.name for p in directory.iterdir())
+    """The names a reader sees, and any temporary file; `.shards/` (commit records) is checked on its own."""
+    return sorted(p.name for p in directory.iterdir() if p.name != ".shards")
 
 
 @pytest.fixture
@@ -53,6 +54,7 @@ def test_matched_shards_same_records_same_order(shards, tmp_path):
     assert outcome.ok and outcome.converted == 5
     names = [f"train-{i:05d}-of-00005.array_record" for i in range(5)]
     assert _files(out) == sorted(names + ["manifest.json", "report.json"])  # no temporary files left
+    assert sorted(os.listdir(out / ".shards")) == [n + ".json" for n in names]  # a commit record per shard
     for name, source, records in zip(names, sorted(in_dir.iterdir()), contents):
         assert _read_array_record(out / name) == records == _read_tfrecord(source)
 

@@ -29,9 +29,10 @@ def test_gcs_to_gcs_end_to_end(tmp_path, gcs_bucket):
 
     assert outcome.ok and outcome.converted == 3
     names = sorted(b.name for b in client.list_blobs(bucket, prefix="out/"))
-    # Only final names: no temporary objects left behind, no write probe.
-    assert names == ["out/manifest.json", "out/report.json"] + [
-        f"out/train-{i:05d}-of-00003.array_record" for i in range(3)]
+    # Only final names: no temporary objects left behind, no write probe; a commit record per shard.
+    shards = [f"train-{i:05d}-of-00003.array_record" for i in range(3)]
+    assert names == [f"out/.shards/{s}.json" for s in shards] + ["out/manifest.json", "out/report.json"] + [
+        f"out/{s}" for s in shards]
     manifest = Manifest.from_json(client.bucket(bucket).blob("out/manifest.json").download_as_text())
     assert manifest.shards[2].source == f"gs://{bucket}/in/train-00002-of-00003.tfrecord"
 
@@ -54,7 +55,7 @@ def test_gcs_output_leaves_no_local_temp_files(tmp_path, gcs_bucket, gcs_emulato
                    env={**gcs_emulator, "TMPDIR": str(scratch)}, check=True)
 
     assert "converted 3 shard(s) (90 records" in proc.stdout
-    assert len([b for b in client.list_blobs(bucket, prefix="out/") if ".array_record" in b.name]) == 3
+    assert len([b for b in client.list_blobs(bucket, prefix="out/") if b.name.endswith(".array_record")]) == 3
     assert [p.name for p in scratch.iterdir() if p.name.startswith("arconv-")] == []
 
 

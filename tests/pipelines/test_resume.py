@@ -1,0 +1,130 @@
+"""A conversion killed (SIGKILL to its whole process group) anywhere, then run again: finished shards are kept.
+
+The kill comes from a `sitecustomize` on PYTHONPATH, so it fires in the launcher and in every DirectRunner worker
+process, at one of three points: inside the first shard (its temporary file written, not yet renamed), after the
+Nth commit record, or as the manifest is about to be written (every shard committed).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, run_cli, synthetic_records, write_tfrecord_shards
+
+SHARDS = 8
+
+SITECUSTOMIZE = '''
+import os, signal
+
+_point = os.environ.get("ARCONV_KILL_AT", "")
+_counter = os.environ.get("ARCONV_KILL_COUNTER", "")
+
+
+def _die():
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+if _point.startswith("commit:"):
+    from pipelines import commits
+    _write = commits.write
+
+    def write(*args, **kwargs):
+        _write(*args, **kwargs)
+        fd = os.open(_counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, b"x")
+        os.close(fd)
+        if os.path.getsize(_counter) >= int(_point.split(":")[1]):
+            _die()
+
+    commits.write = write
+elif _point == "manifest":
+    from dataset_format import storage
+    _write_text = storage.write_text
+
+    def write_text(path, text):
+        if path.endswith("manifest.json"):
+            _die()
+        _write_text(path, text)
+
+    storage.write_text = write_text
+elif _point == "first-shard":
+    from pipelines import shard
+    _check = shard._check_count
+
+    def check_count(*args, **kwargs):
+        _die()
+
+    shard._check_count = check_count
+'''
+
+
+@pytest.fixture
+def job(tmp_path):
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 3000, size=200) for i in range(SHARDS)])
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return tmp_path
+
+
+def _killed_run(job, point: str) -> int:
+    """`python -m pipelines convert` in its own process group, killed at `point`; returns its exit status."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(job / "site"), str(REPO)]), "ARCONV_KILL_AT": point,
+           "ARCONV_KILL_COUNTER": str(job / "counter")}
+    proc = subprocess.run([sys.executable, "-m", "pipelines", "convert", "--input", str(job / "in" / "*.tfrecord"),
+                           "--output", str(job / "out")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, start_new_session=True)
+    return proc.returncode
+
+
+def _committed(out) -> dict[str, int]:
+    """Shards with a commit record -> their file's mtime (ns)."""
+    records = out / ".shards"
+    names = [p.name[:-len(".json")] for p in records.iterdir()] if records.exists() else []
+    return {n: (out / n).stat().st_mtime_ns for n in names}
+
+
+@pytest.mark.parametrize("point, committed_before", [("first-shard", 0), ("commit:3", 3), ("manifest", SHARDS)])
+def test_a_killed_conversion_resumes_without_redoing_committed_shards(job, point, committed_before):
+    out = job / "out"
+    assert _killed_run(job, point) == -signal.SIGKILL
+    assert not (out / "manifest.json").exists()
+    before = _committed(out)
+    assert len(before) >= committed_before
+    if point == "first-shard":
+        assert [p.name for p in out.iterdir() if p.name.startswith(".tmp-")]  # the dead run's temporary file
+
+    rerun = run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(out), check=True)
+
+    after = _committed(out)
+    assert {n: after[n] for n in before} == before  # committed shards were not rewritten
+    assert len(after) == SHARDS
+    assert f"converted {SHARDS - len(before)} shard(s)" in rerun.stdout
+    if before:
+        assert f"{len(before)} recovered from an interrupted run" in rerun.stderr
+    assert [p.name for p in out.iterdir() if p.name.startswith(".tmp-")] == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["totals"] == {"shards": SHARDS, "records": SHARDS * 3000,
+                                                          "bytes": manifest["totals"]["bytes"]}
+    verify = run_cli("verify", "--output", str(out), "--deep", check=True)
+    assert f"{SHARDS} shards, {SHARDS * 3000} records, 0 problem(s)" in verify.stdout
+    again = run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(out), check=True)
+    assert "converted 0 shard(s)" in again.stdout and _committed(out) == after
+
+
+def test_a_record_of_another_source_version_is_not_trusted(job):
+    """A shard whose source changed after its record was written is converted again."""
+    out = job / "out"
+    assert _killed_run(job, "manifest") == -signal.SIGKILL
+    source = job / "in" / "train-00002-of-00008.tfrecord"
+    write_tfrecord_shards(job / "in2", [synthetic_records(99, 10)])
+    os.replace(job / "in2" / "train-00000-of-00001.tfrecord", source)
+
+    rerun = run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(out), check=True)
+
+    assert "converted 1 shard(s) (10 records" in rerun.stdout
+    assert "7 recovered from an interrupted run" in rerun.stderr
+    assert json.loads((out / "manifest.json").read_text())["totals"]["records"] == 7 * 3000 + 10
