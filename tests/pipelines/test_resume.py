@@ -128,3 +128,36 @@ def test_a_record_of_another_source_version_is_not_trusted(job):
     assert "converted 1 shard(s) (10 records" in rerun.stdout
     assert "7 recovered from an interrupted run" in rerun.stderr
     assert json.loads((out / "manifest.json").read_text())["totals"]["records"] == 7 * 3000 + 10
+
+
+@pytest.mark.gcs
+@pytest.mark.parametrize("point", ["commit:3", "manifest"])
+def test_a_killed_conversion_to_gcs_resumes_without_redoing_committed_shards(job, gcs_bucket, gcs_emulator, point):
+    bucket, client = gcs_bucket
+    output = f"gs://{bucket}/out"
+    env = {**os.environ, **gcs_emulator, "PYTHONPATH": os.pathsep.join([str(job / "site"), str(REPO)]),
+           "ARCONV_KILL_AT": point, "ARCONV_KILL_COUNTER": str(job / "counter"), "TMPDIR": str(job)}
+    killed = subprocess.run([sys.executable, "-m", "pipelines", "convert", "--input", str(job / "in" / "*.tfrecord"),
+                             "--output", output], cwd=REPO, env=env, capture_output=True, timeout=300,
+                            start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL
+
+    def committed() -> dict[str, int]:
+        """Shards with a commit record -> their object's generation."""
+        blobs = {b.name: b.generation for b in client.list_blobs(bucket, prefix="out/")}
+        return {n[len("out/.shards/"):-len(".json")]: blobs[f"out/{n[len('out/.shards/'):-len('.json')]}"]
+                for n in blobs if n.startswith("out/.shards/")}
+
+    before = committed()
+    assert len(before) >= 3 and "out/manifest.json" not in {b.name for b in client.list_blobs(bucket)}
+
+    rerun = run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", output,
+                    env=gcs_emulator, check=True)
+
+    after = committed()
+    assert {n: after[n] for n in before} == before and len(after) == SHARDS  # not rewritten: same generations
+    assert f"converted {SHARDS - len(before)} shard(s)" in rerun.stdout
+    names = {b.name for b in client.list_blobs(bucket)}
+    assert not [n for n in names if "/.tmp-" in n] and "out/manifest.json" in names
+    verify = run_cli("verify", "--output", output, "--deep", env=gcs_emulator, check=True)
+    assert f"{SHARDS} shards, {SHARDS * 3000} records, 0 problem(s)" in verify.stdout
