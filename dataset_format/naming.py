@@ -18,6 +18,11 @@ _TOKEN = re.compile(r"(?<![A-Za-z0-9])tfrecords?(?![A-Za-z0-9])")
 COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zz", ".zlib", ".deflate", ".bz2")
 
 
+def is_tfrecord_name(name: str) -> bool:
+    """True for a base name with the `tfrecord`/`tfrecords` token: what a directory input converts."""
+    return bool(_TOKEN.search(name)) and not name.startswith(".")
+
+
 def output_name(source: str) -> str:
     """The ArrayRecord shard's base name for TFRecord shard `source` (see module doc)."""
     name = basename(source)

@@ -6,12 +6,16 @@ dataset_format/naming.py.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from dataset_format.naming import output_name
-from dataset_format.storage import has_glob, is_remote
+from dataset_format.naming import is_tfrecord_name, output_name
+from dataset_format.storage import basename, has_glob, is_remote
+
+log = logging.getLogger(__name__)
 
 _READ_BUFFER = 1 << 20
 
@@ -33,16 +37,70 @@ class InputFile:
 
 
 def list_inputs(pattern: str) -> list[InputFile]:
-    """Files matching `pattern` (a path or a glob), sorted by path; raises if none."""
-    if not has_glob(pattern) and not FileSystems.exists(pattern):
-        raise FileNotFoundError(f"input {pattern!r} does not exist; check the path (a file, a glob "
-                                "such as 'data/train-*.tfrecord', or a TFDS dataset directory)")
-    result = FileSystems.match([pattern])[0]
-    files = [InputFile(m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in result.metadata_list]
-    files = [f for f in files if not f.path.endswith("/")]
+    """Files matching `pattern`, sorted by path; raises if none. `pattern` is a file, a glob, or a directory (local,
+    or a gs:// prefix): a directory converts the files directly in it whose names carry the `tfrecord` or
+    `tfrecords` token (`train.tfrecord-00000-of-00004`, `part-0.tfrecords.gz`), hidden files and others skipped."""
+    if not has_glob(pattern):
+        in_directory = _directory_inputs(pattern)
+        if in_directory is not None:
+            return in_directory
+        if not FileSystems.exists(pattern):
+            raise FileNotFoundError(f"input {pattern!r} does not exist; check the path (a file, a glob "
+                                    "such as 'data/train-*.tfrecord', a directory, or a TFDS dataset directory)")
+    files = _files(_match(pattern))
     if not files:
         raise FileNotFoundError(f"no files match {pattern!r}; check the directory and the glob")
+    return files
+
+
+def _match(pattern: str) -> list:
+    """Beam's match of `pattern`; a listing that fails (a missing bucket, no permission) is one line naming it."""
+    from apache_beam.io.filesystem import BeamIOError
+
+    try:
+        return FileSystems.match([pattern])[0].metadata_list
+    except BeamIOError as e:
+        if is_remote(pattern):
+            from dataset_format import storage
+
+            storage.list_sizes(pattern[: pattern.rfind("/")])  # raises the precise error: bucket, 403
+        raise FileNotFoundError(f"cannot list input {pattern!r} ({str(e).splitlines()[0][:200]}); check the path "
+                                "and your access to it") from e
+
+
+def _files(metadata_list) -> list[InputFile]:
+    files = [InputFile(m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in metadata_list
+             if not m.path.endswith("/") and (is_remote(m.path) or not os.path.isdir(m.path))]
     return sorted(files, key=lambda f: f.path)
+
+
+def _directory_inputs(path: str) -> list[InputFile] | None:
+    """The TFRecord files of directory `path` (see list_inputs); None when `path` is not a directory."""
+    if not is_remote(path) and not os.path.isdir(path):
+        return None
+    found = _files(_match(path.rstrip("/") + "/*"))
+    if is_remote(path) and not found:
+        return None  # not a prefix with objects under it: a missing file, said by the caller
+    tfrecords = [f for f in found if is_tfrecord_name(basename(f.path))]
+    if not tfrecords:
+        names = [basename(f.path) for f in found[:3]]
+        raise FileNotFoundError(f"input directory {path!r} holds no TFRecord files (names with 'tfrecord' or "
+                                f"'tfrecords'{'; it has ' + ', '.join(names) if names else ''}); pass a glob of "
+                                f"its files instead, e.g. --input '{path.rstrip('/')}/*'")
+    if len(tfrecords) < len(found):
+        skipped = [basename(f.path) for f in found if f not in tfrecords]
+        log.info("%s: converting its %d TFRecord file(s); %d other file(s) skipped (e.g. %s)", path, len(tfrecords),
+                 len(skipped), skipped[0])
+    return tfrecords
+
+
+def check_output_outside(inputs: list[InputFile], pattern: str, output: str) -> None:
+    """An output among the inputs would be read back as input on the next run: refuse it up front."""
+    prefix = output.rstrip("/") + "/"
+    inside = [f.path for f in inputs if f.path.startswith(prefix) or f.path == output.rstrip("/")]
+    if inside:
+        raise ValueError(f"--output {output!r} is inside --input {pattern!r} (it matches {inside[0]!r}); the "
+                         "converted shards would be read as inputs next time: choose an --output outside the input")
 
 
 def check_unique_outputs(sources: list[str]) -> None:

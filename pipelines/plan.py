@@ -56,6 +56,7 @@ def make_plan(config: ConvertConfig) -> Plan:
         kind = "tfrecord"
         inputs = [(f, None, None) for f in paths.list_inputs(config.input)]
     paths.check_unique_outputs([f.path for f, _, _ in inputs])
+    paths.check_output_outside([f for f, _, _ in inputs], config.input, config.output)
 
     previous = read_manifest(config.output)
     if previous is not None and previous.kind != kind:
