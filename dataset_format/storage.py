@@ -220,6 +220,53 @@ def write_text(path: str, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def create(path: str, data: bytes) -> bool:
+    """Writes `path` only if nothing is there: a local file opened with O_EXCL, a gs:// object uploaded with
+    `if_generation_match=0`. False when something already is."""
+    if not is_remote(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    if exists(path):  # real Cloud Storage also refuses the upload below (412); the GCS emulator does not
+        return False
+    return write_versioned(path, data, generation=0) is not None
+
+
+def read_versioned(path: str) -> tuple[bytes | None, int | None]:
+    """(contents or None, the gs:// object's generation, 0 when absent; None for local files)."""
+    if not is_remote(path):
+        return read_bytes(path), None
+    blob = _blob(path)
+    with _gcs_errors(path):
+        if not blob.exists(retry=_retry()):
+            return None, 0
+        data = blob.download_as_bytes(retry=_retry())
+    return data, blob.generation
+
+
+def write_versioned(path: str, data: bytes, *, generation: int | None) -> int | None:
+    """Writes `path` if it is still at `generation` (gs://; 0: absent; None: unconditionally) and returns the new
+    generation, or None when another writer got there first. Local files are replaced unconditionally."""
+    if not is_remote(path):
+        write_bytes(path, data)
+        return None
+    from google.api_core import exceptions
+
+    blob = _blob(path)
+    try:
+        with _gcs_errors(path):
+            blob.upload_from_string(data, content_type="application/json", if_generation_match=generation,
+                                    retry=_retry())
+    except exceptions.PreconditionFailed:
+        return None
+    return blob.generation
+
+
 def upload(local_path: str, remote_path: str) -> None:
     """Copies a finished local file to `remote_path`; the object appears whole or not at all."""
     with _gcs_errors(remote_path):

@@ -21,6 +21,7 @@ import sys
 import time
 
 from dataset_format import logs
+from pipelines.lease import LeaseHeld
 from pipelines.config import ConvertConfig, DEFAULT_COMPRESSION
 
 log = logging.getLogger("pipelines")
@@ -61,7 +62,7 @@ def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.Argum
 
 
 # Flags of `convert` that are not conversion parameters (and so not in dataflow/metadata.json).
-LAUNCH_FLAGS = ("no_wait",)
+LAUNCH_FLAGS = ("no_wait", "break_lock")
 
 
 def _config(args: argparse.Namespace) -> ConvertConfig:
@@ -73,10 +74,11 @@ def _config(args: argparse.Namespace) -> ConvertConfig:
 def convert_main(argv: list[str]) -> int:
     p = _convert_parser()
     _flag(p, "no_wait", "on Dataflow, return once the job is submitted (the job writes the manifest last)")
+    _flag(p, "break_lock", "take over the output's lease from a run known to be dead (OUT/.lease.json)")
     args, beam_args = p.parse_known_args(argv)
     from pipelines.run import run_conversion
 
-    outcome = run_conversion(_config(args), beam_args, wait=not args.no_wait)
+    outcome = run_conversion(_config(args), beam_args, wait=not args.no_wait, break_lock=args.break_lock)
     print(outcome.summary())
     return 0 if outcome.ok else 1
 
@@ -152,6 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup()
     try:
         return _COMMANDS[argv[0]](argv[1:])
-    except (FileNotFoundError, PermissionError, ValueError) as e:
+    except (FileNotFoundError, PermissionError, ValueError, LeaseHeld) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

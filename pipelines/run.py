@@ -19,6 +19,7 @@ from dataset_format.manifest import Manifest
 from pipelines import dataflow, report
 from pipelines.config import ConvertConfig
 from pipelines.convert import ConvertToArrayRecord, finalize
+from pipelines.lease import Lease
 from pipelines.plan import Plan, make_plan, read_manifest
 
 log = logging.getLogger(__name__)
@@ -63,16 +64,24 @@ class Outcome:
         return "\n".join(lines)
 
 
-def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *, wait: bool = True) -> Outcome:
+def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *, wait: bool = True,
+                   break_lock: bool = False) -> Outcome:
     """Converts what changed; returns once the manifest in `config.output` is written, or, when
     `wait` is False or the options ask for a job description (`--template_location`), once the
-    job is launched."""
+    job is launched. A local run holds the output's lease throughout (pipelines/lease.py)."""
     started = time.monotonic()
     on_dataflow = dataflow.is_dataflow(PipelineOptions(beam_args or []))
     if on_dataflow:
         dataflow.check_remote_paths(config.input, config.output)
-    plan = make_plan(config)
+    plan = make_plan(config)  # reads only: bad input fails here, before anything is written
     storage.check_writable(config.output)
+    if on_dataflow:
+        return _run(config, beam_args, wait, started, on_dataflow, plan)
+    with Lease(config.output, break_lock=break_lock):
+        return _run(config, beam_args, wait, started, on_dataflow, make_plan(config))  # again, as the lease holder
+
+
+def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_dataflow: bool, plan: Plan) -> Outcome:
     _remove_dead_temp_files(config.output)
     log.info("plan: %s", plan.describe())
     options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks))
