@@ -143,6 +143,19 @@ def list_sizes(directory: str) -> dict[str, int]:
             for b in _list(prefix, delimiter="/") if not b.name.endswith("/")}
 
 
+def list_details(directory: str) -> dict[str, tuple[int, float]]:
+    """Base name -> (size, modification time in seconds) of the files directly under `directory`; {} if none."""
+    if not is_remote(directory):
+        try:
+            return {e.name: (st.st_size, st.st_mtime) for e in os.scandir(directory) if e.is_file()
+                    for st in [e.stat()]}
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+    prefix = directory.rstrip("/") + "/"
+    return {basename(GCS + b.bucket.name + "/" + b.name): (b.size, b.updated.timestamp())
+            for b in _list(prefix, delimiter="/") if not b.name.endswith("/")}
+
+
 def glob(pattern: str) -> list[str]:
     """Files matching `pattern`, sorted. On gs://, `*` and `?` stay within one path segment and `**` crosses
     them (as Beam and gsutil read globs); the listing starts at the literal prefix before the first wildcard."""

@@ -1,9 +1,10 @@
-"""`python -m pipelines {convert,plan,verify,make-demo}`.
+"""`python -m pipelines {convert,plan,verify,status,make-demo}`.
 
     python -m pipelines convert --input 'data/train-*.tfrecord' --output out/ [Beam options]
     python -m pipelines convert --input ~/tensorflow_datasets/digits/1.0.0 --output gs://b/digits/1.0.0
     python -m pipelines plan --input 'gs://b/raw/*.tfrecord' --output gs://b/ar [--json plan.json]
     python -m pipelines verify --output out/ [--deep]
+    python -m pipelines status --output gs://b/ar      # how far a running conversion has got
     python -m pipelines make-demo --output data/ --num-shards 4 [--kind text]
 
 Unknown flags of `convert` are Beam pipeline options and pass through unchanged
@@ -143,7 +144,20 @@ def make_demo_main(argv: list[str]) -> int:
     return 0
 
 
-_COMMANDS = {"convert": convert_main, "plan": plan_main, "verify": verify_main, "make-demo": make_demo_main}
+def status_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines status",
+                                description="How far a conversion of OUT has got (local or Dataflow), from its "
+                                            "commit records, lease and manifest.")
+    p.add_argument("--output", required=True)
+    args = p.parse_args(argv)
+    from pipelines.progress import status
+
+    print(status(args.output))
+    return 0
+
+
+_COMMANDS = {"convert": convert_main, "plan": plan_main, "verify": verify_main, "status": status_main,
+             "make-demo": make_demo_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,14 +30,16 @@ log = logging.getLogger(__name__)
 
 _NAMESPACE = "pipelines.convert"
 FAILED = "failed"
+SHARD_LINES_UP_TO = 36  # a line per converted shard at INFO up to this many shards; past it, the progress line
 
 
 class _ConvertShardFn(beam.DoFn):
     """Converts one shard; a shard with bad data goes to the FAILED output, never half-written."""
 
-    def __init__(self, writer_options: str, skip_corrupt: bool):
+    def __init__(self, writer_options: str, skip_corrupt: bool, shard_log_level: int = logging.INFO):
         self._writer_options = writer_options
         self._skip_corrupt = skip_corrupt
+        self._shard_log_level = shard_log_level
 
     def setup(self):
         self._records = Metrics.counter(_NAMESPACE, "records_written")
@@ -63,8 +65,8 @@ class _ConvertShardFn(beam.DoFn):
         self._converted.inc()
         self._bytes_written.inc(result.entry.bytes)
         self._corrupt.inc(len(result.corruptions))
-        log.info("converted %s -> %s: %d records, %.1f MB", task.source.path, task.relative_path,
-                 result.entry.records, result.entry.bytes / 1e6)
+        log.log(self._shard_log_level, "converted %s -> %s: %d records, %.1f MB", task.source.path,
+                task.relative_path, result.entry.records, result.entry.bytes / 1e6)
         yield result
 
 
@@ -82,7 +84,9 @@ class ConvertShards(beam.PTransform):
             pbegin
             | "ListShards" >> beam.Create(self._tasks)
             | "Distribute" >> beam.Reshuffle()
-            | "ConvertShard" >> beam.ParDo(_ConvertShardFn(self._writer_options, self._skip_corrupt))
+            | "ConvertShard" >> beam.ParDo(_ConvertShardFn(
+                self._writer_options, self._skip_corrupt,
+                logging.INFO if len(self._tasks) <= SHARD_LINES_UP_TO else logging.DEBUG))
             .with_outputs(FAILED, main="converted")
         )
 

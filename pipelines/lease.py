@@ -31,13 +31,13 @@ class LeaseHeld(RuntimeError):
     """Another live run holds the output's lease."""
 
 
-def _describe(lease: dict) -> str:
+def describe(lease: dict) -> str:
     age = time.time() - lease.get("heartbeat", 0)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lease.get("started", 0)))
     return f"host {lease.get('host')!r} pid {lease.get('pid')}, since {started}, last heartbeat {age:.0f} s ago"
 
 
-def _dead(lease: dict, ttl: float) -> str | None:
+def dead(lease: dict, ttl: float) -> str | None:
     """Why the holder is known dead, or None."""
     if time.time() - lease.get("heartbeat", 0) > ttl:
         return f"no heartbeat for over {ttl:.0f} s"
@@ -65,12 +65,12 @@ class Lease:
     def __enter__(self) -> Lease:
         if not self._create():
             current, generation = self._read()
-            reason = "--break-lock" if self._break else (_dead(current, self._ttl) if current else "it vanished")
+            reason = "--break-lock" if self._break else (dead(current, self._ttl) if current else "it vanished")
             if reason is None:
-                raise LeaseHeld(f"{self._output} is being converted by another run ({_describe(current)}); wait for "
+                raise LeaseHeld(f"{self._output} is being converted by another run ({describe(current)}); wait for "
                                 f"it to finish, or pass --break-lock if that run is dead ({LEASE_NAME} in the output)")
             log.warning("taking over the lease of %s from %s: %s", self._output,
-                        _describe(current) if current else "nobody", reason)
+                        describe(current) if current else "nobody", reason)
             self._write(expected_generation=generation)
         self._thread = threading.Thread(target=self._beat, daemon=True, name="lease-heartbeat")
         self._thread.start()

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -21,6 +22,7 @@ from pipelines.config import ConvertConfig
 from pipelines.convert import ConvertToArrayRecord, finalize
 from pipelines.lease import Lease
 from pipelines.plan import Plan, make_plan, read_manifest
+from pipelines.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,11 @@ def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_datafl
     if plan.tasks or template:
         pipeline = beam.Pipeline(runner=_runner(options), options=options)
         _ = pipeline | "ConvertToArrayRecord" >> ConvertToArrayRecord(config, plan)
-        result = pipeline.run()
+        local = not (template or on_dataflow)
+        with Progress(config.output, plan.tasks) if local else contextlib.nullcontext():  # from the commit records
+            result = pipeline.run()
+            if local:
+                result.wait_until_finish()
         if template:
             return Outcome(plan, None, 0, time.monotonic() - started, 0,
                            launched=f"job description written to {template} (not submitted)")

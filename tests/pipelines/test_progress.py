@@ -1,0 +1,40 @@
+"""Progress: a line from the commit records while a local run goes on, and `status` for a run anywhere."""
+
+import signal
+
+from pipelines.progress import format_line
+from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
+from tests.pipelines.test_resume import _killed_run, job  # noqa: F401 - the killed-run fixture and helper
+
+
+def test_the_progress_line_says_shards_records_rate_and_eta():
+    assert format_line(412, 1000, 8_240_000, 1_650_300_000, 4_005_000_000, 40.0) == (
+        "converting: 412/1000 shards, 8,240,000 records, 1,650.3 MB (41.3 MB/s), ETA 0:00:57")
+    assert format_line(3, 3, 30, 3_000_000, 3_000_000, 2.0) == "converting: 3/3 shards, 30 records, 3.0 MB (1.5 MB/s)"
+
+
+def test_many_shards_log_a_progress_line_not_a_line_each(tmp_path):
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 20) for i in range(40)])
+    proc = run_cli("convert", "--input", str(tmp_path / "in" / "*"), "--output", str(tmp_path / "out"), check=True)
+    assert "converted /" not in proc.stderr  # per-shard lines are DEBUG past 36 shards
+    lines = [line for line in proc.stderr.splitlines() if "converting: " in line]
+    assert lines and "converting: 40/40 shards, 800 records, " in lines[-1], proc.stderr[-2000:]
+    few = run_cli("convert", "--input", str(tmp_path / "in" / "train-0000[0-2]*"), "--output",
+                  str(tmp_path / "few"), check=True)
+    assert few.stderr.count(": converted /") == 3  # a line per shard (from the worker processes)
+
+
+def test_status_of_a_killed_run_and_of_a_finished_one(job):  # noqa: F811 - the fixture
+    assert _killed_run(job, "commit:3") == -signal.SIGKILL
+    out = str(job / "out")
+    killed = run_cli("status", "--output", out, check=True).stdout
+    assert "is dead (its process is gone); the next run takes over" in killed
+    assert "manifest: none yet (no run has finished)" in killed
+    committed = int(killed.split("committed since the manifest: ")[1].split(" shard(s)")[0])
+    assert committed >= 3 and f"{committed * 3000:,} records" in killed
+
+    run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", out, check=True)
+    done = run_cli("status", "--output", out, check=True).stdout
+    assert "running: no local run holds the lease" in done
+    assert "manifest: 8 shards, 24,000 records, written " in done
+    assert "committed since the manifest: 0 shard(s)" in done
