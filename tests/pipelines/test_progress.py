@@ -4,7 +4,7 @@ import signal
 
 from pipelines.progress import format_line
 from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
-from tests.pipelines.test_resume import _killed_run, job  # noqa: F401 - the killed-run fixture and helper
+from tests.pipelines.conftest import killed_run
 
 
 def test_the_progress_line_says_shards_records_rate_and_eta():
@@ -24,8 +24,8 @@ def test_many_shards_log_a_progress_line_not_a_line_each(tmp_path):
     assert few.stderr.count(": converted /") == 3  # a line per shard (from the worker processes)
 
 
-def test_status_of_a_killed_run_and_of_a_finished_one(job):  # noqa: F811 - the fixture
-    assert _killed_run(job, "commit:3") == -signal.SIGKILL
+def test_status_of_a_killed_run_and_of_a_finished_one(job):
+    assert killed_run(job, "commit:3") == -signal.SIGKILL
     out = str(job / "out")
     killed = run_cli("status", "--output", out, check=True).stdout
     assert "is dead (its process is gone); the next run takes over" in killed
