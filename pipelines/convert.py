@@ -19,7 +19,7 @@ from apache_beam.metrics import Metrics
 
 from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest
-from pipelines import commits, report, tfds_dir
+from pipelines import commits, report, tasks as shard_tasks, tfds_dir
 from pipelines.config import ConvertConfig
 from pipelines.plan import Plan
 from pipelines.shard import ShardCountMismatch, ShardResult, ShardTask, convert_shard
@@ -71,22 +71,27 @@ class _ConvertShardFn(beam.DoFn):
 
 
 class ConvertShards(beam.PTransform):
-    """Tasks -> `converted` (ShardResult) and `failed` ({source, error}) PCollections."""
+    """Staged task files -> `converted` (ShardResult) and `failed` ({source, error}) PCollections.
 
-    def __init__(self, tasks: tuple[ShardTask, ...], writer_options: str, skip_corrupt: bool):
+    The job description holds only the task files' names (pipelines/tasks.py); the workers read the tasks and
+    one Reshuffle spreads them (a Create of the tasks themselves would inline them, and reshuffle once more)."""
+
+    def __init__(self, task_files: list[str], num_tasks: int, writer_options: str, skip_corrupt: bool):
         super().__init__()
-        self._tasks = tasks
+        self._task_files = task_files
+        self._num_tasks = num_tasks
         self._writer_options = writer_options
         self._skip_corrupt = skip_corrupt
 
     def expand(self, pbegin):
         return (
             pbegin
-            | "ListShards" >> beam.Create(self._tasks)
+            | "ListShards" >> beam.Create(self._task_files, reshuffle=False)
+            | "ReadShardList" >> beam.FlatMap(shard_tasks.read)
             | "Distribute" >> beam.Reshuffle()
             | "ConvertShard" >> beam.ParDo(_ConvertShardFn(
                 self._writer_options, self._skip_corrupt,
-                logging.INFO if len(self._tasks) <= SHARD_LINES_UP_TO else logging.DEBUG))
+                logging.INFO if self._num_tasks <= SHARD_LINES_UP_TO else logging.DEBUG))
             .with_outputs(FAILED, main="converted")
         )
 
@@ -94,26 +99,32 @@ class ConvertShards(beam.PTransform):
 class ConvertToArrayRecord(beam.PTransform):
     """Converts the plan's shards, then writes the report, TFDS metadata and manifest once."""
 
-    def __init__(self, config: ConvertConfig, plan: Plan):
+    def __init__(self, config: ConvertConfig, plan: Plan, tasks_dir: str | None = None):
+        """`tasks_dir`: where the shard list is staged (pipelines/tasks.py; default OUT/.tasks)."""
         super().__init__()
         self._config = config
         self._plan = plan
+        self._run_id = shard_tasks.new_run_id()
+        self._tasks_dir = tasks_dir or shard_tasks.local_dir(config.output)
 
     def expand(self, pbegin):
+        task_files = shard_tasks.stage(self._plan.tasks, self._tasks_dir, self._run_id)
         shards = pbegin | "Convert" >> ConvertShards(
-            self._plan.tasks, self._config.resolved_writer_options, self._config.skip_corrupt)
+            task_files, len(self._plan.tasks), self._config.resolved_writer_options, self._config.skip_corrupt)
         return (
             pbegin
             | "Once" >> beam.Create([None])
             | "WriteManifest" >> beam.Map(
-                _finalize_once, self._config, self._plan,
+                _finalize_once, self._config, self._plan.without_tasks(), self._tasks_dir, self._run_id,
                 converted=beam.pvalue.AsList(shards.converted),
                 failed=beam.pvalue.AsList(shards.failed))
         )
 
 
-def _finalize_once(_, config: ConvertConfig, plan: Plan, converted, failed) -> Manifest:
-    return finalize(config, plan, list(converted), list(failed))
+def _finalize_once(_, config: ConvertConfig, plan: Plan, tasks_dir: str, run_id: str, converted, failed) -> Manifest:
+    manifest = finalize(config, plan, list(converted), list(failed))
+    shard_tasks.delete_run(tasks_dir, run_id)
+    return manifest
 
 
 def finalize(config: ConvertConfig, plan: Plan, converted: list[ShardResult], failed: list[dict]) -> Manifest:
@@ -123,11 +134,7 @@ def finalize(config: ConvertConfig, plan: Plan, converted: list[ShardResult], fa
         storage.delete_quietly(storage.join(config.output, entry.path))
         commits.delete(config.output, entry.path)
     converted = list(plan.recovered) + converted  # shards an interrupted run committed count as converted now
-    split_rank = {}
-    for task in plan.tasks:
-        split_rank.setdefault(task.split, len(split_rank))
-    for entry in plan.entries_after:
-        split_rank.setdefault(entry.split, len(split_rank))
+    split_rank = {split: rank for rank, split in enumerate(plan.split_order)}
     entries = sorted(plan.entries_after + tuple(r.entry for r in converted),
                      key=lambda e: (split_rank.get(e.split, 0), e.source))
     failed = sorted(failed, key=lambda f: f["source"])

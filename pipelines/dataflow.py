@@ -41,6 +41,17 @@ def is_dataflow(options) -> bool:
     return (options.view_as(StandardOptions).runner or "").lower() in ("dataflowrunner", "dataflow")
 
 
+def temp_location(options) -> str:
+    """Where the job stages its files (--temp_location, else --staging_location); raises naming the flag."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    cloud = options.view_as(GoogleCloudOptions)
+    location = cloud.temp_location or cloud.staging_location
+    if not location:
+        raise ValueError("a Dataflow run needs --temp_location gs://BUCKET/tmp (the job stages its files there)")
+    return location
+
+
 def template_location(options) -> str | None:
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 

@@ -30,6 +30,15 @@ class Plan:
     pruned: tuple[ShardEntry, ...]  # source gone; output to delete
     recovered: tuple[ShardResult, ...] = ()  # committed by a run that died before its manifest (pipelines/commits.py)
 
+    @property
+    def split_order(self) -> tuple[str | None, ...]:
+        """The splits in input order (TFDS: the order of dataset_info.json), for the manifest's shard order."""
+        return tuple(dict.fromkeys([t.split for t in self.tasks] + [e.split for e in self.entries_after]))
+
+    def without_tasks(self) -> FinalizePlan:
+        """What the last step needs, without the task list (which would otherwise travel in the job description)."""
+        return FinalizePlan(self.kind, (), self.kept, self.orphaned, self.pruned, self.recovered, self.split_order)
+
     def describe(self) -> str:
         recovered = f", {len(self.recovered)} recovered from an interrupted run" if self.recovered else ""
         return (f"{len(self.tasks)} shard(s) to convert, {len(self.kept)} up to date{recovered}, "
@@ -39,6 +48,17 @@ class Plan:
     def entries_after(self) -> tuple[ShardEntry, ...]:
         """Entries that stay in the manifest whatever this run's tasks do."""
         return self.kept + self.orphaned
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalizePlan(Plan):
+    """A Plan whose tasks were left out, with the split order they gave."""
+
+    splits: tuple[str | None, ...] = ()
+
+    @property
+    def split_order(self) -> tuple[str | None, ...]:
+        return self.splits
 
 
 def read_manifest(output: str) -> Manifest | None:

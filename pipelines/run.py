@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from dataset_format import storage
 from dataset_format.manifest import Manifest
-from pipelines import dataflow, report
+from pipelines import dataflow, report, tasks as shard_tasks
 from pipelines.config import ConvertConfig
 from pipelines.convert import ConvertToArrayRecord, finalize
 from pipelines.lease import Lease
@@ -93,7 +93,8 @@ def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_datafl
     # even with nothing to convert: the job then only rewrites the manifest.
     if plan.tasks or template:
         pipeline = beam.Pipeline(runner=_runner(options), options=options)
-        _ = pipeline | "ConvertToArrayRecord" >> ConvertToArrayRecord(config, plan)
+        tasks_dir = shard_tasks.dataflow_dir(dataflow.temp_location(options)) if on_dataflow else None
+        _ = pipeline | "ConvertToArrayRecord" >> ConvertToArrayRecord(config, plan, tasks_dir)
         local = not (template or on_dataflow)
         with Progress(config.output, plan.tasks) if local else contextlib.nullcontext():  # from the commit records
             result = pipeline.run()
@@ -124,6 +125,9 @@ def _remove_dead_temp_files(output: str) -> None:
         storage.delete_quietly(storage.join(output, name))
     if dead:
         log.info("removed %d temporary file(s) left by an interrupted run (e.g. %s)", len(dead), dead[0])
+    staged = shard_tasks.delete_run(shard_tasks.local_dir(output))
+    if staged:
+        log.info("removed %d shard-list file(s) left by an interrupted run", staged)
 
 
 def pipeline_options(beam_args: list[str], *, num_tasks: int) -> PipelineOptions:
