@@ -1,4 +1,5 @@
 import os
+import shutil
 
 import pytest
 
@@ -32,9 +33,7 @@ def all_records():
 def rotten_copy(converted, tmp_path):
     """A copy of `converted` whose shard 2 has the right size but bad bytes in its first records' chunks."""
     broken = tmp_path / "rot"
-    broken.mkdir()
-    for f in converted.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(converted, broken)
     shard = broken / "train-00002-of-00005.array_record"
     data = bytearray(shard.read_bytes())
     data[100:2000] = os.urandom(1900)  # records' chunks near the start of the file: same size, bad content

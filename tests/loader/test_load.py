@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -231,9 +232,7 @@ def test_bad_sources_are_named(converted, tmp_path):
         loader.load(str(tmp_path / "parent"), batch_size=4)
 
     broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in converted.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(converted, broken)
     os.remove(broken / "train-00003-of-00005.array_record")
     with pytest.raises(FileNotFoundError, match="train-00003-of-00005.array_record is listed in manifest.json but missing"):
         loader.load(str(broken), batch_size=4)

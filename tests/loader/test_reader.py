@@ -87,7 +87,8 @@ def test_remote_shards_always_take_list_calls(gcs_bucket, converted):
     """gs:// shards: each record is a range request; a list call issues them from ArrayRecord's pool."""
     bucket, client = gcs_bucket
     for f in converted.iterdir():
-        client.bucket(bucket).blob(f"ds/{f.name}").upload_from_filename(str(f))
+        if f.is_file():  # the dataset; not the converter's own .shards/ records
+            client.bucket(bucket).blob(f"ds/{f.name}").upload_from_filename(str(f))
     remote = resolve(f"gs://{bucket}/ds")
     reader = BatchReader(remote)
     assert reader.list_share(1) == 1.0
