@@ -9,17 +9,22 @@ from pipelines.demo import write_digits_tfrecords
 from tests.conftest import REPO
 
 
+def convert_splits(root: Path, name: str) -> dict[str, Path]:
+    """Converts the demo shards `root/tfrecord/{name}-{split}.tfrecord-*` of each split: {'train': dir, 'test': dir}."""
+    out = {}
+    for split in ("train", "test"):
+        out[split] = root / split
+        run_conversion(ConvertConfig(input=str(root / "tfrecord" / f"{name}-{split}.tfrecord-*"), output=str(out[split])),
+                       ["--direct_num_workers=1"])
+    return out
+
+
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory):
     """The digits demo converted by the real pipeline: {'train': dir, 'test': dir}."""
     root = tmp_path_factory.mktemp("digits")
     write_digits_tfrecords(str(root / "tfrecord"), num_shards=2)
-    out = {}
-    for split in ("train", "test"):
-        out[split] = root / split
-        run_conversion(ConvertConfig(input=str(root / "tfrecord" / f"digits-{split}.tfrecord-*"), output=str(out[split])),
-                       ["--direct_num_workers=1"])
-    return out
+    return convert_splits(root, "digits")
 
 
 def run_trainer(*overrides: str, devices: int = 1, timeout: int = 300, popen: bool = False,

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 import loader
-from pipelines import ConvertConfig, run_conversion
 from pipelines.demo import stdlib_passages, unigram_bits_per_byte, write_text_tfrecords
 from trainer import TrainConfig
 from trainer.tasks import BOS, BYTE_OFFSET, LanguageModel
-from tests.trainer.conftest import run_trainer
+from tests.trainer.conftest import convert_splits, run_trainer
 
 
 @pytest.fixture(scope="session")
@@ -18,12 +17,7 @@ def stdlib_text(tmp_path_factory):
     """1 MB of stdlib sources as text Examples, converted: {'train': dir, 'test': dir}."""
     root = tmp_path_factory.mktemp("text")
     write_text_tfrecords(str(root / "tfrecord"), num_shards=2, max_bytes=1 << 20)
-    out = {}
-    for split in ("train", "test"):
-        out[split] = root / split
-        run_conversion(ConvertConfig(input=str(root / "tfrecord" / f"text-{split}.tfrecord-*"), output=str(out[split])),
-                       ["--direct_num_workers=1"])
-    return out
+    return convert_splits(root, "text")
 
 
 def _metrics(workdir):
