@@ -273,7 +273,7 @@ def write_versioned(path: str, data: bytes, *, generation: int | None) -> int | 
     blob = _blob(path)
     try:
         with _gcs_errors(path):
-            blob.upload_from_string(data, content_type="application/json", if_generation_match=generation,
+            blob.upload_from_string(data, content_type="application/octet-stream", if_generation_match=generation,
                                     retry=_retry())
     except exceptions.PreconditionFailed:
         return None

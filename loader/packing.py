@@ -203,11 +203,11 @@ class PackedIterator(Iterator):
 
     def __init__(self, loader: PackedLoader):
         self._loader = loader
-        self._pool = ThreadPoolExecutor(max_workers=max(1, loader._prefetch), thread_name_prefix="packing")
         self._lock = threading.Lock()
         self._start(0)
 
     def _start(self, k: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=max(1, self._loader._prefetch), thread_name_prefix="packing")
         self._next, self._consumed, self._pending = k, k, {}
         self._device = None
         if self._loader._sharding is not None:
@@ -242,7 +242,6 @@ class PackedIterator(Iterator):
         if mismatched:
             raise ValueError(f"this packed loader state does not match the data or options (saved, now): {mismatched}")
         self.close()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, self._loader._prefetch), thread_name_prefix="packing")
         self._start(int(state["next_batch"]))
 
     def close(self) -> None:

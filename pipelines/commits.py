@@ -10,6 +10,7 @@ the report from the records. Readers never see them (dot-prefixed directory).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,8 +25,6 @@ def record_path(output: str, relative: str) -> str:
 
 
 def write(output: str, entry: ShardEntry, corruptions: tuple[dict, ...]) -> None:
-    import dataclasses
-
     storage.write_text(record_path(output, entry.path),
                        json.dumps({"entry": dataclasses.asdict(entry), "corruptions": list(corruptions)}))
 

@@ -88,25 +88,24 @@ class Progress:
     def _run(self) -> None:
         last_log = 0.0
         while not self._stop.wait(POLL_S):
-            try:
-                text = self.line()
-            except Exception as e:  # noqa: BLE001 - progress is a nicety; the conversion goes on
-                log.debug("progress: %s", e)
-                continue
-            if self._tty:
-                self._stream.write("\r" + text + " " * 8)
-                self._stream.flush()
-            elif time.monotonic() - last_log >= LOG_EVERY_S:
-                log.info("%s", text)
+            due = time.monotonic() - last_log >= LOG_EVERY_S
+            if self._show(log_it=due) and due:
                 last_log = time.monotonic()
+        self._show(log_it=True)  # the final count
+
+    def _show(self, log_it: bool) -> bool:
+        """Redraws the line on a terminal, or logs it when `log_it`; False when the records could not be read."""
         try:
             text = self.line()
-            if self._tty:
-                self._stream.write("\r" + text + " " * 8)
-            else:
-                log.info("%s", text)
-        except Exception:  # noqa: BLE001 - see above
-            pass
+        except Exception as e:  # noqa: BLE001 - progress is a nicety; the conversion goes on
+            log.debug("progress: %s", e)
+            return False
+        if self._tty:
+            self._stream.write("\r" + text + " " * 8)
+            self._stream.flush()
+        elif log_it:
+            log.info("%s", text)
+        return True
 
 
 def status(output: str) -> str:

@@ -23,6 +23,7 @@ import optax
 import orbax.checkpoint as ocp
 
 import loader
+from loader.decode import collate
 from dataset_format import storage, tfds_info
 from trainer import models, optim, strategy as strategies, tasks
 from trainer.config import TrainConfig
@@ -230,7 +231,7 @@ def _sample(data: str, split: str | None, task) -> dict[str, np.ndarray]:
                          f"{sorted(record)} (set image_key= / label_key= / text_key=, or the task's own keys)")
     if not hasattr(task, "preprocess"):
         return {f: record[f] for f in task.features}
-    return next(iter(loader.load(data, **one, features=task.features, map_fn=task.preprocess)))
+    return collate([task.preprocess({f: record[f][0] for f in task.features})])
 
 
 def _caster(dtype: str):
