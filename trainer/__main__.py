@@ -19,10 +19,10 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from trainer.train import train_and_evaluate
+    from trainer.launch import run
 
     try:
-        summary = train_and_evaluate(config)
+        summary = run(config)
     except (ValueError, FileNotFoundError) as e:  # bad data, strategy or hardware: say what, not where
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -10,7 +10,8 @@ import json
 import types
 import typing
 
-STRATEGIES = ("default", "one_device", "mirrored", "fsdp", "multi_worker", "tpu")
+STRATEGIES = ("default", "one_device", "mirrored", "central_storage", "fsdp", "multi_worker", "tpu", "parameter_server")
+MODES = ("train", "evaluate")
 OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16")
@@ -23,12 +24,20 @@ class TrainConfig:
     eval_data: str | None = None
     task: str = "classification"  # or package.module:attr, your own (trainer/tasks.py)
     model: str = "cnn"  # mlp, cnn, transformer, or package.module:attr naming a flax.linen.Module (class or function)
+    mode: str = "train"  # or evaluate: the sidecar evaluator (trainer/evaluator.py; also TF_CONFIG type "evaluator")
     strategy: str = "default"
     device: str | None = None  # for one_device, e.g. "cpu:0" or "gpu:1"
     # multi_worker: explicit cluster (else TF_CONFIG, else JAX's auto-detection on TPU VMs, Slurm, GKE, ...)
     coordinator_address: str | None = None  # host:port of process 0
     num_processes: int | None = None
     process_id: int | None = None
+    # parameter_server (trainer/parameter_server.py): Ray actors on this machine, or on a Ray cluster
+    num_workers: int = 2
+    num_ps: int = 1
+    ps_min_shard_bytes: int = 256 << 10  # a variable is split across ps tasks in shards of at least this size
+    ray_address: str | None = None  # join this Ray cluster (else TF_CONFIG's chief, else a local one)
+    # evaluate: stop after evaluating step `steps`, or after this many seconds without a new checkpoint
+    eval_timeout: float = 3600.0
     steps: int = 1000
     batch_size: int = 128  # global
     learning_rate: float = 1e-3  # the peak, after warmup
@@ -64,12 +73,17 @@ class TrainConfig:
                      "seq_len", "vocab_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
+        for name in ("num_workers", "num_ps", "ps_min_shard_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
+        if self.eval_timeout <= 0:
+            raise ValueError(f"eval_timeout must be > 0 seconds (got eval_timeout={self.eval_timeout})")
         for name in ("data_workers", "in_memory_batches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0 (got learning_rate={self.learning_rate})")
-        for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("dtype", DTYPES)):
+        for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("dtype", DTYPES), ("mode", MODES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         for name in ("warmup_steps", "weight_decay", "momentum", "grad_clip"):
@@ -102,6 +116,8 @@ class TrainConfig:
         unknown = sorted(set(values) - set(fields))
         if unknown:
             raise ValueError(f"unknown config key(s) {unknown}; the keys are {sorted(fields)}")
+        if values.get("mode") == "evaluate" and "data" not in values and "eval_data" in values:
+            values["data"] = values["eval_data"]  # the evaluator reads eval_data only
         missing = [k for k in ("data", "workdir") if k not in values]
         if missing:
             raise ValueError(f"missing required key(s) {missing}, e.g. data=out/train workdir=/tmp/run")

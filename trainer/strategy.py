@@ -10,14 +10,16 @@
 Every strategy is a mesh plus two shardings: parameters (`P()`, replicated; or sharded on an
 `fsdp` axis) and batches (`P(axis)`, split over the data axis). `run` is `jax.jit` with those
 shardings; XLA inserts the all-reduce of the gradients (FIELD-NOTES: mirrored matches one device to ~1e-5).
+central_storage is mirrored with the parameters (and optimizer state) kept in host memory (`pinned_host`):
+the step brings them to the devices (`on_devices`), all-reduces the gradients there, updates, and its
+out_shardings put the new state back in host memory, as tf's CentralStorageStrategy keeps variables on the CPU.
+The asynchronous parameter_server strategy is not a mesh: see trainer/parameter_server.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -38,6 +40,7 @@ class Strategy:
     mesh: Mesh
     data_axis: str = "data"
     shard_params: bool = False  # fsdp: the largest divisible dimension of each parameter on the data axis
+    param_memory_kind: str | None = None  # central_storage: "pinned_host" (None: the devices' default memory)
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -49,10 +52,14 @@ class Strategy:
 
     @property
     def replicated(self) -> NamedSharding:
+        """Replicated on the devices (step outputs such as the loss, evaluation inputs)."""
         return NamedSharding(self.mesh, P())
 
     def param_sharding(self, params: Any) -> Any:
-        """The sharding of each parameter leaf (a pytree matching `params`)."""
+        """Where each parameter leaf lives (a pytree matching `params`); in host memory for central_storage."""
+        if self.param_memory_kind:
+            host = NamedSharding(self.mesh, P(), memory_kind=self.param_memory_kind)
+            return jax.tree.map(lambda _: host, params)
         if not self.shard_params:
             return jax.tree.map(lambda _: self.replicated, params)
         n = self.num_replicas_in_sync
@@ -82,6 +89,13 @@ class Strategy:
         """Places a pytree of host values (e.g. initial parameters) per `param_sharding`."""
         return jax.device_put(tree, self.param_sharding(tree))
 
+    def on_devices(self, tree: Any) -> Any:
+        """The parameters where the computation runs: for central_storage a copy from host memory to the devices
+        (inside a jitted step, XLA's transfer; outside, a device_put); the tree itself for the others."""
+        if not self.param_memory_kind:
+            return tree
+        return jax.device_put(tree, jax.tree.map(lambda _: self.replicated, tree))
+
     def distribute(self, batch: Any) -> Any:
         """This process's rows of a batch -> global jax.Arrays split over the data axis."""
         from loader.device import to_global_arrays
@@ -93,11 +107,40 @@ class Strategy:
         for batch in batches:
             yield self.distribute(batch)
 
+    def distribute_datasets_from_function(self, dataset_fn: Callable[[InputContext], Iterable]) -> Iterator:
+        """Like tf's: `dataset_fn(input_context)` is called once in each process and returns that process's
+        batches (its share of the rows: `input_context.get_per_replica_batch_size(global_batch)` per replica);
+        each becomes a global batch of jax.Arrays on the mesh."""
+        context = InputContext(num_input_pipelines=jax.process_count(), input_pipeline_id=jax.process_index(),
+                               num_replicas_in_sync=self.num_replicas_in_sync)
+        return self.experimental_distribute_dataset(dataset_fn(context))
+
+    def experimental_local_results(self, value: Any) -> tuple:
+        """The values this process's replicas hold, one per local device in mesh order (tf's per-replica
+        results): a replicated array gives n copies, a batch-split one its n slices. Pytrees map leafwise."""
+        devices = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+
+        def pieces(leaf):
+            if not isinstance(leaf, jax.Array):
+                return [leaf] * len(devices)
+            by_device = {s.device: s.data for s in leaf.addressable_shards}
+            return [by_device[d] for d in devices]
+
+        leaves, treedef = jax.tree.flatten(value)
+        per_leaf = [pieces(leaf) for leaf in leaves]
+        return tuple(jax.tree.unflatten(treedef, [p[i] for p in per_leaf]) for i in range(len(devices)))
+
     def run(self, fn: Callable, args: tuple = (), *, donate_argnums: tuple = ()) -> Any:
-        """Runs `fn(*args)` as one jit-compiled program over the mesh (compiled once per `fn`)."""
+        """Runs `fn(*args)` as one jit-compiled program over the mesh (compiled once per `fn`). central_storage:
+        arguments in host memory are brought to the devices first; put updated parameters back with
+        `replicate` (`python -m trainer` does it in the step's out_shardings)."""
         compiled = _jit_cache.get(fn)
         if compiled is None:
             compiled = _jit_cache[fn] = jax.jit(fn, donate_argnums=donate_argnums)
+        if self.param_memory_kind:
+            args = jax.tree.map(lambda x: jax.device_put(x, x.sharding.with_memory_kind("device"))
+                                if isinstance(x, jax.Array) and x.sharding.memory_kind == self.param_memory_kind
+                                else x, args)
         return compiled(*args)
 
     def reduce(self, op: str, value: Any) -> Any:
@@ -111,13 +154,29 @@ class Strategy:
 _jit_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fn -> its jit, dropped with fn
 
 
+@dataclasses.dataclass(frozen=True)
+class InputContext:
+    """What `distribute_datasets_from_function` tells each process's dataset_fn (tf.distribute.InputContext)."""
+
+    num_input_pipelines: int = 1  # processes reading input
+    input_pipeline_id: int = 0  # this process's index among them
+    num_replicas_in_sync: int = 1
+
+    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
+        if global_batch_size % self.num_replicas_in_sync:
+            raise ValueError(f"global batch size {global_batch_size} does not split over num_replicas_in_sync="
+                             f"{self.num_replicas_in_sync}; use a multiple of {self.num_replicas_in_sync}")
+        return global_batch_size // self.num_replicas_in_sync
+
+
 def get_strategy() -> Strategy:
     """The strategy of the innermost `scope()`, else the default strategy (one device, nothing special)."""
     return getattr(_current, "strategy", None) or make("default")
 
 
 def make(name: str, *, device: str | None = None) -> Strategy:
-    """default | one_device | mirrored | fsdp | multi_worker (call `initialize_multi_worker` first) | tpu."""
+    """default | one_device | mirrored | central_storage | fsdp | multi_worker (call `initialize_multi_worker`
+    first) | tpu. (parameter_server runs on Ray actors, not a mesh: trainer/parameter_server.py.)"""
     if name == "tpu":
         found = sorted({d.platform for d in jax.devices()})
         if found != ["tpu"]:
@@ -134,47 +193,43 @@ def make(name: str, *, device: str | None = None) -> Strategy:
         return Strategy(name, _mesh(devices[:1]))
     if name == "one_device":
         return Strategy(name, _mesh([_find_device(device, devices)]))
-    if name in ("mirrored", "fsdp"):
+    if name in ("mirrored", "fsdp", "central_storage"):
         local = jax.local_devices()
         if jax.process_count() > 1:
             raise ValueError(f"strategy={name!r} is for one process, but {jax.process_count()} processes are "
                              "running; use strategy=multi_worker")
+        if name == "central_storage":
+            kinds = {m.kind for m in local[0].addressable_memories()}
+            if "pinned_host" not in kinds:
+                raise ValueError(f"strategy='central_storage' keeps parameters in host memory (pinned_host), which "
+                                 f"the {local[0].platform} backend does not offer (its memories: {sorted(kinds)}); "
+                                 "use strategy=mirrored")
+            return Strategy(name, _mesh(local), param_memory_kind="pinned_host")
         return Strategy(name, _mesh(local), shard_params=(name == "fsdp"))
-    raise ValueError(f"strategy={name!r} is not one of default, one_device, mirrored, fsdp")
+    if name == "parameter_server":
+        raise ValueError("strategy='parameter_server' trains on Ray actors, not a device mesh: run it with "
+                         "`python -m trainer strategy=parameter_server` (trainer/parameter_server.py)")
+    raise ValueError(f"strategy={name!r} is not one of default, one_device, mirrored, central_storage, fsdp, "
+                     "multi_worker, tpu")
 
 
 def initialize_multi_worker(coordinator_address: str | None = None, num_processes: int | None = None,
                             process_id: int | None = None) -> None:
     """Starts jax.distributed: from explicit flags, else a tf.distribute TF_CONFIG, else JAX's auto-detection.
 
-    TF_CONFIG (MultiWorkerMirroredStrategy's): {"cluster": {"worker": ["host0:port", ...]},
-    "task": {"type": "worker", "index": i}}; worker 0's address becomes the coordinator.
+    TF_CONFIG (MultiWorkerMirroredStrategy's): {"cluster": {"chief": [...], "worker": ["host0:port", ...]},
+    "task": {"type": "worker", "index": i}}; the chief and the workers are the processes, chief first, and the
+    first one's address is the coordinator (trainer/cluster.py).
     """
-    if coordinator_address is None and os.environ.get("TF_CONFIG"):
-        coordinator_address, num_processes, process_id = _from_tf_config(os.environ["TF_CONFIG"])
+    from trainer import cluster
+
+    spec = cluster.from_env() if coordinator_address is None else None
+    if spec is not None:
+        coordinator_address, num_processes, process_id = spec.multi_worker()
     if coordinator_address is not None and (num_processes is None or process_id is None):
         raise ValueError("multi_worker with coordinator_address needs num_processes and process_id too")
     jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                process_id=process_id)
-
-
-def _from_tf_config(text: str) -> tuple[str, int, int]:
-    try:
-        spec = json.loads(text)
-        workers = spec["cluster"]["worker"]
-        task = spec["task"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"TF_CONFIG is not a tf.distribute cluster spec ({e}): expected "
-                         '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}') from e
-    if task.get("type") not in ("worker", "chief"):
-        raise ValueError(f"TF_CONFIG task type {task.get('type')!r} is not 'worker'; parameter servers are not "
-                         "supported (use one process per worker)")
-    if "chief" in spec["cluster"]:
-        workers = list(spec["cluster"]["chief"]) + list(workers)
-        index = 0 if task["type"] == "chief" else int(task["index"]) + 1
-    else:
-        index = int(task["index"])
-    return workers[0], len(workers), index
 
 
 def _find_device(spec: str | None, devices: list) -> Any:

@@ -25,6 +25,36 @@ except ValueError as e:
 else:
     raise AssertionError("a missing device was accepted")
 assert trainer.make_strategy("one_device", device="cpu:2").mesh.devices.flat[0].id == 2
+# tf's per-replica views: a batch-split array gives each device's slice, a replicated one n copies
+local = mirrored.experimental_local_results({"x": x, "total": mirrored.reduce("sum", x)})
+assert [part["x"].tolist() for part in local] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+assert [float(part["total"]) for part in local] == [28.0] * 4
+contexts = []
+def dataset_fn(context):
+    contexts.append(context)
+    rows = context.get_per_replica_batch_size(8) * context.num_replicas_in_sync // context.num_input_pipelines
+    return ({"v": np.arange(rows, dtype=np.float32) + 10 * i} for i in range(2))
+batches = list(mirrored.distribute_datasets_from_function(dataset_fn))
+assert [(c.num_input_pipelines, c.input_pipeline_id, c.num_replicas_in_sync) for c in contexts] == [(1, 0, 4)]
+assert [b["v"].shape for b in batches] == [(8,), (8,)] and batches[1]["v"].addressable_shards[3].data.tolist() == [16.0, 17.0]
+try:
+    contexts[0].get_per_replica_batch_size(6)
+except ValueError as e:
+    assert "global batch size 6 does not split over num_replicas_in_sync=4" in str(e)
+else:
+    raise AssertionError("an unsplittable batch was accepted")
+# central_storage: parameters in host memory; run() brings them to the devices
+central = trainer.make_strategy("central_storage")
+placed = central.replicate({"w": np.ones((3, 2), np.float32), "b": np.zeros(2, np.float32)})
+assert {leaf.sharding.memory_kind for leaf in jax.tree.leaves(placed)} == {"pinned_host"}
+out = central.run(lambda p, v: (v[:, None] * p["w"][:1]).sum(), args=(placed, central.distribute({"v": np.arange(8.0)})["v"]))
+assert float(out) == 56.0 and out.sharding.memory_kind == "device"
+try:
+    trainer.make_strategy("parameter_server")
+except ValueError as e:
+    assert "python -m trainer strategy=parameter_server" in str(e)
+else:
+    raise AssertionError("parameter_server made a mesh strategy")
 first = main(sys.argv[1], steps=1)
 last = main(sys.argv[1], steps=60)
 assert last < first, (first, last)

@@ -1,0 +1,87 @@
+"""The sidecar evaluator (tf's `SidecarEvaluator`): `python -m trainer mode=evaluate ...`, or a TF_CONFIG task of
+type "evaluator".
+
+It watches WORKDIR/checkpoints (orbax's checkpoints_iterator), restores each new checkpoint's parameters only, runs
+the task's evaluation over `eval_data` and appends `{"step", "eval_loss", "eval_<metric>", "eval_examples"}` to
+WORKDIR/eval/metrics.jsonl and TensorBoard (WORKDIR/eval). It stops after evaluating step `steps`, or after
+`eval_timeout` seconds without a new checkpoint. It never joins the training cluster: it only reads files, so it
+can run anywhere the checkpoints are visible, and a restarted evaluator goes on after the last step it recorded.
+
+The trainer keeps max_to_keep checkpoints: one deleted between being listed and being read is skipped with a log
+line, not fatal (the next one is evaluated).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from trainer import metrics as metrics_lib, strategy as strategies
+from trainer.config import TrainConfig
+from trainer.program import Program
+
+log = logging.getLogger(__name__)
+
+_LOCAL_STRATEGIES = ("default", "one_device", "mirrored", "central_storage")
+
+
+def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
+    if not config.eval_data:
+        raise ValueError("mode=evaluate needs eval_data= (the data each checkpoint is evaluated on)")
+    program = Program.build(config, data=config.eval_data)
+    # The evaluator's own devices: the training strategy where it is a local one, else all local devices.
+    strategy = strategies.make(config.strategy if config.strategy in _LOCAL_STRATEGIES else "mirrored",
+                               device=config.device)
+    checkpoints = os.path.abspath(os.path.join(config.workdir, "checkpoints"))
+    eval_dir = os.path.join(config.workdir, "eval")
+    done = [r["step"] for r in metrics_lib.read(eval_dir)]
+    last = max(done, default=0)
+    abstract = {"params": jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=strategy.replicated),
+                                       program.abstract_params())}
+    log.info("evaluator: watching %s for checkpoints after step %d, until step %d (eval_timeout=%gs); results in %s",
+             checkpoints, last, config.steps, config.eval_timeout, eval_dir)
+    os.makedirs(checkpoints, exist_ok=True)  # the trainer may not have started yet
+    writer = metrics_lib.MetricsWriter(eval_dir, last, tensorboard_dir=eval_dir)
+    record: dict[str, Any] = {}
+    evaluated = skipped = 0
+    try:
+        for step in ocp.checkpoint_utils.checkpoints_iterator(checkpoints, timeout=int(config.eval_timeout)):
+            if step <= last:
+                continue
+            params = restore_params(checkpoints, step, abstract)
+            if params is None:
+                skipped += 1
+                continue
+            record = {"step": step, **program.evaluate(strategy, params)}
+            writer.write(record)
+            evaluated, last = evaluated + 1, step
+            log.info("evaluator: step %d %s", step,
+                     " ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith("eval_") and k != "eval_examples"))
+            if step >= config.steps:
+                break
+        else:
+            log.warning("evaluator: no new checkpoint for %gs; stopping after step %d", config.eval_timeout, last)
+    finally:
+        writer.close()
+    return {**record, "checkpoints_evaluated": evaluated, "checkpoints_skipped": skipped, "final_step": last}
+
+
+def restore_params(checkpoints: str, step: int, abstract: dict) -> Any | None:
+    """The parameters of checkpoint `step` (a partial restore: no optimizer state is read), or None when the
+    checkpoint was deleted (max_to_keep) before or while it was read."""
+    path = os.path.join(checkpoints, str(step), "state")
+    try:
+        with ocp.PyTreeCheckpointer() as checkpointer:
+            restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+                item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                partial_restore=True))
+        return restored["params"]
+    except Exception:  # noqa: BLE001 - whatever the storage layer raised, it only matters if the files are still there
+        if os.path.exists(path):
+            raise
+        log.warning("evaluator: checkpoint %d was deleted (max_to_keep) before it could be read; skipped", step)
+        return None

@@ -1,0 +1,511 @@
+"""strategy=parameter_server: asynchronous data-parallel training on Ray, tf's ParameterServerStrategy with its
+ClusterCoordinator.
+
+    python -m trainer strategy=parameter_server num_workers=2 num_ps=1 data=... eval_data=... workdir=...
+
+- `num_ps` ParameterServer actors hold the variables, split by `partition` (tf's MinSizePartitioner: a variable
+  of at least 2 x ps_min_shard_bytes is cut along its first axis into up to num_ps shards of at least that size;
+  shards and whole variables are placed round-robin). Each applies the optax update to its part as gradients
+  arrive (one at a time: an actor runs its calls in order) and counts its updates (its version).
+- `num_workers` Worker actors each read their own deterministic shard of the data (`loader.load(...,
+  shard_index=i, shard_count=num_workers)`, `batch_size` rows per step) and run one jitted gradient step per
+  scheduled step: pull the parameters from every ps, compute the gradient (clipped to grad_clip), push each ps its
+  part. Staleness, the updates other workers applied between a worker's pull and its push, goes to metrics.jsonl.
+- The coordinator (this process) schedules steps with ClusterCoordinator's semantics: `schedule` queues a step,
+  an idle worker takes it, `join` waits for everything queued. At-least-once: a step whose worker died is queued
+  again and runs on another worker; the dead worker is replaced, resuming its loader from its last finished step.
+  At each checkpoint (and eval) step it joins, then saves with orbax: the parameters (whole, as the synchronous
+  trainer saves them, so the evaluator and `StandardRestore` read them the same way), each ps's optimizer state
+  and each worker's loader state. A rerun resumes from the latest checkpoint (same num_ps and num_workers).
+
+The Ray cluster: a local one (ray.init on this machine, `num_workers` + `num_ps` actors), an existing one
+(`ray_address=`), or one built from TF_CONFIG: the chief starts the head at its own address and coordinates; each
+worker and ps task joins it as a node offering a "worker" or "ps" resource (`serve_node`), so the actors land on
+their tasks' machines. Token authentication stays on (RAY_AUTH_MODE=token): every task needs the same token
+(RAY_AUTH_TOKEN, or the file RAY_AUTH_TOKEN_PATH; `ray get-auth-token --generate` makes one). Ports: the head's
+GCS port (the chief's TF_CONFIG port), and on every node Ray's node-manager, object-manager and worker ports
+(docs/parameter_server.md lists them and the flags that pin them).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+# --- the partitioner ------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Rows [start, stop) of variable `name` (its first axis; a scalar is one whole shard), held by ps `ps`."""
+
+    name: str
+    ps: int
+    start: int
+    stop: int
+    shape: tuple[int, ...]  # the shard's own shape
+
+
+def partition(shapes: dict[str, tuple[tuple[int, ...], Any]], num_ps: int, min_shard_bytes: int) -> list[Shard]:
+    """tf.distribute's MinSizePartitioner, then round-robin placement: {name: (shape, dtype)} -> the shards.
+
+    A variable of B bytes is cut along its first axis into min(num_ps, B // min_shard_bytes, rows) shards (at
+    least 1), as even as np.array_split makes them; every shard (a whole variable is one) goes to the next ps in
+    turn, so large variables are spread over the ps tasks and small ones dealt out among them."""
+    shards, turn = [], 0
+    for name, (shape, dtype) in shapes.items():
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        rows = shape[0] if shape else 1
+        count = max(1, min(num_ps, nbytes // min_shard_bytes, rows)) if shape else 1
+        bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(rows), count)])
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            piece = (int(stop - start), *shape[1:]) if shape else ()
+            shards.append(Shard(name, turn % num_ps, int(start), int(stop), piece))
+            turn += 1
+    return shards
+
+
+def _flat(params) -> dict[str, np.ndarray]:
+    import jax
+
+    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def split(flat: dict[str, np.ndarray], shards: list[Shard], num_ps: int) -> list[dict[str, np.ndarray]]:
+    """A flat tree of whole variables -> each ps's part ({"name[start:stop]": rows})."""
+    parts: list[dict] = [{} for _ in range(num_ps)]
+    for s in shards:
+        value = flat[s.name]
+        parts[s.ps][_key(s)] = value[s.start:s.stop] if value.ndim else value
+    return parts
+
+
+def assemble(parts: list[dict[str, np.ndarray]], shards: list[Shard]) -> dict[str, np.ndarray]:
+    """Each ps's part -> the flat tree of whole variables (`split`'s inverse)."""
+    pieces = collections.defaultdict(list)
+    for s in shards:
+        pieces[s.name].append(parts[s.ps][_key(s)])
+    return {name: (np.concatenate(p) if p[0].ndim else p[0]) for name, p in pieces.items()}
+
+
+def _key(s: Shard) -> str:
+    return f"{s.name}[{s.start}:{s.stop}]"
+
+
+def _ps_optimizer(config: TrainConfig):
+    """The optimizer a ps applies to its part: the config's, without clipping (a worker clips the whole gradient
+    before splitting it; a global norm cannot be computed from one part)."""
+    from trainer import optim
+
+    if config.optimizer == "adafactor":
+        raise ValueError("strategy=parameter_server updates each ps's part of a variable on its own, and adafactor's "
+                         "factored moments span whole variables; use optimizer=adam, adamw or sgd")
+    return optim.make(dataclasses.replace(config, grad_clip=0.0))
+
+
+# --- the actors (plain classes; ray.remote wraps them where the cluster is known) ------------------------------
+class ParameterServer:
+    """One ps task: its part of the variables, their optimizer state, and its version (updates applied)."""
+
+    def __init__(self, config: TrainConfig, index: int):
+        import jax
+
+        self.index = index
+        self._tx = _ps_optimizer(config)
+        self._update = jax.jit(self._apply)
+        self.values: dict[str, np.ndarray] = {}
+        self.opt_state = None
+        self.version = 0
+
+    def _apply(self, values, opt_state, grads):
+        import optax
+
+        updates, opt_state = self._tx.update(grads, opt_state, values)
+        return optax.apply_updates(values, updates), opt_state
+
+    def load(self, values: dict, opt_state=None, version: int = 0) -> int:
+        import jax
+
+        self.values = {k: np.asarray(v) for k, v in values.items()}
+        self.opt_state = self._tx.init(self.values) if opt_state is None else jax.tree.map(np.asarray, opt_state)
+        self.version = version
+        return os.getpid()
+
+    def pull(self) -> tuple[int, dict]:
+        return self.version, self.values
+
+    def push(self, grads: dict, pulled_version: int) -> int:
+        """Applies one worker's gradient; returns its staleness (updates applied since that worker pulled)."""
+        import jax
+
+        staleness = self.version - pulled_version
+        values, opt_state = self._update(self.values, self.opt_state, grads)
+        self.values, self.opt_state = jax.tree.map(np.asarray, (values, opt_state))
+        self.version += 1
+        return staleness
+
+    def state(self) -> tuple[dict, Any, int]:
+        return self.values, self.opt_state, self.version
+
+
+class Worker:
+    """One worker task: its loader shard and a jitted gradient step against the parameters it pulls."""
+
+    def __init__(self, config: TrainConfig, index: int, servers: list, shards: list[Shard],
+                 loader_state: dict | None = None):
+        import jax
+        import optax
+
+        from dataset_format import logs
+        from trainer.program import Program
+
+        logs.setup()
+        self.index, self.servers, self.shards = index, servers, shards
+        program = Program.build(config)
+        self._treedef = jax.tree.structure(program.abstract_params())
+        n = config.num_workers
+        self._batches = iter(program.load_train(batch_size=config.batch_size * n, shard_index=index, shard_count=n))
+        if loader_state is not None:
+            self._batches.set_state(loader_state)
+        clip = optax.clip_by_global_norm(config.grad_clip) if config.grad_clip else None
+
+        def gradients(flat, batch):
+            params = jax.tree.unflatten(self._treedef, [flat[k] for k in self._names])
+            loss, grads = program.gradients(params, batch)
+            if clip is not None:
+                grads, _ = clip.update(grads, clip.init(grads))
+            return loss, _flat_traced(grads)
+
+        self._names = [s.name for s in shards if s.start == 0]  # variables in tree order
+        self._gradients = jax.jit(gradients)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def step(self, step_id: int) -> dict:
+        import ray
+
+        pulled = ray.get([ps.pull.remote() for ps in self.servers])
+        versions = [v for v, _ in pulled]
+        flat = assemble([values for _, values in pulled], self.shards)
+        batch = next(self._batches)
+        loss, grads = self._gradients(flat, batch)
+        parts = split({k: np.asarray(v) for k, v in grads.items()}, self.shards, len(self.servers))
+        staleness = ray.get([ps.push.remote(part, v) for ps, part, v in zip(self.servers, parts, versions)])
+        return {"step": step_id, "worker": self.index, "loss": float(loss), "staleness": max(staleness),
+                "loader": self._batches.get_state()}
+
+    def close(self) -> None:
+        self._batches.close()
+
+
+def _flat_traced(tree) -> dict:
+    import jax
+
+    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+# --- the coordinator ------------------------------------------------------------------------------------------
+class Coordinator:
+    """ClusterCoordinator's scheduling: `schedule(step)` queues a step, idle workers take queued steps in order,
+    `results()` waits for the next finished ones, `join()` for all. A step whose worker died is queued again
+    (at-least-once) and the worker is replaced by `make_worker(index, loader_state)`, from the loader state of its
+    last finished step."""
+
+    def __init__(self, make_worker, loader_states: list[dict | None]):
+        import ray
+
+        self._make_worker = make_worker
+        self.loader_states = list(loader_states)
+        self.workers = [make_worker(i, state) for i, state in enumerate(self.loader_states)]
+        for i, pid in enumerate(ray.get([w.pid.remote() for w in self.workers])):  # waits for them to start
+            log.info("worker %d: pid %d", i, pid)
+        self.replaced = 0
+        self._queue: collections.deque = collections.deque()
+        self._inflight: dict = {}  # ObjectRef -> (worker index, step id)
+
+    def schedule(self, step_id: int) -> None:
+        self._queue.append(step_id)
+        self._dispatch()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + len(self._inflight)
+
+    def _dispatch(self) -> None:
+        busy = {w for w, _ in self._inflight.values()}
+        for w in range(len(self.workers)):
+            if not self._queue:
+                return
+            if w not in busy:
+                step_id = self._queue.popleft()
+                self._inflight[self.workers[w].step.remote(step_id)] = (w, step_id)
+
+    def results(self) -> list[dict]:
+        """Blocks until at least one step finished or failed; returns the finished ones."""
+        import ray
+
+        ready, _ = ray.wait(list(self._inflight), num_returns=1)
+        done = []
+        for ref in ready:
+            w, step_id = self._inflight.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                log.warning("worker %d died during step %d (%s); the step is queued again and the worker replaced, "
+                            "its loader resuming after its last finished step", w, step_id, type(e).__name__)
+                self._queue.appendleft(step_id)
+                self.workers[w] = self._make_worker(w, self.loader_states[w])
+                self.replaced += 1
+                log.info("worker %d: replaced, pid %d", w, ray.get(self.workers[w].pid.remote()))
+                continue
+            self.loader_states[w] = result["loader"]
+            done.append(result)
+        self._dispatch()
+        return done
+
+    def join(self) -> list[dict]:
+        done = []
+        while self.pending:
+            done += self.results()
+        return done
+
+
+# --- the run ----------------------------------------------------------------------------------------------------
+def train(config: TrainConfig, spec=None) -> dict[str, Any]:
+    """The coordinator's run (see module doc): returns the summary `python -m trainer` prints."""
+    _auth_on(local=spec is None and not config.ray_address)  # before Ray is imported: it reads them at import
+    import jax
+    import orbax.checkpoint as ocp
+    import ray
+
+    from trainer import strategy as strategies
+    from trainer.metrics import MetricsWriter
+    from trainer.program import Program
+    from trainer.train import NonFiniteLoss, itstime
+
+    _ps_optimizer(config)  # refuses adafactor before anything starts
+    program = Program.build(config)
+    flat = _flat(program.init_params())
+    shards = partition({k: (v.shape, v.dtype) for k, v in flat.items()}, config.num_ps, config.ps_min_shard_bytes)
+    tx = _ps_optimizer(config)
+    _connect(config, spec)
+    try:
+        remote_ps = ray.remote(ParameterServer).options(**_placement("ps"))
+        servers = [remote_ps.remote(config, i) for i in range(config.num_ps)]
+        for i in range(config.num_ps):
+            held = [s for s in shards if s.ps == i]
+            log.info("ps %d holds %d shard(s), %s parameters: %s", i, len(held),
+                     f"{sum(int(np.prod(s.shape)) for s in held):,}",
+                     ", ".join(f"{s.name}{list(s.shape)}" for s in held[:6]) + (" ..." if len(held) > 6 else ""))
+
+        # restore, or start from the initial parameters
+        mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(config.workdir, "checkpoints")),
+                                     options=ocp.CheckpointManagerOptions(max_to_keep=3))
+        parts = split(flat, shards, config.num_ps)
+        start, loader_states, versions = 0, [None] * config.num_workers, [0] * config.num_ps
+        opt_states = [None] * config.num_ps
+        if mngr.latest_step() is not None:
+            start = mngr.latest_step()
+            abstract = {"params": program.abstract_params(),
+                        "opt_state": [jax.eval_shape(tx.init, part) for part in parts],
+                        "step": jax.ShapeDtypeStruct((), np.int32)}
+            abstract = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract)
+            data = mngr.restore(start, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
+            if (data["num_ps"], data["num_workers"]) != (config.num_ps, config.num_workers):
+                raise ValueError(f"the checkpoint at step {start} was written with num_ps={data['num_ps']} "
+                                 f"num_workers={data['num_workers']}; resume with those (each worker's loader "
+                                 "position and each ps's optimizer state belong to that layout)")
+            restored = mngr.restore(start, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+            parts = split(_flat(restored["state"]["params"]), shards, config.num_ps)
+            opt_states, loader_states, versions = restored["state"]["opt_state"], data["workers"], data["versions"]
+            log.info("resumed from step %d (ps versions %s)", start, versions)
+        ray.get([ps.load.remote(parts[i], opt_states[i], versions[i]) for i, ps in enumerate(servers)])
+
+        remote_worker = ray.remote(Worker).options(**_placement("worker"))
+        coordinator = Coordinator(lambda i, state: remote_worker.remote(config, i, servers, shards, state),
+                                  loader_states)
+        log.info("strategy=parameter_server num_workers=%d num_ps=%d steps %d..%d", config.num_workers,
+                 config.num_ps, start + 1, config.steps)
+
+        def pull_params():
+            pulled = ray.get([ps.state.remote() for ps in servers])
+            flat_now = assemble([values for values, _, _ in pulled], shards)
+            params = jax.tree.unflatten(jax.tree.structure(program.abstract_params()),
+                                        [flat_now[k] for k in flat])
+            return params, [o for _, o, _ in pulled], [v for _, _, v in pulled]
+
+        def save(step):
+            params, opts, vers = pull_params()
+            mngr.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave({"params": params, "opt_state": opts, "step": np.asarray(step, np.int32)}),
+                data=ocp.args.JsonSave({"workers": coordinator.loader_states, "versions": vers,
+                                        "num_ps": config.num_ps, "num_workers": config.num_workers})), force=True)
+            mngr.wait_until_finished()
+
+        evaluator = strategies.make("default")
+        metrics = MetricsWriter(config.workdir, start)
+        done = scheduled = start
+        period, period_start, last = [], time.perf_counter(), {}
+
+        def report(record):
+            metrics.write(record)
+            log.info("step %d/%d loss %.4f %sstaleness mean %.2f max %d, %.0f ex/s", record["step"], config.steps,
+                     record["loss"], "".join(f"{k} {v:.4f} " for k, v in record.items()
+                                             if k.startswith("eval_") and k != "eval_examples"),
+                     record["staleness_mean"], record["staleness_max"], record["examples_per_sec"])
+
+        try:
+            while done < config.steps:
+                # the next step at which everything must have finished: a checkpoint, an eval, the last step
+                sync = next(s for s in range(done + 1, config.steps + 1)
+                            if s == config.steps or s % config.checkpoint_every == 0
+                            or (config.eval_data and s % config.eval_every == 0))
+                while scheduled < sync:
+                    scheduled += 1
+                    coordinator.schedule(scheduled)
+                while coordinator.pending:
+                    for result in coordinator.results():
+                        done += 1
+                        period.append(result)
+                        if not np.isfinite(result["loss"]):
+                            raise NonFiniteLoss(f"loss is {result['loss']} at step {result['step']} (worker "
+                                                f"{result['worker']}); lower learning_rate or check the data")
+                        if done < sync and done % config.log_every == 0:
+                            last = _record(config, done, period, period_start, coordinator)
+                            report(last)
+                            period, period_start = [], time.perf_counter()
+                last = _record(config, done, period, period_start, coordinator)
+                if config.eval_data and itstime(done, config.eval_every, config.steps):
+                    last.update(program.evaluate(evaluator, pull_params()[0]))
+                report(last)
+                period, period_start = [], time.perf_counter()
+                if itstime(done, config.checkpoint_every, config.steps):
+                    save(done)
+        finally:
+            metrics.close()
+            mngr.close()
+        final = program.evaluate(evaluator, pull_params()[0]) if config.eval_data else {}
+        return {**last, **final, "workers_replaced": coordinator.replaced, "preempted": False,
+                "final_step": config.steps}
+    finally:
+        ray.shutdown()
+        if spec is not None:
+            subprocess.run([_ray_cli(), "stop"], capture_output=True, timeout=120)
+
+
+def _record(config, done, period, period_start, coordinator) -> dict:
+    """The metrics of the steps finished since the last record."""
+    elapsed = time.perf_counter() - period_start
+    staleness = [r["staleness"] for r in period]
+    return {"step": done, "loss": float(np.mean([r["loss"] for r in period])),
+            "staleness_mean": float(np.mean(staleness)), "staleness_max": int(max(staleness)),
+            "examples_per_sec": len(period) * config.batch_size / elapsed, "steps_per_sec": len(period) / elapsed,
+            "workers_replaced": coordinator.replaced}
+
+
+# --- the Ray cluster ------------------------------------------------------------------------------------------
+def _auth_on(local: bool) -> None:
+    """Token authentication on (RAY_AUTH_MODE=token). A local cluster gets a fresh random token for this run (in
+    RAY_AUTH_TOKEN, which Ray's processes inherit); a multi-machine one needs the same token on every task."""
+    if "ray" in sys.modules:
+        raise RuntimeError("set Ray's authentication environment before importing ray (it reads it at import)")
+    mode = os.environ.get("RAY_AUTH_MODE", "token")
+    if mode.lower() != "token":
+        raise ValueError(f"RAY_AUTH_MODE={mode!r}: strategy=parameter_server keeps Ray's token authentication on "
+                         "(anyone who reaches an open Ray port can run code); unset RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if local:
+        if not os.environ.get("RAY_AUTH_TOKEN"):
+            import secrets
+
+            os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if not os.environ.get("RAY_AUTH_TOKEN") and not os.path.exists(path):
+        raise ValueError("a multi-machine Ray cluster needs the same authentication token on every task: set "
+                         "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH to a file holding it) everywhere; "
+                         "`ray get-auth-token --generate` makes one")
+
+
+def _placement(role: str) -> dict:
+    """Actor options: on a cluster whose nodes offer "worker"/"ps" resources (TF_CONFIG, or the local one we
+    start), one unit of the role's resource; else no CPU reservation (a user's cluster without them)."""
+    import ray
+
+    if ray.cluster_resources().get(role, 0) >= 1:
+        return {"num_cpus": 0, "resources": {role: 1}, "max_restarts": 0}
+    return {"num_cpus": 0, "max_restarts": 0}
+
+
+def _connect(config: TrainConfig, spec) -> None:
+    import ray
+
+    if spec is not None:  # TF_CONFIG: this is the chief; start the head at its address, wait for the tasks
+        head, num_workers, num_ps = spec.parameter_server()
+        if (num_workers, max(num_ps, 1)) != (config.num_workers, config.num_ps):
+            raise ValueError(f"TF_CONFIG has {num_workers} worker and {num_ps} ps task(s), but num_workers="
+                             f"{config.num_workers} num_ps={config.num_ps}; make them match")
+        port = head.rpartition(":")[2]
+        subprocess.run([_ray_cli(), "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                        "--disable-usage-stats"], check=True, capture_output=True, text=True, timeout=180)
+        ray.init(address=head, logging_level=logging.WARNING)
+        _wait_for_nodes({"worker": num_workers, "ps": num_ps}, timeout=600)
+    elif config.ray_address:
+        ray.init(address=config.ray_address, logging_level=logging.WARNING)
+    else:  # one machine: a local cluster offering the actors' resources
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING,
+                 resources={"worker": config.num_workers, "ps": config.num_ps})
+    log.info("ray cluster: %s", {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")})
+
+
+def _wait_for_nodes(wanted: dict[str, int], timeout: float) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while True:
+        have = ray.cluster_resources()
+        if all(have.get(k, 0) >= n for k, n in wanted.items()):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the Ray cluster has {have} after {timeout:.0f}s, not the TF_CONFIG tasks' "
+                               f"{wanted}; are the worker and ps tasks running with the same TF_CONFIG and token?")
+        log.info("waiting for TF_CONFIG's tasks to join the Ray cluster: have %s of %s",
+                 {k: have.get(k, 0) for k in wanted}, wanted)
+        time.sleep(2)
+
+
+def serve_node(config: TrainConfig, spec) -> dict[str, Any]:
+    """A TF_CONFIG worker or ps task: joins the chief's Ray cluster as a node offering one unit of its role and
+    serves until the cluster ends (the chief stops it after training)."""
+    _auth_on(local=False)
+    head, _, _ = spec.parameter_server()
+    role = "ps" if spec.task_type == "ps" else "worker"
+    deadline = time.monotonic() + 600
+    while True:  # the chief may not have started the head yet
+        proc = subprocess.run([_ray_cli(), "start", f"--address={head}", "--num-cpus=1",
+                               f"--resources={{\"{role}\": 1}}", "--disable-usage-stats", "--block"],
+                              capture_output=True, text=True)
+        if proc.returncode == 0 or time.monotonic() > deadline:
+            break
+        if "Unable to connect" not in proc.stderr + proc.stdout and "timed out" not in proc.stderr + proc.stdout:
+            break
+        log.info("%s %d: the Ray head at %s is not up yet; retrying", spec.task_type, spec.task_index, head)
+        time.sleep(3)
+    log.info("%s %d: left the Ray cluster at %s (exit %d)", spec.task_type, spec.task_index, head, proc.returncode)
+    return {"role": spec.task_type, "index": spec.task_index, "head": head, "ray_exit": proc.returncode}
+
+
+def _ray_cli() -> str:
+    return os.path.join(os.path.dirname(sys.executable), "ray")
