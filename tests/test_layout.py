@@ -20,9 +20,9 @@ _OURS = {"dataset_format", "pipelines", "loader", "trainer"}
 
 # package -> top-level modules it must never import
 FORBIDDEN = {
-    "dataset_format": _BEAM | _TRAINING | _TENSORFLOW | (_OURS - {"dataset_format"}) | {"array_record"},
-    "pipelines": _TRAINING | {"loader", "trainer"},
-    "loader": _BEAM | {"tensorflow", "keras", "pipelines", "trainer"},
+    "dataset_format": _BEAM | _TRAINING | _TENSORFLOW | (_OURS - {"dataset_format"}) | {"array_record", "ray"},
+    "pipelines": _TRAINING | {"loader", "trainer", "ray"},
+    "loader": _BEAM | {"tensorflow", "keras", "pipelines", "trainer", "ray"},
     "trainer": _BEAM | {"tensorflow", "pipelines"},
 }
 
@@ -54,6 +54,13 @@ def violations(package: str) -> list[str]:
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_imports_follow_the_layout(package):
     assert violations(package) == []
+
+
+def test_only_the_parameter_server_imports_ray():
+    """Ray is the `[ps]` extra: everything else in the trainer works without it."""
+    users = sorted(str(path.relative_to(REPO)) for path in (REPO / "trainer").rglob("*.py")
+                   if "ray" in imported_modules(path))
+    assert users == ["trainer/parameter_server.py"]
 
 
 def test_a_forbidden_import_is_found_wherever_it_stands(tmp_path, monkeypatch):

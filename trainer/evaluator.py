@@ -40,6 +40,9 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     eval_dir = os.path.join(config.workdir, "eval")
     done = [r["step"] for r in metrics_lib.read(eval_dir)]
     last = max(done, default=0)
+    if last >= config.steps:
+        log.info("evaluator: step %d is already evaluated (%s); nothing to do", last, eval_dir)
+        return {"checkpoints_evaluated": 0, "checkpoints_skipped": 0, "final_step": last}
     abstract = {"params": jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=strategy.replicated),
                                        program.abstract_params())}
     log.info("evaluator: watching %s for checkpoints after step %d, until step %d (eval_timeout=%gs); results in %s",

@@ -1,0 +1,77 @@
+"""The sidecar evaluator: beside a training run, one eval record per checkpoint it saw, then it exits."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.trainer.conftest import run_trainer
+
+
+def _common(digits, workdir):
+    return (f"data={digits['train']}", f"eval_data={digits['test']}", f"workdir={workdir}", "model=mlp",
+            "batch_size=32", "learning_rate=0.003", "num_classes=10", "steps=60", "log_every=20", "eval_every=60",
+            "checkpoint_every=20")
+
+
+@pytest.mark.timeout(400)
+def test_evaluator_beside_training_records_each_checkpoint_it_saw_and_exits(digits, tmp_path):
+    # The evaluator as a TF_CONFIG task of type "evaluator": it never joins the cluster, so the spec's other tasks
+    # need not exist.
+    spec = {"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "task": {"type": "evaluator"}}
+    evaluator = run_trainer(*_common(digits, tmp_path), "eval_timeout=300", popen=True,
+                            extra_env={"TF_CONFIG": json.dumps(spec)})
+    training = run_trainer(*_common(digits, tmp_path), timeout=300)
+    assert training.returncode == 0, training.stderr[-3000:]
+    log = evaluator.communicate(timeout=300)[0]
+    assert evaluator.returncode == 0, log[-3000:]
+
+    records = [json.loads(line) for line in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
+    seen = [int(s) for s in re.findall(r"evaluator: step (\d+) eval_", log)]
+    assert [r["step"] for r in records] == seen  # one record per checkpoint it evaluated, in order
+    assert seen[-1] == 60 and set(seen) <= {20, 40, 60} and seen == sorted(set(seen))
+    for r in records:
+        assert r["eval_examples"] == 359 and r["eval_loss"] > 0 and 0 < r["eval_accuracy"] <= 1
+    # the same parameters give the trainer's own final evaluation
+    trained = json.loads(training.stdout)["summary"]
+    assert records[-1]["eval_accuracy"] == pytest.approx(trained["eval_accuracy"], abs=1e-6)
+    assert records[-1]["eval_loss"] == pytest.approx(trained["eval_loss"], rel=1e-5)
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "eval"))
+
+    # a restarted evaluator (mode=evaluate, no data= needed) has nothing left to do and says so
+    again = run_trainer(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
+                        "num_classes=10", "steps=60", "batch_size=32", "eval_timeout=5")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "step 60 is already evaluated" in again.stderr
+    assert len((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()) == len(records)
+
+
+_DELETED = """
+import sys, jax
+from trainer.evaluator import restore_params
+abstract = {"params": {"w": jax.ShapeDtypeStruct((3,), "float32", sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}}
+print(restore_params(sys.argv[1], 20, abstract))
+"""
+
+
+def test_a_checkpoint_deleted_before_it_is_read_is_skipped(digits, tmp_path):
+    training = run_trainer(*_common(digits, tmp_path))
+    assert training.returncode == 0, training.stderr[-3000:]
+    shutil.rmtree(tmp_path / "checkpoints" / "20")  # as max_to_keep does while the evaluator lists the steps
+    proc = subprocess.run([sys.executable, "-c", _DELETED, str(tmp_path / "checkpoints")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "None"
+    assert "checkpoint 20 was deleted (max_to_keep) before it could be read; skipped" in proc.stderr
+
+
+def test_mode_evaluate_needs_eval_data(tmp_path):
+    proc = run_trainer(f"data={tmp_path}", f"workdir={tmp_path}", "mode=evaluate")
+    assert proc.returncode == 2
+    assert "mode=evaluate needs eval_data=" in proc.stderr

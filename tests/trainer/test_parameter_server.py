@@ -1,0 +1,117 @@
+"""strategy=parameter_server on a local Ray cluster: the partitioner, training digits, a worker SIGKILLed mid-run,
+the coordinator SIGKILLed and rerun."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tests.trainer.conftest import run_trainer
+from trainer.parameter_server import Shard, assemble, partition, split
+
+pytest.importorskip("ray")
+
+
+def test_min_size_partitioner_shards_large_variables_and_deals_out_the_rest():
+    shapes = {"embed": ((1000, 64), np.float32),  # 256,000 B: 3 shards of 64 KiB would fit, 2 ps cap it at 2
+              "bias": ((10,), np.float32),  # 40 B: whole
+              "scale": ((), np.float32),  # a scalar: whole
+              "wide": ((3, 100_000), np.float32),  # 1.2 MB, 3 rows: 2 shards, as even as rows allow
+              "small": ((100, 100), np.float32)}  # 40,000 B < 64 KiB: whole
+    shards = partition(shapes, num_ps=2, min_shard_bytes=64 << 10)
+    assert shards == [Shard("embed", 0, 0, 500, (500, 64)), Shard("embed", 1, 500, 1000, (500, 64)),
+                      Shard("bias", 0, 0, 10, (10,)), Shard("scale", 1, 0, 1, ()),
+                      Shard("wide", 0, 0, 2, (2, 100_000)), Shard("wide", 1, 2, 3, (1, 100_000)),
+                      Shard("small", 0, 0, 100, (100, 100))]
+    # one ps: nothing is cut
+    assert [s.shape for s in partition(shapes, num_ps=1, min_shard_bytes=64 << 10)] == [
+        (1000, 64), (10,), (), (3, 100_000), (100, 100)]
+    rng = np.random.default_rng(0)
+    flat = {name: rng.normal(size=shape).astype(np.float32) for name, (shape, _) in shapes.items()}
+    parts = split(flat, shards, 2)
+    assert sorted(parts[1]) == ["embed[500:1000]", "scale[0:1]", "wide[2:3]"]
+    back = assemble(parts, shards)
+    assert all(np.array_equal(back[k], flat[k]) for k in flat)
+
+
+def _args(digits, workdir, steps, *extra):
+    return (f"data={digits['train']}", f"eval_data={digits['test']}", f"workdir={workdir}", "model=mlp",
+            "strategy=parameter_server", "num_workers=2", "num_ps=2", "ps_min_shard_bytes=16384", "batch_size=32",
+            "learning_rate=0.003", "num_classes=10", f"steps={steps}", "log_every=50", "eval_every=1000000",
+            "checkpoint_every=100", *extra)
+
+
+def _read_until(proc, pattern, lines):
+    for line in proc.stdout:
+        lines.append(line)
+        found = re.search(pattern, line)
+        if found:
+            return found
+    raise AssertionError(f"the run ended before {pattern!r}:\n" + "".join(lines)[-3000:])
+
+
+@pytest.mark.timeout(400)
+def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
+    proc = run_trainer(*_args(digits, tmp_path, 1500), popen=True)
+    lines = []
+    pid = int(_read_until(proc, r"worker 1: pid (\d+)", lines).group(1))
+    assert "ps 0 holds" in "".join(lines) and "['Dense_0']['kernel'][32, 256]" in "".join(lines)
+    _read_until(proc, r"step 200/1500", lines)
+    os.kill(pid, signal.SIGKILL)
+    out = "".join(lines) + proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert re.search(r"worker 1 died during step \d+ \(ActorDiedError\); the step is queued again", out), out[-3000:]
+    assert "worker 1: replaced, pid" in out
+    summary = json.loads(out[out.index("{\n"):])["summary"]
+    assert summary["final_step"] == 1500 and summary["workers_replaced"] == 1
+    assert summary["eval_accuracy"] >= 0.90, summary
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(50, 1501, 50))
+    # asynchronous: the other worker's updates land between a pull and a push
+    assert all(r["staleness_max"] >= 0 for r in records) and max(r["staleness_max"] for r in records) >= 1
+    assert records[-1]["workers_replaced"] == 1
+
+
+@pytest.mark.timeout(400)
+def test_coordinator_killed_then_rerun_resumes_from_its_checkpoint(digits, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "trainer", *_args(digits, tmp_path, 1000)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines = []
+    _read_until(proc, r"step 300/1000", lines)
+    os.kill(proc.pid, signal.SIGKILL)  # the coordinator only
+    proc.wait(timeout=30)
+    time.sleep(1)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # then what was left of its local Ray cluster, as if the machine went
+    except ProcessLookupError:
+        pass
+    saved = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
+    assert saved and saved[-1] >= 200
+
+    rerun = run_trainer(*_args(digits, tmp_path, 1000), timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed from step {saved[-1]}" in rerun.stderr
+    summary = json.loads(rerun.stdout)["summary"]
+    assert summary["final_step"] == 1000 and summary["eval_accuracy"] >= 0.90
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(50, 1001, 50))  # the killed run's records after the checkpoint were dropped
+
+
+def test_ps_tasks_need_the_parameter_server_strategy(digits, tmp_path):
+    spec = {"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "strategy=mirrored",
+                       extra_env={"TF_CONFIG": json.dumps(spec)})
+    assert proc.returncode == 2
+    assert "TF_CONFIG lists ps tasks, but strategy='mirrored'; use strategy=parameter_server" in proc.stderr
+    bad = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "strategy=parameter_server",
+                      "optimizer=adafactor", extra_env={"RAY_AUTH_MODE": "token"})
+    assert bad.returncode == 2 and "adafactor" in bad.stderr and "use optimizer=adam" in bad.stderr
