@@ -24,7 +24,7 @@ worker and ps task joins it as a node offering a "worker" or "ps" resource (`ser
 their tasks' machines. Token authentication stays on (RAY_AUTH_MODE=token): every task needs the same token
 (RAY_AUTH_TOKEN, or the file RAY_AUTH_TOKEN_PATH; `ray get-auth-token --generate` makes one). Ports: the head's
 GCS port (the chief's TF_CONFIG port), and on every node Ray's node-manager, object-manager and worker ports
-(docs/parameter_server.md lists them and the flags that pin them).
+(docs/parameter_server.md lists them; RAY_START_ARGS passes the `ray start` flags that pin them).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import collections
 import dataclasses
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -286,6 +287,9 @@ class Coordinator:
 def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     """The coordinator's run (see module doc): returns the summary `python -m trainer` prints."""
     _auth_on(local=spec is None and not config.ray_address)  # before Ray is imported: it reads them at import
+    if spec is not None:  # TF_CONFIG's tasks size the job
+        _, num_workers, num_ps = spec.parameter_server()
+        config = dataclasses.replace(config, num_workers=num_workers, num_ps=max(num_ps, 1))
     import jax
     import orbax.checkpoint as ocp
     import ray
@@ -300,7 +304,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     flat = _flat(program.init_params())
     shards = partition({k: (v.shape, v.dtype) for k, v in flat.items()}, config.num_ps, config.ps_min_shard_bytes)
     tx = _ps_optimizer(config)
-    _connect(config, spec)
+    head = _connect(config, spec)
     try:
         remote_ps = ray.remote(ParameterServer).options(**_placement("ps"))
         servers = [remote_ps.remote(config, i) for i in range(config.num_ps)]
@@ -401,8 +405,9 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                 "final_step": config.steps}
     finally:
         ray.shutdown()
-        if spec is not None:
-            subprocess.run([_ray_cli(), "stop"], capture_output=True, timeout=120)
+        if head is not None:  # the head we started for TF_CONFIG's tasks: its nodes leave when it is gone
+            os.killpg(head.pid, signal.SIGTERM)
+            head.wait(timeout=120)
 
 
 def _record(config, done, period, period_start, coordinator) -> dict:
@@ -449,18 +454,28 @@ def _placement(role: str) -> dict:
     return {"num_cpus": 0, "max_restarts": 0}
 
 
-def _connect(config: TrainConfig, spec) -> None:
+def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
+    """Starts or joins the Ray cluster; returns the head process when this (the TF_CONFIG chief) started one."""
     import ray
 
+    head_proc = None
     if spec is not None:  # TF_CONFIG: this is the chief; start the head at its address, wait for the tasks
         head, num_workers, num_ps = spec.parameter_server()
-        if (num_workers, max(num_ps, 1)) != (config.num_workers, config.num_ps):
-            raise ValueError(f"TF_CONFIG has {num_workers} worker and {num_ps} ps task(s), but num_workers="
-                             f"{config.num_workers} num_ps={config.num_ps}; make them match")
-        port = head.rpartition(":")[2]
-        subprocess.run([_ray_cli(), "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                        "--disable-usage-stats"], check=True, capture_output=True, text=True, timeout=180)
-        ray.init(address=head, logging_level=logging.WARNING)
+        head_proc = subprocess.Popen([_ray_cli(), "start", "--head", f"--port={head.rpartition(':')[2]}",
+                                      "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats", "--block",
+                                      *_extra_start_args()],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                ray.init(address=head, logging_level=logging.WARNING)
+                break
+            except (ConnectionError, RuntimeError):
+                if head_proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"could not start the Ray head at {head} (`ray start --head` exit "
+                                       f"{head_proc.poll()}); is the port free?") from None
+                time.sleep(1)
+        log.info("ray head started at %s", head)
         _wait_for_nodes({"worker": num_workers, "ps": num_ps}, timeout=600)
     elif config.ray_address:
         ray.init(address=config.ray_address, logging_level=logging.WARNING)
@@ -468,6 +483,7 @@ def _connect(config: TrainConfig, spec) -> None:
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING,
                  resources={"worker": config.num_workers, "ps": config.num_ps})
     log.info("ray cluster: %s", {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")})
+    return head_proc
 
 
 def _wait_for_nodes(wanted: dict[str, int], timeout: float) -> None:
@@ -495,7 +511,8 @@ def serve_node(config: TrainConfig, spec) -> dict[str, Any]:
     deadline = time.monotonic() + 600
     while True:  # the chief may not have started the head yet
         proc = subprocess.run([_ray_cli(), "start", f"--address={head}", "--num-cpus=1",
-                               f"--resources={{\"{role}\": 1}}", "--disable-usage-stats", "--block"],
+                               f"--resources={{\"{role}\": 1}}", "--disable-usage-stats", "--block",
+                               *_extra_start_args()],
                               capture_output=True, text=True)
         if proc.returncode == 0 or time.monotonic() > deadline:
             break
@@ -505,6 +522,14 @@ def serve_node(config: TrainConfig, spec) -> dict[str, Any]:
         time.sleep(3)
     log.info("%s %d: left the Ray cluster at %s (exit %d)", spec.task_type, spec.task_index, head, proc.returncode)
     return {"role": spec.task_type, "index": spec.task_index, "head": head, "ray_exit": proc.returncode}
+
+
+def _extra_start_args() -> list[str]:
+    """RAY_START_ARGS: more `ray start` flags for the nodes we start, e.g. pinned ports for a firewall
+    ("--node-manager-port=6380 --object-manager-port=6381 --min-worker-port=10002 --max-worker-port=10100")."""
+    import shlex
+
+    return shlex.split(os.environ.get("RAY_START_ARGS", ""))
 
 
 def _ray_cli() -> str:

@@ -115,3 +115,38 @@ def test_ps_tasks_need_the_parameter_server_strategy(digits, tmp_path):
     bad = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "strategy=parameter_server",
                       "optimizer=adafactor", extra_env={"RAY_AUTH_MODE": "token"})
     assert bad.returncode == 2 and "adafactor" in bad.stderr and "use optimizer=adam" in bad.stderr
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # ~65 s on 2 cores: four Ray nodes start and leave
+@pytest.mark.timeout(400)
+def test_tf_config_chief_workers_and_ps_form_one_ray_cluster(digits, tmp_path):
+    """Four processes from one TF_CONFIG cluster: the chief starts the Ray head and coordinates, two workers and a
+    ps join as Ray nodes, and the actors land on them; every task exits 0 when training ends."""
+    port = _free_port()
+    cluster = {"chief": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    # One token shared by every task (token authentication stays on); nodes notice the head is gone in 5 s.
+    shared = {"RAY_AUTH_TOKEN": "0123456789abcdef" * 4, "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}
+    args = [a for a in _args(digits, tmp_path, 300) if not a.startswith(("num_workers", "num_ps"))]
+    tasks = {}
+    for role, index in (("worker", 0), ("worker", 1), ("ps", 0), ("chief", 0)):
+        spec = {"cluster": cluster, "task": {"type": role, "index": index}}
+        tasks[f"{role}{index}"] = run_trainer(*args, popen=True,
+                                              extra_env={"TF_CONFIG": json.dumps(spec), **shared})
+    outputs = {name: proc.communicate(timeout=360)[0] for name, proc in tasks.items()}
+    assert tasks["chief0"].returncode == 0, outputs["chief0"][-3000:]
+    chief = outputs["chief0"]
+    assert f"ray head started at 127.0.0.1:{port}" in chief
+    assert re.search(r"ray cluster: .*'worker': 2\.0", chief) and re.search(r"'ps': 1\.0", chief)
+    summary = json.loads(chief[chief.index("{\n"):])["summary"]
+    assert summary["final_step"] == 300 and summary["eval_accuracy"] >= 0.90
+    for name in ("worker0", "worker1", "ps0"):
+        assert tasks[name].returncode == 0, outputs[name][-3000:]
+        assert f"left the Ray cluster at 127.0.0.1:{port}" in outputs[name]
