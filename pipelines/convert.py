@@ -109,20 +109,22 @@ class ConvertToArrayRecord(beam.PTransform):
 
     def expand(self, pbegin):
         task_files = shard_tasks.stage(self._plan.tasks, self._tasks_dir, self._run_id)
+        plan_file = shard_tasks.stage_plan(self._plan.without_tasks(), self._tasks_dir, self._run_id)
         shards = pbegin | "Convert" >> ConvertShards(
             task_files, len(self._plan.tasks), self._config.resolved_writer_options, self._config.skip_corrupt)
         return (
             pbegin
             | "Once" >> beam.Create([None])
             | "WriteManifest" >> beam.Map(
-                _finalize_once, self._config, self._plan.without_tasks(), self._tasks_dir, self._run_id,
+                _finalize_once, self._config, plan_file, self._tasks_dir, self._run_id,
                 converted=beam.pvalue.AsList(shards.converted),
                 failed=beam.pvalue.AsList(shards.failed))
         )
 
 
-def _finalize_once(_, config: ConvertConfig, plan: Plan, tasks_dir: str, run_id: str, converted, failed) -> Manifest:
-    manifest = finalize(config, plan, list(converted), list(failed))
+def _finalize_once(_, config: ConvertConfig, plan_file: str, tasks_dir: str, run_id: str, converted,
+                   failed) -> Manifest:
+    manifest = finalize(config, shard_tasks.read_plan(plan_file), list(converted), list(failed))
     shard_tasks.delete_run(tasks_dir, run_id)
     return manifest
 

@@ -3,8 +3,10 @@
 `beam.Create(tasks)` inlines every task into the pipeline (~57 bytes each: Dataflow's 10 MB job-graph limit near 175k
 shards). Instead the launcher writes the tasks as JSON lines, `TASKS_PER_FILE` a file, to `DIR/<run>-NNNNN.jsonl`
 (DIR: `--temp_location/arrayrecord-tasks` on Dataflow, beside the job's other staged files; `OUT/.tasks` locally); the
-pipeline carries only those file names and reads them on the workers, then reshuffles the tasks once. The files of a
-run are deleted with its manifest; a dead local run's are removed by the next run (under the output's lease).
+pipeline carries only those file names and reads them on the workers, then reshuffles the tasks once. What the last
+step needs besides the results (the kept, orphaned, pruned and recovered entries: a rerun of a million up-to-date
+shards keeps a million) is staged the same way, as `DIR/<run>-finalize.json`. The files of a run are deleted with its
+manifest; a dead local run's are removed by the next run (under the output's lease).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import os
 import uuid
 
 from dataset_format import storage
+from dataset_format.manifest import ShardEntry
 from pipelines.paths import InputFile
-from pipelines.shard import ShardTask
+from pipelines.plan import FinalizePlan
+from pipelines.shard import ShardResult, ShardTask
 
 TASKS_DIR = ".tasks"
 TASKS_PER_FILE = 10_000
@@ -53,9 +57,35 @@ def read(path: str) -> list[ShardTask]:
     return [ShardTask(**{**d, "source": InputFile(**d["source"])}) for d in map(json.loads, text.splitlines())]
 
 
+def stage_plan(plan: FinalizePlan, directory: str, run_id: str) -> str:
+    """Writes what the last step needs (the plan without its tasks) to `directory`; returns the file's path."""
+    path = storage.join(directory, f"{run_id}-finalize.json")
+    entries = lambda group: [dataclasses.asdict(e) for e in group]  # noqa: E731
+    storage.write_text(path, json.dumps({
+        "kind": plan.kind, "kept": entries(plan.kept), "orphaned": entries(plan.orphaned),
+        "pruned": entries(plan.pruned), "splits": list(plan.split_order),
+        "recovered": [{"entry": dataclasses.asdict(r.entry), "corruptions": list(r.corruptions)}
+                      for r in plan.recovered]}))
+    return path
+
+
+def read_plan(path: str) -> FinalizePlan:
+    """`stage_plan`'s file, read back on the worker that writes the manifest."""
+    text = storage.read_text(path)
+    if text is None:
+        raise FileNotFoundError(f"{path}: the staged plan is gone (deleted while the job ran?); run the conversion "
+                                "again")
+    d = json.loads(text)
+    entries = lambda group: tuple(ShardEntry.from_json(e) for e in d[group])  # noqa: E731
+    recovered = tuple(ShardResult(ShardEntry.from_json(r["entry"]), tuple(r["corruptions"])) for r in d["recovered"])
+    return FinalizePlan(d["kind"], (), entries("kept"), entries("orphaned"), entries("pruned"), recovered,
+                        tuple(d["splits"]))
+
+
 def delete_run(directory: str, run_id: str | None = None) -> int:
     """Deletes the staged files of `run_id` in `directory`, or of every run when None; returns how many."""
-    names = [n for n in storage.list_sizes(directory) if n.endswith(".jsonl") and (run_id is None or n.startswith(run_id))]
+    names = [n for n in storage.list_sizes(directory)
+             if n.endswith((".jsonl", "-finalize.json")) and (run_id is None or n.startswith(run_id))]
     for name in names:
         storage.delete_quietly(storage.join(directory, name))
     if not storage.is_remote(directory) and not storage.list_sizes(directory):

@@ -105,6 +105,13 @@ def test_coordinator_killed_then_rerun_resumes_from_its_checkpoint(digits, tmp_p
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(50, 1001, 50))  # the killed run's records after the checkpoint were dropped
 
+    # the sidecar evaluator reads a parameter-server checkpoint like any other: the same final numbers
+    evaluated = run_trainer(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
+                            "num_classes=10", "steps=1000", "batch_size=32", "eval_timeout=5")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    record = json.loads((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 1000 and record["eval_accuracy"] == pytest.approx(summary["eval_accuracy"], abs=1e-6)
+
 
 def test_ps_tasks_need_the_parameter_server_strategy(digits, tmp_path):
     spec = {"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
