@@ -75,3 +75,11 @@ def test_mode_evaluate_needs_eval_data(tmp_path):
     proc = run_trainer(f"data={tmp_path}", f"workdir={tmp_path}", "mode=evaluate")
     assert proc.returncode == 2
     assert "mode=evaluate needs eval_data=" in proc.stderr
+
+
+def test_evaluator_without_new_checkpoints_stops_after_its_timeout(digits, tmp_path):
+    proc = run_trainer(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
+                       "num_classes=10", "steps=60", "eval_timeout=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no new checkpoint for 2s; stopping after step 0" in proc.stderr
+    assert json.loads(proc.stdout)["summary"]["checkpoints_evaluated"] == 0

@@ -157,3 +157,25 @@ def test_tf_config_chief_workers_and_ps_form_one_ray_cluster(digits, tmp_path):
     for name in ("worker0", "worker1", "ps0"):
         assert tasks[name].returncode == 0, outputs[name][-3000:]
         assert f"left the Ray cluster at 127.0.0.1:{port}" in outputs[name]
+
+
+@pytest.mark.slow  # ~30 s: a Ray cluster started by hand
+@pytest.mark.timeout(300)
+def test_joins_an_existing_ray_cluster_by_address(digits, tmp_path):
+    port = _free_port()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "fedcba9876543210" * 4}
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                             "--disable-usage-stats", "--resources", '{"worker": 2, "ps": 1}', "--block"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        args = [a for a in _args(digits, tmp_path, 300) if not a.startswith("num_ps")]
+        proc = run_trainer(*args, "num_ps=1", f"ray_address=127.0.0.1:{port}", timeout=240,
+                           extra_env={"RAY_AUTH_TOKEN": env["RAY_AUTH_TOKEN"]})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert re.search(r"ray cluster: .*'worker': 2\.0", proc.stderr)
+        assert json.loads(proc.stdout)["summary"]["eval_accuracy"] >= 0.90
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
