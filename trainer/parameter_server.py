@@ -218,6 +218,7 @@ def _flat_traced(tree) -> dict:
 
 
 # --- the coordinator ------------------------------------------------------------------------------------------
+MAX_CONSECUTIVE_FAILURES = 3  # a worker that dies this often without finishing a step stops the run
 class Coordinator:
     """ClusterCoordinator's scheduling: `schedule(step)` queues a step, idle workers take queued steps in order,
     `results()` waits for the next finished ones, `join()` for all. A step whose worker died is queued again
@@ -233,6 +234,7 @@ class Coordinator:
         for i, pid in enumerate(ray.get([w.pid.remote() for w in self.workers])):  # waits for them to start
             log.info("worker %d: pid %d", i, pid)
         self.replaced = 0
+        self._failures = [0] * len(self.workers)  # deaths since each worker's last finished step
         self._queue: collections.deque = collections.deque()
         self._inflight: dict = {}  # ObjectRef -> (worker index, step id)
 
@@ -264,13 +266,19 @@ class Coordinator:
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayActorError as e:
+                self._failures[w] += 1
+                if self._failures[w] > MAX_CONSECUTIVE_FAILURES:
+                    raise RuntimeError(f"worker {w} died {self._failures[w]} times in a row without finishing a step "
+                                       f"(last: {e}); see its log under Ray's session directory") from e
                 log.warning("worker %d died during step %d (%s); the step is queued again and the worker replaced, "
                             "its loader resuming after its last finished step", w, step_id, type(e).__name__)
                 self._queue.appendleft(step_id)
+                # Not waited for: its first step queues until it has started, and the others go on meanwhile.
                 self.workers[w] = self._make_worker(w, self.loader_states[w])
                 self.replaced += 1
-                log.info("worker %d: replaced, pid %d", w, ray.get(self.workers[w].pid.remote()))
+                log.info("worker %d: replaced", w)
                 continue
+            self._failures[w] = 0
             self.loader_states[w] = result["loader"]
             done.append(result)
         self._dispatch()

@@ -59,21 +59,21 @@ def _read_until(proc, pattern, lines):
 
 @pytest.mark.timeout(400)
 def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
-    proc = run_trainer(*_args(digits, tmp_path, 1500), popen=True)
+    proc = run_trainer(*_args(digits, tmp_path, 800), popen=True)
     lines = []
     pid = int(_read_until(proc, r"worker 1: pid (\d+)", lines).group(1))
     assert "ps 0 holds" in "".join(lines) and "['Dense_0']['kernel'][32, 256]" in "".join(lines)
-    _read_until(proc, r"step 200/1500", lines)
+    _read_until(proc, r"step 200/800", lines)
     os.kill(pid, signal.SIGKILL)
     out = "".join(lines) + proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, out[-3000:]
     assert re.search(r"worker 1 died during step \d+ \(ActorDiedError\); the step is queued again", out), out[-3000:]
-    assert "worker 1: replaced, pid" in out
+    assert "worker 1: replaced" in out
     summary = json.loads(out[out.index("{\n"):])["summary"]
-    assert summary["final_step"] == 1500 and summary["workers_replaced"] == 1
+    assert summary["final_step"] == 800 and summary["workers_replaced"] == 1
     assert summary["eval_accuracy"] >= 0.90, summary
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(50, 1501, 50))
+    assert [r["step"] for r in records] == list(range(50, 801, 50))
     # asynchronous: the other worker's updates land between a pull and a push
     assert all(r["staleness_max"] >= 0 for r in records) and max(r["staleness_max"] for r in records) >= 1
     assert records[-1]["workers_replaced"] == 1
@@ -82,11 +82,11 @@ def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
 @pytest.mark.timeout(400)
 def test_coordinator_killed_then_rerun_resumes_from_its_checkpoint(digits, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "trainer", *_args(digits, tmp_path, 1000)]
+    cmd = [sys.executable, "-m", "trainer", *_args(digits, tmp_path, 600)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     lines = []
-    _read_until(proc, r"step 300/1000", lines)
+    _read_until(proc, r"step 300/600", lines)
     os.kill(proc.pid, signal.SIGKILL)  # the coordinator only
     proc.wait(timeout=30)
     time.sleep(1)
@@ -97,20 +97,20 @@ def test_coordinator_killed_then_rerun_resumes_from_its_checkpoint(digits, tmp_p
     saved = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
     assert saved and saved[-1] >= 200
 
-    rerun = run_trainer(*_args(digits, tmp_path, 1000), timeout=300)
+    rerun = run_trainer(*_args(digits, tmp_path, 600), timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resumed from step {saved[-1]}" in rerun.stderr
     summary = json.loads(rerun.stdout)["summary"]
-    assert summary["final_step"] == 1000 and summary["eval_accuracy"] >= 0.90
+    assert summary["final_step"] == 600 and summary["eval_accuracy"] >= 0.90
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(50, 1001, 50))  # the killed run's records after the checkpoint were dropped
+    assert steps == list(range(50, 601, 50))  # the killed run's records after the checkpoint were dropped
 
     # the sidecar evaluator reads a parameter-server checkpoint like any other: the same final numbers
     evaluated = run_trainer(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
-                            "num_classes=10", "steps=1000", "batch_size=32", "eval_timeout=5")
+                            "num_classes=10", "steps=600", "batch_size=32", "eval_timeout=5")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     record = json.loads((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["step"] == 1000 and record["eval_accuracy"] == pytest.approx(summary["eval_accuracy"], abs=1e-6)
+    assert record["step"] == 600 and record["eval_accuracy"] == pytest.approx(summary["eval_accuracy"], abs=1e-6)
 
 
 def test_ps_tasks_need_the_parameter_server_strategy(digits, tmp_path):
