@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests import emulator
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,55 +62,12 @@ def tfds_digits_array_record(tmp_path_factory) -> Path:
     return _tfds_build_digits(tmp_path_factory.mktemp("tfds-ar"), "array_record")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
-    """A local GCS emulator (gcp-storage-emulator) and the environment clients need to use it.
-
-    Sets the variables in this process (for Beam's GCS filesystem and google-cloud-storage)
-    and returns them for subprocesses. The C++ client inside array_record reads
-    CLOUD_STORAGE_EMULATOR_ENDPOINT.
-    """
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    exe = Path(sys.executable).with_name("gcp-storage-emulator")
-    proc = subprocess.Popen([str(exe), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    config_dir = tmp_path_factory.mktemp("gcloud")
-    creds = config_dir / "credentials.json"
-    creds.write_text(json.dumps({"type": "authorized_user", "client_id": "test", "client_secret": "test",
-                                 "refresh_token": "test", "token": "test-token",
-                                 "expiry": "2099-01-01T00:00:00Z"}))
-    env = {"STORAGE_EMULATOR_HOST": endpoint, "CLOUD_STORAGE_EMULATOR_ENDPOINT": endpoint,
-           "NO_GCE_CHECK": "true", "GOOGLE_CLOUD_PROJECT": "test", "CLOUDSDK_CONFIG": str(config_dir),
-           "GOOGLE_APPLICATION_CREDENTIALS": str(creds)}
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(endpoint, timeout=1)
-            break
-        except Exception:  # noqa: BLE001 - not up yet
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError(f"gcp-storage-emulator did not start on {endpoint}")
-            time.sleep(0.2)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    """A local GCS emulator (gcp-storage-emulator) and the environment clients need to use it (tests/emulator.py):
+    set in this process, and returned for subprocesses."""
+    with emulator.running(tmp_path_factory.mktemp("gcloud")) as env:
         yield env
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
