@@ -77,10 +77,11 @@ def partition(shapes: dict[str, tuple[tuple[int, ...], Any]], num_ps: int, min_s
     return shards
 
 
-def _flat(params) -> dict[str, np.ndarray]:
+def _flat(tree) -> dict[str, Any]:
+    """{"['Dense_0']['kernel']": leaf, ...}: the variables by their path, in tree order (works inside jit too)."""
     import jax
 
-    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def split(flat: dict[str, np.ndarray], shards: list[Shard], num_ps: int) -> list[dict[str, np.ndarray]]:
@@ -186,7 +187,7 @@ class Worker:
             loss, grads = program.gradients(params, batch)
             if clip is not None:
                 grads, _ = clip.update(grads, clip.init(grads))
-            return loss, _flat_traced(grads)
+            return loss, _flat(grads)
 
         self._names = [s.name for s in shards if s.start == 0]  # variables in tree order
         self._gradients = jax.jit(gradients)
@@ -211,17 +212,11 @@ class Worker:
         self._batches.close()
 
 
-def _flat_traced(tree) -> dict:
-    import jax
-
-    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
-
-
 # --- the coordinator ------------------------------------------------------------------------------------------
 MAX_CONSECUTIVE_FAILURES = 3  # a worker that dies this often without finishing a step stops the run
 class Coordinator:
     """ClusterCoordinator's scheduling: `schedule(step)` queues a step, idle workers take queued steps in order,
-    `results()` waits for the next finished ones, `join()` for all. A step whose worker died is queued again
+    `results()` waits for the next finished ones, `join()` yields them until all are done. A step whose worker died is queued again
     (at-least-once) and the worker is replaced by `make_worker(index, loader_state)`, from the loader state of its
     last finished step."""
 
@@ -284,11 +279,10 @@ class Coordinator:
         self._dispatch()
         return done
 
-    def join(self) -> list[dict]:
-        done = []
+    def join(self):
+        """Yields each step's result as it finishes, until nothing is queued or running."""
         while self.pending:
-            done += self.results()
-        return done
+            yield from self.results()
 
 
 # --- the run ----------------------------------------------------------------------------------------------------
@@ -307,11 +301,11 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     from trainer.program import Program
     from trainer.train import NonFiniteLoss, itstime
 
-    _ps_optimizer(config)  # refuses adafactor before anything starts
+    tx = _ps_optimizer(config)  # refuses adafactor before anything starts
     program = Program.build(config)
-    flat = _flat(program.init_params())
+    flat = {k: np.asarray(v) for k, v in _flat(program.init_params()).items()}
+    treedef = jax.tree.structure(program.abstract_params())
     shards = partition({k: (v.shape, v.dtype) for k, v in flat.items()}, config.num_ps, config.ps_min_shard_bytes)
-    tx = _ps_optimizer(config)
     head = _connect(config, spec)
     try:
         remote_ps = ray.remote(ParameterServer).options(**_placement("ps"))
@@ -340,7 +334,8 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                                  f"num_workers={data['num_workers']}; resume with those (each worker's loader "
                                  "position and each ps's optimizer state belong to that layout)")
             restored = mngr.restore(start, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-            parts = split(_flat(restored["state"]["params"]), shards, config.num_ps)
+            parts = split({k: np.asarray(v) for k, v in _flat(restored["state"]["params"]).items()}, shards,
+                          config.num_ps)
             opt_states, loader_states, versions = restored["state"]["opt_state"], data["workers"], data["versions"]
             log.info("resumed from step %d (ps versions %s)", start, versions)
         ray.get([ps.load.remote(parts[i], opt_states[i], versions[i]) for i, ps in enumerate(servers)])
@@ -354,8 +349,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
         def pull_params():
             pulled = ray.get([ps.state.remote() for ps in servers])
             flat_now = assemble([values for values, _, _ in pulled], shards)
-            params = jax.tree.unflatten(jax.tree.structure(program.abstract_params()),
-                                        [flat_now[k] for k in flat])
+            params = jax.tree.unflatten(treedef, [flat_now[k] for k in flat])
             return params, [o for _, o, _ in pulled], [v for _, _, v in pulled]
 
         def save(step):
@@ -387,17 +381,16 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                 while scheduled < sync:
                     scheduled += 1
                     coordinator.schedule(scheduled)
-                while coordinator.pending:
-                    for result in coordinator.results():
-                        done += 1
-                        period.append(result)
-                        if not np.isfinite(result["loss"]):
-                            raise NonFiniteLoss(f"loss is {result['loss']} at step {result['step']} (worker "
-                                                f"{result['worker']}); lower learning_rate or check the data")
-                        if done < sync and done % config.log_every == 0:
-                            last = _record(config, done, period, period_start, coordinator)
-                            report(last)
-                            period, period_start = [], time.perf_counter()
+                for result in coordinator.join():
+                    done += 1
+                    period.append(result)
+                    if not np.isfinite(result["loss"]):
+                        raise NonFiniteLoss(f"loss is {result['loss']} at step {result['step']} (worker "
+                                            f"{result['worker']}); lower learning_rate or check the data")
+                    if done < sync and done % config.log_every == 0:
+                        last = _record(config, done, period, period_start, coordinator)
+                        report(last)
+                        period, period_start = [], time.perf_counter()
                 last = _record(config, done, period, period_start, coordinator)
                 if config.eval_data and itstime(done, config.eval_every, config.steps):
                     last.update(program.evaluate(evaluator, pull_params()[0]))

@@ -9,6 +9,7 @@ the others read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -108,22 +109,20 @@ class Program:
         return loss_sum / weight, jax.tree.map(lambda g: g / weight, grads)
 
     # --- evaluation --------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def eval_step(self):
         """The jit-compiled eval step, made once per Program (a new closure per eval would recompile each time):
         weighted sums of the task's losses and metrics over a batch, and of the weights (0 for padding rows)."""
-        if "_eval_step" not in self.__dict__:
-            task = self.task
+        task = self.task
 
-            @jax.jit
-            def eval_step(params, batch, real):
-                outputs = self.outputs(params, batch)
-                sums = {name: jnp.sum(values * real) for name, values in task.metrics(outputs, batch).items()}
-                sums["loss"] = jnp.sum(task.losses(outputs, batch) * real)
-                return sums, jnp.sum(tasks.weights(task, batch) * real), jnp.sum(real)
+        @jax.jit
+        def eval_step(params, batch, real):
+            outputs = self.outputs(params, batch)
+            sums = {name: jnp.sum(values * real) for name, values in task.metrics(outputs, batch).items()}
+            sums["loss"] = jnp.sum(task.losses(outputs, batch) * real)
+            return sums, jnp.sum(tasks.weights(task, batch) * real), jnp.sum(real)
 
-            self.__dict__["_eval_step"] = eval_step
-        return self.__dict__["_eval_step"]
+        return eval_step
 
     def evaluate(self, strategy, params) -> dict[str, float]:
         """The task's metrics and loss over one pass of eval_data (each process its rows; short batches padded
