@@ -57,10 +57,13 @@ class _ConvertShardFn(beam.DoFn):
         try:
             result = convert_shard(task, writer_options=self._writer_options, skip_corrupt=self._skip_corrupt,
                                    on_records=self._progress)
-        except (CorruptRecordError, ShardCountMismatch) as e:
+        except (CorruptRecordError, ShardCountMismatch, PermissionError) as e:
+            # Retrying would fail the same way: the shard is reported, the other shards go on.
+            error = (f"{task.source.path} cannot be read (permission denied); grant read access and rerun (the "
+                     "converted shards are kept)") if isinstance(e, PermissionError) else str(e)
             self._failed.inc()
-            log.error("shard failed, no output written for it: %s", e)
-            yield beam.pvalue.TaggedOutput(FAILED, {"source": task.source.path, "error": str(e)})
+            log.error("shard failed, no output written for it: %s", error)
+            yield beam.pvalue.TaggedOutput(FAILED, {"source": task.source.path, "error": error})
             return
         self._converted.inc()
         self._bytes_written.inc(result.entry.bytes)

@@ -45,12 +45,36 @@ def list_inputs(pattern: str) -> list[InputFile]:
         if in_directory is not None:
             return in_directory
         if not FileSystems.exists(pattern):
+            _check_listable(_fixed_prefix(pattern))  # a file in a directory this user may not enter
             raise FileNotFoundError(f"input {pattern!r} does not exist; check the path (a file, a glob "
                                     "such as 'data/train-*.tfrecord', a directory, or a TFDS dataset directory)")
     files = _files(_match(pattern))
     if not files:
+        _check_listable(_fixed_prefix(pattern))  # a glob cannot see into a directory it may not read
         raise FileNotFoundError(f"no files match {pattern!r}; check the directory and the glob")
     return files
+
+
+def _fixed_prefix(pattern: str) -> str:
+    """The directory part of `pattern` before its first glob character."""
+    head = pattern[: min(i for i in (pattern.find(c) for c in "*?[") if i >= 0)] if has_glob(pattern) else pattern
+    return head[: head.rfind("/") + 1] or "."
+
+
+def _check_listable(directory: str) -> None:
+    if not is_remote(directory) and os.path.isdir(directory) and not os.access(directory, os.R_OK | os.X_OK):
+        raise PermissionError(f"input directory {directory!r} cannot be listed (permission denied); grant read "
+                              f"access to it (e.g. chmod a+rx {directory!r}) or run as a user who can")
+
+
+def check_readable(files: list[InputFile]) -> None:
+    """Local inputs this process may not read fail the plan, before anything is written (a worker would fail
+    on them mid-run). gs:// access is checked by the listing itself (a 403 names the bucket)."""
+    unreadable = [f.path for f in files if not is_remote(f.path) and not os.access(f.path, os.R_OK)]
+    if unreadable:
+        more = f" and {len(unreadable) - 1} more" if len(unreadable) > 1 else ""
+        raise PermissionError(f"input {unreadable[0]!r}{more} cannot be read (permission denied); grant read "
+                              f"access (e.g. chmod a+r {unreadable[0]!r}) or leave it out of --input")
 
 
 def _match(pattern: str) -> list:
@@ -78,6 +102,7 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
     """The TFRecord files of directory `path` (see list_inputs); None when `path` is not a directory."""
     if not is_remote(path) and not os.path.isdir(path):
         return None
+    _check_listable(path)
     found = _files(_match(path.rstrip("/") + "/*"))
     if is_remote(path) and not found:
         return None  # not a prefix with objects under it: a missing file, said by the caller

@@ -75,6 +75,7 @@ def make_plan(config: ConvertConfig) -> Plan:
     else:
         kind = "tfrecord"
         inputs = [(f, None, None) for f in paths.list_inputs(config.input)]
+    paths.check_readable([f for f, _, _ in inputs])
     paths.check_unique_outputs([f.path for f, _, _ in inputs])
     paths.check_output_outside([f for f, _, _ in inputs], config.input, config.output)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -34,9 +35,21 @@ def synthetic_records(shard: int, count: int, size: int = 100) -> list[bytes]:
     return [f"{shard}:{i}:".encode().ljust(size, b"x") for i in range(count)]
 
 
-def run_cli(*args: str, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
-    """Runs `python -m pipelines ARGS` in a fresh interpreter, as a user would."""
-    proc = subprocess.run([sys.executable, "-m", "pipelines", *args], capture_output=True, text=True,
+def file_permissions_apply() -> list[str]:
+    """A command prefix under which file permissions apply to this user: none for a plain user; for root (as in
+    containers), setpriv dropping CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, so that a chmod 000 file cannot be read."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv (util-linux): file permissions cannot be made to apply")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def run_cli(*args: str, env: dict | None = None, check: bool = False,
+            prefix: list[str] = ()) -> subprocess.CompletedProcess:
+    """Runs `python -m pipelines ARGS` in a fresh interpreter, as a user would (after `prefix`, a command such
+    as file_permissions_apply())."""
+    proc = subprocess.run([*prefix, sys.executable, "-m", "pipelines", *args], capture_output=True, text=True,
                           cwd=REPO, env={**os.environ, **(env or {})}, timeout=300)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
@@ -68,6 +81,18 @@ def gcs_emulator(tmp_path_factory):
     set in this process, and returned for subprocesses."""
     with emulator.running(tmp_path_factory.mktemp("gcloud")) as env:
         yield env
+
+
+@pytest.fixture
+def faulty_gcs(gcs_bucket, gcs_emulator, monkeypatch):
+    """(bucket, front): the bucket reached through a front that answers chosen requests with chosen statuses
+    (tests/emulator.py FaultFront); STORAGE_EMULATOR_HOST points at it here, and in `gcs_emulator` for subprocesses."""
+    bucket, _ = gcs_bucket
+    with emulator.fault_front(gcs_emulator["STORAGE_EMULATOR_HOST"]) as front:
+        url = f"http://127.0.0.1:{front.server_address[1]}"
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+        monkeypatch.setitem(gcs_emulator, "STORAGE_EMULATOR_HOST", url)
+        yield bucket, front
 
 
 @pytest.fixture

@@ -4,12 +4,16 @@ benchmarks that measure against gs:// (benchmarks/plan_bench.py --gcs)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -59,3 +63,72 @@ def running(config_dir: Path):
                 os.environ[k] = v
         proc.terminate()
         proc.wait(timeout=10)
+
+
+class FaultFront(http.server.ThreadingHTTPServer):
+    """An HTTP front on 127.0.0.1 that forwards to the emulator and answers the next requests whose path contains a
+    given text with a given status instead (`fail_next`); `failed` lists what it answered so."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str):
+        super().__init__(("127.0.0.1", 0), _Forward)
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.faults: list[tuple[str, int]] = []  # (text in the path, status), consumed in order
+        self.failed: list[tuple[int, str]] = []
+        self.lock = threading.Lock()
+
+    def fail_next(self, status: int, times: int = 1, where: str = "") -> None:
+        with self.lock:
+            self.faults += [(where, status)] * times
+
+
+class _Forward(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _handle(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        server: FaultFront = self.server
+        with server.lock:
+            fault = next((f for f in server.faults if f[0] in self.path), None)
+            if fault:
+                server.faults.remove(fault)
+                server.failed.append((fault[1], f"{self.command} {self.path}"))
+        if fault:
+            payload = b'{"error": {"code": %d, "message": "injected"}}' % fault[1]
+            self.send_response(fault[1])
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        conn = http.client.HTTPConnection(server.upstream.hostname, server.upstream.port, timeout=30)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+        conn.request(self.command, self.path, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+        self.send_response(response.status)
+        for key, value in response.getheaders():
+            if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        conn.close()
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+
+
+@contextlib.contextmanager
+def fault_front(upstream: str):
+    """A running FaultFront before `upstream` (the emulator's endpoint); point STORAGE_EMULATOR_HOST at its `url`."""
+    front = FaultFront(upstream)
+    threading.Thread(target=front.serve_forever, daemon=True).start()
+    try:
+        yield front
+    finally:
+        front.shutdown()
+        front.server_close()

@@ -1,87 +1,14 @@
-"""dataset_format.storage on local disk and on gs:// (the GCS emulator), with faults injected in front of it.
-
-`faulty_gcs` is a small HTTP front on 127.0.0.1 that forwards to the emulator and answers the next requests whose
-path contains a given text with a given status instead: the real google-cloud-storage client, its real retries.
+"""dataset_format.storage on local disk and on gs:// (the GCS emulator), with faults injected in front of it
+(`faulty_gcs`, tests/emulator.py's FaultFront): the real google-cloud-storage client, its real retries.
 """
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import logging
-import threading
-import urllib.parse
 
 import pytest
 
 from dataset_format import storage
-
-
-class _Front(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, upstream: str):
-        super().__init__(("127.0.0.1", 0), _Forward)
-        self.upstream = urllib.parse.urlsplit(upstream)
-        self.faults: list[tuple[str, int]] = []  # (text in the path, status), consumed in order
-        self.failed: list[tuple[int, str]] = []
-        self.lock = threading.Lock()
-
-    def fail_next(self, status: int, times: int = 1, where: str = "") -> None:
-        with self.lock:
-            self.faults += [(where, status)] * times
-
-
-class _Forward(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def _handle(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        server: _Front = self.server
-        with server.lock:
-            fault = next((f for f in server.faults if f[0] in self.path), None)
-            if fault:
-                server.faults.remove(fault)
-                server.failed.append((fault[1], f"{self.command} {self.path}"))
-        if fault:
-            payload = b'{"error": {"code": %d, "message": "injected"}}' % fault[1]
-            self.send_response(fault[1])
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-            return
-        conn = http.client.HTTPConnection(server.upstream.hostname, server.upstream.port, timeout=30)
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-        conn.request(self.command, self.path, body=body, headers=headers)
-        response = conn.getresponse()
-        data = response.read()
-        self.send_response(response.status)
-        for key, value in response.getheaders():
-            if key.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        conn.close()
-
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
-
-
-@pytest.fixture
-def faulty_gcs(gcs_bucket, gcs_emulator, monkeypatch):
-    """(bucket, front): the bucket reached through a front that injects statuses on demand."""
-    bucket, _ = gcs_bucket
-    front = _Front(gcs_emulator["STORAGE_EMULATOR_HOST"])
-    thread = threading.Thread(target=front.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{front.server_address[1]}")
-    yield bucket, front
-    front.shutdown()
-    front.server_close()
 
 
 def test_local_round_trip_listing_and_globs(tmp_path):

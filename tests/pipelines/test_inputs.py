@@ -1,10 +1,12 @@
 """What `--input` accepts, and one line with exit 2 (no traceback) for each input that cannot work."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
+from tests.conftest import REPO, file_permissions_apply, run_cli, synthetic_records, write_tfrecord_shards
 
 
 def _one_line_error(proc, message):
@@ -68,3 +70,58 @@ def test_a_gcs_prefix_converts_its_tfrecord_objects(tmp_path, gcs_bucket, gcs_em
     proc = run_cli("convert", "--input", f"gs://{bucket}/raw", "--output", str(tmp_path / "out"), env=gcs_emulator,
                    check=True)
     assert "converted 2 shard(s) (14 records" in proc.stdout
+
+
+def test_unreadable_inputs_are_one_line_before_anything_is_written(tmp_path):
+    as_user = file_permissions_apply()
+    write_tfrecord_shards(tmp_path / "data", [synthetic_records(i, 5) for i in range(3)])
+    locked = tmp_path / "data" / "train-00001-of-00003.tfrecord"
+    locked.chmod(0)
+    for given in (tmp_path / "data", tmp_path / "data" / "*.tfrecord", locked):
+        _one_line_error(run_cli("convert", "--input", str(given), "--output", str(tmp_path / "o"), prefix=as_user),
+                        f"input '{locked}' cannot be read (permission denied); grant read access (e.g. chmod a+r "
+                        f"'{locked}') or leave it out of --input")
+    (tmp_path / "data").chmod(0o300)  # may write and enter, may not list
+    _one_line_error(run_cli("convert", "--input", str(tmp_path / "data"), "--output", str(tmp_path / "o"),
+                            prefix=as_user),
+                    f"input directory '{tmp_path / 'data'}' cannot be listed (permission denied)")
+    _one_line_error(run_cli("convert", "--input", str(tmp_path / "data" / "train-*"), "--output", str(tmp_path / "o"),
+                            prefix=as_user),
+                    f"input directory '{tmp_path / 'data'}/' cannot be listed (permission denied)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_shard_unreadable_at_run_time_fails_alone_and_is_reported(tmp_path):
+    """Read access lost between the plan and the worker: that shard is FAILED in the manifest, the others commit."""
+    write_tfrecord_shards(tmp_path / "data", [synthetic_records(i, 5) for i in range(3)])
+    locked = tmp_path / "data" / "train-00001-of-00003.tfrecord"
+    script = f"""
+import apache_beam as beam, json, os
+from pipelines.config import ConvertConfig
+from pipelines.convert import ConvertToArrayRecord
+from pipelines.plan import make_plan, read_manifest
+config = ConvertConfig(input={str(tmp_path / 'data')!r}, output={str(tmp_path / 'o')!r})
+plan = make_plan(config)
+os.chmod({str(locked)!r}, 0)
+with beam.Pipeline() as p:
+    _ = p | ConvertToArrayRecord(config, plan)
+manifest = read_manifest(config.output)
+print(json.dumps({{"failed": manifest.failed, "shards": [s.path for s in manifest.shards]}}))
+"""
+    proc = subprocess.run([*file_permissions_apply(), sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result == {"failed": [{"source": str(locked), "error": f"{locked} cannot be read (permission denied); "
+                                  "grant read access and rerun (the converted shards are kept)"}],
+                      "shards": ["train-00000-of-00003.array_record", "train-00002-of-00003.array_record"]}
+
+
+@pytest.mark.gcs
+def test_a_forbidden_gcs_input_is_one_line(tmp_path, faulty_gcs, gcs_emulator):
+    bucket, front = faulty_gcs
+    front.fail_next(403, times=20, where=f"/b/{bucket}/o")  # every listing and read of the bucket's objects
+    _one_line_error(run_cli("convert", "--input", f"gs://{bucket}/raw/*.tfrecord", "--output", str(tmp_path / "out"),
+                            env=gcs_emulator),
+                    f"permission denied (403) on bucket '{bucket}'")
+    assert front.failed and not (tmp_path / "out").exists()
