@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 GCS = "gs://"
 RETRY_SECONDS = 120.0
+PARALLEL_REQUESTS = 32  # concurrent Cloud Storage requests one process makes (its connection pool holds as many)
 _READ_BUFFER = 1 << 20
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -72,9 +73,15 @@ def _client():
 
 @functools.cache
 def _client_for(pid: int, emulator: str | None):  # one per process (forked workers) and endpoint
+    import requests
     from google.cloud import storage as gcs
 
-    return gcs.Client()
+    client = gcs.Client()
+    # requests keeps 10 connections a host by default: more threads than that open and drop a connection a request
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=PARALLEL_REQUESTS)
+    client._http.mount("https://", adapter)
+    client._http.mount("http://", adapter)
+    return client
 
 
 @functools.cache
@@ -156,6 +163,16 @@ def list_details(directory: str) -> dict[str, tuple[int, float]]:
             for b in _list(prefix, delimiter="/") if not b.name.endswith("/")}
 
 
+def list_metadata(directory: str) -> dict[str, dict[str, str]]:
+    """Base name -> custom metadata of the gs:// objects directly under `directory`, in one listing (a page per
+    1,000 objects); {} for a local directory."""
+    if not is_remote(directory):
+        return {}
+    prefix = directory.rstrip("/") + "/"
+    return {basename(GCS + b.bucket.name + "/" + b.name): b.metadata or {}
+            for b in _list(prefix, delimiter="/") if not b.name.endswith("/")}
+
+
 def glob(pattern: str) -> list[str]:
     """Files matching `pattern`, sorted. On gs://, `*` and `?` stay within one path segment and `**` crosses
     them (as Beam and gsutil read globs); the listing starts at the literal prefix before the first wildcard."""
@@ -216,8 +233,9 @@ def open_read(path: str):
         return _blob(path).open("rb", chunk_size=_READ_BUFFER, retry=_retry())
 
 
-def write_bytes(path: str, data: bytes) -> None:
-    """Writes `data` to `path` so that it appears whole or not at all."""
+def write_bytes(path: str, data: bytes, *, metadata: dict[str, str] | None = None) -> None:
+    """Writes `data` to `path` so that it appears whole or not at all. `metadata`: a gs:// object's custom
+    metadata (which listings return, see list_metadata; at most 8 KiB); local files have none."""
     if not is_remote(path):
         tmp = temp_name(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -226,11 +244,13 @@ def write_bytes(path: str, data: bytes) -> None:
         os.replace(tmp, path)
         return
     with _gcs_errors(path):
-        _blob(path).upload_from_string(data, content_type="application/octet-stream", retry=_retry())
+        blob = _blob(path)
+        blob.metadata = metadata
+        blob.upload_from_string(data, content_type="application/octet-stream", retry=_retry())
 
 
-def write_text(path: str, text: str) -> None:
-    write_bytes(path, text.encode("utf-8"))
+def write_text(path: str, text: str, *, metadata: dict[str, str] | None = None) -> None:
+    write_bytes(path, text.encode("utf-8"), metadata=metadata)
 
 
 def create(path: str, data: bytes) -> bool:

@@ -98,12 +98,25 @@ def _files(metadata_list) -> list[InputFile]:
     return sorted(files, key=lambda f: f.path)
 
 
+def _local_directory(path: str) -> list[InputFile]:
+    """The files directly in local directory `path`, as Beam's match of `path/*` names them, with one stat each
+    (Beam's match takes three: 2.6 -> see docs/benchmarks.md, plan_bench)."""
+    directory = path.rstrip("/") or "/"
+    files = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not entry.is_dir():
+                stat = entry.stat()
+                files.append(InputFile(os.path.join(directory, entry.name), stat.st_size, stat.st_mtime))
+    return sorted(files, key=lambda f: f.path)
+
+
 def _directory_inputs(path: str) -> list[InputFile] | None:
     """The TFRecord files of directory `path` (see list_inputs); None when `path` is not a directory."""
     if not is_remote(path) and not os.path.isdir(path):
         return None
     _check_listable(path)
-    found = _files(_match(path.rstrip("/") + "/*"))
+    found = _files(_match(path.rstrip("/") + "/*")) if is_remote(path) else _local_directory(path)
     if is_remote(path) and not found:
         return None  # not a prefix with objects under it: a missing file, said by the caller
     tfrecords = [f for f in found if is_tfrecord_name(basename(f.path))]
@@ -128,15 +141,17 @@ def check_output_outside(inputs: list[InputFile], pattern: str, output: str) -> 
                          "converted shards would be read as inputs next time: choose an --output outside the input")
 
 
-def check_unique_outputs(sources: list[str]) -> None:
-    """Two inputs mapping to one output name would overwrite each other: refuse up front."""
+def output_names(sources: list[str]) -> dict[str, str]:
+    """{source: its output shard's name}; two inputs mapping to one name would overwrite each other: refused."""
+    names: dict[str, str] = {}
     seen: dict[str, str] = {}
     for source in sources:
-        name = output_name(source)
+        name = names[source] = output_name(source)
         if name in seen:
             raise ValueError(f"inputs {seen[name]!r} and {source!r} would both be written as {name!r}; "
                              "convert them into separate output directories")
         seen[name] = source
+    return names
 
 
 def open_source(path: str):

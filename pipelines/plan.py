@@ -13,7 +13,6 @@ import logging
 
 from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest, ShardEntry
-from dataset_format.naming import output_name
 from pipelines import commits, paths, tfds_dir
 from pipelines.config import ConvertConfig
 from pipelines.shard import ShardResult, ShardTask
@@ -76,7 +75,7 @@ def make_plan(config: ConvertConfig) -> Plan:
         kind = "tfrecord"
         inputs = [(f, None, None) for f in paths.list_inputs(config.input)]
     paths.check_readable([f for f, _, _ in inputs])
-    paths.check_unique_outputs([f.path for f, _, _ in inputs])
+    names = paths.output_names([f.path for f, _, _ in inputs])
     paths.check_output_outside([f for f, _, _ in inputs], config.input, config.output)
 
     previous = read_manifest(config.output)
@@ -91,7 +90,7 @@ def make_plan(config: ConvertConfig) -> Plan:
 
     tasks, kept = [], []
     for file, split, expected in inputs:
-        relative = output_name(file.path)
+        relative = names[file.path]
         entry = old.get(file.path)
         up_to_date = (
             entry is not None and not config.force
@@ -105,7 +104,8 @@ def make_plan(config: ConvertConfig) -> Plan:
         else:
             tasks.append(ShardTask(file, storage.join(config.output, relative), relative, split, expected))
     recovered = _recover(config.output, tasks, recorded, existing, options)
-    tasks = [t for t in tasks if t.relative_path not in {r.entry.path for r in recovered}]
+    done = {r.entry.path for r in recovered}
+    tasks = [t for t in tasks if t.relative_path not in done]
 
     sources = {f.path for f, _, _ in inputs}
     gone = [e for e in old.values() if e.source not in sources]

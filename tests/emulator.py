@@ -25,15 +25,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(config_dir: Path):
+def running(config_dir: Path, data_dir: Path | None = None):
     """Starts the emulator, sets its client environment in this process (Beam's GCS filesystem and
     google-cloud-storage read it; the C++ client inside array_record reads CLOUD_STORAGE_EMULATOR_ENDPOINT) and
-    yields it for subprocesses; restores the environment and stops the emulator after."""
+    yields it for subprocesses; restores the environment and stops the emulator after. In memory, or kept in
+    `data_dir` (its `.cloudstorage/.meta` and object files, read again at the next start: see `seed`)."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     exe = Path(sys.executable).with_name("gcp-storage-emulator")
-    proc = subprocess.Popen([str(exe), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = ["--in-memory"] if data_dir is None else []
+    proc = subprocess.Popen([str(exe), "start", "--host", "127.0.0.1", "--port", str(port), *store],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "STORAGE_BASE": str(data_dir or config_dir)})
     creds = config_dir / "credentials.json"
     creds.write_text(json.dumps({"type": "authorized_user", "client_id": "test", "client_secret": "test",
                                  "refresh_token": "test", "token": "test-token",
@@ -63,6 +66,42 @@ def running(config_dir: Path):
                 os.environ[k] = v
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def seed(data_dir: Path, bucket: str, objects: dict[str, bytes | tuple[bytes, dict[str, str]]]) -> None:
+    """Adds `objects` ({name: bytes, or (bytes, custom metadata)}) to `bucket` in a stopped emulator's `data_dir`
+    directly, their resources made from an object already in the bucket (with each one's own name, size, md5 and
+    crc32c). The emulator rewrites
+    all its metadata on every upload (quadratic: ~60 uploads/s at a few thousand objects), so 100,000 objects are
+    only practical this way; it reads them at its next start."""
+    import base64
+    import hashlib
+    import struct
+
+    import google_crc32c
+
+    root = data_dir / ".cloudstorage"
+    meta = json.loads((root / ".meta").read_text())
+    existing = meta["objects"][bucket]
+    template = next(iter(existing.values()))
+    generation = time.time_ns()
+    for name, content in objects.items():
+        content, custom = content if isinstance(content, tuple) else (content, None)
+        generation += 1
+        target = root / bucket / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        md5 = base64.b64encode(hashlib.md5(content).digest()).decode()
+        existing[name] = {
+            **template, "name": name, "id": f"{bucket}/{name}/{generation}", "generation": str(generation),
+            "size": str(len(content)), "md5Hash": md5, "etag": md5,
+            "crc32c": base64.b64encode(struct.pack(">I", google_crc32c.value(content))).decode(),
+            "selfLink": f"/storage/v1/b/{bucket}/o/{name}",
+            "mediaLink": template["mediaLink"].split("/o/")[0] + f"/o/{name}?generation={generation}&alt=media"}
+        existing[name].pop("metadata", None)
+        if custom:
+            existing[name]["metadata"] = custom
+    (root / ".meta").write_text(json.dumps(meta))
 
 
 class FaultFront(http.server.ThreadingHTTPServer):

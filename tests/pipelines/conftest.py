@@ -38,10 +38,10 @@ elif _point == "manifest":
     from dataset_format import storage
     _write_text = storage.write_text
 
-    def write_text(path, text):
+    def write_text(path, text, **kwargs):
         if path.endswith("manifest.json"):
             _die()
-        _write_text(path, text)
+        _write_text(path, text, **kwargs)
 
     storage.write_text = write_text
 elif _point == "first-shard":

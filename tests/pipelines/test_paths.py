@@ -5,7 +5,7 @@ from pipelines import paths
 
 def test_colliding_outputs_are_refused_up_front():
     with pytest.raises(ValueError, match="'/a/x.tfrecord' and '/a/x.tfrecords' would both be written as 'x.array_record'"):
-        paths.check_unique_outputs(["/a/x.tfrecord", "/a/x.tfrecords"])
+        paths.output_names(["/a/x.tfrecord", "/a/x.tfrecords"])
 
 
 def test_list_inputs_sorted_and_errors(tmp_path):
