@@ -99,8 +99,8 @@ def _files(metadata_list) -> list[InputFile]:
 
 
 def _local_directory(path: str) -> list[InputFile]:
-    """The files directly in local directory `path`, as Beam's match of `path/*` names them, with one stat each
-    (Beam's match takes three: 2.6 -> see docs/benchmarks.md, plan_bench)."""
+    """The files directly in local directory `path`, named as Beam's match of `path/*` names them, with one stat
+    each where Beam's match takes three (docs/benchmarks.md, "Planning")."""
     directory = path.rstrip("/") or "/"
     files = []
     with os.scandir(directory) as entries:
