@@ -127,6 +127,13 @@ def _list(prefix_path: str, *, delimiter: str | None) -> Iterator:
         yield from _client().list_blobs(bucket, prefix=prefix, delimiter=delimiter, retry=_retry())
 
 
+def _objects_in(directory: str) -> Iterator[tuple]:
+    """(base name, blob) of the gs:// objects directly under `directory`, from one listing."""
+    for b in _list(directory.rstrip("/") + "/", delimiter="/"):
+        if not b.name.endswith("/"):
+            yield basename(GCS + b.bucket.name + "/" + b.name), b
+
+
 # ---------------------------------------------------------------- the operations
 
 
@@ -145,9 +152,7 @@ def list_sizes(directory: str) -> dict[str, int]:
             return {e.name: e.stat().st_size for e in os.scandir(directory) if e.is_file()}
         except (FileNotFoundError, NotADirectoryError):
             return {}
-    prefix = directory.rstrip("/") + "/"
-    return {basename(GCS + b.bucket.name + "/" + b.name): b.size
-            for b in _list(prefix, delimiter="/") if not b.name.endswith("/")}
+    return {name: b.size for name, b in _objects_in(directory)}
 
 
 def list_details(directory: str) -> dict[str, tuple[int, float]]:
@@ -158,9 +163,7 @@ def list_details(directory: str) -> dict[str, tuple[int, float]]:
                     for st in [e.stat()]}
         except (FileNotFoundError, NotADirectoryError):
             return {}
-    prefix = directory.rstrip("/") + "/"
-    return {basename(GCS + b.bucket.name + "/" + b.name): (b.size, b.updated.timestamp())
-            for b in _list(prefix, delimiter="/") if not b.name.endswith("/")}
+    return {name: (b.size, b.updated.timestamp()) for name, b in _objects_in(directory)}
 
 
 def list_metadata(directory: str) -> dict[str, dict[str, str]]:
@@ -168,9 +171,7 @@ def list_metadata(directory: str) -> dict[str, dict[str, str]]:
     1,000 objects); {} for a local directory."""
     if not is_remote(directory):
         return {}
-    prefix = directory.rstrip("/") + "/"
-    return {basename(GCS + b.bucket.name + "/" + b.name): b.metadata or {}
-            for b in _list(prefix, delimiter="/") if not b.name.endswith("/")}
+    return {name: b.metadata or {} for name, b in _objects_in(directory)}
 
 
 def glob(pattern: str) -> list[str]:

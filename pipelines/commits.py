@@ -39,20 +39,29 @@ def write(output: str, entry: ShardEntry, corruptions: tuple[dict, ...]) -> None
     storage.write_text(record_path(output, entry.path), text, metadata=metadata)
 
 
+def listing(output: str) -> dict[str, str | None]:
+    """Shards with a commit record -> the record's text where the listing carries it (gs:// custom metadata), else
+    None (local files, records too large to inline, records from before they were inlined)."""
+    directory = storage.join(output, COMMITS_DIR)
+    if storage.is_remote(output):
+        return {name[: -len(".json")]: meta.get(INLINE_KEY) for name, meta in storage.list_metadata(directory).items()
+                if name.endswith(".json")}
+    return {name[: -len(".json")]: None for name in storage.list_sizes(directory) if name.endswith(".json")}
+
+
 def listed(output: str) -> set[str]:
     """Relative paths of the shards that have a commit record."""
-    return {name[: -len(".json")] for name in storage.list_sizes(storage.join(output, COMMITS_DIR))
-            if name.endswith(".json")}
+    return set(listing(output))
 
 
-def read(output: str, relatives: list[str]) -> dict[str, tuple[ShardEntry, tuple[dict, ...]]]:
+def read(output: str, relatives: list[str], known: dict[str, str | None] | None = None
+         ) -> dict[str, tuple[ShardEntry, tuple[dict, ...]]]:
     """relative path -> (entry, corruptions) of the given shards' records (unreadable ones are skipped: their
-    shards are converted again). On gs://, many records come from one listing of their metadata; the others are
-    read in parallel."""
-    inline: dict[str, str] = {}
-    if storage.is_remote(output) and len(relatives) > READ_ONE_BY_ONE_UP_TO:
-        listing = storage.list_metadata(storage.join(output, COMMITS_DIR))
-        inline = {name[: -len(".json")]: meta[INLINE_KEY] for name, meta in listing.items() if INLINE_KEY in meta}
+    shards are converted again). Records inlined in `known` (a `listing` the caller has; on gs://, taken here when
+    many records are wanted) are not requested; the others are read, in parallel on gs://."""
+    if known is None and storage.is_remote(output) and len(relatives) > READ_ONE_BY_ONE_UP_TO:
+        known = listing(output)
+    inline = {r: text for r, text in (known or {}).items() if text is not None}
 
     def fetch(relative: str) -> tuple[str, str | None]:
         return relative, inline[relative] if relative in inline else storage.read_text(record_path(output, relative))

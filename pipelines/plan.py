@@ -84,7 +84,7 @@ def make_plan(config: ConvertConfig) -> Plan:
                          f"converting {kind} input {config.input!r} there would mix datasets: use another "
                          "--output")
     old = {e.source: e for e in previous.shards} if previous else {}
-    recorded = set() if config.force else commits.listed(config.output)
+    recorded = {} if config.force else commits.listing(config.output)
     existing = storage.list_sizes(config.output) if old or recorded else {}
     options = config.resolved_writer_options
 
@@ -116,12 +116,12 @@ def make_plan(config: ConvertConfig) -> Plan:
     return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned, tuple(recovered))
 
 
-def _recover(output: str, tasks: list[ShardTask], recorded: set[str], existing: dict[str, int],
+def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None], existing: dict[str, int],
              options: str) -> list[ShardResult]:
     """The tasks already done by an earlier run: a commit record for the same source fingerprint and writer
     options, and the output file there with the recorded size."""
     candidates = [t for t in tasks if t.relative_path in recorded]
-    records = commits.read(output, [t.relative_path for t in candidates]) if candidates else {}
+    records = commits.read(output, [t.relative_path for t in candidates], known=recorded) if candidates else {}
     recovered = []
     for task in candidates:
         entry, corruptions = records.get(task.relative_path, (None, ()))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import types
 import typing
 
@@ -67,6 +68,11 @@ class TrainConfig:
     # 0: stream batches from the loader. N > 0: read N batches once, keep them on the devices and cycle
     # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.
     in_memory_batches: int = 0
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """WORKDIR/checkpoints, absolute (as orbax wants it): the trainers write it, the evaluator reads it."""
+        return os.path.abspath(os.path.join(self.workdir, "checkpoints"))
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes",

@@ -36,7 +36,7 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     # The evaluator's own devices: the training strategy where it is a local one, else all local devices.
     strategy = strategies.make(config.strategy if config.strategy in _LOCAL_STRATEGIES else "mirrored",
                                device=config.device)
-    checkpoints = os.path.abspath(os.path.join(config.workdir, "checkpoints"))
+    checkpoints = config.checkpoint_dir
     eval_dir = os.path.join(config.workdir, "eval")
     done = [r["step"] for r in metrics_lib.read(eval_dir)]
     last = max(done, default=0)

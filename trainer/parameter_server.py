@@ -299,7 +299,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     from trainer import strategy as strategies
     from trainer.metrics import MetricsWriter
     from trainer.program import Program
-    from trainer.train import NonFiniteLoss, itstime
+    from trainer.train import NonFiniteLoss, checkpoint_manager, itstime
 
     tx = _ps_optimizer(config)  # refuses adafactor before anything starts
     program = Program.build(config)
@@ -317,8 +317,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                      ", ".join(f"{s.name}{list(s.shape)}" for s in held[:6]) + (" ..." if len(held) > 6 else ""))
 
         # restore, or start from the initial parameters
-        mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(config.workdir, "checkpoints")),
-                                     options=ocp.CheckpointManagerOptions(max_to_keep=3))
+        mngr = checkpoint_manager(config)
         parts = split(flat, shards, config.num_ps)
         start, loader_states, versions = 0, [None] * config.num_workers, [0] * config.num_ps
         opt_states = [None] * config.num_ps

@@ -43,6 +43,11 @@ def itstime(step: int, every: int, last_step: int) -> bool:
     return step % every == 0 or step == last_step
 
 
+def checkpoint_manager(config: TrainConfig) -> ocp.CheckpointManager:
+    """The run's checkpoints (config.checkpoint_dir), the last 3 kept; the parameter-server coordinator's too."""
+    return ocp.CheckpointManager(config.checkpoint_dir, options=ocp.CheckpointManagerOptions(max_to_keep=3))
+
+
 def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     # --- setup ------------------------------------------------------------------------------
     if config.strategy == "multi_worker" and not jax.distributed.is_initialized():
@@ -86,8 +91,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                          out_shardings=(state_sharding, strategy.replicated), donate_argnums=(0,))
 
     # --- restore ----------------------------------------------------------------------------
-    mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(config.workdir, "checkpoints")),
-                                 options=ocp.CheckpointManagerOptions(max_to_keep=3))
+    mngr = checkpoint_manager(config)
     it = iter(batches)
     start = 0
     if mngr.latest_step() is not None:
