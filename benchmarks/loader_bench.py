@@ -10,6 +10,8 @@ pipeline, then runs each contender in its own process, one after the other, in t
   conversion (snappy) and on the same data converted `--compression zstd:3` (array_record's and TFDS's default);
 - grain stock: `MapDataset.source(ArrayRecordDataSource(shards)).shuffle(seed).batch(256)`, global shuffle;
 - tf.data: `TFRecordDataset` with `interleave` over the shards, `shuffle(10_000)`, `batch(256)`, `prefetch`;
+- previous loader (`--previous REV`): `loader.load` as it was at git revision REV (run from a git worktree of it),
+  e.g. the loader that read through ArrayRecord's own reader;
 - raw sequential: ArrayRecordReader.read(start, end) over each shard in order, 256 records a call (an upper
   bound: no shuffle), opened with 16 MB of read-ahead (the anchor of the 0.5x target), and again with
   array_record's default options ("raw seq (defaults)": no read-ahead, a pread per chunk; about half as fast
@@ -77,8 +79,15 @@ _CONTENDERS = {
     "ours": """
 import loader
 t0 = time.perf_counter()
-ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else None, num_threads=THREADS or None,
+ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else None, num_threads=THREADS or 2,
                  worker_count=WORKERS)
+it = iter(ds)
+""",
+    # The same code run from a worktree of --previous REV (measure() sets the working directory).
+    "previous loader": """
+import loader
+t0 = time.perf_counter()
+ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else None, worker_count=WORKERS)
 it = iter(ds)
 """,
     # The same records converted with --compression zstd:3, what `tfds build --file_format=array_record`
@@ -87,7 +96,7 @@ it = iter(ds)
 import loader
 t0 = time.perf_counter()
 ds = loader.load(OUT_ZSTD, batch_size=256, seed=0, decode="example" if DECODE else None,
-                 num_threads=THREADS or None, worker_count=WORKERS)
+                 num_threads=THREADS or 2, worker_count=WORKERS)
 it = iter(ds)
 """,
     "grain stock": """
@@ -172,6 +181,9 @@ def warm(paths: list[str]) -> None:
                 pass
 
 
+PREVIOUS: dict[str, Path] = {}  # "previous loader" -> the worktree it runs in
+
+
 def measure(name: str, args: list) -> dict:
     """Runs contender `name` in a child process on the harness arguments `args` (see _HARNESS)."""
     tfrecords, shards, shards_zstd = args[2], args[1], args[-1]
@@ -184,7 +196,7 @@ def measure(name: str, args: list) -> dict:
             tempfile.NamedTemporaryFile("w", suffix=".json") as args_file:
         json.dump(args, args_file)
         args_file.flush()
-        proc = subprocess.Popen([sys.executable, "-c", code, args_file.name], cwd=REPO, stdout=out_file,
+        proc = subprocess.Popen([sys.executable, "-c", code, args_file.name], cwd=PREVIOUS.get(name, REPO), stdout=out_file,
                                 stderr=err_file, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
         root = psutil.Process(proc.pid)
         peak = 0
@@ -222,6 +234,7 @@ def main() -> None:
     p.add_argument("--only", nargs="*", default=None, help="run only these contenders")
     p.add_argument("--repeats", type=int, default=1, help="rounds of all contenders; medians and their ratios")
     p.add_argument("--workdir", default=None)
+    p.add_argument("--previous", default=None, help="also run the loader of this git revision (a worktree of it)")
     p.add_argument("--first-batch-shards", type=int, default=0,
                    help="also time ours to the first batch on a dataset with this many shards (e.g. 1000)")
     args = p.parse_args()
@@ -235,7 +248,12 @@ def main() -> None:
     tfrecords = sorted(str(p) for p in (work / "tfrecord").iterdir())
     out, shards = converted(work, DEFAULT_COMPRESSION)
     out_zstd, shards_zstd = converted(work, "zstd:3")
-    names = args.only or list(_CONTENDERS)
+    names = [n for n in args.only or list(_CONTENDERS) if n != "previous loader" or args.previous]
+    if args.previous:
+        PREVIOUS["previous loader"] = work / "previous"
+        if not PREVIOUS["previous loader"].exists():
+            subprocess.run(["git", "worktree", "add", "--detach", str(work / "previous"), args.previous], cwd=REPO,
+                           check=True, capture_output=True)
     windows = [args.start, args.batches]
     runs: dict = {}
     for repeat in range(args.repeats):  # the contenders take turns, so drift on the machine hits them all
@@ -255,7 +273,7 @@ def main() -> None:
         for decode in (False, True):
             for mine in ("ours", "ours, zstd:3"):
                 for name in names:
-                    if not name.startswith("ours") and (mine, decode) in runs:
+                    if not name.startswith("ours") and (mine, decode) in runs and (name, decode) in runs:
                         # the median of each round's ratio: a round's contenders ran minutes apart at most
                         ratio = statistics.median(a[key] / b[key] for a, b in zip(runs[(mine, decode)],
                                                                                   runs[(name, decode)]))
@@ -267,10 +285,15 @@ def main() -> None:
         many_out, many_shards = converted(many, DEFAULT_COMPRESSION)
         many_args = [str(many_out), many_shards, [], False, windows, args.max_seconds, args.threads, args.workers, "",
                      []]
-        r, seq = measure("ours", many_args), measure("raw sequential", many_args)
-        print(f"ours, {args.first_batch_shards} shards of 100 records: first batch {r['first_batch_s']:.2f} s, "
-              f"{r['examples_per_s']:,.0f} ex/s raw (start window {r['start_examples_per_s']:,.0f}), "
-              f"{r['examples_per_s'] / seq['examples_per_s']:.2f}x raw sequential ({seq['examples_per_s']:,.0f} ex/s)")
+        seq = measure("raw sequential", many_args)
+        for name in ["ours"] + (["previous loader"] if args.previous else []):
+            r = measure(name, many_args)
+            print(f"{name}, {args.first_batch_shards} shards of 100 records: first batch {r['first_batch_s']:.2f} s, "
+                  f"{r['examples_per_s']:,.0f} ex/s raw (start window {r['start_examples_per_s']:,.0f}), "
+                  f"{r['examples_per_s'] / seq['examples_per_s']:.2f}x raw sequential "
+                  f"({seq['examples_per_s']:,.0f} ex/s)")
+    if args.previous:
+        subprocess.run(["git", "worktree", "remove", "--force", str(work / "previous")], cwd=REPO, check=False)
     if not args.workdir:
         shutil.rmtree(work)
 

@@ -221,6 +221,24 @@ def read_bytes(path: str) -> bytes | None:
         raise
 
 
+def read_range(path: str, start: int, end: int, *, exact: bool = True) -> bytes:
+    """Bytes [start, end) of a file (gs://: one ranged request). `exact`: fewer bytes (the file ends sooner) raise
+    OSError; otherwise they are returned."""
+    if end <= start:
+        return b""
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+    else:
+        with _gcs_errors(path):
+            data = _blob(path).download_as_bytes(start=start, end=end - 1, checksum=None, retry=_retry())
+    if exact and len(data) != end - start:
+        raise OSError(f"{path}: read {len(data)} bytes at {start}, expected {end - start}; the file is shorter than "
+                      "its index says (truncated or replaced): re-run the conversion or restage the data")
+    return data
+
+
 def read_text(path: str) -> str | None:
     data = read_bytes(path)
     return None if data is None else data.decode("utf-8")

@@ -7,12 +7,12 @@
     state = it.get_state()            # small, JSON-serialisable
     it.set_state(state)               # continues with bitwise-identical batches
 
-The grain chain. Reads are batched (random access is fast only in long reads), so batching comes
-first and each element is a group of consecutive global batches:
+The grain chain. Reads are batched (nearby records of a shard come in one read: loader/reader.py), so
+batching comes first and each element is a group of consecutive global batches:
 
     MapDataset.range(num_groups)             reading schedule from the start batch: 1, 4, 16, ... G batches
       .map(read_group)                       per batch k: exact permutation of (seed, epoch), this host's
-                                             rows; one read per shard for the group; decode (~4k records a call), map_fn, collate
+                                             rows; one gather of the group's records; decode (~4k records a call), map_fn, collate
       .to_iter_dataset(ReadOptions)          thread prefetch
       .mp_prefetch(...)                      worker processes, when asked for
     then the iterator hands the group's batches out one by one (and, with sharding=, onto devices).
@@ -62,12 +62,14 @@ class LoaderConfig:
     map_fn: Callable[[Any], Any] | None = None  # applied to each record after decoding
     split: str | None = None  # for TFDS sources; default "train"
     worker_count: int = 0  # grain worker processes (0: none, reads run in this process)
-    num_threads: int | None = None  # prefetch threads per process; None: 2 where reads are list calls, else 1
+    num_threads: int = 2  # prefetch threads per process (reads and decompression release the GIL)
     prefetch: int = 2  # reads (groups of batches) ahead; raised to num_threads, 0: none
-    # Batches are read in groups of about this many records. Each list read walks its file's whole chunk index, so
-    # longer runs per call pay: 32k read 11-37% faster than 16k in steady state (docs/benchmarks.md), 64k no more.
+    # Batches are read in groups of about this many records: more records a group put more of them close together
+    # in each shard (fewer, longer reads), at the cost of memory and of the first batches' latency.
     records_per_read: int = 32768
     allow_incomplete: bool = False
+    check_hashes: bool = True  # check riegeli's chunk hashes: a damaged byte is an error naming shard and record
+    cache_bytes: int = 0  # gs:// sources: keep up to this many bytes of recently read blocks in memory
     sharding: Any = None  # a jax.sharding.Sharding: yield global jax.Arrays placed ahead of time
     device_prefetch: int = 2  # batches in flight to the devices when sharding is set
 
@@ -77,7 +79,9 @@ class LoaderConfig:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
         if self.records_per_read < 1:
             raise ValueError(f"records_per_read must be >= 1 (got records_per_read={self.records_per_read})")
-        if self.num_threads is not None and self.num_threads < 1:
+        if self.cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0 (got cache_bytes={self.cache_bytes})")
+        if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 (got num_threads={self.num_threads})")
         if self.features is not None:
             if isinstance(self.features, str) or not self.features:
@@ -97,9 +101,7 @@ def _host_shard(config: LoaderConfig) -> tuple[int, int]:
     return 0, 1
 
 
-# Read groups grow by this factor from one batch (a quick first batch) to `max_batches` (cheap reads). Small
-# groups take few records from each shard, which the reader reads record by record (no per-call cost), so a
-# gentler ramp pays: 4 against 8 in an A/B, the first 73 batches came 8-90% faster (docs/benchmarks.md).
+# Read groups grow by this factor from one batch (a quick first batch) to `max_batches` (long reads).
 RAMP_GROWTH = 4
 
 # Records decoded per `decode_batch` call: enough to amortise NumPy's per-call costs, few enough that the
@@ -120,20 +122,12 @@ def _runs_of_batches(per_batch: list[np.ndarray], records: int) -> Iterator[list
         yield run
 
 
-def _threads_for(reader: BatchReader) -> int:
-    """Prefetch threads: list reads release the GIL, so a second thread overlaps one group's Python work
-    with another's reads (+10-20% on 8 shards); record-by-record reads hold the GIL, and a second thread
-    only contends for it (20-25% slower on 1000 shards of 100 records when those were read that way; small
-    shards now take list calls). docs/benchmarks.md, "two read paths"."""
-    return 2 if reader.list_share() >= 0.5 else 1
-
-
 class _ReadGroup:
     """Group g of the reading schedule -> this host's batches in it (raw lists, or collated decoded records).
 
     The schedule starts at batch `start` with groups of 1, 4, 16, ... batches, up to `max_batches`: the
-    first batch comes quickly, later reads are long (one `read` call per shard for many batches, which
-    is what makes ArrayRecord random access fast). A batch's contents depend only on its global index,
+    first batch comes quickly, later reads are long (many records of each shard close together, read by few
+    calls). A batch's contents depend only on its global index,
     so where the groups fall does not change the data.
     """
 
@@ -257,8 +251,8 @@ class Loader:
         by_bytes = max(1, (64 << 20) // max(1, per_batch * self.source.mean_record_bytes))
         self.batches_per_read = max(1, min(config.records_per_read // per_batch, by_bytes))
         # One reader for every iterator of this loader: a restart (set_state, a new epoch loop) keeps its open files.
-        self._reader = BatchReader(self.source, group_records=self.batches_per_read * per_batch)
-        self.num_threads = config.num_threads or _threads_for(self._reader)
+        self._reader = BatchReader(self.source, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes)
+        self.num_threads = config.num_threads
 
     def __len__(self) -> int:
         if self.config.num_epochs is None:
@@ -421,5 +415,6 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     decoder = make_decoder(config.decode, src.features_dir, (config.packing.feature,))
     plan_args = dict(batch_size=config.batch_size, seed=config.seed, shuffle=config.shuffle,
                      num_epochs=config.num_epochs, shard_index=shard_index, shard_count=shard_count)
-    return PackedLoader(src, BatchReader(src), decoder, config.packing, plan_args, prefetch=max(1, config.prefetch),
+    reader = BatchReader(src, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes)
+    return PackedLoader(src, reader, decoder, config.packing, plan_args, prefetch=max(1, config.prefetch),
                         sharding=config.sharding, device_prefetch=config.device_prefetch)

@@ -29,6 +29,7 @@ class ShardedSource:
     kind: str  # "manifest", "tfds" or "glob"
     features_dir: str | None = None  # a directory holding TFDS features.json, when there is one
     shard_bytes: tuple[int, ...] | None = None  # stored size of each shard, when known without opening them
+    shard_versions: tuple[str, ...] | None = None  # each shard's modification time (or generation): the index key
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
@@ -104,7 +105,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
             raise ValueError(f"{path}: no shards for split {split!r}; the splits are {splits}")
     elif split is not None:
         raise ValueError(f"split={split!r} was given but {root} is not a TFDS dataset; leave split unset")
-    sizes = storage.list_sizes(root)
+    details = storage.list_details(root)
+    sizes = {name: size for name, (size, _) in details.items()}
     for entry in entries:
         size = sizes.get(entry.path)
         if size is None:
@@ -115,7 +117,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
                              "the file is truncated or was replaced: re-run the conversion or restage the data")
     features = root if manifest.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
     return ShardedSource(tuple(storage.join(root, e.path) for e in entries), tuple(e.records for e in entries),
-                         "manifest", features, tuple(e.bytes for e in entries))
+                         "manifest", features, tuple(e.bytes for e in entries),
+                         tuple(repr(details[e.path][1]) for e in entries))
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:
@@ -127,34 +130,33 @@ def _from_tfds_info(root: str, split: str) -> ShardedSource:
         shards = tfds_info.split_shards(info, split, "array_record")
     except ValueError as e:
         raise ValueError(f"{storage.join(root, TFDS_INFO)}: {e}") from None
-    sizes = storage.list_sizes(root)
+    details = storage.list_details(root)
     for name, _ in shards:
-        if name not in sizes:
+        if name not in details:
             raise FileNotFoundError(f"{storage.join(root, name)} is listed in {TFDS_INFO} but missing; rebuild or "
                                     "re-download the dataset")
     return ShardedSource(tuple(storage.join(root, name) for name, _ in shards), tuple(n for _, n in shards), "tfds",
-                         root, tuple(sizes[name] for name, _ in shards))
+                         root, tuple(details[name][0] for name, _ in shards), tuple(repr(details[name][1]) for name, _ in shards))
 
 
 def _from_glob(pattern: str) -> ShardedSource:
-    from array_record.python.array_record_module import ArrayRecordReader
+    """Each file's record count from its footer (two reads at its end, loader/arrayrecord.py)."""
+    from loader.arrayrecord import read_footer
 
     paths = storage.glob(pattern)
     if not paths:
         raise FileNotFoundError(f"no files match {pattern!r}; check the path and the glob")
+    details: dict[str, tuple[int, float]] = {}
+    for directory in sorted({p.rsplit("/", 1)[0] for p in paths}):
+        details.update({storage.join(directory, name): d for name, d in storage.list_details(directory).items()})
     lengths = []
     for p in paths:
         try:
-            reader = ArrayRecordReader(p)
-            lengths.append(reader.num_records())
-            reader.close()
-        except Exception as e:  # noqa: BLE001 - array_record raises bare RuntimeErrors; name the file
-            raise ValueError(f"{p} is not a readable ArrayRecord file ({e}); check the glob matches only "
-                             "ArrayRecord shards") from e
-    directories = {p.rsplit("/", 1)[0] for p in paths}
-    sizes = {d: storage.list_sizes(d) for d in directories}
-    shard_bytes = tuple(sizes[p.rsplit("/", 1)[0]].get(storage.basename(p), 0) for p in paths)
-    return ShardedSource(tuple(paths), tuple(lengths), "glob", None, shard_bytes)
+            lengths.append(read_footer(p, details[p][0]).num_records)
+        except ValueError as e:
+            raise ValueError(f"{e}; check the glob matches only ArrayRecord shards") from None
+    return ShardedSource(tuple(paths), tuple(lengths), "glob", None, tuple(details[p][0] for p in paths),
+                         tuple(repr(details[p][1]) for p in paths))
 
 
 def _is_dir(path: str) -> bool:

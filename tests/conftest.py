@@ -104,3 +104,16 @@ def gcs_bucket(gcs_emulator):
     name = f"bucket-{time.monotonic_ns()}"
     client.create_bucket(name)
     return name, client
+
+
+@pytest.fixture(scope="session", autouse=True)
+def loader_index_dir(tmp_path_factory):
+    """The loader's index cache (loader/index.py) in a temporary directory, for this process and its children."""
+    directory = tmp_path_factory.mktemp("loader-index")
+    previous = os.environ.get("LOADER_INDEX_DIR")
+    os.environ["LOADER_INDEX_DIR"] = str(directory)
+    yield directory
+    if previous is None:
+        os.environ.pop("LOADER_INDEX_DIR", None)
+    else:
+        os.environ["LOADER_INDEX_DIR"] = previous

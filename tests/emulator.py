@@ -106,7 +106,7 @@ def seed(data_dir: Path, bucket: str, objects: dict[str, bytes | tuple[bytes, di
 
 class FaultFront(http.server.ThreadingHTTPServer):
     """An HTTP front on 127.0.0.1 that forwards to the emulator and answers the next requests whose path contains a
-    given text with a given status instead (`fail_next`); `failed` lists what it answered so."""
+    given text with a given status instead (`fail_next`); `failed` lists what it answered so, `seen` every request."""
 
     daemon_threads = True
 
@@ -115,6 +115,7 @@ class FaultFront(http.server.ThreadingHTTPServer):
         self.upstream = urllib.parse.urlsplit(upstream)
         self.faults: list[tuple[str, int]] = []  # (text in the path, status), consumed in order
         self.failed: list[tuple[int, str]] = []
+        self.seen: list[tuple[str, str, str | None]] = []  # every request: (method, path, Range header)
         self.lock = threading.Lock()
 
     def fail_next(self, status: int, times: int = 1, where: str = "") -> None:
@@ -132,6 +133,7 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         server: FaultFront = self.server
         with server.lock:
+            server.seen.append((self.command, self.path, self.headers.get("Range")))
             fault = next((f for f in server.faults if f[0] in self.path), None)
             if fault:
                 server.faults.remove(fault)

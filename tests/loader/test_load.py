@@ -77,13 +77,13 @@ def test_resume_is_exact_and_state_is_small_json(converted):
 
 
 def test_a_restored_or_new_iterator_reuses_the_open_shards(converted, monkeypatch):
-    """Opening a shard reads its whole chunk index; a loader opens each shard once, however often it restarts."""
+    """A loader opens each shard once, however often it restarts (its files stay open under the process limit)."""
     import loader.reader
 
     opened = []
-    real = loader.reader.ArrayRecordReader
-    monkeypatch.setattr(loader.reader, "ArrayRecordReader", lambda path, options: opened.append(path) or
-                        real(path, options))
+    real = loader.reader.BatchReader._open
+    monkeypatch.setattr(loader.reader.BatchReader, "_open", lambda self, shard: opened.append(self._paths[shard]) or
+                        real(self, shard))
     ds = loader.load(str(converted), batch_size=8, seed=2, decode=None)
     it = iter(ds)
     first = _take(it, 40)  # more than an epoch: every non-empty shard is read
@@ -241,7 +241,7 @@ def test_bad_sources_are_named(converted, tmp_path):
         loader.load(str(broken), batch_size=4)
 
     (tmp_path / "junk.array_record").write_bytes(b"\0" * 100)
-    with pytest.raises(ValueError, match="junk.array_record is not a readable ArrayRecord file"):
+    with pytest.raises(ValueError, match="junk.array_record is not a whole ArrayRecord file"):
         loader.load(str(tmp_path / "junk.array_record"), batch_size=4)
     with pytest.raises(TypeError, match=r"unknown options \['shufle'\]"):
         loader.load(str(converted), batch_size=4, shufle=False)

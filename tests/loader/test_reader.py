@@ -1,60 +1,103 @@
-"""BatchReader: records at global indices, in order, by either read path (one list call, or record by record)."""
+"""BatchReader and the ArrayRecord format reader under it, held record for record against ArrayRecord's own reader."""
 
+import logging
+import os
+import shutil
 import threading
 
 import numpy as np
 import pytest
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
+import loader
+from loader import _riegeli
+from loader.arrayrecord import BLOCK_SIZE, read_footer
+from loader.index import RecordIndex
 from loader.reader import BatchReader
-import loader.reader
 from loader.source import resolve
 
-# (SEEK_BELOW, SEEK_PER_FILE, SMALL_SHARD_BYTES): the test shards are tiny, so by default they are all "small"
-PATHS = {"list calls": (0, 10**9, 0), "record by record": (10**9, 10**9, 0),
-         "small shards: list calls through a whole-file buffer": (10**9, 10**9, 1 << 30)}
+CODECS = ["snappy", "zstd:1", "zstd:3", "uncompressed"]
 
 
-@pytest.fixture(params=sorted(PATHS))
-def read_path(request, monkeypatch):
-    below, per_file, small = PATHS[request.param]
-    monkeypatch.setattr(loader.reader, "SEEK_BELOW", below)
-    monkeypatch.setattr(loader.reader, "SEEK_PER_FILE", per_file)
-    monkeypatch.setattr(loader.reader, "SMALL_SHARD_BYTES", small)
-    return request.param
+def _records(seed: int) -> list[bytes]:
+    """Sizes from 0 bytes to 3 MB: many cross 64 KiB block boundaries, and some chunk headers are cut by one."""
+    rng = np.random.default_rng(seed)
+    sizes = [0, 1, 17, 1000, 40_000, 65_536, 70_000, 3 << 20] + rng.integers(0, 5000, 400).tolist()
+    rng.shuffle(sizes)
+    # half random bytes (incompressible), half repetitive (long snappy/zstd copies)
+    return [rng.bytes(n) if i % 2 else (b"%d-" % i * (n // 3 + 1))[:n] for i, n in enumerate(sizes)]
 
 
-def test_records_come_back_in_the_asked_order_on_either_path(converted, all_records, read_path):
-    reader = BatchReader(resolve(str(converted)))
-    indices = np.random.default_rng(0).integers(0, len(all_records), size=300)  # unordered, with repeats
-    assert reader(indices) == [all_records[i] for i in indices]
-    assert reader(np.array([256, 0, 37, 36, 37])) == [b"4:54", b"0:0", b"2:0", b"0:36", b"2:0"]
+@pytest.fixture(scope="module", params=CODECS)
+def codec_dataset(request, tmp_path_factory):
+    """Two shards written by ArrayRecord's writer with group_size:1 and this codec; (glob, records)."""
+    root = tmp_path_factory.mktemp("codec")
+    records = []
+    for shard in range(2):
+        path = root / f"data-{shard}.array_record"
+        writer = ArrayRecordWriter(str(path), f"group_size:1,{request.param}")
+        shard_records = _records(shard)
+        for r in shard_records:
+            writer.write(r)
+        writer.close()
+        records += shard_records
+    return str(root / "data-*.array_record"), records
+
+
+def test_every_codec_and_record_size_reads_as_arrayrecord_reads_it(codec_dataset):
+    pattern, records = codec_dataset
+    source = resolve(pattern)
+    reader = BatchReader(source)
+    theirs = []
+    for path in source.paths:
+        r = ArrayRecordReader(path)
+        theirs += r.read_all()
+        r.close()
+    assert theirs == records
+    assert reader(np.arange(len(records))) == records  # every record, in order: coalesced reads
+    indices = np.random.default_rng(0).permutation(len(records))[:300]
+    assert reader(indices) == [records[i] for i in indices]  # scattered, one chunk at a time
+    assert reader(np.array([5, 5, 0, len(records) - 1, 5])) == [records[i] for i in (5, 5, 0, len(records) - 1, 5)]
     assert reader(np.array([], dtype=np.int64)) == []
 
 
-def test_list_share_picks_the_path_by_run_length(converted, monkeypatch):
-    assert BatchReader(resolve(str(converted))).list_share(1) == 1.0  # small shards: always list calls
-    monkeypatch.setattr(loader.reader, "SMALL_SHARD_BYTES", 0)
-    reader = BatchReader(resolve(str(converted)))  # shards of 37, 0, 101, 64, 55 records
-    assert reader.list_share(257) == 0.0  # runs of ~1 record per shard record: all shorter than SEEK_BELOW (256)
-    # a group of 4 * 257: runs of ~4 per shard record, 404 and 256 from the 101- and 64-record shards
-    assert reader.list_share(4 * 257) == pytest.approx((101 + 64) / 257)
-    assert reader.list_share(7 * 257) == 1.0  # 259 from the 37-record shard
-    monkeypatch.setattr(loader.reader, "WHOLE_FILE_BYTES", 0)  # by default the reader's own read group
-    assert BatchReader(resolve(str(converted)), group_records=4 * 257).list_share() == pytest.approx((101 + 64) / 257)
+def test_the_test_files_cut_chunk_headers_and_records_at_block_boundaries(codec_dataset):
+    """The equality above covers the hard layouts: a chunk header split by a block header, records over 64 KiB."""
+    source = resolve(codec_dataset[0])
+    footer = read_footer(source.paths[0], source.shard_bytes[0])
+    offsets = footer.offsets.astype(np.int64)
+    ends = np.append(offsets[1:], footer.footer_offset)
+    in_block = offsets % BLOCK_SIZE
+    assert ((in_block > BLOCK_SIZE - 40) | (in_block == 0)).any() or ((ends - offsets) > 2 * BLOCK_SIZE).any()
+    assert ((ends // BLOCK_SIZE) - (offsets // BLOCK_SIZE) >= 2).any()  # records spanning several blocks
 
 
-def test_threads_share_one_reader_per_shard_on_both_paths(converted, all_records, monkeypatch):
-    """Four threads read at once through one BatchReader; runs of >= 20 records take list calls, shorter
-    ones seek, so list calls and seek + read pairs hit the same shard's reader concurrently. (CPython 3.11
-    switches threads only between loop iterations, never between a seek and its read, so this cannot catch
-    a missing seek lock; it catches readers opened per thread, and wrong records.)"""
-    monkeypatch.setattr(loader.reader, "SEEK_BELOW", 20)
-    monkeypatch.setattr(loader.reader, "SEEK_PER_FILE", 10**9)
-    monkeypatch.setattr(loader.reader, "SMALL_SHARD_BYTES", 0)
+def test_converter_and_tfds_outputs_read_as_arrayrecord_reads_them(converted, all_records, tfds_digits_array_record):
+    assert BatchReader(resolve(str(converted)))(np.arange(len(all_records))) == all_records
+    source = resolve(str(tfds_digits_array_record), split="train")
+    expected = []
+    for path in source.paths:
+        r = ArrayRecordReader(path)
+        expected += r.read_all()
+        r.close()
+    indices = np.random.default_rng(1).permutation(len(source))
+    assert BatchReader(source)(indices) == [expected[i] for i in indices]
+
+
+def test_highwayhash_matches_riegeli_on_every_header_of_a_file(converted):
+    """Block headers hash their last 16 bytes, chunk headers their last 32: the file's own hashes are the test
+    vectors (lengths 16 and 32; the data hashes of every other length are checked by every read above)."""
+    data = (converted / "train-00002-of-00005.array_record").read_bytes()
+    for block in range(0, len(data), BLOCK_SIZE):
+        assert _riegeli.hash64(data[block + 8:block + 24]) == int.from_bytes(data[block:block + 8], "little")
+    assert _riegeli.hash64(data[32:64]) == int.from_bytes(data[24:32], "little")  # the signature chunk
+
+
+def test_threads_read_at_once_through_one_reader(converted, all_records, monkeypatch):
+    """Four threads share one BatchReader: each shard is opened once, and every record comes back right."""
     opened = []
-    real = loader.reader.ArrayRecordReader
-    monkeypatch.setattr(loader.reader, "ArrayRecordReader", lambda path, options: opened.append(path) or
-                        real(path, options))
+    real = BatchReader._open
+    monkeypatch.setattr(BatchReader, "_open", lambda self, shard: opened.append(shard) or real(self, shard))
     reader = BatchReader(resolve(str(converted)))
     wrong, failures = [], []
 
@@ -74,38 +117,141 @@ def test_threads_share_one_reader_per_shard_on_both_paths(converted, all_records
     for t in threads:
         t.join()
     assert not failures and not wrong
-    assert sorted(opened) == sorted(str(p) for p in resolve(str(converted)).paths if "00001" not in p)  # 0 records
+    assert sorted(opened) == [0, 2, 3, 4]  # shard 1 is empty
 
 
-def test_corrupt_records_are_named_on_either_path(rotten_copy, read_path):
-    reader = BatchReader(resolve(str(rotten_copy)))
-    with pytest.raises(OSError, match=r"train-00002-of-00005.array_record: cannot read records 0\.\.100.*corrupt"):
-        reader(np.arange(37, 37 + 101))
+def test_files_beyond_the_open_limit_are_opened_per_read(converted, all_records, monkeypatch):
+    monkeypatch.setattr("loader.reader._open_limit", lambda: 2)
+    reader = BatchReader(resolve(str(converted)))
+    indices = np.random.default_rng(3).integers(0, len(all_records), 500)
+    assert reader(indices) == [all_records[i] for i in indices]
+    assert (reader._fds >= 0).sum() == 2
 
 
-def test_remote_shards_always_take_list_calls(gcs_bucket, converted):
-    """gs:// shards: each record is a range request; a list call issues them from ArrayRecord's pool."""
-    bucket, client = gcs_bucket
-    for f in converted.iterdir():
+# ---------------------------------------------------------------- damage
+
+
+def _damaged(converted, tmp_path, where) -> str:
+    broken = tmp_path / "broken"
+    shutil.copytree(converted, broken)
+    shard = broken / "train-00002-of-00005.array_record"
+    data = bytearray(shard.read_bytes())
+    footer = read_footer(str(shard), len(data))
+    offset = int(footer.offsets[where[1]]) if where[0] != "footer" else footer.footer_offset
+    at = offset + {"header": 12, "data": 50, "footer": 60}[where[0]]  # past the chunk's 40-byte header: its data
+    data[at] ^= 0x01
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(1, 1))  # a new mtime: the index of the good copy is not reused
+    return str(broken)
+
+
+@pytest.mark.parametrize("part, record", [("header", 0), ("header", 42), ("data", 7), ("data", 100)])
+def test_a_flipped_byte_in_a_chunk_names_the_shard_and_record(converted, tmp_path, part, record):
+    broken = _damaged(converted, tmp_path, (part, record))
+    reader = BatchReader(resolve(broken))
+    good = [37 + i for i in range(101) if i != record]
+    assert len(reader(np.array(good))) == 100  # the rest of the shard reads
+    with pytest.raises(OSError, match=rf"train-00002-of-00005.array_record: record {record} cannot be read \(.*hash "
+                                      r"does not match\).*corrupt"):
+        reader(np.array([0, 37 + record, 200]))
+
+
+def test_a_flipped_byte_in_the_footer_is_refused_before_the_first_batch(converted, tmp_path):
+    broken = _damaged(converted, tmp_path, ("footer", 0))
+    with pytest.raises(ValueError, match=r"train-00002-of-00005.array_record is not a whole ArrayRecord file "
+                                         r"\(chunk data whose hash does not match\)"):
+        loader.load(broken, batch_size=4)
+
+
+def test_a_truncated_shard_is_refused_before_the_first_batch(converted, tmp_path):
+    """A glob has no manifest to compare sizes with: the missing postscript names the file."""
+    broken = tmp_path / "cut"
+    shutil.copytree(converted, broken)
+    shard = broken / "train-00003-of-00005.array_record"
+    shard.write_bytes(shard.read_bytes()[:-BLOCK_SIZE])
+    with pytest.raises(ValueError, match="train-00003-of-00005.array_record is not a whole ArrayRecord file"):
+        loader.load(str(broken / "*.array_record*"), batch_size=4)
+
+
+def test_checks_can_be_turned_off(converted, tmp_path):
+    """check_hashes=False trusts the bytes: a flipped byte in record data then comes back as read."""
+    broken = _damaged(converted, tmp_path, ("data", 7))
+    record = BatchReader(resolve(broken), check_hashes=False)(np.array([37 + 7]))[0]
+    assert record != b"2:7"
+
+
+# ---------------------------------------------------------------- the index
+
+
+def test_the_index_is_two_bytes_a_record_and_follows_changed_shards(converted, tmp_path, loader_index_dir):
+    copy = tmp_path / "copy"
+    shutil.copytree(converted, copy)
+    source = resolve(str(copy))
+    index = RecordIndex.for_source(source)
+    assert os.path.dirname(index.path) == str(loader_index_dir)
+    assert index.info[:, 2].tolist() == [2, 2, 2, 2, 2] and not index.fallback  # u16 lengths for each shard
+    assert RecordIndex.for_source(resolve(str(copy))).path == index.path  # reused
+    os.utime(copy / "train-00000-of-00005.array_record", ns=(5, 5))
+    assert RecordIndex.for_source(resolve(str(copy))).path != index.path  # a changed shard: a new index
+
+
+def test_a_shard_whose_count_disagrees_with_the_metadata_is_named(converted, tmp_path):
+    """Shard 4 (55 records) copied over shard 0 (37): the same size (128 KiB, the smallest file), so only the
+    footer's record count tells them apart."""
+    swapped = tmp_path / "swapped"
+    shutil.copytree(converted, swapped)
+    a, b = swapped / "train-00000-of-00005.array_record", swapped / "train-00004-of-00005.array_record"
+    assert a.stat().st_size == b.stat().st_size
+    shutil.copyfile(b, a)
+    with pytest.raises(ValueError, match="train-00000-of-00005.array_record holds 55 records but the dataset's "
+                                         "metadata says 37"):
+        loader.load(str(swapped), batch_size=4)
+
+
+def test_files_this_reader_does_not_decode_go_to_arrayrecord_with_a_log_line(tmp_path, caplog):
+    path = tmp_path / "grouped.array_record"
+    writer = ArrayRecordWriter(str(path), "group_size:4,snappy")
+    records = [b"r%d" % i for i in range(10)]
+    for r in records:
+        writer.write(r)
+    writer.close()
+    with caplog.at_level(logging.INFO, logger="loader.index"):
+        reader = BatchReader(resolve(str(tmp_path / "*.array_record")))
+    assert "grouped.array_record: read through ArrayRecord's reader (chunks of several records" in caplog.text
+    assert reader(np.array([9, 0, 4])) == [b"r9", b"r0", b"r4"]
+
+
+# ---------------------------------------------------------------- gs://
+
+
+def _upload(client, bucket, directory, prefix="ds"):
+    for f in directory.iterdir():
         if f.is_file():  # the dataset; not the converter's own .shards/ records
-            client.bucket(bucket).blob(f"ds/{f.name}").upload_from_filename(str(f))
-    remote = resolve(f"gs://{bucket}/ds")
-    reader = BatchReader(remote)
-    assert reader.list_share(1) == 1.0
-    assert reader(np.array([256, 0, 37])) == [b"4:54", b"0:0", b"2:0"]
+            client.bucket(bucket).blob(f"{prefix}/{f.name}").upload_from_filename(str(f))
+    return f"gs://{bucket}/{prefix}"
 
 
-@pytest.mark.parametrize("shards, records, record_bytes, whole", [
-    (1000, 100, 1966, True),  # 197 KB files: small, always
-    (500, 1000, 1179, True),  # 1.2 MB files, 66 records a group each: ~17 KB copied per record
-    (1000, 1000, 1179, False),  # 33 a group each: ~34 KB per record
-    (1000, 3000, 1135, False),  # 3.4 MB files, 33 a group each: ~97 KB per record
-    (8, 125_000, 1099, False),  # 137 MB files: larger than any whole-file buffer
-])
-def test_whole_file_buffers_where_a_group_copies_little_per_record(shards, records, record_bytes, whole):
-    """The rule behind the measured cases in docs/benchmarks.md (groups of 32,768 records)."""
-    lengths = np.full(shards, records)
-    sizes = lengths * record_bytes
-    assert loader.reader._whole_file(lengths, sizes, 32768, shards * records).tolist() == [whole] * shards
-    small = records * record_bytes <= loader.reader.SMALL_SHARD_BYTES  # without a group size: small shards only
-    assert loader.reader._whole_file(lengths, sizes, None, shards * records).tolist() == [small] * shards
+@pytest.mark.gcs
+def test_a_read_group_of_one_shard_is_one_range_request(faulty_gcs, gcs_bucket, converted, all_records):
+    bucket, front = faulty_gcs
+    remote = _upload(gcs_bucket[1], bucket, converted)
+    reader = BatchReader(resolve(remote))
+    front.seen.clear()
+    assert reader(np.arange(37, 37 + 101)[::-1]) == all_records[37:138][::-1]  # all of shard 2
+    ranges = [r for method, path, r in front.seen if method == "GET"]
+    assert len(ranges) == 1 and ranges[0].startswith("bytes="), front.seen
+    front.seen.clear()
+    indices = np.random.default_rng(0).integers(0, len(all_records), 64)
+    assert reader(indices) == [all_records[i] for i in indices]
+    assert len([s for s in front.seen if s[0] == "GET"]) <= 4  # at most one per non-empty shard
+
+
+@pytest.mark.gcs
+def test_a_bucket_larger_than_the_cache_gives_the_local_batches_for_two_epochs(gcs_bucket, converted):
+    bucket, client = gcs_bucket
+    remote = _upload(client, bucket, converted)
+    options = dict(batch_size=8, seed=5, num_epochs=2, decode=None)
+    local = list(loader.load(str(converted), **options))
+    cached = loader.load(remote, cache_bytes=1 << 20, **options)  # one 1 MiB block: smaller than the 5 shards
+    assert list(cached) == local
+    assert cached._reader._remote_reader._cache._size <= 1 << 20

@@ -48,8 +48,8 @@ def test_gcs_source_reads_directly(tmp_path, gcs_bucket):
     assert remote == list(loader.load(str(tmp_path / "local"), batch_size=11, seed=1, num_epochs=1, decode=None))
 
 
-def test_every_kind_of_source_knows_its_shard_sizes(converted):
-    """The reader picks each shard's read path by its stored size (loader.reader._whole_file)."""
+def test_every_kind_of_source_knows_its_shard_sizes_and_versions(converted):
+    """The index is keyed by each shard's size and modification time (loader/index.py)."""
     import os
 
     from loader.source import resolve
@@ -57,3 +57,4 @@ def test_every_kind_of_source_knows_its_shard_sizes(converted):
     for source in (resolve(str(converted)), resolve(str(converted / "*.array_record*"))):
         assert source.shard_bytes == tuple(os.path.getsize(p) for p in source.paths), source.kind
         assert source.total_bytes == sum(source.shard_bytes)
+        assert source.shard_versions == tuple(repr(os.path.getmtime(p)) for p in source.paths), source.kind

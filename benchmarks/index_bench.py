@@ -1,0 +1,137 @@
+"""The loader's index: resident memory per record, and the start of a dataset of many shards.
+
+    .venv/bin/python benchmarks/index_bench.py                              # 1M and 8M records, 100k shards
+    .venv/bin/python benchmarks/index_bench.py --previous 3f7d36e           # also the loader of that revision
+
+Memory: two datasets of tiny records (8 bytes, 8 shards, group_size:1, snappy; `--small`/`--large` records) are
+read by `loader.load(..., decode=None)` in a child process, with `worker_count` 0 and 2, for `--batches` batches
+of 256 (random batches touch every page of the index); then the proportional set size (PSS: shared pages split
+between the processes that map them) of the process and its workers is summed. The slope between the two
+datasets, (PSS_large - PSS_small) / (large - small), is the resident bytes per record a host pays. With
+`--previous REV` the loader of that revision (read through ArrayRecord's reader) is measured the same way.
+
+Start: `--many` shards (hard links of one 10-record shard, listed in a manifest.json as a conversion writes it):
+the time to build the index once, and then from `loader.load` to the first batch with the index built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+_CHILD = """
+import json, sys, time, psutil
+root, workers, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+import loader
+t0 = time.perf_counter()
+it = iter(loader.load(root, batch_size=256, seed=0, decode=None, worker_count=workers))
+next(it)
+first = time.perf_counter() - t0
+for _ in range(batches):
+    next(it)
+me = psutil.Process()
+pss = sum(p.memory_full_info().pss for p in [me] + me.children(recursive=True))
+print(json.dumps({"pss": pss, "first_batch_s": first}))
+"""
+
+
+def write_dataset(root: Path, records: int, shards: int = 8) -> None:
+    """`records` 8-byte records in `shards` ArrayRecord files and a manifest.json listing them."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    root.mkdir(parents=True)
+    per, entries = records // shards, []
+    for s in range(shards):
+        name = f"tiny-{s:05d}-of-{shards:05d}.array_record"
+        writer = ArrayRecordWriter(str(root / name), "group_size:1,snappy")
+        for i in range(s * per, (s + 1) * per):
+            writer.write(i.to_bytes(8, "little"))
+        writer.close()
+        entries.append((name, per))
+    write_manifest(root, entries)
+
+
+def write_manifest(root: Path, entries: list[tuple[str, int]]) -> None:
+    from dataset_format.manifest import Manifest, ShardEntry
+
+    shards = tuple(ShardEntry(path=name, source=f"/in/{name}", records=n, bytes=(root / name).stat().st_size,
+                              source_bytes=0, source_fingerprint="", writer_options="group_size:1,snappy")
+                   for name, n in entries)
+    (root / "manifest.json").write_text(Manifest(input="/in/*", kind="tfrecord", shards=shards,
+                                                 tool_version="bench").to_json())
+
+
+def child(root: Path, workers: int, batches: int, cwd: Path, index_dir: Path) -> dict:
+    env = {**os.environ, "LOADER_INDEX_DIR": str(index_dir)}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(root), str(workers), str(batches)], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=1200)
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--small", type=int, default=1_000_000)
+    p.add_argument("--large", type=int, default=8_000_000)
+    p.add_argument("--batches", type=int, default=300)
+    p.add_argument("--many", type=int, default=100_000, help="shards of the start-time dataset (0: skip)")
+    p.add_argument("--previous", default=None, help="also measure the loader of this git revision")
+    p.add_argument("--workdir", default=None)
+    args = p.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="index-bench-"))
+    index_dir = work / "index"
+    loaders = {"ours": REPO}
+    if args.previous:
+        loaders["previous"] = work / "previous"
+        if not loaders["previous"].exists():
+            subprocess.run(["git", "worktree", "add", "--detach", str(loaders["previous"]), args.previous], cwd=REPO,
+                           check=True, capture_output=True)
+    for n in (args.small, args.large):
+        if not (work / f"tiny-{n}").exists():
+            print(f"writing {n:,} tiny records ...", flush=True)
+            write_dataset(work / f"tiny-{n}", n)
+    for name, cwd in loaders.items():
+        for workers in (0, 2):
+            pss = {}
+            for n in (args.small, args.large):
+                child(work / f"tiny-{n}", workers, 1, cwd, index_dir)  # builds the index (ours) outside the timing
+                pss[n] = child(work / f"tiny-{n}", workers, args.batches, cwd, index_dir)["pss"]
+            slope = (pss[args.large] - pss[args.small]) / (args.large - args.small)
+            print(f"{name:9s} worker_count={workers}: PSS {pss[args.small] / 2**20:,.0f} MB at {args.small:,} records, "
+                  f"{pss[args.large] / 2**20:,.0f} MB at {args.large:,}: {slope:.2f} bytes/record per host", flush=True)
+    if args.many:
+        many = work / f"many-{args.many}"
+        if not many.exists():
+            print(f"linking {args.many:,} shards ...", flush=True)
+            write_dataset(work / "one", 10, shards=1)
+            many.mkdir()
+            one = work / "one" / "tiny-00000-of-00001.array_record"
+            names = [f"m-{i:06d}-of-{args.many:06d}.array_record" for i in range(args.many)]
+            for name in names:
+                os.link(one, many / name)
+            write_manifest(many, [(name, 10) for name in names])
+        shutil.rmtree(index_dir, ignore_errors=True)
+        t0 = time.perf_counter()
+        first = child(many, 0, 0, REPO, index_dir)["first_batch_s"]
+        build = time.perf_counter() - t0
+        again = child(many, 0, 0, REPO, index_dir)["first_batch_s"]
+        print(f"{args.many:,} shards: first run (builds the index) {first:.2f} s to the first batch "
+              f"({build:.2f} s with the process start); with the index built {again:.2f} s to the first batch")
+    if args.previous:
+        subprocess.run(["git", "worktree", "remove", "--force", str(loaders["previous"])], cwd=REPO, check=False)
+    if not args.workdir:
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,907 @@
+/* Reading records of ArrayRecord files (riegeli/records, one record per chunk) in C, the GIL released.
+
+   The byte layout (riegeli's doc/riegeli_records_file_format.md; array_record's cpp/layout.proto):
+   - The file is cut into 64 KiB blocks; each block starts with a 24-byte block header that may fall anywhere,
+     even inside a chunk header. Dropping the bytes at positions p with p % 65536 < 24 leaves the chunks end to end.
+   - A chunk: a 40-byte header (header_hash, data_size, data_hash, chunk_type | num_records << 8,
+     decoded_data_size; little-endian u64s), then data_size bytes of data, then padding.
+     header_hash = HighwayHash-64 of header bytes 8..40, data_hash = HighwayHash-64 of the data, keyed with
+     'Riegeli/records\n' twice.
+   - A simple chunk ('r'): compression byte (0, 's' snappy, 'z' zstd, 'b' brotli), varint size of the sizes blob,
+     the sizes blob (one varint per record), then the values blob (the records end to end). A compressed blob is a
+     varint of its decompressed size followed by a raw snappy stream or a zstd frame.
+
+   Exported (all buffers are C-contiguous; the loader passes NumPy arrays):
+   - locate(index, shards, locals, begins_out, ends_out): file spans of records from a compact index (index.py).
+   - read(fds, begins, ends, check, max_gap): the records of those chunks, coalescing nearby chunks of a file into
+     one pread; a list of bytes in the order given.
+   - decode(spans, span_begins, fds-free records...): the same over spans already in memory (gs:// range reads).
+   - plan_spans(fds, begins, ends, max_gap): the coalesced spans read() would read, for remote reads.
+   - decode_chunk(data, check): a whole simple chunk of any number of records -> (sizes bytes, values bytes)
+     (the footer).
+   - hash64(data): HighwayHash-64 with riegeli's key (tests).
+   Errors carry the position of the record (in the order given) that failed: the Python side names the shard.
+   zstd comes from the system's libzstd.so.1, opened on first use; snappy is decoded here. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define BLOCK_SIZE 65536
+#define BLOCK_HEADER_SIZE 24
+#define CHUNK_HEADER_SIZE 40
+#define SIMPLE_CHUNK 'r'
+
+static PyObject *CorruptError;   /* a hash, size or structure check failed: the file is damaged */
+static PyObject *UnsupportedError; /* a chunk this reader does not decode (the caller falls back) */
+
+/* ------------------------------------------------------------------------------------------------ */
+/* HighwayHash-64, portable form, with riegeli's key.                                                */
+
+typedef struct {
+  uint64_t v0[4], v1[4], mul0[4], mul1[4];
+} hh_state;
+
+static const uint64_t RIEGELI_KEY[4] = {0x2f696c6567656952ULL, 0x0a7364726f636572ULL, 0x2f696c6567656952ULL,
+                                        0x0a7364726f636572ULL};
+static const uint64_t HH_INIT0[4] = {0xdbe6d5d5fe4cce2fULL, 0xa4093822299f31d0ULL, 0x13198a2e03707344ULL,
+                                     0x243f6a8885a308d3ULL};
+static const uint64_t HH_INIT1[4] = {0x3bd39e10cb0ef593ULL, 0xc0acf169b5f18a8cULL, 0xbe5466cf34e90c6cULL,
+                                     0x452821e638d01377ULL};
+
+static inline uint64_t load64(const uint8_t *p) {
+  uint64_t x;
+  memcpy(&x, p, 8);
+  return x; /* little-endian hosts only (x86-64, aarch64): checked at import */
+}
+
+static inline uint64_t swap_halves(uint64_t x) { return (x >> 32) | (x << 32); }
+
+/* Byte `from` of `x` moved to byte `to` of the result. */
+#define MOVE(x, from, to) ((((x) >> (8 * (from))) & 0xffULL) << (8 * (to)))
+
+/* The "zipper merge": the 16 bytes of (lo, hi) reordered by the table
+   lo' = lo[3] hi[4] lo[2] lo[5] hi[6] lo[1] hi[7] lo[0],  hi' = hi[3] lo[4] hi[2] hi[5] hi[1] lo[6] hi[0] lo[7]
+   and added to (add_lo, add_hi). */
+static inline void zipper_add(uint64_t hi, uint64_t lo, uint64_t *add_hi, uint64_t *add_lo) {
+  *add_lo += MOVE(lo, 3, 0) | MOVE(hi, 4, 1) | MOVE(lo, 2, 2) | MOVE(lo, 5, 3) | MOVE(hi, 6, 4) | MOVE(lo, 1, 5) |
+             MOVE(hi, 7, 6) | MOVE(lo, 0, 7);
+  *add_hi += MOVE(hi, 3, 0) | MOVE(lo, 4, 1) | MOVE(hi, 2, 2) | MOVE(hi, 5, 3) | MOVE(hi, 1, 4) | MOVE(lo, 6, 5) |
+             MOVE(hi, 0, 6) | MOVE(lo, 7, 7);
+}
+
+static inline void hh_update(hh_state *s, const uint64_t lanes[4]) {
+  for (int i = 0; i < 4; i++) {
+    s->v1[i] += s->mul0[i] + lanes[i];
+    s->mul0[i] ^= (s->v1[i] & 0xffffffffULL) * (s->v0[i] >> 32);
+    s->v0[i] += s->mul1[i];
+    s->mul1[i] ^= (s->v0[i] & 0xffffffffULL) * (s->v1[i] >> 32);
+  }
+  zipper_add(s->v1[1], s->v1[0], &s->v0[1], &s->v0[0]);
+  zipper_add(s->v1[3], s->v1[2], &s->v0[3], &s->v0[2]);
+  zipper_add(s->v0[1], s->v0[0], &s->v1[1], &s->v1[0]);
+  zipper_add(s->v0[3], s->v0[2], &s->v1[3], &s->v1[2]);
+}
+
+static inline void hh_packet(hh_state *s, const uint8_t *p) {
+  uint64_t lanes[4] = {load64(p), load64(p + 8), load64(p + 16), load64(p + 24)};
+  hh_update(s, lanes);
+}
+
+static inline uint32_t rotl32(uint32_t x, unsigned n) { return n ? (x << n) | (x >> (32 - n)) : x; }
+
+/* The last 1..31 bytes: their count is folded into the state, then they form one zero-padded packet (whole
+   4-byte words first; of a tail of 1-3 bytes, its first, middle and last byte at 16..18; with 16 or more bytes,
+   the last 4 bytes of the input at 28..31). */
+static void hh_remainder(hh_state *s, const uint8_t *bytes, size_t n) {
+  uint8_t packet[32] = {0};
+  size_t words = n & ~(size_t)3, tail = n & 3;
+  for (int i = 0; i < 4; i++) {
+    s->v0[i] += ((uint64_t)n << 32) + n;
+    uint32_t lo = (uint32_t)s->v1[i], hi = (uint32_t)(s->v1[i] >> 32);
+    s->v1[i] = (uint64_t)rotl32(lo, (unsigned)n) | ((uint64_t)rotl32(hi, (unsigned)n) << 32);
+  }
+  memcpy(packet, bytes, words);
+  if (n & 16) {
+    memcpy(packet + 28, bytes + n - 4, 4);
+  } else if (tail) {
+    packet[16] = bytes[words];
+    packet[17] = bytes[words + (tail >> 1)];
+    packet[18] = bytes[words + tail - 1];
+  }
+  hh_packet(s, packet);
+}
+
+static uint64_t highway_hash64(const uint8_t *data, size_t n) {
+  hh_state s;
+  for (int i = 0; i < 4; i++) {
+    s.mul0[i] = HH_INIT0[i];
+    s.mul1[i] = HH_INIT1[i];
+    s.v0[i] = HH_INIT0[i] ^ RIEGELI_KEY[i];
+    s.v1[i] = HH_INIT1[i] ^ swap_halves(RIEGELI_KEY[i]);
+  }
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) hh_packet(&s, data + i);
+  if (n & 31) hh_remainder(&s, data + i, n & 31);
+  for (int round = 0; round < 4; round++) {
+    uint64_t permuted[4] = {swap_halves(s.v0[2]), swap_halves(s.v0[3]), swap_halves(s.v0[0]),
+                            swap_halves(s.v0[1])};
+    hh_update(&s, permuted);
+  }
+  return s.v0[0] + s.v1[0] + s.mul0[0] + s.mul1[0];
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Varints, snappy, zstd.                                                                           */
+
+/* Reads a varint64 at *p (< end); 0 on success. */
+static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (*p >= end) return -1;
+    uint8_t b = *(*p)++;
+    v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) {
+      *out = v;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* A raw snappy stream (its own varint length, then literals and copies) into exactly dst_len bytes. */
+static int snappy_decode(const uint8_t *src, size_t n, uint8_t *dst, size_t dst_len) {
+  const uint8_t *p = src, *end = src + n;
+  uint64_t length;
+  if (read_varint(&p, end, &length) || length != dst_len) return -1;
+  size_t out = 0;
+  while (p < end) {
+    uint8_t tag = *p++;
+    size_t len, offset;
+    switch (tag & 3) {
+      case 0: /* literal */
+        len = tag >> 2;
+        if (len >= 60) {
+          size_t bytes = len - 59;
+          if ((size_t)(end - p) < bytes) return -1;
+          len = 0;
+          for (size_t i = 0; i < bytes; i++) len |= (size_t)p[i] << (8 * i);
+          p += bytes;
+        }
+        len += 1;
+        if ((size_t)(end - p) < len || dst_len - out < len) return -1;
+        memcpy(dst + out, p, len);
+        p += len;
+        out += len;
+        continue;
+      case 1: /* copy, 11-bit offset */
+        if (p >= end) return -1;
+        len = ((tag >> 2) & 7) + 4;
+        offset = ((size_t)(tag >> 5) << 8) | *p++;
+        break;
+      case 2: /* copy, 16-bit offset */
+        if (end - p < 2) return -1;
+        len = (tag >> 2) + 1;
+        offset = (size_t)p[0] | ((size_t)p[1] << 8);
+        p += 2;
+        break;
+      default: /* copy, 32-bit offset */
+        if (end - p < 4) return -1;
+        len = (tag >> 2) + 1;
+        offset = (size_t)p[0] | ((size_t)p[1] << 8) | ((size_t)p[2] << 16) | ((size_t)p[3] << 24);
+        p += 4;
+        break;
+    }
+    if (offset == 0 || offset > out || dst_len - out < len) return -1;
+    uint8_t *d = dst + out;
+    const uint8_t *s = d - offset;
+    if (offset >= len) {
+      memcpy(d, s, len);
+    } else {
+      for (size_t i = 0; i < len; i++) d[i] = s[i]; /* overlapping: a repeated pattern */
+    }
+    out += len;
+  }
+  return out == dst_len ? 0 : -1;
+}
+
+typedef void *(*zstd_create_fn)(void);
+typedef size_t (*zstd_decompress_fn)(void *, void *, size_t, const void *, size_t);
+typedef unsigned (*zstd_is_error_fn)(size_t);
+static zstd_create_fn zstd_create;
+static zstd_decompress_fn zstd_decompress;
+static zstd_is_error_fn zstd_is_error;
+static __thread void *zstd_context; /* one decompression context per thread, kept */
+
+/* Called with the GIL held, at import. */
+static int zstd_load(void) {
+  void *lib = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return -1;
+  zstd_create = (zstd_create_fn)dlsym(lib, "ZSTD_createDCtx");
+  zstd_decompress = (zstd_decompress_fn)dlsym(lib, "ZSTD_decompressDCtx");
+  zstd_is_error = (zstd_is_error_fn)dlsym(lib, "ZSTD_isError");
+  return zstd_create && zstd_decompress && zstd_is_error ? 0 : -1;
+}
+
+enum { OK = 0, CORRUPT = 1, UNSUPPORTED = 2, NO_MEMORY = 3, IO_ERROR = 4 };
+
+/* A compressed blob (riegeli's varint of the decompressed size, then the stream) into exactly dst_len bytes. */
+static int decompress_blob(uint8_t compression, const uint8_t *src, size_t n, uint8_t *dst, size_t dst_len,
+                           const char **why) {
+  const uint8_t *p = src, *end = src + n;
+  uint64_t size;
+  if (compression == 0) {
+    if (n != dst_len) return *why = "an uncompressed blob of the wrong size", CORRUPT;
+    memcpy(dst, src, n);
+    return OK;
+  }
+  if (read_varint(&p, end, &size) || size != dst_len)
+    return *why = "a compressed blob whose size disagrees with the chunk header", CORRUPT;
+  if (compression == 's') {
+    return snappy_decode(p, (size_t)(end - p), dst, dst_len) ? (*why = "a snappy stream that does not decode",
+                                                                 CORRUPT)
+                                                               : OK;
+  }
+  if (compression == 'z') {
+    if (!zstd_decompress) return *why = "zstd chunks need libzstd.so.1", UNSUPPORTED;
+    if (!zstd_context && !(zstd_context = zstd_create())) return *why = "out of memory", NO_MEMORY;
+    if (dst_len == 0 && end == p) return OK;
+    size_t got = zstd_decompress(zstd_context, dst, dst_len, p, (size_t)(end - p));
+    if (zstd_is_error(got) || got != dst_len) return *why = "a zstd frame that does not decode", CORRUPT;
+    return OK;
+  }
+  return *why = (compression == 'b' ? "brotli chunks are not decoded here" : "an unknown compression type"),
+         compression == 'b' ? UNSUPPORTED : CORRUPT;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Chunks.                                                                                          */
+
+typedef struct {
+  const uint8_t *data; /* the chunk's data (after its header), block headers already removed */
+  uint64_t data_size, num_records, decoded_size;
+  uint8_t type;
+} chunk;
+
+/* Parses and checks the chunk at the start of `bytes` (n bytes, block headers removed). */
+static int parse_chunk(const uint8_t *bytes, size_t n, int check, chunk *c, const char **why) {
+  if (n < CHUNK_HEADER_SIZE) return *why = "a chunk shorter than its header (truncated file?)", CORRUPT;
+  if (check && highway_hash64(bytes + 8, 32) != load64(bytes))
+    return *why = "a chunk header whose hash does not match", CORRUPT;
+  c->data_size = load64(bytes + 8);
+  uint64_t type_and_count = load64(bytes + 24);
+  c->type = (uint8_t)type_and_count;
+  c->num_records = type_and_count >> 8;
+  c->decoded_size = load64(bytes + 32);
+  if (c->data_size > n - CHUNK_HEADER_SIZE) return *why = "a chunk whose data runs past its end", CORRUPT;
+  c->data = bytes + CHUNK_HEADER_SIZE;
+  if (check && highway_hash64(c->data, c->data_size) != load64(bytes + 16))
+    return *why = "chunk data whose hash does not match", CORRUPT;
+  return OK;
+}
+
+/* A simple chunk's sizes and values blobs. */
+static int split_simple(const chunk *c, uint8_t *compression, const uint8_t **sizes, size_t *sizes_len,
+                        const uint8_t **values, size_t *values_len, const char **why) {
+  if (c->type != SIMPLE_CHUNK) return *why = "a chunk that is not a simple chunk (transposed?)", UNSUPPORTED;
+  const uint8_t *p = c->data, *end = c->data + c->data_size;
+  uint64_t n;
+  if (p >= end) return *why = "an empty simple chunk", CORRUPT;
+  *compression = *p++;
+  if (read_varint(&p, end, &n) || n > (uint64_t)(end - p)) return *why = "a sizes blob past the chunk's end", CORRUPT;
+  *sizes = p;
+  *sizes_len = (size_t)n;
+  *values = p + n;
+  *values_len = (size_t)(end - p - n);
+  return OK;
+}
+
+/* A one-record simple chunk: checks its sizes blob names decoded_size, and decodes the record into dst. */
+static int decode_single(const chunk *c, uint8_t *dst, const char **why) {
+  uint8_t compression, sizes_buf[16];
+  const uint8_t *sizes, *values;
+  size_t sizes_len, values_len;
+  int rc = split_simple(c, &compression, &sizes, &sizes_len, &values, &values_len, why);
+  if (rc) return rc;
+  /* the sizes blob holds one varint; decompressed it is at most 10 bytes */
+  const uint8_t *plain = sizes;
+  size_t plain_len = sizes_len;
+  if (compression != 0) {
+    const uint8_t *q = sizes;
+    uint64_t size;
+    if (read_varint(&q, sizes + sizes_len, &size) || size > 10) return *why = "a bad sizes blob", CORRUPT;
+    rc = decompress_blob(compression, sizes, sizes_len, sizes_buf, (size_t)size, why);
+    if (rc) return rc;
+    plain = sizes_buf;
+    plain_len = (size_t)size;
+  }
+  const uint8_t *q = plain;
+  uint64_t record_size;
+  if (read_varint(&q, plain + plain_len, &record_size) || q != plain + plain_len || record_size != c->decoded_size)
+    return *why = "a record size that disagrees with the chunk header", CORRUPT;
+  return decompress_blob(compression, values, values_len, dst, (size_t)c->decoded_size, why);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Block headers.                                                                                   */
+
+/* File position -> position in the stream with every block header removed. */
+static inline int64_t logical(int64_t pos) {
+  int64_t in_block = pos % BLOCK_SIZE;
+  return pos - (pos / BLOCK_SIZE) * BLOCK_HEADER_SIZE - (in_block < BLOCK_HEADER_SIZE ? in_block : BLOCK_HEADER_SIZE);
+}
+
+/* Removes the block-header bytes from buf, which holds file bytes [begin, begin + n); returns the new length. */
+static size_t strip_block_headers(uint8_t *buf, int64_t begin, size_t n) {
+  size_t out = 0, in = 0;
+  while (in < n) {
+    int64_t pos = begin + (int64_t)in;
+    int64_t in_block = pos % BLOCK_SIZE;
+    if (in_block < BLOCK_HEADER_SIZE) {
+      size_t skip = (size_t)(BLOCK_HEADER_SIZE - in_block);
+      in += skip < n - in ? skip : n - in;
+      continue;
+    }
+    size_t run = (size_t)(BLOCK_SIZE - in_block);
+    if (run > n - in) run = n - in;
+    if (out != in) memmove(buf + out, buf + in, run);
+    out += run;
+    in += run;
+  }
+  return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Reading records.                                                                                 */
+
+typedef struct {
+  int64_t fd, begin, end; /* file bytes [begin, end) */
+  uint8_t *buf;           /* block headers removed */
+  size_t len;
+  int owned;              /* buf is ours to free (read here) or borrowed (a caller's bytes) */
+} span;
+
+typedef struct {
+  Py_ssize_t n;
+  const int64_t *fds, *begins, *ends;
+  int64_t *span_of;   /* per record: its span */
+  chunk *chunks;      /* per record: its parsed chunk */
+  span *spans;
+  Py_ssize_t num_spans;
+  Py_ssize_t failed;  /* the record an error is about */
+  const char *why;
+  int err_no;
+} batch;
+
+/* Groups records (sorted by file, then begin) into spans: a record joins the previous span when it is in the same
+   file and starts at most max_gap bytes after that span's end. */
+static int plan(batch *b, int64_t max_gap) {
+  b->spans = calloc((size_t)(b->n ? b->n : 1), sizeof(span));
+  b->span_of = malloc(sizeof(int64_t) * (size_t)(b->n ? b->n : 1));
+  b->chunks = calloc((size_t)(b->n ? b->n : 1), sizeof(chunk));
+  if (!b->spans || !b->span_of || !b->chunks) return NO_MEMORY;
+  Py_ssize_t s = -1;
+  for (Py_ssize_t i = 0; i < b->n; i++) {
+    if (b->ends[i] < b->begins[i]) return b->failed = i, b->why = "an index entry with end before begin", CORRUPT;
+    if (s >= 0 && b->fds[i] == b->spans[s].fd && b->begins[i] >= b->spans[s].begin &&
+        b->begins[i] <= b->spans[s].end + max_gap) {
+      if (b->ends[i] > b->spans[s].end) b->spans[s].end = b->ends[i];
+    } else {
+      s++;
+      b->spans[s].fd = b->fds[i];
+      b->spans[s].begin = b->begins[i];
+      b->spans[s].end = b->ends[i];
+    }
+    b->span_of[i] = s;
+  }
+  b->num_spans = s + 1;
+  return OK;
+}
+
+static int read_spans(batch *b) {
+  for (Py_ssize_t s = 0; s < b->num_spans; s++) {
+    span *sp = &b->spans[s];
+    size_t n = (size_t)(sp->end - sp->begin);
+    sp->buf = malloc(n ? n : 1);
+    if (!sp->buf) return NO_MEMORY;
+    sp->owned = 1;
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = pread((int)sp->fd, sp->buf + got, n - got, (off_t)(sp->begin + (int64_t)got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        for (Py_ssize_t i = 0; i < b->n; i++)
+          if (b->span_of[i] == s) { b->failed = i; break; }
+        b->err_no = r < 0 ? errno : 0;
+        b->why = r < 0 ? "the read failed" : "the file ends before the record (truncated file?)";
+        return r < 0 ? IO_ERROR : CORRUPT;
+      }
+      got += (size_t)r;
+    }
+    sp->len = strip_block_headers(sp->buf, sp->begin, n);
+  }
+  return OK;
+}
+
+/* Parses every record's chunk (hash checks, sizes) with the GIL released. */
+static int parse_all(batch *b, int check) {
+  for (Py_ssize_t i = 0; i < b->n; i++) {
+    span *sp = &b->spans[b->span_of[i]];
+    int64_t at = logical(b->begins[i]) - logical(sp->begin), to = logical(b->ends[i]) - logical(sp->begin);
+    if (at < 0 || to > (int64_t)sp->len) return b->failed = i, b->why = "a span that misses the record", CORRUPT;
+    int rc = parse_chunk(sp->buf + at, (size_t)(to - at), check, &b->chunks[i], &b->why);
+    if (!rc && b->chunks[i].num_records != 1)
+      rc = UNSUPPORTED, b->why = "a chunk of several records (group_size > 1)";
+    if (rc) return b->failed = i, rc;
+  }
+  return OK;
+}
+
+static void batch_free(batch *b) {
+  if (b->spans)
+    for (Py_ssize_t s = 0; s < b->num_spans; s++)
+      if (b->spans[s].owned) free(b->spans[s].buf);
+  free(b->spans);
+  free(b->span_of);
+  free(b->chunks);
+}
+
+static PyObject *raise_for(batch *b, int rc) {
+  if (rc == NO_MEMORY) return PyErr_NoMemory();
+  if (rc == IO_ERROR) {
+    errno = b->err_no;
+    PyObject *e = PyErr_SetFromErrno(PyExc_OSError);
+    return e;
+  }
+  PyObject *args = Py_BuildValue("(sn)", b->why ? b->why : "a bad chunk", b->failed);
+  if (args) {
+    PyErr_SetObject(rc == UNSUPPORTED ? UnsupportedError : CorruptError, args);
+    Py_DECREF(args);
+  }
+  return NULL;
+}
+
+/* After plan + spans filled: parse, make the bytes objects, decode into them. Consumes nothing; frees nothing. */
+static PyObject *decode_batch(batch *b, int check) {
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = parse_all(b, check);
+  Py_END_ALLOW_THREADS if (rc) return raise_for(b, rc);
+  PyObject *out = PyList_New(b->n);
+  if (!out) return NULL;
+  for (Py_ssize_t i = 0; i < b->n; i++) {
+    PyObject *record = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)b->chunks[i].decoded_size);
+    if (!record) {
+      Py_DECREF(out);
+      return NULL;
+    }
+    PyList_SET_ITEM(out, i, record);
+  }
+  Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < b->n; i++) {
+    rc = decode_single(&b->chunks[i], (uint8_t *)PyBytes_AS_STRING(PyList_GET_ITEM(out, i)), &b->why);
+    if (rc) {
+      b->failed = i;
+      break;
+    }
+  }
+  Py_END_ALLOW_THREADS if (rc) {
+    Py_DECREF(out);
+    return raise_for(b, rc);
+  }
+  return out;
+}
+
+/* Borrows an int64 array argument; 0 on success. */
+static int int64_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name) {
+  if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))) return -1;
+  if (view->itemsize != 8 || !view->format || (strcmp(view->format, "q") && strcmp(view->format, "l") &&
+                                               strcmp(view->format, "<q") && strcmp(view->format, "<l"))) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int64 array", name);
+    PyBuffer_Release(view);
+    return -1;
+  }
+  return 0;
+}
+
+typedef struct {
+  Py_buffer fds, begins, ends;
+  int held;
+} record_args;
+
+static int record_args_get(record_args *a, PyObject *fds, PyObject *begins, PyObject *ends, Py_ssize_t *n) {
+  memset(a, 0, sizeof(*a));
+  if (int64_buffer(fds, &a->fds, 0, "fds")) return -1;
+  if (int64_buffer(begins, &a->begins, 0, "begins")) {
+    PyBuffer_Release(&a->fds);
+    return -1;
+  }
+  if (int64_buffer(ends, &a->ends, 0, "ends")) {
+    PyBuffer_Release(&a->fds);
+    PyBuffer_Release(&a->begins);
+    return -1;
+  }
+  a->held = 1;
+  *n = a->begins.len / 8;
+  if (a->fds.len != a->begins.len || a->ends.len != a->begins.len) {
+    PyErr_SetString(PyExc_ValueError, "fds, begins and ends must have one entry per record");
+    return -1;
+  }
+  return 0;
+}
+
+static void record_args_release(record_args *a) {
+  if (!a->held) return;
+  PyBuffer_Release(&a->fds);
+  PyBuffer_Release(&a->begins);
+  PyBuffer_Release(&a->ends);
+  a->held = 0;
+}
+
+/* read(fds, begins, ends, check, max_gap) -> list[bytes] */
+static PyObject *py_read(PyObject *self, PyObject *args) {
+  PyObject *fds, *begins, *ends;
+  int check;
+  long long max_gap;
+  if (!PyArg_ParseTuple(args, "OOOpL", &fds, &begins, &ends, &check, &max_gap)) return NULL;
+  record_args a;
+  batch b = {0};
+  PyObject *out = NULL;
+  if (record_args_get(&a, fds, begins, ends, &b.n)) goto done;
+  b.fds = a.fds.buf;
+  b.begins = a.begins.buf;
+  b.ends = a.ends.buf;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = plan(&b, max_gap);
+  if (!rc) rc = read_spans(&b);
+  Py_END_ALLOW_THREADS if (rc) {
+    raise_for(&b, rc);
+    goto done;
+  }
+  out = decode_batch(&b, check);
+done:
+  batch_free(&b);
+  record_args_release(&a);
+  return out;
+}
+
+/* plan_spans(fds, begins, ends, max_gap, span_of_out) -> list[(fd, begin, end)]: the spans read() would read. */
+static PyObject *py_plan_spans(PyObject *self, PyObject *args) {
+  PyObject *fds, *begins, *ends, *span_of;
+  long long max_gap;
+  if (!PyArg_ParseTuple(args, "OOOLO", &fds, &begins, &ends, &max_gap, &span_of)) return NULL;
+  record_args a;
+  batch b = {0};
+  PyObject *out = NULL;
+  Py_buffer span_view = {0};
+  if (record_args_get(&a, fds, begins, ends, &b.n)) goto done;
+  if (int64_buffer(span_of, &span_view, 1, "span_of")) goto done;
+  if (span_view.len != a.begins.len) {
+    PyErr_SetString(PyExc_ValueError, "span_of must have one entry per record");
+    goto done;
+  }
+  b.fds = a.fds.buf;
+  b.begins = a.begins.buf;
+  b.ends = a.ends.buf;
+  int rc = plan(&b, max_gap);
+  if (rc) {
+    raise_for(&b, rc);
+    goto done;
+  }
+  memcpy(span_view.buf, b.span_of, sizeof(int64_t) * (size_t)b.n);
+  out = PyList_New(b.num_spans);
+  for (Py_ssize_t s = 0; out && s < b.num_spans; s++) {
+    PyObject *t = Py_BuildValue("(LLL)", (long long)b.spans[s].fd, (long long)b.spans[s].begin,
+                                (long long)b.spans[s].end);
+    if (!t) {
+      Py_CLEAR(out);
+      break;
+    }
+    PyList_SET_ITEM(out, s, t);
+  }
+done:
+  if (span_view.obj) PyBuffer_Release(&span_view);
+  batch_free(&b);
+  record_args_release(&a);
+  return out;
+}
+
+/* decode(buffers, fds, begins, ends, check, max_gap) -> list[bytes]: as read(), with each span's bytes given
+   (buffers[s] holds the file bytes of span s of plan_spans; it is copied, then its block headers removed). */
+static PyObject *py_decode(PyObject *self, PyObject *args) {
+  PyObject *buffers, *fds, *begins, *ends;
+  int check;
+  long long max_gap;
+  if (!PyArg_ParseTuple(args, "OOOOpL", &buffers, &fds, &begins, &ends, &check, &max_gap)) return NULL;
+  record_args a;
+  batch b = {0};
+  PyObject *out = NULL;
+  if (record_args_get(&a, fds, begins, ends, &b.n)) goto done;
+  b.fds = a.fds.buf;
+  b.begins = a.begins.buf;
+  b.ends = a.ends.buf;
+  int rc = plan(&b, max_gap);
+  if (rc) {
+    raise_for(&b, rc);
+    goto done;
+  }
+  if (!PyList_Check(buffers) || PyList_GET_SIZE(buffers) != b.num_spans) {
+    PyErr_Format(PyExc_ValueError, "decode() needs a list of %zd span buffers", b.num_spans);
+    goto done;
+  }
+  for (Py_ssize_t s = 0; s < b.num_spans; s++) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(PyList_GET_ITEM(buffers, s), &view, PyBUF_C_CONTIGUOUS)) goto done;
+    size_t n = (size_t)(b.spans[s].end - b.spans[s].begin);
+    if ((size_t)view.len != n) {
+      PyBuffer_Release(&view);
+      PyErr_Format(PyExc_ValueError, "span %zd has %zd bytes, expected %zu", s, view.len, n);
+      goto done;
+    }
+    b.spans[s].buf = malloc(n ? n : 1);
+    if (!b.spans[s].buf) {
+      PyBuffer_Release(&view);
+      PyErr_NoMemory();
+      goto done;
+    }
+    b.spans[s].owned = 1;
+    memcpy(b.spans[s].buf, view.buf, n);
+    PyBuffer_Release(&view);
+    b.spans[s].len = strip_block_headers(b.spans[s].buf, b.spans[s].begin, n);
+  }
+  out = decode_batch(&b, check);
+done:
+  batch_free(&b);
+  record_args_release(&a);
+  return out;
+}
+
+/* decode_chunk(data, position, check) -> (sizes: bytes of little-endian u64, values: bytes). `data` holds the file
+   bytes of one simple chunk starting at file `position` (block headers are removed here). */
+static PyObject *py_decode_chunk(PyObject *self, PyObject *args) {
+  Py_buffer view;
+  long long position;
+  int check;
+  if (!PyArg_ParseTuple(args, "y*Lp", &view, &position, &check)) return NULL;
+  PyObject *out = NULL, *sizes_out = NULL, *values_out = NULL;
+  uint8_t *buf = malloc(view.len ? (size_t)view.len : 1), *plain_sizes = NULL;
+  const char *why = NULL;
+  int rc = OK;
+  chunk c;
+  uint8_t compression;
+  const uint8_t *sizes, *values;
+  size_t sizes_len, values_len, plain_len = 0;
+  if (!buf) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  memcpy(buf, view.buf, (size_t)view.len);
+  size_t len = strip_block_headers(buf, position, (size_t)view.len);
+  Py_BEGIN_ALLOW_THREADS rc = parse_chunk(buf, len, check, &c, &why);
+  if (!rc) rc = split_simple(&c, &compression, &sizes, &sizes_len, &values, &values_len, &why);
+  if (!rc && compression != 0) {
+    const uint8_t *q = sizes;
+    uint64_t size;
+    if (read_varint(&q, sizes + sizes_len, &size) || size > 10 * c.num_records + 10) {
+      rc = CORRUPT, why = "a bad sizes blob";
+    } else if (!(plain_sizes = malloc(size ? (size_t)size : 1))) {
+      rc = NO_MEMORY;
+    } else {
+      plain_len = (size_t)size;
+      rc = decompress_blob(compression, sizes, sizes_len, plain_sizes, plain_len, &why);
+    }
+  } else if (!rc) {
+    plain_sizes = malloc(sizes_len ? sizes_len : 1);
+    if (!plain_sizes) rc = NO_MEMORY;
+    else memcpy(plain_sizes, sizes, plain_len = sizes_len);
+  }
+  Py_END_ALLOW_THREADS if (rc) {
+    batch b = {0};
+    b.why = why;
+    raise_for(&b, rc);
+    goto done;
+  }
+  sizes_out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 * c.num_records));
+  values_out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c.decoded_size);
+  if (!sizes_out || !values_out) goto done;
+  {
+    uint64_t *out_sizes = (uint64_t *)PyBytes_AS_STRING(sizes_out), total = 0;
+    const uint8_t *q = plain_sizes, *end = plain_sizes + plain_len;
+    for (uint64_t i = 0; i < c.num_records; i++) {
+      if (read_varint(&q, end, &out_sizes[i])) {
+        rc = CORRUPT, why = "a sizes blob with fewer sizes than records";
+        break;
+      }
+      total += out_sizes[i];
+    }
+    if (!rc && (q != end || total != c.decoded_size)) rc = CORRUPT, why = "record sizes that disagree with the chunk";
+    if (!rc) {
+      Py_BEGIN_ALLOW_THREADS rc = decompress_blob(compression, values, values_len,
+                                                   (uint8_t *)PyBytes_AS_STRING(values_out),
+                                                   (size_t)c.decoded_size, &why);
+      Py_END_ALLOW_THREADS
+    }
+    if (rc) {
+      batch b = {0};
+      b.why = why;
+      raise_for(&b, rc);
+      goto done;
+    }
+  }
+  out = PyTuple_Pack(2, sizes_out, values_out);
+done:
+  Py_XDECREF(sizes_out);
+  Py_XDECREF(values_out);
+  free(buf);
+  free(plain_sizes);
+  PyBuffer_Release(&view);
+  return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The compact index (loader/index.py writes it): for each shard a table of the chunk offset of every
+   stride-th record (u64) and, per record, the distance from its chunk to the next (u16 or u32).            */
+
+/* locate(sparse_table, lengths_table, shard_info, shards, locals, begins_out, ends_out)
+   shard_info: int64 [num_shards, 4] = (sparse element offset, lengths element offset, width (2 or 4), stride)
+   sparse_table: u64 array; lengths_table: a bytes-like of the whole lengths area (u16/u32 at element offsets
+   of their width). Records are visited in the given order; a run within one shard walks forward. */
+static PyObject *py_locate(PyObject *self, PyObject *args) {
+  PyObject *sparse_obj, *lengths_obj, *info_obj, *shards_obj, *locals_obj, *begins_obj, *ends_obj;
+  if (!PyArg_ParseTuple(args, "OOOOOOO", &sparse_obj, &lengths_obj, &info_obj, &shards_obj, &locals_obj,
+                        &begins_obj, &ends_obj))
+    return NULL;
+  Py_buffer sparse = {0}, lengths = {0}, info = {0}, shards = {0}, locs = {0}, begins = {0}, ends = {0};
+  PyObject *result = NULL;
+  if (PyObject_GetBuffer(sparse_obj, &sparse, PyBUF_C_CONTIGUOUS)) goto done;
+  if (PyObject_GetBuffer(lengths_obj, &lengths, PyBUF_C_CONTIGUOUS)) goto done;
+  if (int64_buffer(info_obj, &info, 0, "shard_info")) goto done;
+  if (int64_buffer(shards_obj, &shards, 0, "shards")) goto done;
+  if (int64_buffer(locals_obj, &locs, 0, "locals")) goto done;
+  if (int64_buffer(begins_obj, &begins, 1, "begins_out")) goto done;
+  if (int64_buffer(ends_obj, &ends, 1, "ends_out")) goto done;
+  {
+    Py_ssize_t n = shards.len / 8, num_shards = info.len / 32;
+    const int64_t *inf = info.buf, *sh = shards.buf, *lo = locs.buf;
+    const uint64_t *sp = sparse.buf;
+    const uint8_t *ln = lengths.buf;
+    int64_t *bo = begins.buf, *eo = ends.buf;
+    if (locs.len != shards.len || begins.len != shards.len || ends.len != shards.len) {
+      PyErr_SetString(PyExc_ValueError, "locate: arrays of different lengths");
+      goto done;
+    }
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS int64_t cur_shard = -1, cur_local = 0, cur_offset = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+      int64_t s = sh[i], l = lo[i];
+      if (s < 0 || s >= num_shards || l < 0) {
+        bad = 1;
+        break;
+      }
+      const int64_t *e = inf + 4 * s;
+      int64_t width = e[2], stride = e[3];
+      if (!(s == cur_shard && l >= cur_local && l - cur_local < stride)) {
+        cur_shard = s;
+        cur_local = (l / stride) * stride;
+        cur_offset = (int64_t)sp[e[0] + l / stride];
+      }
+      if (width == 2) {
+        const uint16_t *w = (const uint16_t *)(ln) + e[1];
+        for (; cur_local < l; cur_local++) cur_offset += w[cur_local];
+        bo[i] = cur_offset;
+        eo[i] = cur_offset + w[l];
+      } else {
+        const uint32_t *w = (const uint32_t *)(ln) + e[1];
+        for (; cur_local < l; cur_local++) cur_offset += w[cur_local];
+        bo[i] = cur_offset;
+        eo[i] = cur_offset + w[l];
+      }
+    }
+    Py_END_ALLOW_THREADS if (bad) {
+      PyErr_SetString(PyExc_IndexError, "locate: a shard or record index out of range");
+      goto done;
+    }
+  }
+  result = Py_None;
+  Py_INCREF(result);
+done:
+  if (sparse.obj) PyBuffer_Release(&sparse);
+  if (lengths.obj) PyBuffer_Release(&lengths);
+  if (info.obj) PyBuffer_Release(&info);
+  if (shards.obj) PyBuffer_Release(&shards);
+  if (locs.obj) PyBuffer_Release(&locs);
+  if (begins.obj) PyBuffer_Release(&begins);
+  if (ends.obj) PyBuffer_Release(&ends);
+  return result;
+}
+
+/* footer_offsets(sizes, values) -> (offsets: bytes of u64, single: bool): the chunk offsets of an ArrayRecord
+   footer (records after the first are ArrayRecordFooter{1: chunk_offset, 2: decoded_data_size, 3: num_records}),
+   and whether every chunk holds exactly one record. */
+static PyObject *py_footer_offsets(PyObject *self, PyObject *args) {
+  Py_buffer sizes, values;
+  if (!PyArg_ParseTuple(args, "y*y*", &sizes, &values)) return NULL;
+  Py_ssize_t records = sizes.len / 8;
+  PyObject *offsets = PyBytes_FromStringAndSize(NULL, (records > 1 ? records - 1 : 0) * 8), *out = NULL;
+  int single = 1, bad = 0;
+  if (!offsets) goto done;
+  {
+    const uint64_t *sz = sizes.buf;
+    uint64_t *off = (uint64_t *)PyBytes_AS_STRING(offsets);
+    const uint8_t *p = values.buf, *end = p + values.len;
+    if (records > 0) p += sz[0]; /* the footer metadata */
+    for (Py_ssize_t r = 1; r < records && !bad; r++) {
+      const uint8_t *q = p, *msg_end = p + sz[r];
+      uint64_t chunk_offset = 0, num_records = 1;
+      int has_offset = 0;
+      if (msg_end > end) {
+        bad = 1;
+        break;
+      }
+      while (q < msg_end) {
+        uint64_t key, value;
+        if (read_varint(&q, msg_end, &key) || (key & 7) != 0 || read_varint(&q, msg_end, &value)) {
+          bad = 1;
+          break;
+        }
+        if (key >> 3 == 1) chunk_offset = value, has_offset = 1;
+        else if (key >> 3 == 3) num_records = value;
+      }
+      if (!has_offset) bad = 1;
+      if (num_records != 1) single = 0;
+      off[r - 1] = chunk_offset;
+      p = msg_end;
+    }
+  }
+  if (bad) {
+    PyErr_SetObject(CorruptError, Py_BuildValue("(sn)", "a footer entry that does not parse", (Py_ssize_t)-1));
+    goto done;
+  }
+  out = Py_BuildValue("(OO)", offsets, single ? Py_True : Py_False);
+done:
+  Py_XDECREF(offsets);
+  PyBuffer_Release(&sizes);
+  PyBuffer_Release(&values);
+  return out;
+}
+
+static PyObject *py_hash64(PyObject *self, PyObject *args) {
+  Py_buffer view;
+  if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
+  uint64_t h = highway_hash64(view.buf, (size_t)view.len);
+  PyBuffer_Release(&view);
+  return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyMethodDef methods[] = {
+    {"read", py_read, METH_VARARGS, "read(fds, begins, ends, check, max_gap) -> list[bytes]"},
+    {"plan_spans", py_plan_spans, METH_VARARGS, "plan_spans(fds, begins, ends, max_gap, span_of_out) -> spans"},
+    {"decode", py_decode, METH_VARARGS, "decode(buffers, fds, begins, ends, check, max_gap) -> list[bytes]"},
+    {"decode_chunk", py_decode_chunk, METH_VARARGS, "decode_chunk(data, position, check) -> (sizes, values)"},
+    {"locate", py_locate, METH_VARARGS, "locate(sparse, lengths, info, shards, locals, begins_out, ends_out)"},
+    {"footer_offsets", py_footer_offsets, METH_VARARGS, "footer_offsets(sizes, values) -> (offsets, single)"},
+    {"hash64", py_hash64, METH_VARARGS, "HighwayHash-64 with riegeli's key"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_riegeli", "ArrayRecord chunks read in C.", -1, methods};
+
+PyMODINIT_FUNC PyInit__riegeli(void) {
+  const uint16_t probe = 1;
+  if (*(const uint8_t *)&probe != 1) {
+    PyErr_SetString(PyExc_ImportError, "loader._riegeli reads little-endian files on little-endian hosts only");
+    return NULL;
+  }
+  PyObject *m = PyModule_Create(&module);
+  if (!m) return NULL;
+  CorruptError = PyErr_NewException("loader._riegeli.CorruptError", PyExc_ValueError, NULL);
+  UnsupportedError = PyErr_NewException("loader._riegeli.UnsupportedError", PyExc_NotImplementedError, NULL);
+  PyModule_AddObject(m, "CorruptError", CorruptError);
+  Py_INCREF(CorruptError);
+  PyModule_AddObject(m, "UnsupportedError", UnsupportedError);
+  Py_INCREF(UnsupportedError);
+  PyModule_AddIntConstant(m, "HAS_ZSTD", zstd_load() == 0);
+  return m;
+}

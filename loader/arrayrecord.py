@@ -1,0 +1,123 @@
+"""An ArrayRecord file's footer: where each record's chunk is, read without ArrayRecord's reader.
+
+The layout (array_record's `cpp/layout.proto` and `array_record_writer.cc`; riegeli's
+`doc/riegeli_records_file_format.md`), for files written with `group_size:1` (one record per chunk):
+
+    64 KiB blocks, each starting with a 24-byte block header
+    [signature chunk at 0] [chunk of record 0 at 64] [chunk of record 1] ... [footer chunk] [postscript chunk]
+    footer chunk:     a simple chunk of records: RiegeliFooterMetadata{array_record_metadata{version,
+                      num_chunks, num_records, writer_options}}, then one ArrayRecordFooter{chunk_offset,
+                      decoded_data_size, num_records} per data chunk; compressed like the data
+    postscript chunk: at the start of the last 64 KiB block, uncompressed: RiegeliPostscript{footer_offset,
+                      magic = 0x71930e704fdae05e}
+
+A record's chunk ends where the next begins (the last one where the footer begins). The chunks themselves are
+decoded by the C extension (loader/_riegeli.c), which checks riegeli's hashes.
+
+    footer = read_footer("/data/x.array_record-00000-of-00008")
+    footer.offsets[:3]           # chunk offsets of records 0..2 (uint64)
+    footer.fallback_reason       # None, or why this reader leaves the file to ArrayRecord's
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from dataset_format import storage
+from loader import _riegeli
+
+BLOCK_SIZE = 1 << 16
+MAGIC = 0x71930E704FDAE05E
+
+
+@dataclasses.dataclass(frozen=True)
+class Footer:
+    offsets: np.ndarray  # uint64, the chunk offset of each record (group_size:1) or chunk
+    footer_offset: int  # where the last chunk ends
+    writer_options: str
+    fallback_reason: str | None  # why our reader cannot read this file (ArrayRecord's reader is used instead)
+
+    @property
+    def num_records(self) -> int:
+        return len(self.offsets)
+
+
+def _fields(message: bytes) -> dict[int, int | bytes]:
+    """The varint and length-delimited fields of a protobuf message (last one wins), enough for these messages."""
+    fields: dict[int, int | bytes] = {}
+    at = 0
+    while at < len(message):
+        key, at = _varint(message, at)
+        if key & 7 == 0:
+            fields[key >> 3], at = _varint(message, at)
+        elif key & 7 == 2:
+            size, at = _varint(message, at)
+            fields[key >> 3], at = message[at:at + size], at + size
+        else:
+            raise ValueError(f"unexpected protobuf wire type {key & 7}")
+    return fields
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data):
+            raise ValueError("a varint runs past the end")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _records(chunk: bytes, position: int) -> list[bytes]:
+    sizes, values = _riegeli.decode_chunk(chunk, position, True)
+    ends = np.cumsum(np.frombuffer(sizes, dtype="<u8")).tolist()
+    return [values[start:end] for start, end in zip([0] + ends[:-1], ends)]
+
+
+def read_footer(path: str, size: int) -> Footer:
+    """The chunk offsets of the ArrayRecord file of `size` bytes at `path` (local or gs://), from two reads at its
+    end. Raises ValueError naming the file when it is not a whole ArrayRecord file (truncated, not ArrayRecord).
+    """
+    try:
+        if size < 2 * BLOCK_SIZE or size % BLOCK_SIZE:
+            raise ValueError(f"its size ({size} bytes) is not a multiple of 64 KiB of at least 128 KiB")
+        last = size - BLOCK_SIZE
+        postscript = _fields(_records(storage.read_range(path, last, size), last)[0])
+        if postscript.get(2) != MAGIC or not isinstance(postscript.get(1), int) or not 0 < postscript[1] < last:
+            raise ValueError("its last block holds no ArrayRecord postscript")
+        footer_offset = postscript[1]
+        sizes, values = _riegeli.decode_chunk(storage.read_range(path, footer_offset, last), footer_offset, True)
+        first = int(np.frombuffer(sizes, dtype="<u8", count=1)[0]) if sizes else 0
+        metadata = _fields(_fields(values[:first]).get(1, b""))
+        options = metadata.get(4, b"").decode("utf-8", "replace") if isinstance(metadata.get(4), bytes) else ""
+        offsets, single = _riegeli.footer_offsets(sizes, values)
+        del sizes, values
+    except (ValueError, _riegeli.CorruptError) as e:
+        raise ValueError(f"{path} is not a whole ArrayRecord file ({_reason(e)}); it is truncated or damaged: re-run "
+                         "the conversion or restage the data") from e
+    offsets = np.frombuffer(offsets, dtype="<u8")
+    return Footer(offsets, footer_offset, options, _fallback_reason(options, single))
+
+
+def _reason(e: Exception) -> str:
+    return e.args[0] if isinstance(e, _riegeli.CorruptError) else str(e)
+
+
+def _fallback_reason(options: str, single: bool) -> str | None:
+    """Why this file goes to ArrayRecord's reader, or None: it reads simple chunks of one record, stored
+    uncompressed or with snappy or zstd (zstd through the system's libzstd.so.1)."""
+    settings = dict(part.partition(":")[::2] for part in options.split(",") if part)
+    if not single:
+        return f"chunks of several records ({options or 'group_size > 1'})"
+    if settings.get("transpose") == "true":
+        return "transposed chunks"
+    if "brotli" in settings:
+        return "brotli compression"
+    if "zstd" in settings and not _riegeli.HAS_ZSTD:
+        return "zstd compression and no libzstd.so.1 on this machine"
+    return None

@@ -1,0 +1,189 @@
+"""The compact record index: where each record's chunk lies, for every shard of a source, in one file that all
+processes on a host memory-map (the main process and every grain worker share its pages).
+
+ArrayRecord's own reader keeps a `uint64` offset per record in each open reader of each process (8 bytes a
+record, 37 per host with two workers). This file keeps, per shard, the offset of every STRIDE-th record and, per
+record, the distance from its chunk to the next: 2 bytes a record while the shard's chunks are under 64 KiB
+(records of up to ~64 KB), 4 bytes otherwise.
+
+Layout (little-endian; every section 8-byte aligned):
+
+    header   8 x u64: magic, version, num_shards, stride, info_at, trailer_at, trailer_len, 0
+    shards   per shard: u64 chunk offsets of records 0, STRIDE, 2 STRIDE, ...; then per record u16/u32 lengths
+    info     int64 [num_shards, 4]: first offset element (in u64s), first length element (in units of its width),
+             width (2 or 4; 0: a shard left to ArrayRecord's reader), STRIDE
+    trailer  JSON: {"key": ..., "fallback": {shard: reason}}
+
+Built once per source (from each shard's footer, one shard at a time per thread, never the whole dataset in
+memory) into a cache directory, named by a hash of the shards' paths, sizes and modification times, so a changed
+shard gets a new index and a rerun reuses the old one.
+
+    index = RecordIndex.for_source(source)      # builds on first use (logged), then maps the file
+    begins, ends = index.locate(shards, local_indices)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import mmap
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from dataset_format import storage
+from loader import _riegeli
+from loader.arrayrecord import Footer, read_footer
+from loader.source import ShardedSource
+
+log = logging.getLogger(__name__)
+
+MAGIC = int.from_bytes(b"ARIDX\x00\x00\x01", "little")
+VERSION = 1
+STRIDE = 1024  # records between full offsets: 8 B / 1024 = 0.008 B a record; a lookup sums < 1024 lengths
+HEADER = 64
+BUILD_THREADS = 16  # footers read at once (I/O and decoding release the GIL)
+WINDOW = 256  # shards in flight while building: bounds the footers held in memory
+ENV_DIR = "LOADER_INDEX_DIR"
+
+
+def default_dir() -> str:
+    """Where indexes are cached: $LOADER_INDEX_DIR, else ~/.cache/arrayrecord-platform/index."""
+    return os.environ.get(ENV_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "arrayrecord-platform", "index")
+
+
+def source_key(source: ShardedSource) -> str:
+    """A hash of what the index depends on: each shard's path, size and modification time (or generation)."""
+    h = hashlib.sha256(f"loader.index:{VERSION}:{STRIDE}".encode())
+    versions = source.shard_versions or ("",) * len(source.paths)
+    sizes = source.shard_bytes or (0,) * len(source.paths)
+    for path, size, version in zip(source.paths, sizes, versions):
+        h.update(f"\n{path}\t{size}\t{version}".encode())
+    return h.hexdigest()[:40]
+
+
+def _shard_arrays(footer: Footer) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets of every STRIDE-th record, per-record lengths as u16 or u32)."""
+    offsets = footer.offsets
+    lengths = np.diff(offsets, append=np.uint64(footer.footer_offset))
+    width = np.uint16 if len(lengths) == 0 or lengths.max() <= np.iinfo(np.uint16).max else np.uint32
+    return np.ascontiguousarray(offsets[::STRIDE], dtype="<u8"), lengths.astype(width)
+
+
+class RecordIndex:
+    """A memory-mapped index file (see module doc). Picklable: a copy maps the same file."""
+
+    def __init__(self, path: str):
+        self.path = path
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        header = np.frombuffer(self._map, dtype="<u8", count=8)
+        if int(header[0]) != MAGIC or int(header[1]) != VERSION:
+            raise ValueError(f"{path} is not a loader index of version {VERSION}; delete it (it is rebuilt)")
+        num_shards, info_at, trailer_at, trailer_len = (int(header[i]) for i in (2, 4, 5, 6))
+        self.info = np.frombuffer(self._map, dtype="<i8", count=4 * num_shards, offset=info_at).reshape(-1, 4)
+        trailer = json.loads(self._map[trailer_at:trailer_at + trailer_len])
+        self.key = trailer["key"]
+        self.fallback = {int(shard): reason for shard, reason in trailer["fallback"].items()}
+        self._all = np.frombuffer(self._map, dtype=np.uint8)
+
+    def __getstate__(self):
+        return {"path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"])
+
+    def __len__(self) -> int:
+        return len(self.info)
+
+    def locate(self, shards: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """File spans [begin, end) of the chunks of records `local` of `shards` (int64 arrays; shards that are not
+        in `fallback`). Fastest with each shard's records together and ascending."""
+        begins = np.empty(len(shards), dtype=np.int64)
+        ends = np.empty(len(shards), dtype=np.int64)
+        _riegeli.locate(self._all, self._all, self.info, np.ascontiguousarray(shards, dtype=np.int64),
+                        np.ascontiguousarray(local, dtype=np.int64), begins, ends)
+        return begins, ends
+
+    @classmethod
+    def for_source(cls, source: ShardedSource, directory: str | None = None) -> RecordIndex:
+        """The index of `source`, built into `directory` (default: default_dir()) if it is not there yet."""
+        directory = directory or default_dir()
+        key = source_key(source)
+        path = os.path.join(directory, f"{key}.idx")
+        if not os.path.exists(path):
+            build(source, path, key)
+        return cls(path)
+
+
+def build(source: ShardedSource, path: str, key: str) -> None:
+    """Writes the index of `source` to `path` (under a temporary name, then renamed: concurrent builders on one
+    host each write a whole file, the last rename wins). Raises ValueError naming the shard whose footer is bad or
+    whose record count disagrees with the source's metadata."""
+    started = time.monotonic()
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    sizes = source.shard_bytes or (None,) * len(source.paths)
+    fallback: dict[str, str] = {}
+    info = np.zeros((len(source.paths), 4), dtype="<i8")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".idx")
+    try:
+        with os.fdopen(fd, "wb") as out, concurrent.futures.ThreadPoolExecutor(BUILD_THREADS) as pool:
+            out.write(b"\0" * HEADER)
+            at, last_log = HEADER, started
+            for window in range(0, len(source.paths), WINDOW):
+                shards = range(window, min(window + WINDOW, len(source.paths)))
+                footers = pool.map(lambda s: _footer(source, s, sizes[s]), shards)
+                for shard, footer in zip(shards, footers):
+                    if footer.fallback_reason:
+                        fallback[str(shard)] = footer.fallback_reason
+                        info[shard] = (0, 0, 0, STRIDE)
+                        continue
+                    sparse, lengths = _shard_arrays(footer)
+                    info[shard] = (at // 8, (at + sparse.nbytes) // lengths.itemsize, lengths.itemsize, STRIDE)
+                    at += _write_aligned(out, sparse) + _write_aligned(out, lengths)
+                if time.monotonic() - last_log > 10:
+                    last_log = time.monotonic()
+                    log.info("indexing %d shards: %d done (%.0f s)", len(source.paths), shards.stop,
+                             last_log - started)
+            info_at = at
+            at += _write_aligned(out, info)
+            trailer = json.dumps({"key": key, "fallback": fallback}).encode()
+            out.write(trailer)
+            out.seek(0)
+            out.write(np.array([MAGIC, VERSION, len(source.paths), STRIDE, info_at, at, len(trailer), 0],
+                               dtype="<u8").tobytes())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    for shard, reason in sorted(fallback.items(), key=lambda kv: int(kv[0])):
+        log.info("%s: read through ArrayRecord's reader (%s)", source.paths[int(shard)], reason)
+    log.info("indexed %d shards (%d records) in %.2f s: %s (%.1f MB)", len(source.paths), len(source),
+             time.monotonic() - started, path, os.path.getsize(path) / 1e6)
+
+
+def _footer(source: ShardedSource, shard: int, size: int | None) -> Footer:
+    path = source.paths[shard]
+    if size is None:
+        size = storage.list_sizes(path.rsplit("/", 1)[0]).get(storage.basename(path))
+        if size is None:
+            raise FileNotFoundError(f"{path} does not exist; re-run the conversion or restage the data")
+    footer = read_footer(path, size)
+    if footer.fallback_reason is None and footer.num_records != source.lengths[shard]:
+        raise ValueError(f"{path} holds {footer.num_records} records but the dataset's metadata says "
+                         f"{source.lengths[shard]}; the shard was replaced or the metadata is stale: re-run the "
+                         "conversion")
+    return footer
+
+
+def _write_aligned(out, array: np.ndarray) -> int:
+    """Writes `array`, padded to a multiple of 8 bytes; returns the bytes written."""
+    data = array.tobytes()
+    pad = -len(data) % 8
+    out.write(data + b"\0" * pad)
+    return len(data) + pad
