@@ -361,9 +361,8 @@ static size_t strip_block_headers(uint8_t *buf, int64_t begin, size_t n) {
 
 typedef struct {
   int64_t fd, begin, end; /* file bytes [begin, end) */
-  uint8_t *buf;           /* block headers removed */
+  uint8_t *buf;           /* in the batch's arena; block headers removed */
   size_t len;
-  int owned;              /* buf is ours to free (read here) or borrowed (a caller's bytes) */
 } span;
 
 typedef struct {
@@ -372,6 +371,7 @@ typedef struct {
   int64_t *span_of;   /* per record: its span */
   chunk *chunks;      /* per record: its parsed chunk */
   span *spans;
+  uint8_t *arena;     /* every span's bytes */
   Py_ssize_t num_spans;
   Py_ssize_t failed;  /* the record an error is about */
   const char *why;
@@ -403,13 +403,26 @@ static int plan(batch *b, int64_t max_gap) {
   return OK;
 }
 
+/* One allocation holds every span (freed with the batch). */
+static int alloc_spans(batch *b) {
+  size_t total = 0;
+  for (Py_ssize_t s = 0; s < b->num_spans; s++) total += (size_t)(b->spans[s].end - b->spans[s].begin);
+  b->arena = malloc(total ? total : 1);
+  if (!b->arena) return NO_MEMORY;
+  total = 0;
+  for (Py_ssize_t s = 0; s < b->num_spans; s++) {
+    b->spans[s].buf = b->arena + total;
+    total += (size_t)(b->spans[s].end - b->spans[s].begin);
+  }
+  return OK;
+}
+
 static int read_spans(batch *b) {
+  int rc = alloc_spans(b);
+  if (rc) return rc;
   for (Py_ssize_t s = 0; s < b->num_spans; s++) {
     span *sp = &b->spans[s];
     size_t n = (size_t)(sp->end - sp->begin);
-    sp->buf = malloc(n ? n : 1);
-    if (!sp->buf) return NO_MEMORY;
-    sp->owned = 1;
     size_t got = 0;
     while (got < n) {
       ssize_t r = pread((int)sp->fd, sp->buf + got, n - got, (off_t)(sp->begin + (int64_t)got));
@@ -443,9 +456,7 @@ static int parse_all(batch *b, int check) {
 }
 
 static void batch_free(batch *b) {
-  if (b->spans)
-    for (Py_ssize_t s = 0; s < b->num_spans; s++)
-      if (b->spans[s].owned) free(b->spans[s].buf);
+  free(b->arena);
   free(b->spans);
   free(b->span_of);
   free(b->chunks);
@@ -632,6 +643,10 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     PyErr_Format(PyExc_ValueError, "decode() needs a list of %zd span buffers", b.num_spans);
     goto done;
   }
+  if (alloc_spans(&b)) {
+    PyErr_NoMemory();
+    goto done;
+  }
   for (Py_ssize_t s = 0; s < b.num_spans; s++) {
     Py_buffer view;
     if (PyObject_GetBuffer(PyList_GET_ITEM(buffers, s), &view, PyBUF_C_CONTIGUOUS)) goto done;
@@ -641,13 +656,6 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
       PyErr_Format(PyExc_ValueError, "span %zd has %zd bytes, expected %zu", s, view.len, n);
       goto done;
     }
-    b.spans[s].buf = malloc(n ? n : 1);
-    if (!b.spans[s].buf) {
-      PyBuffer_Release(&view);
-      PyErr_NoMemory();
-      goto done;
-    }
-    b.spans[s].owned = 1;
     memcpy(b.spans[s].buf, view.buf, n);
     PyBuffer_Release(&view);
     b.spans[s].len = strip_block_headers(b.spans[s].buf, b.spans[s].begin, n);
