@@ -10,7 +10,7 @@ between the processes that map them) of the process and its workers is summed. T
 datasets, (PSS_large - PSS_small) / (large - small), is the resident bytes per record a host pays. With
 `--previous REV` the loader of that revision (read through ArrayRecord's reader) is measured the same way.
 
-Start: `--many` shards (hard links of one 10-record shard, listed in a manifest.json as a conversion writes it):
+Start: `--many` shards (symbolic links to one 10-record shard, listed in a manifest.json as a conversion writes it):
 the time to build the index once, and then from `loader.load` to the first batch with the index built.
 """
 
@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,8 +40,11 @@ first = time.perf_counter() - t0
 for _ in range(batches):
     next(it)
 me = psutil.Process()
-pss = sum(p.memory_full_info().pss for p in [me] + me.children(recursive=True))
-print(json.dumps({"pss": pss, "first_batch_s": first}))
+procs = [me] + me.children(recursive=True)
+pss = sum(p.memory_full_info().pss for p in procs)
+# the index file's own pages, summed over the processes that map it (PSS splits shared pages between them)
+index = sum(m.pss for p in procs for m in p.memory_maps(grouped=True) if m.path.endswith(".idx"))
+print(json.dumps({"pss": pss, "index_pss": index, "first_batch_s": first}))
 """
 
 
@@ -84,6 +88,7 @@ def main() -> None:
     p.add_argument("--small", type=int, default=1_000_000)
     p.add_argument("--large", type=int, default=8_000_000)
     p.add_argument("--batches", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=3, help="runs per point (the median is taken)")
     p.add_argument("--many", type=int, default=100_000, help="shards of the start-time dataset (0: skip)")
     p.add_argument("--previous", default=None, help="also measure the loader of this git revision")
     p.add_argument("--workdir", default=None)
@@ -102,23 +107,27 @@ def main() -> None:
             write_dataset(work / f"tiny-{n}", n)
     for name, cwd in loaders.items():
         for workers in (0, 2):
-            pss = {}
+            pss, index = {}, {}
             for n in (args.small, args.large):
                 child(work / f"tiny-{n}", workers, 1, cwd, index_dir)  # builds the index (ours) outside the timing
-                pss[n] = child(work / f"tiny-{n}", workers, args.batches, cwd, index_dir)["pss"]
+                runs = [child(work / f"tiny-{n}", workers, args.batches, cwd, index_dir) for _ in range(args.repeats)]
+                pss[n] = statistics.median(r["pss"] for r in runs)
+                index[n] = statistics.median(r["index_pss"] for r in runs)
             slope = (pss[args.large] - pss[args.small]) / (args.large - args.small)
             print(f"{name:9s} worker_count={workers}: PSS {pss[args.small] / 2**20:,.0f} MB at {args.small:,} records, "
-                  f"{pss[args.large] / 2**20:,.0f} MB at {args.large:,}: {slope:.2f} bytes/record per host", flush=True)
+                  f"{pss[args.large] / 2**20:,.0f} MB at {args.large:,}: {slope:.2f} bytes/record per host; the index "
+                  f"file's pages {index[args.large] / args.large:.2f} bytes/record", flush=True)
     if args.many:
         many = work / f"many-{args.many}"
         if not many.exists():
             print(f"linking {args.many:,} shards ...", flush=True)
-            write_dataset(work / "one", 10, shards=1)
+            if not (work / "one").exists():
+                write_dataset(work / "one", 10, shards=1)
             many.mkdir()
             one = work / "one" / "tiny-00000-of-00001.array_record"
             names = [f"m-{i:06d}-of-{args.many:06d}.array_record" for i in range(args.many)]
             for name in names:
-                os.link(one, many / name)
+                os.symlink(one, many / name)
             write_manifest(many, [(name, 10) for name in names])
         shutil.rmtree(index_dir, ignore_errors=True)
         t0 = time.perf_counter()

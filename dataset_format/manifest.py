@@ -36,11 +36,13 @@ class ShardEntry:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ShardEntry:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - fields
+        unknown = d.keys() - _ENTRY_FIELDS
         if unknown:
             raise ValueError(f"manifest shard entry has unknown keys {sorted(unknown)}: {d}")
         return cls(**d)
+
+
+_ENTRY_FIELDS = frozenset(f.name for f in dataclasses.fields(ShardEntry))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -116,7 +116,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
             raise ValueError(f"{storage.join(root, entry.path)} is {size} bytes but {MANIFEST_NAME} says {entry.bytes}; "
                              "the file is truncated or was replaced: re-run the conversion or restage the data")
     features = root if manifest.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
-    return ShardedSource(tuple(storage.join(root, e.path) for e in entries), tuple(e.records for e in entries),
+    prefix = storage.join(root, "")  # one join: 100k shards paid ~0.5 s for joining each
+    return ShardedSource(tuple(prefix + e.path for e in entries), tuple(e.records for e in entries),
                          "manifest", features, tuple(e.bytes for e in entries),
                          tuple(repr(details[e.path][1]) for e in entries))
 
