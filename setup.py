@@ -1,11 +1,16 @@
-"""The C part of the loader (loader/_riegeli.c: ArrayRecord chunks read with the GIL released). Everything else
-is in pyproject.toml. Images that copy only the conversion (dataflow/Dockerfile) have no loader/ and build nothing."""
+"""The C parts of the loader: loader/_riegeli.c (ArrayRecord chunks read with the GIL released) and loader/_jpeg.c
+(JPEG crop decode with libjpeg; optional: without libjpeg's headers it is skipped and images decode through
+simplejpeg). Everything else is in pyproject.toml. Images that copy only the conversion (dataflow/Dockerfile) have
+no loader/ and build nothing."""
 
 from pathlib import Path
 
 from setuptools import Extension, setup
 
-SOURCE = Path(__file__).parent / "loader" / "_riegeli.c"
+LOADER = Path(__file__).parent / "loader"
+FLAGS = ["-O3", "-std=gnu11"]
 
-setup(ext_modules=[Extension("loader._riegeli", ["loader/_riegeli.c"], extra_compile_args=["-O3", "-std=gnu11"],
-                             libraries=["dl"])] if SOURCE.exists() else [])
+setup(ext_modules=[
+    Extension("loader._riegeli", ["loader/_riegeli.c"], extra_compile_args=FLAGS, libraries=["dl"]),
+    Extension("loader._jpeg", ["loader/_jpeg.c"], extra_compile_args=FLAGS, libraries=["jpeg"], optional=True),
+] if LOADER.exists() else [])

@@ -66,6 +66,13 @@ class BatchPlan:
 
     def host_indices_range(self, first_batch: int, end_batch: int) -> list[np.ndarray]:
         """`host_indices(k)` for k in [first_batch, end_batch), computed in one vectorised pass."""
+        positions = self.host_positions_range(first_batch, end_batch)
+        counts = [len(p) for p in positions]
+        return np.split(self.indices_at(np.concatenate(positions)), np.cumsum(counts)[:-1])
+
+    def host_positions_range(self, first_batch: int, end_batch: int) -> list[np.ndarray]:
+        """Per batch k in [first_batch, end_batch), the positions of this host's rows (position p is record
+        `indices_at(p)` of epoch `p // num_records`)."""
         if not 0 <= first_batch < end_batch <= self.num_batches:
             raise IndexError(f"batches [{first_batch}, {end_batch}) are outside [0, {self.num_batches})")
         ks = np.arange(first_batch, end_batch, dtype=np.int64)
@@ -73,12 +80,12 @@ class BatchPlan:
         positions = (starts[:, None] + np.arange(self.per_host, dtype=np.int64)[None, :]).ravel()
         if self.num_epochs is not None:  # the last batch may be partial (drop_remainder=False)
             positions = positions[positions < self.num_epochs * self.num_records]
-        indices = self._indices(positions)
         counts = np.clip(self.num_epochs * self.num_records - starts, 0, self.per_host) if self.num_epochs is not None \
             else np.full(len(ks), self.per_host)
-        return np.split(indices, np.cumsum(counts)[:-1])
+        return np.split(positions, np.cumsum(counts)[:-1])
 
-    def _indices(self, positions: np.ndarray) -> np.ndarray:
+    def indices_at(self, positions: np.ndarray) -> np.ndarray:
+        """The global record index at each position."""
         if not self.shuffle:
             return positions % self.num_records
         epochs = positions // self.num_records

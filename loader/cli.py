@@ -3,6 +3,7 @@
     python -m loader inspect out/                    # counts, shards, feature spec, a sample
     python -m loader inspect ~/tfds/mnist/3.0.1 --split test
     python -m loader bench out/ --batch_size 256     # examples/s on your own data
+    python -m loader bench imagenet/ --image image/encoded --threads 8   # images/s: decode + random crop + flip
     python -m loader stage gs://bucket/ds /local/ds  # copy to local disk (resumable, size-checked)
 """
 
@@ -55,9 +56,18 @@ def bench_main(args) -> int:
 
     import loader
 
+    options = {}
+    unit = "examples"
+    if args.image:
+        from loader import images
+
+        options["random_map_fn"] = images.RandomResizedCrop(args.image, size=args.image_size)
+        unit = f"images ({args.image_size}x{args.image_size} random-resized crops)"
+    if args.threads:
+        options["num_threads"] = args.threads
     started = time.perf_counter()
     it = iter(loader.load(args.source, batch_size=args.batch_size, split=args.split, seed=0, decode=args.decode,
-                          worker_count=args.workers))
+                          worker_count=args.workers, **options))
     next(it)
     first = time.perf_counter() - started
     rates = []
@@ -70,9 +80,9 @@ def bench_main(args) -> int:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     workers = f", the largest worker {worker_mb:,.0f} MB" if args.workers and worker_mb else ""
-    print(f"first batch {first:.2f} s; {rates[1]:,.0f} examples/s over {args.batches} batches of {args.batch_size} "
-          f"after a start window of {args.start} ({rates[0]:,.0f} examples/s); peak RSS {peak_mb:,.0f} MB{workers} "
-          f"(decode={args.decode}, workers={args.workers}, globally shuffled)")
+    print(f"first batch {first:.2f} s; {rates[1]:,.0f} {unit}/s over {args.batches} batches of {args.batch_size} "
+          f"after a start window of {args.start} ({rates[0]:,.0f}/s); peak RSS {peak_mb:,.0f} MB{workers} "
+          f"(decode={args.decode}, workers={args.workers}, threads={args.threads or 'default'}, globally shuffled)")
     return 0
 
 
@@ -107,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--start", type=int, default=100, help="batches timed first (the start window)")
             s.add_argument("--batches", type=int, default=500, help="batches timed after the start window")
             s.add_argument("--workers", type=int, default=0)
+            s.add_argument("--threads", type=int, default=0, help="reading/decoding threads (default: the loader's)")
+            s.add_argument("--image", default=None, metavar="FEATURE",
+                           help="time the image path: decode FEATURE's JPEG/PNG bytes, random-resized crop, flip")
+            s.add_argument("--image_size", "--image-size", type=int, default=224)
     args = p.parse_args(argv)
     if args.decode == "none":
         args.decode = None

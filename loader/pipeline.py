@@ -24,8 +24,12 @@ import atexit
 import bisect
 import collections
 import dataclasses
+import functools
 import logging
+import os
 import sys
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -60,6 +64,9 @@ class LoaderConfig:
     features: tuple[str, ...] | None = None  # decode, collate and place only these features (None: all)
     packing: Packing | None = None  # pack a token feature into rows (loader/packing.py); batch_size counts rows
     map_fn: Callable[[Any], Any] | None = None  # applied to each record after decoding
+    # Or, for augmentation: fn(record, rng) with a numpy Generator seeded from (seed, epoch, global record index),
+    # so the same record in the same epoch gets the same draw on any host count, worker count, and after a resume.
+    random_map_fn: Callable[[Any, np.random.Generator], Any] | None = None
     split: str | None = None  # for TFDS sources; default "train"
     worker_count: int = 0  # grain worker processes (0: none, reads run in this process)
     num_threads: int = 2  # prefetch threads per process (reads and decompression release the GIL)
@@ -87,6 +94,9 @@ class LoaderConfig:
             if isinstance(self.features, str) or not self.features:
                 raise ValueError(f"features must be a non-empty list of feature names (got features={self.features!r})")
             object.__setattr__(self, "features", tuple(self.features))
+        if self.map_fn is not None and self.random_map_fn is not None:
+            raise ValueError("pass map_fn= or random_map_fn=, not both (random_map_fn can do what map_fn does; its "
+                             "rng argument may go unused)")
         if (self.shard_index is None) != (self.shard_count is None):
             raise ValueError("pass both shard_index and shard_count, or neither (to use JAX's process index/count)")
 
@@ -107,6 +117,10 @@ RAMP_GROWTH = 4
 # Records decoded per `decode_batch` call: enough to amortise NumPy's per-call costs, few enough that the
 # joined records stay in cache (in an A/B on 1 KB records, 4096 beat whole 16k-record groups by 5-12%).
 DECODE_RECORDS = 4096
+
+# With a map function, a read group holds at most this many records: its output can be far larger than the records
+# (a 60 KB JPEG becomes a 150 KB 224x224 crop), and the decode, not the read, is the work to spread over threads.
+MAPPED_RECORDS_PER_READ = 1024
 
 
 def _runs_of_batches(per_batch: list[np.ndarray], records: int) -> Iterator[list[np.ndarray]]:
@@ -132,14 +146,15 @@ class _ReadGroup:
     """
 
     def __init__(self, plan: BatchPlan, source: ShardedSource, reader: BatchReader, decoder: Decoder | None, map_fn,
-                 start: int, max_batches: int, pack: bool = False):
+                 start: int, max_batches: int, pack: bool = False, random_map_fn=None):
         """`pack`: hand raw batches over as arrays (see _pack), for grain's worker processes."""
         self._plan = plan
-        self._pack = pack and decoder is None and map_fn is None
+        self._pack = pack and decoder is None and map_fn is None and random_map_fn is None
         self._source = source
         self._reader = reader
         self._decoder = decoder
         self._map_fn = map_fn
+        self._random_map_fn = random_map_fn
         self._start = start
         self._max = max_batches
         # Ramp groups of 1, RAMP_GROWTH, RAMP_GROWTH^2, ... batches (while below max_batches), then max_batches each.
@@ -166,7 +181,9 @@ class _ReadGroup:
 
     def __call__(self, g: int) -> list:
         first, end = self.first_batch(int(g)), self.first_batch(int(g) + 1)
-        per_batch = self._plan.host_indices_range(first, end)
+        positions = self._plan.host_positions_range(first, end)
+        per_batch = np.split(self._plan.indices_at(np.concatenate(positions)),
+                             np.cumsum([len(p) for p in positions])[:-1])
         records = self._reader(np.concatenate(per_batch))
         if self._pack:
             return _pack(records, [len(rows) for rows in per_batch])
@@ -182,36 +199,55 @@ class _ReadGroup:
                 if columns is not None and len(rows):
                     batches.append({key: column[part] for key, column in columns.items()})
                 else:
-                    batches.append(self._finish(run_records[part], rows))
+                    batches.append(self._finish(run_records[part], rows, positions[len(batches)]))
         return batches
 
     def _decode_run(self, records: list[bytes]) -> dict | None:
         """Consecutive batches decoded at once (the batches are slices of it), when the decoder can."""
-        if self._map_fn is not None or not records or not hasattr(self._decoder, "decode_batch"):
+        if self._map_fn is not None or self._random_map_fn is not None or not records or \
+                not hasattr(self._decoder, "decode_batch"):
             return None
         try:
             return self._decoder.decode_batch(records)
         except Exception:  # noqa: BLE001 - decode record by record, which names the bad record
             return None
 
-    def _finish(self, records: list[bytes], indices: np.ndarray):
+    def _finish(self, records: list[bytes], indices: np.ndarray, positions: np.ndarray):
         if not records:  # this host's share of a short last batch (drop_remainder=False) can be empty
             return []
-        if self._decoder is None and self._map_fn is None:
+        if self._decoder is None and self._map_fn is None and self._random_map_fn is None:
             return records
         items = [self._decode(r, i) for r, i in zip(records, indices)] if self._decoder else records
         if self._map_fn is not None:
-            items = [self._map_fn(item) for item in items]
+            items = [self._mapped(self._map_fn, i, item) for item, i in zip(items, indices)]
+        if self._random_map_fn is not None:
+            seed, n = self._plan.seed, self._plan.num_records
+            items = [self._mapped(self._random_map_fn, i, item, record_rng(seed, int(p) // n, int(i)))
+                     for item, i, p in zip(items, indices, positions)]
         return collate(items)
+
+    def _where(self, index: int) -> str:
+        shard = int(np.searchsorted(self._source.starts, index, side="right") - 1)
+        return f"{self._source.paths[shard]}: record {int(index - self._source.starts[shard])}"
 
     def _decode(self, record: bytes, index: int):
         try:
             return self._decoder(record)
         except Exception as e:  # noqa: BLE001 - re-raised with the shard and record named
-            shard = int(np.searchsorted(self._source.starts, index, side="right") - 1)
-            local = int(index - self._source.starts[shard])
-            raise ValueError(f"{self._source.paths[shard]}: record {local} does not decode ({type(e).__name__}: "
-                             f"{e}); pass decode=None for raw bytes, or another decode=") from e
+            raise ValueError(f"{self._where(index)} does not decode ({type(e).__name__}: {e}); pass decode=None for "
+                             "raw bytes, or another decode=") from e
+
+    def _mapped(self, fn, index: int, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - re-raised with the shard and record named
+            raise ValueError(f"{self._where(index)}: {getattr(fn, '__name__', type(fn).__name__)} failed "
+                             f"({type(e).__name__}: {e})") from e
+
+
+def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator `random_map_fn` gets for global record `index` in `epoch`: a function of these alone."""
+    return np.random.default_rng((seed, epoch, index))
 
 
 def _pack(records: list[bytes], counts: list[int]) -> dict:
@@ -249,7 +285,10 @@ class Loader:
         # Batches per read: ~records_per_read records, at most ~64 MB of (compressed) data.
         per_batch = self.plan.per_host
         by_bytes = max(1, (64 << 20) // max(1, per_batch * self.source.mean_record_bytes))
-        self.batches_per_read = max(1, min(config.records_per_read // per_batch, by_bytes))
+        records = config.records_per_read
+        if config.map_fn is not None or config.random_map_fn is not None:
+            records = min(records, MAPPED_RECORDS_PER_READ)
+        self.batches_per_read = max(1, min(records // per_batch, by_bytes))
         # One reader for every iterator of this loader: a restart (set_state, a new epoch loop) keeps its open files.
         self._reader = BatchReader(self.source, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes)
         self.num_threads = config.num_threads
@@ -265,7 +304,8 @@ class Loader:
     def _dataset(self, start: int) -> grain.IterDataset:
         """Groups of batches from global batch `start` on (each element: a list of batches)."""
         read_group = _ReadGroup(self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
-                                self.batches_per_read, pack=self.config.worker_count > 0)
+                                self.batches_per_read, pack=self.config.worker_count > 0,
+                                random_map_fn=self.config.random_map_fn)
         ds = (
             grain.MapDataset.range(read_group.num_groups())
             .map(read_group)
@@ -275,7 +315,8 @@ class Loader:
         if self.config.worker_count:
             _absl_flags_parsed()
             ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.config.worker_count,
-                                                             per_worker_buffer_size=max(1, self.config.prefetch)))
+                                                             per_worker_buffer_size=max(1, self.config.prefetch)),
+                                worker_init_fn=functools.partial(_exit_with_owner, os.getpid()))
         return ds
 
     def _prefetch(self) -> int:
@@ -287,6 +328,25 @@ class Loader:
         plan = self.plan
         return {"num_records": plan.num_records, "batch_size": plan.batch_size, "seed": plan.seed,
                 "shuffle": plan.shuffle, "num_epochs": plan.num_epochs, "drop_remainder": plan.drop_remainder}
+
+
+# A worker process checks this often (seconds) whether the process that started it is still alive.
+OWNER_POLL_SECONDS = 0.5
+
+
+def _exit_with_owner(owner: int, worker_index: int, worker_count: int) -> None:
+    """Run in each grain worker process as it starts: a daemon thread ends the worker when `owner` (the process that
+    made the loader) is gone, even when it died without cleaning up (SIGKILL, the OOM killer), so orphaned workers never
+    hold memory (and their share of the host's index and page cache) past their owner. The worker's parent changes
+    when its owner dies (it is re-parented to init or a subreaper)."""
+    del worker_index, worker_count
+
+    def watch():
+        while os.getppid() == owner:
+            time.sleep(OWNER_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-owner", daemon=True).start()
 
 
 def _absl_flags_parsed() -> None:
@@ -406,8 +466,10 @@ def load(source: str | ShardedSource, *, batch_size: int, **options) -> Loader:
 
 def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     """A loader of packed rows (loader/packing.py): the same source, reader, decoder and host sharding."""
-    if config.map_fn is not None or config.worker_count or not config.drop_remainder:
-        raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, worker_count= or "
+    if config.map_fn is not None or config.random_map_fn is not None or config.worker_count or \
+            not config.drop_remainder:
+        raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn=, "
+                         "worker_count= or "
                          "drop_remainder=False (tokenise in Packing.tokenize)")
     src = source if isinstance(source, ShardedSource) else resolve(source, split=config.split,
                                                                    allow_incomplete=config.allow_incomplete)

@@ -115,3 +115,59 @@ def unigram_bits_per_byte(passages) -> float:
         counts += np.bincount(np.frombuffer(passage, np.uint8), minlength=256)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log2(p)).sum())
+
+
+PHOTO_SHORT_SIDE = (300, 500)
+PHOTO_QUALITY = 90
+
+
+def photo_jpegs(count: int, *, seed: int = 0) -> list[tuple[bytes, int]]:
+    """`count` ImageNet-like JPEGs made from the two real photos scikit-learn ships (china.jpg, flower.jpg,
+    427x640): each a random crop of one photo (a quarter to all of its area, aspect 3:4 to 4:3), resized so its
+    short side is 300-500 px, encoded at quality 90 (~50-110 KB). Returns (jpeg bytes, photo index) pairs; the
+    same `seed` gives the same bytes."""
+    import io
+
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        label = int(rng.integers(len(photos)))
+        photo = photos[label]
+        height, width = photo.shape[:2]
+        area = rng.uniform(0.25, 1.0) * height * width
+        aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+        h = int(min(height, round(np.sqrt(area / aspect))))
+        w = int(min(width, round(np.sqrt(area * aspect))))
+        top, left = int(rng.integers(height - h + 1)), int(rng.integers(width - w + 1))
+        short = int(rng.integers(*PHOTO_SHORT_SIDE, endpoint=True))
+        scale = short / min(h, w)
+        image = Image.fromarray(photo[top:top + h, left:left + w]).resize(
+            (max(1, round(w * scale)), max(1, round(h * scale))), Image.BICUBIC)
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", quality=PHOTO_QUALITY)
+        out.append((buffer.getvalue(), label))
+    return out
+
+
+def write_photo_tfrecords(output_dir: str, count: int, *, num_shards: int = 4, seed: int = 0,
+                          split: str = "train") -> list[str]:
+    """Writes `photos-{split}.tfrecord-XXXXX-of-YYYYY` shards of `photo_jpegs(count, seed=seed)` in the ImageNet
+    TFRecord layout: tf.train.Example with `image/encoded` (JPEG bytes), `image/format` (b"jpeg") and
+    `image/class/label` (int64: which photo the crop came from)."""
+    if num_shards < 1:
+        raise ValueError(f"num_shards={num_shards} must be >= 1")
+    os.makedirs(output_dir, exist_ok=True)
+    photos = photo_jpegs(count, seed=seed)
+    written = []
+    for shard, index in enumerate(np.array_split(np.arange(count), num_shards)):
+        path = os.path.join(output_dir, f"photos-{split}.tfrecord-{shard:05d}-of-{num_shards:05d}")
+        with open(path, "wb") as f:
+            tfrecord.write_records(f, (example_proto.encode_example(
+                {"image/encoded": photos[i][0], "image/format": b"jpeg", "image/class/label": photos[i][1]})
+                for i in index))
+        written.append(path)
+    return written

@@ -1,0 +1,134 @@
+/* JPEG crop decode with libjpeg(-turbo), the GIL released: only the crop's rows and (iMCU-aligned) columns are
+ * inverse-transformed and colour-converted, rows below the crop are never read, and the DCT scales down (n/8) when
+ * the crop is larger than it needs to be (by 1/2, 1/4 or 1/8). tf.image.decode_and_crop_jpeg does the same.
+ *
+ * crop(data, top, left, height, width, min_height, min_width)
+ *   -> (pixels: bytes, rows, cols, x_offset, scale_num)
+ * `pixels` holds rows x cols RGB pixels; the crop's columns start at x_offset within them (libjpeg widens a column
+ * range to whole iMCUs). The box is in full-size pixels; the image decodes at scale n/8 (the smallest n of 8, 4, 2, 1
+ * whose crop is at least min_height x min_width), and the box is scaled with it (rounded outwards).
+ * Raises ValueError for data libjpeg rejects or warns about (a truncated or corrupt JPEG is never padded with grey),
+ * NotImplementedError for colour spaces it does not convert to RGB (CMYK/YCCK). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+struct error_mgr {
+  struct jpeg_error_mgr pub;
+  jmp_buf jump;
+  int warnings;
+  char message[JMSG_LENGTH_MAX];
+};
+
+static void on_error(j_common_ptr cinfo) {
+  struct error_mgr *err = (struct error_mgr *)cinfo->err;
+  (*cinfo->err->format_message)(cinfo, err->message);
+  longjmp(err->jump, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level) {
+  struct error_mgr *err = (struct error_mgr *)cinfo->err;
+  if (level < 0 && !err->warnings) { /* a warning: corrupt data libjpeg would paper over */
+    err->warnings = 1;
+    (*cinfo->err->format_message)(cinfo, err->message);
+  }
+}
+
+static unsigned scaled_floor(unsigned v, unsigned n) { return v * n / 8; }
+static unsigned scaled_ceil(unsigned v, unsigned n) { return (v * n + 7) / 8; }
+
+static PyObject *py_crop(PyObject *self, PyObject *args) {
+  Py_buffer data;
+  unsigned top, left, height, width, min_height, min_width;
+  if (!PyArg_ParseTuple(args, "y*IIIIII", &data, &top, &left, &height, &width, &min_height, &min_width)) return NULL;
+  struct jpeg_decompress_struct cinfo;
+  struct error_mgr err;
+  memset(&err, 0, sizeof err);
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = on_error;
+  err.pub.emit_message = on_message;
+  unsigned char *volatile out = NULL;
+  volatile int unsupported = 0, failed = 0;
+  unsigned rows = 0, cols = 0, x_offset = 0, n = 8;
+  Py_BEGIN_ALLOW_THREADS
+  jpeg_create_decompress(&cinfo);
+  if (setjmp(err.jump)) {
+    failed = 1;
+  } else {
+    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_read_header(&cinfo, TRUE);
+    unsigned full_h = cinfo.image_height, full_w = cinfo.image_width;
+    if (width == 0 || height == 0) top = left = 0, height = full_h, width = full_w;
+    if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+      unsupported = 1;
+    } else if (top + height > full_h || left + width > full_w) {
+      snprintf(err.message, sizeof err.message, "crop box (%u, %u, %u, %u) is outside the %ux%u image", top, left,
+               height, width, full_h, full_w);
+      failed = 1;
+    } else {
+      /* Only 1/2, 1/4, 1/8: libjpeg-turbo's other scales (3/8, 5/8 ...) take a slow IDCT, slower than a full one. */
+      while (n > 1 && scaled_floor(height, n / 2) >= min_height && scaled_floor(width, n / 2) >= min_width) n /= 2;
+      cinfo.scale_num = n;
+      cinfo.scale_denom = 8;
+      cinfo.out_color_space = JCS_RGB;
+      cinfo.dct_method = JDCT_IFAST;
+      cinfo.do_fancy_upsampling = FALSE;
+      jpeg_start_decompress(&cinfo);
+      unsigned y0 = scaled_floor(top, n), y1 = scaled_ceil(top + height, n);
+      unsigned x0 = scaled_floor(left, n), x1 = scaled_ceil(left + width, n);
+      if (y1 > cinfo.output_height) y1 = cinfo.output_height;
+      if (x1 > cinfo.output_width) x1 = cinfo.output_width;
+      if (y1 <= y0) y1 = y0 + 1;
+      if (x1 <= x0) x1 = x0 + 1;
+      JDIMENSION xoff = x0, cw = x1 - x0;
+      if (xoff > 0 || cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw);
+      x_offset = x0 - xoff;
+      cols = cw;
+      rows = y1 - y0;
+      out = malloc((size_t)rows * cols * 3);
+      if (!out) {
+        snprintf(err.message, sizeof err.message, "out of memory for a %ux%u crop", rows, cols);
+        failed = 1;
+      } else {
+        if (y0 > 0) jpeg_skip_scanlines(&cinfo, y0);
+        while (cinfo.output_scanline < y1) {
+          JSAMPROW row = out + (size_t)(cinfo.output_scanline - y0) * cols * 3;
+          jpeg_read_scanlines(&cinfo, &row, 1);
+        }
+        if (err.warnings) failed = 1;
+      }
+    }
+  }
+  jpeg_destroy_decompress(&cinfo); /* also after an abandoned decode: libjpeg frees its own memory */
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&data);
+  if (unsupported) {
+    free(out);
+    PyErr_SetString(PyExc_NotImplementedError, "a CMYK/YCCK JPEG: libjpeg does not convert it to RGB");
+    return NULL;
+  }
+  if (failed) {
+    free(out);
+    PyErr_Format(PyExc_ValueError, "not a JPEG that decodes: %s", err.message);
+    return NULL;
+  }
+  PyObject *pixels = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)rows * cols * 3);
+  free(out);
+  if (!pixels) return NULL;
+  return Py_BuildValue("(NIIII)", pixels, rows, cols, x_offset, n);
+}
+
+static PyMethodDef methods[] = {
+    {"crop", py_crop, METH_VARARGS,
+     "crop(data, top, left, height, width, min_height, min_width) -> (pixels, rows, cols, x_offset, scale_num)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg", "JPEG crop decode with libjpeg.", -1, methods};
+
+PyMODINIT_FUNC PyInit__jpeg(void) { return PyModule_Create(&module); }

@@ -1,0 +1,248 @@
+"""Image ops for the loader: decode JPEG/PNG, Inception-style random-resized crop and flip for training, resize and
+center crop for evaluation. uint8 RGB out; normalising is left to the device.
+
+    import loader
+    from loader import images
+
+    train = loader.load("imagenet/", batch_size=256, seed=0,
+                        random_map_fn=images.RandomResizedCrop("image/encoded", size=224))
+    batch = next(iter(train))   # {"image": uint8 [256, 224, 224, 3], "image/class/label": int64 [256], ...}
+    evaluate = loader.load("imagenet-val/", batch_size=256, shuffle=False,
+                           map_fn=images.CenterCrop("image/encoded", size=224))
+
+Decoders, measured one thread on ImageNet-like photos (benchmarks/image_bench.py, docs/benchmarks.md): simplejpeg
+(libjpeg-turbo) decodes fastest, ahead of OpenCV and well ahead of Pillow, and scales the DCT (a 1/2, 1/4 ... decode)
+when the crop is large; OpenCV resizes (the fastest resize measured) and decodes what simplejpeg does not (PNG, CMYK
+JPEGs). Both release the GIL, so the loader's threads decode in parallel.
+
+A crop depends only on the record's bytes and the `numpy.random.Generator` the loader hands `random_map_fn` (seeded
+from the loader's seed, the epoch and the record's global index), so an augmented batch is the same for any host
+count, worker count and after a resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+JPEG_MAGIC = b"\xff\xd8"
+EOI_WITHIN = 1024  # a whole JPEG's end-of-image marker (FF D9) lies within its last bytes (some have a trailer)
+
+# Inception / big_vision "inception_crop" defaults: 8%-100% of the area, aspect 3:4 to 4:3, 10 tries.
+AREA_RANGE = (0.08, 1.0)
+ASPECT_RANGE = (3 / 4, 4 / 3)
+ATTEMPTS = 10
+# Evaluation: resize the short side to size / CROP_FRACTION, then take the central size x size (224 of 256).
+CROP_FRACTION = 0.875
+
+
+def _cv2():
+    import cv2
+
+    cv2.setNumThreads(1)  # the loader's threads are the parallelism; OpenCV's own pool would oversubscribe cores
+    return cv2
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(height, width) of an encoded image, from its header."""
+    if data[:2] == JPEG_MAGIC:
+        import simplejpeg
+
+        try:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            return height, width
+        except ValueError:
+            pass
+    image = decode(data)
+    return image.shape[0], image.shape[1]
+
+
+def decode(data: bytes, *, min_height: int = 0, min_width: int = 0) -> np.ndarray:
+    """An encoded image (JPEG, PNG, or anything OpenCV reads) -> uint8 [H, W, 3] RGB. With `min_height`/`min_width`,
+    a JPEG may decode scaled down (a DCT-domain 1/2 .. 1/8 decode) as long as it keeps at least that size."""
+    if data[:2] == JPEG_MAGIC:
+        import simplejpeg
+
+        try:
+            return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
+                                          min_height=min_height, min_width=min_width)
+        except ValueError:  # e.g. a CMYK JPEG: OpenCV converts it
+            pass
+    cv2 = _cv2()
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError(f"{len(data)} bytes starting {bytes(data[:8])!r} are not an image that decodes (JPEG, PNG, "
+                         "or another format OpenCV reads)")
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def sample_crop(rng: np.random.Generator, height: int, width: int, *, area_range=AREA_RANGE,
+                aspect_range=ASPECT_RANGE, attempts: int = ATTEMPTS) -> tuple[int, int, int, int]:
+    """An Inception-style crop box (top, left, h, w) of an image of height x width: area a uniform fraction in
+    `area_range` of the image, log-uniform aspect (w/h) in `aspect_range`; after `attempts` misses, the largest
+    central box of an aspect within the range."""
+    total = height * width
+    log_low, log_high = math.log(aspect_range[0]), math.log(aspect_range[1])
+    for _ in range(attempts):
+        area = total * rng.uniform(*area_range)
+        aspect = math.exp(rng.uniform(log_low, log_high))
+        w = int(round(math.sqrt(area * aspect)))
+        h = int(round(math.sqrt(area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    aspect = width / height
+    if aspect < aspect_range[0]:
+        w, h = width, int(round(width / aspect_range[0]))
+    elif aspect > aspect_range[1]:
+        h, w = height, int(round(height * aspect_range[1]))
+    else:
+        h, w = height, width
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    if image.shape[:2] == (height, width):
+        return np.ascontiguousarray(image)
+    cv2 = _cv2()
+    return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
+
+
+def _crop_decoder():
+    """loader._jpeg (libjpeg crop decode), or None where it was not built (no libjpeg headers at install)."""
+    try:
+        from loader import _jpeg
+    except ImportError:
+        return None
+    return _jpeg
+
+
+def decode_crop(data, box: tuple[int, int, int, int], min_size: tuple[int, int]) -> np.ndarray:
+    """The `box` (top, left, h, w) of an encoded image (or of a decoded array) as uint8 [h', w', 3] RGB, at the
+    smallest scale n/8 that keeps it at least `min_size` (h, w) pixels (or full size when it is smaller). A JPEG
+    decodes only the box's rows and columns (loader/_jpeg.c, like tf.image.decode_and_crop_jpeg) and a scaled DCT;
+    other formats decode whole, then the box is cut out."""
+    top, left, h, w = box
+    if not isinstance(data, np.ndarray) and data[:2] == JPEG_MAGIC and (jpeg := _crop_decoder()) is not None:
+        # A crop decode stops below its window, so it would not see a file cut short: look for the end marker.
+        if bytes(data[-EOI_WITHIN:]).rfind(b"\xff\xd9") < 0:
+            raise ValueError(f"a JPEG of {len(data)} bytes without its end-of-image marker: the file was cut short")
+        try:
+            pixels, rows, cols, x_offset, n = jpeg.crop(data, top, left, h, w, *min_size)
+        except NotImplementedError:  # CMYK: OpenCV converts it, below
+            pass
+        else:
+            width = max(1, -(-(left + w) * n // 8) - left * n // 8)
+            return np.frombuffer(pixels, np.uint8).reshape(rows, cols, 3)[:, x_offset:x_offset + width]
+    if isinstance(data, np.ndarray):
+        image, sy, sx = data, 1.0, 1.0
+    else:
+        height, width = image_size(data)
+        image = decode(data, min_height=-(-min_size[0] * height // h), min_width=-(-min_size[1] * width // w))
+        sy, sx = image.shape[0] / height, image.shape[1] / width
+    y0, x0 = int(top * sy), int(left * sx)
+    y1, x1 = max(y0 + 1, int(round((top + h) * sy))), max(x0 + 1, int(round((left + w) * sx)))
+    return image[y0:y1, x0:x1]
+
+
+def _size_of(data) -> tuple[int, int]:
+    return data.shape[:2] if isinstance(data, np.ndarray) else image_size(data)
+
+
+def random_resized_crop(data, rng: np.random.Generator, size: int, *, flip: bool = True,
+                        area_range=AREA_RANGE, aspect_range=ASPECT_RANGE) -> np.ndarray:
+    """Encoded image (or a decoded uint8 [H, W, 3]) -> uint8 [size, size, 3]: an Inception crop (`sample_crop`)
+    resized to size x size, mirrored left-right with probability 1/2 when `flip`. The JPEG decodes at the smallest
+    DCT scale that keeps the crop at least `size` pixels on each side."""
+    height, width = _size_of(data)
+    top, left, h, w = sample_crop(rng, height, width, area_range=area_range, aspect_range=aspect_range)
+    mirror = flip and rng.random() < 0.5
+    out = _resize(decode_crop(data, (top, left, h, w), (size, size)), size, size)
+    return _cv2().flip(out, 1) if mirror else out  # (NumPy copies a reversed 3-byte-pixel view ~20x slower)
+
+
+def center_crop(data, size: int, *, crop_fraction: float = CROP_FRACTION) -> np.ndarray:
+    """Encoded image (or a decoded uint8 [H, W, 3]) -> uint8 [size, size, 3]: the short side resized to
+    size / crop_fraction, then the central size x size."""
+    height, width = _size_of(data)
+    # The central square of side min(H, W) * crop_fraction, resized to size (the same pixels as resizing the short
+    # side to size / crop_fraction and cutting the central size x size, with only the crop decoded).
+    side = max(1, int(round(min(height, width) * crop_fraction)))
+    box = ((height - side) // 2, (width - side) // 2, side, side)
+    return _resize(decode_crop(data, box, (size, size)), size, size)
+
+
+def _image_of(record, feature: str):
+    """The encoded bytes (or decoded array) of `feature` in a decoded record."""
+    if not isinstance(record, dict) or feature not in record:
+        got = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise KeyError(f"no image feature {feature!r} in this record (it has {got}); pass the feature that holds "
+                       "the encoded image, e.g. 'image/encoded' for ImageNet-layout TFRecords or 'image' for TFDS")
+    value = record[feature]
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        value = value.item() if value.size == 1 else value
+    return value
+
+
+def _in_feature(feature: str, op, *args, **kwargs) -> np.ndarray:
+    """op(*args) with an error naming the feature (the loader adds the shard and record)."""
+    try:
+        return op(*args, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"feature {feature!r}: {e}") from e
+
+
+def _replace(record: dict, feature: str, output: str, image: np.ndarray) -> dict:
+    out = {k: v for k, v in record.items() if k != feature}
+    out[output] = image
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomResizedCrop:
+    """`random_map_fn=` for training: record[feature] (encoded bytes, or a decoded array) -> record[output], an
+    uint8 [size, size, 3] Inception crop, flipped at random (`random_resized_crop`). The encoded feature is dropped."""
+
+    feature: str = "image"
+    size: int = 224
+    flip: bool = True
+    output: str = "image"
+    area_range: tuple[float, float] = AREA_RANGE
+    aspect_range: tuple[float, float] = ASPECT_RANGE
+
+    def __post_init__(self):
+        if self.size < 1:
+            raise ValueError(f"size must be >= 1 pixel (got size={self.size})")
+        if not 0 < self.area_range[0] <= self.area_range[1] <= 1:
+            raise ValueError(f"area_range must satisfy 0 < low <= high <= 1 (got area_range={self.area_range})")
+        if not 0 < self.aspect_range[0] <= self.aspect_range[1]:
+            raise ValueError(f"aspect_range must satisfy 0 < low <= high (got aspect_range={self.aspect_range})")
+
+    def __call__(self, record: dict, rng: np.random.Generator) -> dict:
+        image = _in_feature(self.feature, random_resized_crop, _image_of(record, self.feature), rng, self.size,
+                            flip=self.flip, area_range=self.area_range, aspect_range=self.aspect_range)
+        return _replace(record, self.feature, self.output, image)
+
+
+@dataclasses.dataclass(frozen=True)
+class CenterCrop:
+    """`map_fn=` for evaluation: record[feature] -> record[output], uint8 [size, size, 3] (`center_crop`)."""
+
+    feature: str = "image"
+    size: int = 224
+    output: str = "image"
+    crop_fraction: float = CROP_FRACTION
+
+    def __post_init__(self):
+        if self.size < 1:
+            raise ValueError(f"size must be >= 1 pixel (got size={self.size})")
+        if not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction must be in (0, 1] (got crop_fraction={self.crop_fraction})")
+
+    def __call__(self, record: dict) -> dict:
+        image = _in_feature(self.feature, center_crop, _image_of(record, self.feature), self.size,
+                            crop_fraction=self.crop_fraction)
+        return _replace(record, self.feature, self.output, image)
