@@ -93,22 +93,36 @@ class ExampleDecoder:
 
 
 class TfdsDecoder:
-    """Decodes with the FeaturesDict saved beside a TFDS dataset (features.json); built lazily per process."""
+    """Decodes with the FeaturesDict saved beside a TFDS dataset (features.json); built lazily per process.
 
-    def __init__(self, features_dir: str, keys: tuple[str, ...] | None = None):
+    `encoded`: features left as TFDS stored them (an Image feature's PNG/JPEG bytes), for a map function that decodes
+    them itself, faster (loader.images decodes only a crop's window)."""
+
+    def __init__(self, features_dir: str, keys: tuple[str, ...] | None = None, encoded: tuple[str, ...] = ()):
         self._features_dir = features_dir
         self._keys = tuple(sorted(keys)) if keys else None
+        self._encoded = tuple(encoded)
         self._features = None
+        self._decoders = None
 
     def __getstate__(self):
-        return {**self.__dict__, "_features": None}
+        return {**self.__dict__, "_features": None, "_decoders": None}
 
     def __call__(self, record: bytes) -> dict[str, Any]:
         if self._features is None:
             from tensorflow_datasets.core.features import features_dict
 
-            self._features = features_dict.FeaturesDict.from_config(_local_metadata(self._features_dir))
-        decoded = self._features.deserialize_example_np(record)
+            features = features_dict.FeaturesDict.from_config(_local_metadata(self._features_dir))
+            if self._encoded:
+                from tensorflow_datasets.core.decode import base
+
+                missing = [name for name in self._encoded if name not in features]
+                if missing:
+                    raise KeyError(f"no feature {missing[0]!r} in this TFDS dataset; its features are "
+                                   f"{sorted(features.keys())}")
+                self._decoders = {name: base.SkipDecoding() for name in self._encoded}
+            self._features = features
+        decoded = self._features.deserialize_example_np(record, decoders=self._decoders)
         return _select(decoded, self._keys) if self._keys else decoded
 
 
@@ -127,22 +141,23 @@ def _local_metadata(features_dir: str) -> str:
 
 
 def make_decoder(decode: str | Decoder | None, features_dir: str | None,
-                 features: tuple[str, ...] | None = None) -> Decoder | None:
-    """The decoder for `decode=`; `features` keeps only those features of each decoded record."""
+                 features: tuple[str, ...] | None = None, encoded: tuple[str, ...] = ()) -> Decoder | None:
+    """The decoder for `decode=`; `features` keeps only those features of each decoded record; `encoded` features
+    of a TFDS dataset stay encoded (a map function's `encoded_features`, e.g. loader.images.RandomResizedCrop)."""
     if features is not None and (decode is None or callable(decode)):
         raise ValueError("features= selects features of decoded records: use decode='auto', 'example' or 'tfds' "
                          "(a decode function can drop features itself)")
     if decode is None or callable(decode):
         return decode
     if decode == "auto":
-        return TfdsDecoder(features_dir, features) if features_dir else ExampleDecoder(features)
+        return TfdsDecoder(features_dir, features, encoded) if features_dir else ExampleDecoder(features)
     if decode == "example":
         return ExampleDecoder(features)
     if decode == "tfds":
         if not features_dir:
             raise ValueError("decode='tfds' needs a TFDS dataset (features.json beside the shards); this source has "
                              "none: use decode='example', a function, or None for raw bytes")
-        return TfdsDecoder(features_dir, features)
+        return TfdsDecoder(features_dir, features, encoded)
     raise ValueError(f"decode={decode!r} is not one of 'auto', 'example', 'tfds', None or a function")
 
 

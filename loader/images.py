@@ -111,6 +111,15 @@ def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
     return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
+def _rgb(image: np.ndarray) -> np.ndarray:
+    """A decoded uint8 image as [H, W, 3] (grey [H, W] or [H, W, 1] repeated, as decoding its PNG would give)."""
+    if image.ndim == 3 and image.shape[2] == 3:
+        return image
+    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
+        return np.repeat(image.reshape(image.shape[0], image.shape[1], 1), 3, axis=2)
+    raise ValueError(f"a decoded image of shape {image.shape}: expected [H, W], [H, W, 1] or [H, W, 3]")
+
+
 def _crop_decoder():
     """loader._jpeg (libjpeg crop decode), or None where it was not built (no libjpeg headers at install)."""
     try:
@@ -138,7 +147,7 @@ def decode_crop(data, box: tuple[int, int, int, int], min_size: tuple[int, int])
             width = max(1, -(-(left + w) * n // 8) - left * n // 8)
             return np.frombuffer(pixels, np.uint8).reshape(rows, cols, 3)[:, x_offset:x_offset + width]
     if isinstance(data, np.ndarray):
-        image, sy, sx = data, 1.0, 1.0
+        image, sy, sx = _rgb(data), 1.0, 1.0
     else:
         height, width = image_size(data)
         image = decode(data, min_height=-(-min_size[0] * height // h), min_width=-(-min_size[1] * width // w))
@@ -221,6 +230,11 @@ class RandomResizedCrop:
         if not 0 < self.aspect_range[0] <= self.aspect_range[1]:
             raise ValueError(f"aspect_range must satisfy 0 < low <= high (got aspect_range={self.aspect_range})")
 
+    @property
+    def encoded_features(self) -> tuple[str, ...]:
+        """Features the loader hands over still encoded (a TFDS Image stays PNG/JPEG bytes: decoded here, faster)."""
+        return (self.feature,)
+
     def __call__(self, record: dict, rng: np.random.Generator) -> dict:
         image = _in_feature(self.feature, random_resized_crop, _image_of(record, self.feature), rng, self.size,
                             flip=self.flip, area_range=self.area_range, aspect_range=self.aspect_range)
@@ -241,6 +255,10 @@ class CenterCrop:
             raise ValueError(f"size must be >= 1 pixel (got size={self.size})")
         if not 0 < self.crop_fraction <= 1:
             raise ValueError(f"crop_fraction must be in (0, 1] (got crop_fraction={self.crop_fraction})")
+
+    @property
+    def encoded_features(self) -> tuple[str, ...]:
+        return (self.feature,)
 
     def __call__(self, record: dict) -> dict:
         image = _in_feature(self.feature, center_crop, _image_of(record, self.feature), self.size,

@@ -281,7 +281,9 @@ class Loader:
         shard_index, shard_count = _host_shard(config)
         self.plan = BatchPlan(len(self.source), config.batch_size, config.seed, config.shuffle, config.num_epochs,
                               config.drop_remainder, shard_index, shard_count)
-        self._decoder = make_decoder(config.decode, self.source.features_dir, config.features)
+        map_fn = config.map_fn or config.random_map_fn
+        self._decoder = make_decoder(config.decode, self.source.features_dir, config.features,
+                                     tuple(getattr(map_fn, "encoded_features", ())))
         # Batches per read: ~records_per_read records, at most ~64 MB of (compressed) data.
         per_batch = self.plan.per_host
         by_bytes = max(1, (64 << 20) // max(1, per_batch * self.source.mean_record_bytes))

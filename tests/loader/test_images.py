@@ -263,3 +263,24 @@ def test_bench_command_reports_images_per_second(photos):
     bad = subprocess.run([sys.executable, "-m", "loader", "bench", str(photos), "--image", "jpeg", "--batch_size", "8",
                           "--start", "1", "--batches", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no image feature 'jpeg'" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_tfds_image_features_stay_encoded_for_the_crop(tfds_digits_array_record):
+    """A TFDS Image feature reaches RandomResizedCrop as its PNG bytes (TFDS does not decode it first), and the crops
+    equal those of the decoded arrays TFDS would have given."""
+    from loader.decode import TfdsDecoder
+
+    crop = images.RandomResizedCrop("image", size=16)
+    train = loader.load(str(tfds_digits_array_record), batch_size=8, seed=1, random_map_fn=crop)
+    assert train._decoder._encoded == ("image",)  # the loader asked TFDS to leave the image encoded
+    batch = next(iter(train))
+    assert batch["image"].shape == (8, 16, 16, 3) and batch["label"].shape == (8,)
+    raw = next(iter(loader.load(str(tfds_digits_array_record), batch_size=8, seed=1, decode=None)))
+    encoded = TfdsDecoder(str(tfds_digits_array_record), encoded=("image",))(raw[0])["image"]
+    assert bytes(encoded[:8]) == b"\x89PNG\r\n\x1a\n"
+    decoded = [TfdsDecoder(str(tfds_digits_array_record))(r) for r in raw]
+    assert decoded[0]["image"].shape == (8, 8, 1)
+    plan = loader.load(str(tfds_digits_array_record), batch_size=8, seed=1).plan
+    for row, (record, index) in enumerate(zip(decoded, plan.host_indices(0))):
+        expected = crop(record, record_rng(1, 0, int(index)))["image"]
+        np.testing.assert_array_equal(batch["image"][row], expected)
