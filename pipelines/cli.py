@@ -5,7 +5,7 @@
     python -m pipelines plan --input 'gs://b/raw/*.tfrecord' --output gs://b/ar [--json plan.json]
     python -m pipelines verify --output out/ [--deep]
     python -m pipelines status --output gs://b/ar      # how far a running conversion has got
-    python -m pipelines make-demo --output data/ --num-shards 4 [--kind text]
+    python -m pipelines make-demo --output data/ --num-shards 4 [--kind text|digits-jpeg|photos]
 
 Unknown flags of `convert` are Beam pipeline options and pass through unchanged
 (`--runner DataflowRunner --project P --region R --temp_location gs://...`: see dataflow/README.md).
@@ -127,19 +127,27 @@ def verify_main(argv: list[str]) -> int:
 def make_demo_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines make-demo",
                                 description="Write a demo dataset as TFRecord shards of tf.train.Example: scikit-learn's "
-                                            "digits (image, label), or the Python standard library's sources (text).")
+                                            "digits (image, label), the digits as JPEG files in the ImageNet layout "
+                                            "(digits-jpeg), ImageNet-like JPEG photos (photos), or the Python "
+                                            "standard library's sources (text).")
     p.add_argument("--output", required=True)
-    p.add_argument("--kind", choices=("digits", "text"), default="digits")
+    p.add_argument("--kind", choices=("digits", "digits-jpeg", "photos", "text"), default="digits")
+    p.add_argument("--count", type=int, default=3000, help="photos: how many (default 3000)")
     p.add_argument("--num_shards", "--num-shards", dest="num_shards", type=int, default=4)
     p.add_argument("--max_mb", "--max-mb", dest="max_mb", type=float, default=4.0,
                    help="text: how many MB of sources to take (default 4)")
     args = p.parse_args(argv)
-    from pipelines.demo import write_digits_tfrecords, write_text_tfrecords
+    from pipelines import demo
 
     if args.kind == "text":
-        paths = write_text_tfrecords(args.output, num_shards=args.num_shards, max_bytes=int(args.max_mb * (1 << 20)))
+        paths = demo.write_text_tfrecords(args.output, num_shards=args.num_shards,
+                                          max_bytes=int(args.max_mb * (1 << 20)))
+    elif args.kind == "digits-jpeg":
+        paths = demo.write_digits_jpeg_tfrecords(args.output, num_shards=args.num_shards)
+    elif args.kind == "photos":
+        paths = demo.write_photo_tfrecords(args.output, args.count, num_shards=args.num_shards)
     else:
-        paths = write_digits_tfrecords(args.output, num_shards=args.num_shards)
+        paths = demo.write_digits_tfrecords(args.output, num_shards=args.num_shards)
     print(f"wrote {len(paths)} TFRecord shards to {args.output}")
     return 0
 

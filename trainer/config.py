@@ -24,7 +24,7 @@ class TrainConfig:
     workdir: str
     eval_data: str | None = None
     task: str = "classification"  # or package.module:attr, your own (trainer/tasks.py)
-    model: str = "cnn"  # mlp, cnn, transformer, or package.module:attr naming a flax.linen.Module (class or function)
+    model: str = "cnn"  # mlp, cnn, transformer, resnet18, resnet50, or package.module:attr naming a flax.linen.Module
     mode: str = "train"  # or evaluate: the sidecar evaluator (trainer/evaluator.py; also TF_CONFIG type "evaluator")
     strategy: str = "default"
     device: str | None = None  # for one_device, e.g. "cpu:0" or "gpu:1"
@@ -55,6 +55,9 @@ class TrainConfig:
     seed: int = 0
     num_classes: int | None = None  # classification: default the TFDS ClassLabel's; needed for other data
     image_key: str = "image"
+    # classification of encoded images (JPEG/PNG bytes, e.g. ImageNet-layout `image/encoded`, or a TFDS Image):
+    # decode and Inception-crop + flip to image_size x image_size for training, resize + central crop for eval
+    image_size: int | None = None
     label_key: str = "label"
     text_key: str = "text"  # lm: the token-sequence feature (int64 ids, or text read as UTF-8 bytes)
     seq_len: int = 256  # lm: tokens per row
@@ -76,7 +79,7 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes",
-                     "seq_len", "vocab_size"):
+                     "seq_len", "vocab_size", "image_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
         for name in ("num_workers", "num_ps", "ps_min_shard_bytes"):

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from trainer import metrics as metrics_lib, strategy as strategies
+from trainer import accelerators, metrics as metrics_lib, strategy as strategies
 from trainer.config import TrainConfig
 from trainer.program import Program
 
@@ -32,6 +32,7 @@ _LOCAL_STRATEGIES = ("default", "one_device", "mirrored", "central_storage")
 def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     if not config.eval_data:
         raise ValueError("mode=evaluate needs eval_data= (the data each checkpoint is evaluated on)")
+    accelerators.warn_if_unused()
     program = Program.build(config, data=config.eval_data)
     # The evaluator's own devices: the training strategy where it is a local one, else all local devices.
     strategy = strategies.make(config.strategy if config.strategy in _LOCAL_STRATEGIES else "mirrored",
@@ -43,8 +44,10 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     if last >= config.steps:
         log.info("evaluator: step %d is already evaluated (%s); nothing to do", last, eval_dir)
         return {"checkpoints_evaluated": 0, "checkpoints_skipped": 0, "final_step": last}
-    abstract = {"params": jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=strategy.replicated),
-                                       program.abstract_params())}
+    on_devices = lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=strategy.replicated)  # noqa: E731
+    abstract = {"params": jax.tree.map(on_devices, program.abstract_params())}
+    if program.has_state:
+        abstract["model_state"] = jax.tree.map(on_devices, program.abstract_model_state())
     log.info("evaluator: watching %s for checkpoints after step %d, until step %d (eval_timeout=%gs); results in %s",
              checkpoints, last, config.steps, config.eval_timeout, eval_dir)
     os.makedirs(checkpoints, exist_ok=True)  # the trainer may not have started yet
@@ -55,11 +58,11 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
         for step in ocp.checkpoint_utils.checkpoints_iterator(checkpoints, timeout=int(config.eval_timeout)):
             if step <= last:
                 continue
-            params = restore_params(checkpoints, step, abstract)
-            if params is None:
+            restored = restore_params(checkpoints, step, abstract)
+            if restored is None:
                 skipped += 1
                 continue
-            record = {"step": step, **program.evaluate(strategy, params)}
+            record = {"step": step, **program.evaluate(strategy, restored["params"], restored.get("model_state"))}
             writer.write(record)
             evaluated, last = evaluated + 1, step
             log.info("evaluator: step %d %s", step,
@@ -73,16 +76,16 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     return {**record, "checkpoints_evaluated": evaluated, "checkpoints_skipped": skipped, "final_step": last}
 
 
-def restore_params(checkpoints: str, step: int, abstract: dict) -> Any | None:
-    """The parameters of checkpoint `step` (a partial restore: no optimizer state is read), or None when the
-    checkpoint was deleted (max_to_keep) before or while it was read."""
+def restore_params(checkpoints: str, step: int, abstract: dict) -> dict | None:
+    """{"params": ..., and "model_state" when `abstract` has it} of checkpoint `step` (a partial restore: no
+    optimizer state is read), or None when the checkpoint was deleted (max_to_keep) before or while it was read."""
     path = os.path.join(checkpoints, str(step), "state")
     try:
         with ocp.PyTreeCheckpointer() as checkpointer:
             restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
                 item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                 partial_restore=True))
-        return restored["params"]
+        return restored
     except Exception:  # noqa: BLE001 - whatever the storage layer raised, it only matters if the files are still there
         if os.path.exists(path):
             raise

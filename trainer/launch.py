@@ -12,14 +12,13 @@ import dataclasses
 import logging
 from typing import Any
 
-from trainer import accelerators, cluster
+from trainer import cluster
 from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
-    accelerators.warn_if_unused()
     spec = cluster.from_env()
     if config.mode == "evaluate" or (spec is not None and spec.is_evaluator):
         from trainer.evaluator import evaluate_checkpoints

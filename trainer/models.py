@@ -1,4 +1,5 @@
-"""Models, each a few lines of config away: `model=mlp`, `model=cnn` (image classification),
+"""Models, each a few lines of config away: `model=mlp`, `model=cnn`, `model=resnet18` / `model=resnet50` (image
+classification; the ResNets keep BatchNorm statistics, which the trainer carries and checkpoints),
 `model=transformer` (sequence classification; an image is read as a sequence of rows) or `model=transformer_lm`
 (a decoder-only causal language model, `task=lm`)."""
 
@@ -105,7 +106,78 @@ class TransformerLM(nn.Module):
         return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
 
 
-MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer, "transformer_lm": TransformerLM}
+class ResNetBlock(nn.Module):
+    """Two 3x3 convolutions (ResNet-18/34)."""
+
+    filters: int
+    strides: int = 1
+
+    @nn.compact
+    def __call__(self, x, norm):
+        residual = x
+        y = nn.relu(norm()(nn.Conv(self.filters, (3, 3), self.strides, use_bias=False)(x)))
+        y = norm(scale_init=nn.initializers.zeros)(nn.Conv(self.filters, (3, 3), use_bias=False)(y))
+        if residual.shape != y.shape:
+            residual = norm()(nn.Conv(self.filters, (1, 1), self.strides, use_bias=False)(residual))
+        return nn.relu(residual + y)
+
+
+class BottleneckBlock(nn.Module):
+    """1x1, 3x3 (strided: ResNet v1.5), 1x1 x4 convolutions (ResNet-50/101/152)."""
+
+    filters: int
+    strides: int = 1
+
+    @nn.compact
+    def __call__(self, x, norm):
+        residual = x
+        y = nn.relu(norm()(nn.Conv(self.filters, (1, 1), use_bias=False)(x)))
+        y = nn.relu(norm()(nn.Conv(self.filters, (3, 3), self.strides, use_bias=False)(y)))
+        y = norm(scale_init=nn.initializers.zeros)(nn.Conv(self.filters * 4, (1, 1), use_bias=False)(y))
+        if residual.shape != y.shape:
+            residual = norm()(nn.Conv(self.filters * 4, (1, 1), self.strides, use_bias=False)(residual))
+        return nn.relu(residual + y)
+
+
+class ResNet(nn.Module):
+    """ResNet v1.5 as in the Flax ImageNet example and big_vision: a 7x7/2 stem and 3x3/2 max-pool, four stages
+    (64, 128, 256, 512 filters, stride 2 from the second), global average pooling, a dense head. BatchNorm keeps
+    its statistics in the "batch_stats" collection: the trainer updates them over each global batch (under every
+    synchronous strategy the step is one program over all devices, so the statistics are the global batch's),
+    checkpoints them with the parameters and evaluates with them (`train=False`). The last BatchNorm of each
+    residual branch starts at zero scale, so each block starts as the identity."""
+
+    num_classes: int
+    stage_sizes: tuple[int, ...] = (2, 2, 2, 2)
+    block: type[nn.Module] = ResNetBlock
+    num_filters: int = 64
+
+    @nn.compact
+    def __call__(self, x, train: bool = True):
+        def norm(**kwargs):
+            return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, **kwargs)
+
+        x = nn.Conv(self.num_filters, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False, name="stem")(x)
+        x = nn.relu(norm(name="stem_norm")(x))
+        x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+        for stage, blocks in enumerate(self.stage_sizes):
+            for b in range(blocks):
+                strides = 2 if stage > 0 and b == 0 else 1
+                x = self.block(self.num_filters * 2 ** stage, strides)(x, norm)
+        x = x.mean(axis=(1, 2))
+        return nn.Dense(self.num_classes, name="head")(x)
+
+
+def resnet18(num_classes: int) -> ResNet:
+    return ResNet(num_classes, (2, 2, 2, 2), ResNetBlock)
+
+
+def resnet50(num_classes: int) -> ResNet:
+    return ResNet(num_classes, (3, 4, 6, 3), BottleneckBlock)
+
+
+MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer, "transformer_lm": TransformerLM,
+          "resnet18": resnet18, "resnet50": resnet50}
 
 
 def make(spec: str, kwargs: dict[str, Any]) -> nn.Module:

@@ -184,7 +184,7 @@ class Worker:
 
         def gradients(flat, batch):
             params = jax.tree.unflatten(self._treedef, [flat[k] for k in self._names])
-            loss, grads = program.gradients(params, batch)
+            loss, grads, _ = program.gradients(params, batch)
             if clip is not None:
                 grads, _ = clip.update(grads, clip.init(grads))
             return loss, _flat(grads)
@@ -303,6 +303,10 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
 
     tx = _ps_optimizer(config)  # refuses adafactor before anything starts
     program = Program.build(config)
+    if program.has_state:
+        raise ValueError(f"model={config.model!r} keeps state besides its parameters (BatchNorm statistics), which "
+                         "asynchronous parameter-server training does not carry; use a synchronous strategy "
+                         "(mirrored, fsdp, multi_worker, ...) or a model without BatchNorm")
     flat = {k: np.asarray(v) for k, v in _flat(program.init_params()).items()}
     treedef = jax.tree.structure(program.abstract_params())
     shards = partition({k: (v.shape, v.dtype) for k, v in flat.items()}, config.num_ps, config.ps_min_shard_bytes)

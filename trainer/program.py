@@ -54,13 +54,27 @@ class Program:
         model = models.make(config.model, task.model_kwargs())
         return cls(config, task, model, _sample(data, split, task), split)
 
-    # --- parameters and optimizer --------------------------------------------------------------
+    # --- parameters, model state and optimizer ------------------------------------------------
+    def init_variables(self) -> dict[str, Any]:
+        """The model's variables: "params", and any state collections (a BatchNorm's "batch_stats")."""
+        return dict(self.model.init(jax.random.key(self.config.seed), self.task.inputs(self.sample)))
+
     def init_params(self) -> Any:
-        return self.model.init(jax.random.key(self.config.seed), self.task.inputs(self.sample))["params"]
+        return self.init_variables()["params"]
 
     def abstract_params(self) -> Any:
         """The parameters' shapes and dtypes, without computing them (what a checkpoint restore needs)."""
         return jax.eval_shape(self.init_params)
+
+    def abstract_model_state(self) -> dict[str, Any]:
+        """The shapes and dtypes of the model's state collections ({} for a model without state)."""
+        return {k: v for k, v in jax.eval_shape(self.init_variables).items() if k != "params"}
+
+    @functools.cached_property
+    def has_state(self) -> bool:
+        """Whether the model keeps state besides its parameters (BatchNorm statistics). Such a model takes
+        `train=` (batch statistics, updated, when True; the running averages when False)."""
+        return bool(self.abstract_model_state())
 
     def optimizer(self) -> optax.GradientTransformation:
         return optim.make(self.config)
@@ -68,8 +82,10 @@ class Program:
     def load_train(self, **kwargs):
         """The training batches (loader.load), with the task's features or packing."""
         c = self.config
+        augment = getattr(self.task, "augment", None)
         task_args = ({"packing": self.task.packing} if c.packing else
-                     {"features": self.task.features, "map_fn": getattr(self.task, "preprocess", None)})
+                     {"features": self.task.features, "random_map_fn": augment} if augment is not None else
+                     {"features": self.task.features, "map_fn": _preprocess(self.task)})
         options = dict(batch_size=c.batch_size, seed=c.seed, split=self.train_split, worker_count=c.data_workers,
                        **task_args)
         return loader.load(c.data, **{**options, **kwargs})
@@ -82,31 +98,49 @@ class Program:
         target = jnp.dtype(self.config.dtype)
         return jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
-    def outputs(self, params, batch):
-        outputs = self.model.apply({"params": self.compute(params)}, self.compute(self.task.inputs(batch)))
-        return jax.tree.map(lambda o: o.astype(jnp.float32), outputs)
+    def _apply(self, params, model_state, batch, train: bool):
+        """(float32 outputs, model state after the batch). A model with state runs with train=: BatchNorm
+        normalises by the batch's statistics and updates its averages when training (over the global batch: the
+        step is one jitted program over every device), by the averages otherwise."""
+        variables = {"params": self.compute(params), **(model_state or {})}
+        inputs = self.compute(self.task.inputs(batch))
+        if not model_state:
+            outputs = self.model.apply(variables, inputs)
+        elif train:
+            outputs, new_state = self.model.apply(variables, inputs, train=True, mutable=list(model_state))
+            model_state = jax.tree.map(lambda new, old: new.astype(old.dtype), dict(new_state), model_state)
+        else:
+            outputs = self.model.apply(variables, inputs, train=False)
+        return jax.tree.map(lambda o: o.astype(jnp.float32), outputs), model_state
 
-    def loss_sums(self, params, batch):
-        """(sum of the losses, sum of the weights) of a batch."""
-        return self.task.losses(self.outputs(params, batch), batch).sum(), tasks.weights(self.task, batch).sum()
+    def outputs(self, params, batch, model_state=None):
+        """The model's outputs for evaluation (BatchNorm by its running averages)."""
+        return self._apply(params, model_state, batch, train=False)[0]
 
-    def gradients(self, params, batch):
-        """(mean loss, gradient of the mean) over the batch; with grad_accum_steps=k in k micro-batches (rows i,
-        i+k, ...: every device keeps a share of each). Traced inside a jitted step."""
+    def loss_sums(self, params, batch, model_state=None):
+        """(sum of the losses, (sum of the weights, model state after the batch)) of a training batch."""
+        outputs, model_state = self._apply(params, model_state, batch, train=True)
+        return self.task.losses(outputs, batch).sum(), (tasks.weights(self.task, batch).sum(), model_state)
+
+    def gradients(self, params, batch, model_state=None):
+        """(mean loss, gradient of the mean, model state after the batch) over the batch; with grad_accum_steps=k
+        in k micro-batches (rows i, i+k, ...: every device keeps a share of each; the model state goes through
+        them in turn). Traced inside a jitted step."""
         grad_sums = jax.value_and_grad(self.loss_sums, has_aux=True)
         k = self.config.grad_accum_steps
         if k == 1:
-            (loss_sum, weight), grads = grad_sums(params, batch)
+            (loss_sum, (weight, model_state)), grads = grad_sums(params, batch, model_state)
         else:
             micro = jax.tree.map(lambda x: x.reshape((x.shape[0] // k, k) + x.shape[1:]).swapaxes(0, 1), batch)
 
             def accumulate(carry, mb):
-                (l, w), g = grad_sums(params, mb)
-                return jax.tree.map(jnp.add, carry, (g, l, w)), None
+                sums, state = carry
+                (l, (w, state)), g = grad_sums(params, mb, state)
+                return (jax.tree.map(jnp.add, sums, (g, l, w)), state), None
 
             zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros(()), jnp.zeros(()))
-            (grads, loss_sum, weight), _ = jax.lax.scan(accumulate, zeros, micro)
-        return loss_sum / weight, jax.tree.map(lambda g: g / weight, grads)
+            ((grads, loss_sum, weight), model_state), _ = jax.lax.scan(accumulate, (zeros, model_state), micro)
+        return loss_sum / weight, jax.tree.map(lambda g: g / weight, grads), model_state
 
     # --- evaluation --------------------------------------------------------------------------
     @functools.cached_property
@@ -116,22 +150,23 @@ class Program:
         task = self.task
 
         @jax.jit
-        def eval_step(params, batch, real):
-            outputs = self.outputs(params, batch)
+        def eval_step(params, model_state, batch, real):
+            outputs = self.outputs(params, batch, model_state)
             sums = {name: jnp.sum(values * real) for name, values in task.metrics(outputs, batch).items()}
             sums["loss"] = jnp.sum(task.losses(outputs, batch) * real)
             return sums, jnp.sum(tasks.weights(task, batch) * real), jnp.sum(real)
 
         return eval_step
 
-    def evaluate(self, strategy, params) -> dict[str, float]:
+    def evaluate(self, strategy, params, model_state=None) -> dict[str, float]:
         """The task's metrics and loss over one pass of eval_data (each process its rows; short batches padded
         and masked): {"eval_<metric>": mean, "eval_loss": mean, "eval_examples": count}."""
         config, task = self.config, self.task
         params = strategy.on_devices(params)
+        model_state = strategy.on_devices(model_state) if model_state else {}
         batches = loader.load(config.eval_data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
                               drop_remainder=False, split=source_split(config.eval_data, "test"),
-                              features=task.features, map_fn=getattr(task, "preprocess", None))
+                              features=task.features, map_fn=_preprocess(task))
         per_process = config.batch_size // jax.process_count()
         totals: dict[str, float] = {}
         weight = examples = 0.0
@@ -148,7 +183,7 @@ class Program:
             weights = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
             if pad:
                 batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
-            sums, w, n = self.eval_step(params, strategy.distribute(batch), strategy.distribute(weights))
+            sums, w, n = self.eval_step(params, model_state, strategy.distribute(batch), strategy.distribute(weights))
             for name, value in sums.items():
                 totals[name] = totals.get(name, 0.0) + float(value)
             weight, examples = weight + float(w), examples + float(n)
@@ -171,6 +206,18 @@ def _sample(data: str, split: str | None, task) -> dict[str, np.ndarray]:
     if missing:
         raise ValueError(f"task reads feature {missing[0]!r}, which {data} does not have; its features are "
                          f"{sorted(record)} (set image_key= / label_key= / text_key=, or the task's own keys)")
-    if not hasattr(task, "preprocess"):
-        return {f: record[f] for f in task.features}
-    return collate([task.preprocess({f: record[f][0] for f in task.features})])
+    preprocess = _preprocess(task)
+    sample = {f: record[f] for f in task.features} if preprocess is None else \
+        collate([preprocess({f: record[f][0] for f in task.features})])
+    for name, value in sample.items():
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+            hint = " (encoded images: pass image_size=, e.g. image_size=224, to decode and crop them)" \
+                if name == getattr(task, "image_key", None) else ""
+            kind = type(value[0]).__name__ if isinstance(value, list) and value else type(value).__name__
+            raise ValueError(f"feature {name!r} of {data} holds {kind} values, not numbers the model can take{hint}")
+    return sample
+
+
+def _preprocess(task):
+    """The task's per-record function for evaluation (and for training when it has no `augment`), or None."""
+    return getattr(task, "preprocess", None)

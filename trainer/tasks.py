@@ -2,7 +2,8 @@
 
 `task=classification` and `task=lm` (next-token prediction) are built in; `task=package.module:attr` names your own:
 `attr(config, specs)` must return an object with the members of `Task` below (`specs`: the data's TFDS feature
-metadata, `{}` for plain Examples); `preprocess` and `weights` are optional:
+metadata, `{}` for plain Examples); `preprocess(record)`, `augment(record, rng)` (training only, instead of
+preprocess; rng: a numpy Generator seeded per record, see loader.load's random_map_fn) and `weights` are optional:
 
     @dataclasses.dataclass(frozen=True)
     class Regression:
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from loader import images
 from trainer import imports
 from trainer.config import TrainConfig
 from trainer.models import images_to_float
@@ -74,6 +76,7 @@ class Classification:
     image_key: str
     label_key: str
     num_classes: int
+    image_size: int | None = None  # encoded images (JPEG/PNG bytes, or a TFDS Image): decode and crop to this
 
     @classmethod
     def from_config(cls, config: TrainConfig, specs: dict[str, dict]) -> Classification:
@@ -89,7 +92,7 @@ class Classification:
         if num_classes is None:
             raise ValueError(f"the data has no ClassLabel metadata for {config.label_key!r} (not a TFDS dataset, or "
                              "another feature type): pass num_classes=N")
-        return cls(config.image_key, config.label_key, num_classes)
+        return cls(config.image_key, config.label_key, num_classes, config.image_size)
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -97,6 +100,20 @@ class Classification:
 
     def model_kwargs(self) -> dict[str, Any]:
         return {"num_classes": self.num_classes}
+
+    @property
+    def augment(self):
+        """Training, with image_size: decode, Inception crop to image_size, random flip (loader.images)."""
+        if self.image_size is None:
+            return None
+        return images.RandomResizedCrop(self.image_key, size=self.image_size, output=self.image_key)
+
+    @property
+    def preprocess(self):
+        """Evaluation (and the model's sample), with image_size: decode, resize, central crop to image_size."""
+        if self.image_size is None:
+            return None
+        return images.CenterCrop(self.image_key, size=self.image_size, output=self.image_key)
 
     def inputs(self, batch):
         return images_to_float(batch[self.image_key])

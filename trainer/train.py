@@ -20,6 +20,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
+from trainer import accelerators
 from trainer import strategy as strategies
 from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter
@@ -54,6 +55,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         strategies.initialize_multi_worker(config.coordinator_address, config.num_processes, config.process_id)
     if config.strategy == "tpu" and _on_multi_host_tpu() and not jax.distributed.is_initialized():
         jax.distributed.initialize()  # a multi-host TPU slice: JAX finds the cluster from the TPU metadata
+    accelerators.warn_if_unused()  # (after jax.distributed.initialize: it must come before JAX picks a backend)
     os.makedirs(config.workdir, exist_ok=True)
     strategy = strategies.make(config.strategy, device=config.device)
     chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints
@@ -67,9 +69,12 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
 
     program = Program.build(config)
     batches = program.load_train(sharding=strategy.batch_sharding)
-    params = program.init_params()
+    variables = program.init_variables()
+    params = variables.pop("params")
     tx = program.optimizer()
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    if variables:  # the model's state (BatchNorm statistics): checkpointed with the parameters
+        state["model_state"] = variables
     state_sharding = strategy.param_sharding(state)
     state = jax.device_put(state, state_sharding)
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
@@ -81,10 +86,12 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
 
     def train_step(state, batch):
         state = strategy.on_devices(state)  # central_storage: from host memory; out_shardings put it back
-        loss, grads = program.gradients(state["params"], batch)
+        loss, grads, model_state = program.gradients(state["params"], batch, state.get("model_state"))
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
                "step": state["step"] + 1}
+        if model_state:
+            new["model_state"] = model_state
         return new, loss
 
     train_step = jax.jit(train_step, in_shardings=(state_sharding, strategy.batch_sharding),
@@ -152,7 +159,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed,
                         "host_wait_fraction": host_wait / elapsed}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
-                    last.update(program.evaluate(strategy, state["params"]))
+                    last.update(program.evaluate(strategy, state["params"], state.get("model_state")))
                 if metrics:
                     metrics.write(last)
                 evals = "".join(f"{k} {v:.4f} " for k, v in last.items() if k.startswith("eval_") and k != "eval_examples")
@@ -171,5 +178,5 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             metrics.close()
         mngr.close()
     # --- summary ----------------------------------------------------------------------------
-    final = program.evaluate(strategy, state["params"]) if config.eval_data else {}
+    final = program.evaluate(strategy, state["params"], state.get("model_state")) if config.eval_data else {}
     return {**last, **final, "preempted": False, "final_step": config.steps}
