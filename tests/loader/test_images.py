@@ -1,5 +1,6 @@
 """loader.images and random_map_fn: decode, crops, per-record randomness through the loader, bad images."""
 
+import contextlib
 import os
 import re
 import signal
@@ -13,7 +14,7 @@ import pytest
 
 import loader
 from loader import images
-from loader.pipeline import record_rng
+from loader.batches import record_rng
 from tests.conftest import REPO
 
 # Pinned: a change to the crop sampling or to the per-record seeding fails here loudly.
@@ -230,6 +231,7 @@ def test_workers_exit_when_their_owner_is_killed(photos, tmp_path):
     script.write_text(OWNER)
     owner = subprocess.Popen([sys.executable, str(script), str(photos)], cwd=REPO, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    children = []
     try:
         assert int(owner.stdout.readline()) == owner.pid
         children = psutil.Process(owner.pid).children(recursive=True)
@@ -242,11 +244,11 @@ def test_workers_exit_when_their_owner_is_killed(photos, tmp_path):
             alive = [c for c in alive if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
             time.sleep(0.2)
         assert not alive, f"still alive 15 s after their owner was killed: {[c.cmdline()[:3] for c in alive]}"
-    finally:
-        for child in psutil.Process().children(recursive=True):
-            if child.pid != os.getpid():
-                child.kill()
+    finally:  # only the owner's own processes: this test process has others (the session's GCS emulator)
         owner.kill()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
 
 
 def test_image_ops_import_nothing_heavy():
