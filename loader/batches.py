@@ -73,16 +73,15 @@ class BatchPlan:
     def host_positions_range(self, first_batch: int, end_batch: int) -> list[np.ndarray]:
         """Per batch k in [first_batch, end_batch), the positions of this host's rows (position p is record
         `indices_at(p)` of epoch `p // num_records`)."""
-        if not 0 <= first_batch < end_batch <= self.num_batches:
-            raise IndexError(f"batches [{first_batch}, {end_batch}) are outside [0, {self.num_batches})")
-        ks = np.arange(first_batch, end_batch, dtype=np.int64)
-        starts = ks * self.batch_size + self.shard_index * self.per_host
-        positions = (starts[:, None] + np.arange(self.per_host, dtype=np.int64)[None, :]).ravel()
-        if self.num_epochs is not None:  # the last batch may be partial (drop_remainder=False)
-            positions = positions[positions < self.num_epochs * self.num_records]
-        counts = np.clip(self.num_epochs * self.num_records - starts, 0, self.per_host) if self.num_epochs is not None \
-            else np.full(len(ks), self.per_host)
-        return np.split(positions, np.cumsum(counts)[:-1])
+        total = None if self.num_epochs is None else self.num_epochs * self.num_records
+        return host_rows(first_batch, end_batch, self.batch_size, self.shard_index, self.shard_count,
+                         self.num_batches, total)
+
+    def record_rngs(self, positions: np.ndarray) -> list[np.random.Generator]:
+        """For `random_map_fn`: a generator per position from (seed, epoch, record) alone."""
+        positions = np.asarray(positions, dtype=np.int64)
+        return [record_rng(self.seed, int(p), int(i))
+                for p, i in zip(positions // self.num_records, self.indices_at(positions))]
 
     def indices_at(self, positions: np.ndarray) -> np.ndarray:
         """The global record index at each position."""
@@ -94,3 +93,25 @@ class BatchPlan:
             mask = epochs == epoch
             out[mask] = self._permutation(int(epoch))(positions[mask] % self.num_records)
         return out
+
+
+def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator `random_map_fn` gets for global record `index` in `epoch`: a function of these alone."""
+    return np.random.default_rng((seed, epoch, index))
+
+
+def host_rows(first_batch: int, end_batch: int, batch_size: int, shard_index: int, shard_count: int,
+              num_batches: int, total: int | None) -> list[np.ndarray]:
+    """Per global batch k in [first_batch, end_batch), this host's positions of the stream: rows
+    [k*B + i*B/n, k*B + (i+1)*B/n) for host i of n, cut at `total` positions (a partial last batch)."""
+    if not 0 <= first_batch < end_batch <= num_batches:
+        raise IndexError(f"batches [{first_batch}, {end_batch}) are outside [0, {num_batches})")
+    per_host = batch_size // shard_count
+    ks = np.arange(first_batch, end_batch, dtype=np.int64)
+    starts = ks * batch_size + shard_index * per_host
+    positions = (starts[:, None] + np.arange(per_host, dtype=np.int64)[None, :]).ravel()
+    if total is None:
+        return np.split(positions, np.arange(1, len(ks)) * per_host)
+    positions = positions[positions < total]  # the last batch may be partial (drop_remainder=False)
+    counts = np.clip(total - starts, 0, per_host)
+    return np.split(positions, np.cumsum(counts)[:-1])

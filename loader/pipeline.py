@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import grain
@@ -39,6 +39,7 @@ import numpy as np
 
 from loader.batches import BatchPlan
 from loader.decode import Decoder, collate, make_decoder
+from loader import mixture
 from loader.device import DevicePrefetcher
 from loader.packing import PackedLoader, Packing
 from loader.reader import BatchReader
@@ -47,6 +48,7 @@ from loader.source import ShardedSource, resolve
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+COMPONENT_KEY = "component"  # in a mixture's batches: each row's component, an index into Loader.components
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +58,7 @@ class LoaderConfig:
     batch_size: int
     seed: int = 0
     shuffle: bool = True
-    num_epochs: int | None = None
+    num_epochs: int | None = None  # a mixture: one for all components or {name: epochs}; it ends when one runs out
     drop_remainder: bool = True
     shard_index: int | None = None  # default: jax.process_index() when JAX is in use, else 0
     shard_count: int | None = None  # default: jax.process_count() when JAX is in use, else 1
@@ -68,6 +70,7 @@ class LoaderConfig:
     # so the same record in the same epoch gets the same draw on any host count, worker count, and after a resume.
     random_map_fn: Callable[[Any, np.random.Generator], Any] | None = None
     split: str | None = None  # for TFDS sources; default "train"
+    weights: Mapping[str, float] | None = None  # a mixture's weight per component (loader/mixture.py)
     worker_count: int = 0  # grain worker processes (0: none, reads run in this process)
     num_threads: int = 2  # prefetch threads per process (reads and decompression release the GIL)
     prefetch: int = 2  # reads (groups of batches) ahead; raised to num_threads, 0: none
@@ -197,10 +200,20 @@ class _ReadGroup:
                 part = slice(offset, offset + len(rows))
                 offset += len(rows)
                 if columns is not None and len(rows):
-                    batches.append({key: column[part] for key, column in columns.items()})
+                    batch = {key: column[part] for key, column in columns.items()}
                 else:
-                    batches.append(self._finish(run_records[part], rows, positions[len(batches)]))
+                    batch = self._finish(run_records[part], rows, positions[len(batches)])
+                batches.append(self._labelled(batch, positions[len(batches)]))
         return batches
+
+    def _labelled(self, batch, positions: np.ndarray):
+        """A mixture's decoded batch gains COMPONENT_KEY: each row's component (its index in the mixture)."""
+        if not isinstance(self._plan, mixture.MixturePlan) or not isinstance(batch, dict):
+            return batch
+        if COMPONENT_KEY in batch:
+            raise ValueError(f"the mixture's records have a feature named {COMPONENT_KEY!r}, the key that says each "
+                             "row's component; rename the feature, or select features= without it")
+        return {**batch, COMPONENT_KEY: self._plan.components_at(positions)}
 
     def _decode_run(self, records: list[bytes]) -> dict | None:
         """Consecutive batches decoded at once (the batches are slices of it), when the decoder can."""
@@ -221,9 +234,8 @@ class _ReadGroup:
         if self._map_fn is not None:
             items = [self._mapped(self._map_fn, i, item) for item, i in zip(items, indices)]
         if self._random_map_fn is not None:
-            seed, n = self._plan.seed, self._plan.num_records
-            items = [self._mapped(self._random_map_fn, i, item, record_rng(seed, int(p) // n, int(i)))
-                     for item, i, p in zip(items, indices, positions)]
+            items = [self._mapped(self._random_map_fn, i, item, rng)
+                     for item, i, rng in zip(items, indices, self._plan.record_rngs(positions))]
         return collate(items)
 
     def _where(self, index: int) -> str:
@@ -243,11 +255,6 @@ class _ReadGroup:
         except Exception as e:  # noqa: BLE001 - re-raised with the shard and record named
             raise ValueError(f"{self._where(index)}: {getattr(fn, '__name__', type(fn).__name__)} failed "
                              f"({type(e).__name__}: {e})") from e
-
-
-def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The generator `random_map_fn` gets for global record `index` in `epoch`: a function of these alone."""
-    return np.random.default_rng((seed, epoch, index))
 
 
 def _pack(records: list[bytes], counts: list[int]) -> dict:
@@ -274,13 +281,22 @@ def _unpack(group: dict) -> list[list[bytes]]:
 class Loader:
     """An iterable of batches; each `iter()` starts at batch 0 (use `set_state` to resume)."""
 
-    def __init__(self, source: str | ShardedSource, config: LoaderConfig):
+    def __init__(self, source: str | ShardedSource | Mapping[str, str | ShardedSource], config: LoaderConfig):
         self.config = config
-        self.source = source if isinstance(source, ShardedSource) else resolve(
-            source, split=config.split, allow_incomplete=config.allow_incomplete)
         shard_index, shard_count = _host_shard(config)
-        self.plan = BatchPlan(len(self.source), config.batch_size, config.seed, config.shuffle, config.num_epochs,
-                              config.drop_remainder, shard_index, shard_count)
+        if isinstance(source, Mapping):
+            self.components, self.source, self.plan = _mixture(source, config, shard_index, shard_count)
+        else:
+            if config.weights is not None:
+                raise ValueError("weights= is for a mixture: pass the sources as {name: source} (one source takes no "
+                                 "weights)")
+            if isinstance(config.num_epochs, Mapping):
+                raise ValueError(f"num_epochs={dict(config.num_epochs)} names components, but the source is not a "
+                                 "mixture; pass one number")
+            self.components = None
+            self.source = _resolved(source, config)
+            self.plan = BatchPlan(len(self.source), config.batch_size, config.seed, config.shuffle, config.num_epochs,
+                                  config.drop_remainder, shard_index, shard_count)
         map_fn = config.map_fn or config.random_map_fn
         self._decoder = make_decoder(config.decode, self.source.features_dir, config.features,
                                      tuple(getattr(map_fn, "encoded_features", ())))
@@ -303,9 +319,9 @@ class Loader:
     def __iter__(self) -> LoaderIterator:
         return LoaderIterator(self)
 
-    def _dataset(self, start: int) -> grain.IterDataset:
+    def _dataset(self, start: int, plan=None) -> grain.IterDataset:
         """Groups of batches from global batch `start` on (each element: a list of batches)."""
-        read_group = _ReadGroup(self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
+        read_group = _ReadGroup(plan or self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
                                 self.batches_per_read, pack=self.config.worker_count > 0,
                                 random_map_fn=self.config.random_map_fn)
         ds = (
@@ -326,8 +342,11 @@ class Loader:
         return max(self.config.prefetch, self.num_threads) if self.config.prefetch else 0
 
     def state_key(self) -> dict:
-        """What a saved state must agree with to be restored here (the host/worker counts may differ)."""
+        """What a saved state must agree with to be restored here (the host/worker counts may differ). A mixture's
+        is in its state's "mixture" entry (MixturePlan.restored)."""
         plan = self.plan
+        if self.components is not None:
+            return {}
         return {"num_records": plan.num_records, "batch_size": plan.batch_size, "seed": plan.seed,
                 "shuffle": plan.shuffle, "num_epochs": plan.num_epochs, "drop_remainder": plan.drop_remainder}
 
@@ -410,6 +429,7 @@ class LoaderIterator(Iterator):
 
     def __init__(self, loader: Loader, start: int = 0):
         self._loader = loader
+        self._plan = loader.plan  # a restored mixture state may continue on a plan of its own
         self._next = start
         self._prefetcher: DevicePrefetcher | None = None
         self._restart(start)
@@ -417,7 +437,7 @@ class LoaderIterator(Iterator):
 
     def _restart(self, start: int) -> None:
         self.close()
-        self._host = _HostBatches(iter(self._loader._dataset(start)))
+        self._host = _HostBatches(iter(self._loader._dataset(start, self._plan)))
         sharding = self._loader.config.sharding
         if sharding is not None:
             self._prefetcher = DevicePrefetcher(self._host.next, sharding, self._loader.config.device_prefetch)
@@ -441,23 +461,33 @@ class LoaderIterator(Iterator):
         self.close()
 
     def get_state(self) -> dict:
-        return {"version": STATE_VERSION, "next_batch": self._next, **self._loader.state_key()}
+        state = {"version": STATE_VERSION, "next_batch": self._next, **self._loader.state_key()}
+        if self._loader.components is not None:
+            state["mixture"] = self._plan.state(self._next)
+        return state
 
     def set_state(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by "
                              "another version of the loader")
+        if (self._loader.components is None) != ("mixture" not in state):
+            raise ValueError("cannot restore loader state: it was saved by a "
+                             f"{'mixture' if 'mixture' in state else 'single-source loader'} and this loader "
+                             f"{'is a mixture' if self._loader.components is not None else 'has one source'}")
         key = self._loader.state_key()
         mismatched = {k: (state.get(k), v) for k, v in key.items() if state.get(k) != v}
         if mismatched:
             detail = ", ".join(f"{k}: saved {saved!r}, now {now!r}" for k, (saved, now) in mismatched.items())
             raise ValueError(f"cannot restore loader state: {detail}; restore with the same dataset and options")
         self._next = int(state["next_batch"])
+        if "mixture" in state:
+            self._plan = self._loader.plan.restored(state["mixture"], self._next)
         self._restart(self._next)
 
 
-def load(source: str | ShardedSource, *, batch_size: int, **options) -> Loader:
-    """Batches from `source` (see module doc). Options: the fields of `LoaderConfig`."""
+def load(source: str | ShardedSource | Mapping[str, str | ShardedSource], *, batch_size: int, **options) -> Loader:
+    """Batches from `source` (see module doc), or from a mixture {name: source} with weights={name: weight}
+    (loader/mixture.py). Options: the fields of `LoaderConfig`."""
     unknown = set(options) - {f.name for f in dataclasses.fields(LoaderConfig)}
     if unknown:
         raise TypeError(f"load() got unknown options {sorted(unknown)}; the options are "
@@ -466,8 +496,48 @@ def load(source: str | ShardedSource, *, batch_size: int, **options) -> Loader:
     return _packed(source, config) if config.packing is not None else Loader(source, config)
 
 
+def _resolved(source: str | ShardedSource, config: LoaderConfig) -> ShardedSource:
+    return source if isinstance(source, ShardedSource) else resolve(source, split=config.split,
+                                                                    allow_incomplete=config.allow_incomplete)
+
+
+def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_count: int):
+    """(names, the components' shards end to end, the MixturePlan) for a mapping of name -> source."""
+    names = tuple(sources)
+    if not names:
+        raise ValueError("the mixture has no components; pass {name: source, ...}")
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise ValueError(f"mixture component names must be non-empty strings (got {bad!r})")
+    weights = mixture.check_weights(names, config.weights)
+    resolved = {}
+    for name, source in sources.items():
+        try:
+            resolved[name] = _resolved(source, config)
+        except (ValueError, FileNotFoundError) as e:
+            raise type(e)(f"mixture component {name!r}: {e}") from None
+    features = {name: s.features_dir for name, s in resolved.items()}
+    if len(set(features.values())) > 1 and len({mixture.features_text(d) for d in features.values()}) > 1:
+        raise ValueError(f"the mixture's components have different TFDS features ({features}); the loader decodes "
+                         "them alike, so mix datasets with the same features, or convert them to tf.Examples")
+    epochs = config.num_epochs
+    if isinstance(epochs, Mapping):
+        unknown = sorted(set(epochs) - set(names))
+        if unknown:
+            raise ValueError(f"num_epochs names {unknown}, which are not components of the mixture {list(names)}")
+        epochs = tuple(epochs.get(n) for n in names)
+    elif epochs is not None:
+        epochs = (epochs,) * len(names)
+    plan = mixture.MixturePlan(names, tuple(len(s) for s in resolved.values()), tuple(weights.values()),
+                               config.batch_size, config.seed, config.shuffle, epochs, config.drop_remainder,
+                               shard_index, shard_count)
+    return names, mixture.concatenate(resolved), plan
+
+
 def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     """A loader of packed rows (loader/packing.py): the same source, reader, decoder and host sharding."""
+    if isinstance(source, Mapping):
+        raise ValueError("packing= does not take a mixture yet; pack each component's text, or mix without packing")
     if config.map_fn is not None or config.random_map_fn is not None or config.worker_count or \
             not config.drop_remainder:
         raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn=, "
