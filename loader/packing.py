@@ -43,6 +43,8 @@ class Packing:
     feature: str
     seq_len: int
     tokenize: Callable[[Any], np.ndarray]
+    # Optional: many values at once (a tokenizer's batch call, in native threads); used in place of `tokenize`.
+    tokenize_batch: Callable[[list], list[np.ndarray]] | None = None
 
     def __post_init__(self):
         if self.seq_len < 1:
@@ -165,7 +167,10 @@ class PackedLoader:
         self.plan.rows(0)  # now, before reader threads would race to compute it
 
     def _ids(self, records: list[bytes]) -> list[np.ndarray]:
-        return [np.asarray(self.packing.tokenize(self._decoder(r)[self.packing.feature])) for r in records]
+        values = [self._decoder(r)[self.packing.feature] for r in records]
+        if self.packing.tokenize_batch is not None:
+            return [np.asarray(ids) for ids in self.packing.tokenize_batch(values)]
+        return [np.asarray(self.packing.tokenize(v)) for v in values]
 
     def _lengths(self) -> np.ndarray:
         started, n = time.monotonic(), len(self.source)

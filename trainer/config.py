@@ -61,7 +61,8 @@ class TrainConfig:
     label_key: str = "label"
     text_key: str = "text"  # lm: the token-sequence feature (int64 ids, or text read as UTF-8 bytes)
     seq_len: int = 256  # lm: tokens per row
-    vocab_size: int | None = None  # lm over int64 ids (byte-level text: 258)
+    vocab_size: int | None = None  # lm over int64 ids (byte-level text: 258; with a tokenizer: its vocabulary)
+    tokenizer: str | None = None  # lm: a SentencePiece .model or a Hugging Face tokenizer.json to tokenise text with
     packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/packing.py); eval pads
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
     log_every: int = 50

@@ -134,7 +134,8 @@ BYTE_VOCAB = 256 + BYTE_OFFSET
 class LanguageModel:
     """Next-token prediction over a token-sequence feature `text_key`, padded to `seq_len` with a mask.
 
-    A bytes/string feature is read as UTF-8 bytes (vocabulary 256 + PAD + BOS; eval also reports bits per byte);
+    A bytes/string feature is read as UTF-8 bytes (vocabulary 256 + PAD + BOS; eval also reports bits per byte),
+    or tokenised by `tokenizer=` (a SentencePiece .model or a Hugging Face tokenizer.json: trainer/tokenizer.py);
     an int64 sequence feature is taken as token ids (vocab_size= from the config). An example longer than
     seq_len is cut to its first seq_len targets.
     """
@@ -143,6 +144,7 @@ class LanguageModel:
     seq_len: int
     vocab_size: int
     byte_level: bool
+    tokenizer: Any = None
 
     @classmethod
     def from_config(cls, config: TrainConfig, specs: dict[str, dict]) -> LanguageModel:
@@ -154,6 +156,18 @@ class LanguageModel:
         if spec is not None and not byte_level and spec.get("dtype") not in ("int64", "int32", None):
             raise ValueError(f"task=lm needs a token-sequence feature (int64 ids, or text read as bytes), but "
                              f"{config.text_key!r} is {spec['type']} of {spec.get('dtype')}")
+        if config.tokenizer is not None:
+            from trainer import tokenizer
+
+            if not byte_level:
+                raise ValueError(f"tokenizer={config.tokenizer} tokenises text, but {config.text_key!r} holds token ids "
+                                 "already; drop tokenizer= (and pass vocab_size=)")
+            tok = tokenizer.load(config.tokenizer)
+            if config.vocab_size is not None and config.vocab_size < tok.vocab_size:
+                raise ValueError(f"vocab_size={config.vocab_size} is below the vocabulary of tokenizer="
+                                 f"{config.tokenizer} ({tok.vocab_size}); leave vocab_size unset to take the "
+                                 "tokenizer's")
+            return cls(config.text_key, config.seq_len, config.vocab_size or tok.vocab_size, False, tok)
         vocab_size = BYTE_VOCAB if byte_level and config.vocab_size is None else config.vocab_size
         if vocab_size is None:
             raise ValueError(f"{config.text_key!r} holds token ids: pass vocab_size=N (ids must be < N)")
@@ -171,14 +185,22 @@ class LanguageModel:
         """Packed rows for training (`packing=true`): the loader packs this task's token ids into rows."""
         import loader
 
-        return loader.Packing(self.text_key, self.seq_len, self.tokenize)
+        return loader.Packing(self.text_key, self.seq_len, self.tokenize,
+                              self.tokenize_batch if self.tokenizer is not None else None)
+
+    def tokenize_batch(self, values: list) -> list[np.ndarray]:
+        """Many values' token ids: one call of the tokenizer (native threads, no GIL), or `tokenize` each."""
+        if self.tokenizer is None:
+            return [self.tokenize(v) for v in values]
+        return self.tokenizer.encode_batch([_text(v) for v in values])
 
     def tokenize(self, value) -> np.ndarray:
-        """The feature's token ids: BOS + each byte + BYTE_OFFSET for text, the ids themselves for int sequences."""
+        """The feature's token ids: the tokenizer's for text when there is one, else BOS + each byte + BYTE_OFFSET;
+        the ids themselves for int sequences."""
         if isinstance(value, (bytes, str, np.bytes_)) or (isinstance(value, np.ndarray) and value.dtype == object):
-            if not isinstance(value, (bytes, str, np.bytes_)):
-                value = b"".join(value.tolist())
-            data = value.encode() if isinstance(value, str) else bytes(value)
+            if self.tokenizer is not None:
+                return self.tokenizer.encode_batch([_text(value)])[0]
+            data = _text(value)
             return np.concatenate([[BOS], np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET])
         array = np.asarray(value)
         if array.dtype.kind not in "iu":
@@ -215,6 +237,13 @@ class LanguageModel:
         if not self.byte_level:
             return {}
         return {"bits_per_byte": self.losses(outputs, batch) / np.log(2)}
+
+
+def _text(value) -> bytes:
+    """A text feature's bytes (a decoded tf.Example gives a one-element object array)."""
+    if isinstance(value, np.ndarray):
+        value = b"".join(value.tolist())
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 TASKS = {"classification": Classification.from_config, "lm": LanguageModel.from_config}
