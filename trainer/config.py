@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import types
 import typing
 
@@ -20,9 +21,10 @@ DTYPES = ("float32", "bfloat16")
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    data: str  # anything loader.load takes
+    data: str  # anything loader.load takes, or a mixture NAME=PATH,NAME=PATH (a {name: path} in a config file)
     workdir: str
-    eval_data: str | None = None
+    eval_data: str | None = None  # a path, or NAME=PATH,...: then eval_<name>_loss per component too
+    weights: str | None = None  # a mixture's weights NAME=W,NAME=W (a {name: weight} in a config file)
     task: str = "classification"  # or package.module:attr, your own (trainer/tasks.py)
     model: str = "cnn"  # mlp, cnn, transformer, resnet18, resnet50, or package.module:attr naming a flax.linen.Module
     mode: str = "train"  # or evaluate: the sidecar evaluator (trainer/evaluator.py; also TF_CONFIG type "evaluator")
@@ -74,6 +76,27 @@ class TrainConfig:
     in_memory_batches: int = 0
 
     @property
+    def data_source(self) -> str | dict[str, str]:
+        """`data` for loader.load: a path, or a mixture's {name: path}."""
+        return mixture_of(self.data, "data")
+
+    @property
+    def eval_source(self) -> str | dict[str, str] | None:
+        return None if self.eval_data is None else mixture_of(self.eval_data, "eval_data")
+
+    @property
+    def data_weights(self) -> dict[str, float] | None:
+        if self.weights is None or isinstance(self.weights, dict):
+            return self.weights
+        weights = {}
+        for name, value in _pairs(self.weights, "weights").items():
+            try:
+                weights[name] = float(value)
+            except ValueError:
+                raise ValueError(f"weights: {name}={value!r} is not a number; e.g. weights=web=0.7,code=0.3") from None
+        return weights
+
+    @property
     def checkpoint_dir(self) -> str:
         """WORKDIR/checkpoints, absolute (as orbax wants it): the trainers write it, the evaluator reads it."""
         return os.path.abspath(os.path.join(self.workdir, "checkpoints"))
@@ -108,6 +131,15 @@ class TrainConfig:
         if self.grad_accum_steps < 1 or self.batch_size % self.grad_accum_steps:
             raise ValueError(f"grad_accum_steps={self.grad_accum_steps} must be >= 1 and divide batch_size="
                              f"{self.batch_size}")
+        data, weights = self.data_source, self.data_weights
+        if isinstance(data, dict) and self.mode == "train":  # (the evaluator reads eval_data only)
+            from loader.mixture import check_weights
+
+            check_weights(tuple(data), weights)  # one line for missing, unknown, negative or all-zero weights
+        elif weights is not None:
+            raise ValueError("weights= goes with a mixture, data=NAME=PATH,NAME=PATH (e.g. data=web=out/web,"
+                             "code=out/code weights=web=0.7,code=0.3)")
+        self.eval_source  # noqa: B018 - parses, or names what is wrong
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}")
 
@@ -147,3 +179,31 @@ def _coerce(key: str, value, annotation):
         except ValueError:
             continue
     raise ValueError(f"{key}={value!r} is not a valid {' or '.join(o.__name__ for o in options)}")
+
+
+_NAME = re.compile(r"[A-Za-z_][\w.-]*=")
+
+
+def mixture_of(value: str | dict, key: str) -> str | dict[str, str]:
+    """A path as it is; NAME=PATH,NAME=PATH (or a config file's {name: path}) as a mixture's {name: path}."""
+    if isinstance(value, dict):
+        return dict(value)
+    items = value.split(",")
+    if not all(_NAME.match(item) for item in items):
+        if any(_NAME.match(item) for item in items) or "," in value and "=" in value:
+            raise ValueError(f"{key}={value!r} mixes NAME=PATH items with plain paths; a mixture is "
+                             f"{key}=web=out/web,code=out/code")
+        return value
+    return _pairs(value, key)
+
+
+def _pairs(text: str, key: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"{key}={text!r}: {item!r} is not NAME=VALUE (e.g. {key}=web=...,code=...)")
+        if name in pairs:
+            raise ValueError(f"{key}={text!r} names {name!r} twice")
+        pairs[name] = value
+    return pairs

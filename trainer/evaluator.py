@@ -33,7 +33,7 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     if not config.eval_data:
         raise ValueError("mode=evaluate needs eval_data= (the data each checkpoint is evaluated on)")
     accelerators.warn_if_unused()
-    program = Program.build(config, data=config.eval_data)
+    program = Program.build(config, data=config.eval_source)
     # The evaluator's own devices: the training strategy where it is a local one, else all local devices.
     strategy = strategies.make(config.strategy if config.strategy in _LOCAL_STRATEGIES else "mirrored",
                                device=config.device)

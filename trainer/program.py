@@ -44,9 +44,10 @@ class Program:
     def build(cls, config: TrainConfig, data: str | None = None) -> Program:
         """The task and model of `config`, shaped by the first record of `data` (default: config.data; the
         evaluator passes eval_data)."""
-        data = data or config.data
-        split = config.split if data == config.data else None
-        split = split or source_split(data, "train" if data == config.data else "test")
+        data = first_source(data or config.data_source)  # a mixture's components are alike: its first shapes the model
+        training = data == first_source(config.data_source)
+        split = config.split if training else None
+        split = split or source_split(data, "train" if training else "test")
         task = tasks.make(config, _feature_specs(data))
         if config.packing and not hasattr(task, "packing"):
             raise ValueError(f"packing=true needs a task that packs token sequences (task=lm); task={config.task!r} "
@@ -88,7 +89,9 @@ class Program:
                      {"features": self.task.features, "map_fn": _preprocess(self.task)})
         options = dict(batch_size=c.batch_size, seed=c.seed, split=self.train_split, worker_count=c.data_workers,
                        **task_args)
-        return loader.load(c.data, **{**options, **kwargs})
+        if isinstance(c.data_source, dict):  # TFDS components default to their train split
+            options.update(split=c.split, weights=c.data_weights)
+        return loader.load(c.data_source, **{**options, **kwargs})
 
     # --- the step's math ---------------------------------------------------------------------
     def compute(self, tree: Any) -> Any:
@@ -160,12 +163,26 @@ class Program:
 
     def evaluate(self, strategy, params, model_state=None) -> dict[str, float]:
         """The task's metrics and loss over one pass of eval_data (each process its rows; short batches padded
-        and masked): {"eval_<metric>": mean, "eval_loss": mean, "eval_examples": count}."""
-        config, task = self.config, self.task
+        and masked): {"eval_<metric>": mean, "eval_loss": mean, "eval_examples": count}. For a mixture of eval
+        components, each one's too ("eval_<name>_loss", ...), and the overall means over all their examples."""
         params = strategy.on_devices(params)
         model_state = strategy.on_devices(model_state) if model_state else {}
-        batches = loader.load(config.eval_data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                              drop_remainder=False, split=source_split(config.eval_data, "test"),
+        source = self.config.eval_source
+        if isinstance(source, str):
+            return _means(*self._eval_sums(strategy, params, model_state, source))
+        out, totals, weight, examples = {}, {}, 0.0, 0.0
+        for name, path in source.items():
+            sums, w, n = self._eval_sums(strategy, params, model_state, path)
+            out.update({f"eval_{name}_{k[len('eval_'):]}": v for k, v in _means(sums, w, n).items()})
+            totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
+            weight, examples = weight + w, examples + n
+        return {**_means(totals, weight, examples), **out}
+
+    def _eval_sums(self, strategy, params, model_state, data: str) -> tuple[dict[str, float], float, float]:
+        """(summed metrics, summed weights, examples) over one pass of `data`."""
+        config, task = self.config, self.task
+        batches = loader.load(data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
+                              drop_remainder=False, split=source_split(data, "test"),
                               features=task.features, map_fn=_preprocess(task))
         per_process = config.batch_size // jax.process_count()
         totals: dict[str, float] = {}
@@ -187,8 +204,17 @@ class Program:
             for name, value in sums.items():
                 totals[name] = totals.get(name, 0.0) + float(value)
             weight, examples = weight + float(w), examples + float(n)
-        return {**{f"eval_{name}": value / weight for name, value in sorted(totals.items())},
-                "eval_examples": int(examples)}
+        return totals, weight, examples
+
+
+def _means(totals: dict[str, float], weight: float, examples: float) -> dict[str, float]:
+    return {**{f"eval_{name}": value / weight for name, value in sorted(totals.items())},
+            "eval_examples": int(examples)}
+
+
+def first_source(data: str | dict[str, str]) -> str:
+    """A path as it is; a mixture's first component."""
+    return next(iter(data.values())) if isinstance(data, dict) else data
 
 
 def _feature_specs(data: str) -> dict[str, dict]:

@@ -157,7 +157,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                         "examples_per_sec": len(values) * config.batch_size / elapsed,
                         "examples_per_sec_per_device": len(values) * config.batch_size / elapsed / replicas,
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed,
-                        "host_wait_fraction": host_wait / elapsed}
+                        "host_wait_fraction": host_wait / elapsed, **_component_rows(it)}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
                     last.update(program.evaluate(strategy, state["params"], state.get("model_state")))
                 if metrics:
@@ -180,3 +180,9 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     # --- summary ----------------------------------------------------------------------------
     final = program.evaluate(strategy, state["params"], state.get("model_state")) if config.eval_data else {}
     return {**last, **final, "preempted": False, "final_step": config.steps}
+
+
+def _component_rows(it) -> dict[str, int]:
+    """A mixture's rows taken from each component so far ("rows_<name>"), from the loader's state."""
+    state = it.get_state() if hasattr(it, "get_state") else {}
+    return {f"rows_{name}": c["rows"] for name, c in state.get("mixture", {}).get("components", {}).items()}

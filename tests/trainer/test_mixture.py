@@ -1,0 +1,50 @@
+"""Training on a mixture: rows per component in metrics.jsonl, eval per component, new weights on resume."""
+
+import json
+
+import pytest
+
+from tests.trainer.conftest import run_trainer
+
+
+def _metrics(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_mixture_trains_reports_rows_per_component_and_takes_new_weights_on_resume(digits, tmp_path):
+    common = (f"data=a={digits['train']},b={digits['test']}", f"eval_data=a={digits['test']},b={digits['train']}",
+              f"workdir={tmp_path}", "model=mlp", "num_classes=10", "batch_size=32", "log_every=10",
+              "eval_every=20", "checkpoint_every=20")
+    first = run_trainer(*common, "weights=a=0.75,b=0.25", "steps=20")
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads(first.stdout)["summary"]
+    assert {k for k in summary if k.startswith("eval_") and k.endswith("loss")} == \
+        {"eval_loss", "eval_a_loss", "eval_b_loss"}
+    n_a, n_b = summary["eval_a_examples"], summary["eval_b_examples"]
+    assert summary["eval_examples"] == n_a + n_b
+    assert summary["eval_loss"] == pytest.approx((summary["eval_a_loss"] * n_a + summary["eval_b_loss"] * n_b)
+                                                 / (n_a + n_b), rel=1e-4)
+    second = run_trainer(*common, "weights=a=0.5,b=0.5", "steps=30")  # resumes at step 20 under new weights
+    assert second.returncode == 0, second.stderr[-3000:]
+    rows = [(r["step"], r["rows_a"], r["rows_b"]) for r in _metrics(tmp_path) if "rows_a" in r]
+    assert rows == [(10, 240, 80), (20, 480, 160), (30, 640, 320)]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("weights=a=1",), "error: weights do not match the mixture's components ['a', 'b']: no weight for ['b']"),
+    (("weights=a=1,b=-1",), "error: weights['b'] = -1.0 is negative; weights must be >= 0"),
+    (("weights=a=0,b=0",), "error: all weights are 0"),
+    ((), "error: a mixture of ['a', 'b'] needs weights="),
+])
+def test_bad_mixture_settings_are_one_line_and_exit_2(digits, tmp_path, overrides, message):
+    proc = run_trainer(f"data=a={digits['train']},b={digits['test']}", f"workdir={tmp_path}", "model=mlp",
+                       "num_classes=10", "steps=1", *overrides)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_an_empty_component_is_one_line(digits, tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = run_trainer(f"data=a={digits['train']},b={tmp_path / 'empty'}", "weights=a=1,b=1",
+                       f"workdir={tmp_path / 'w'}", "model=mlp", "num_classes=10", "steps=1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"error: mixture component 'b': {tmp_path / 'empty'} has neither manifest.json" in proc.stderr
