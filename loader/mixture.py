@@ -184,10 +184,11 @@ class MixturePlan:
         sizes = np.asarray(self.sizes, np.int64)[component]
         epoch, position = np.divmod(j, sizes)
         record = position.copy()
-        if self.shuffle:
-            for c, e in {(int(c), int(e)) for c, e in zip(component, epoch)}:
-                mask = (component == c) & (epoch == e)
-                record[mask] = self._permutation(c, e)(position[mask])
+        if self.shuffle:  # one permutation call per (component, epoch) present
+            keys = component.astype(np.int64) << 40 | epoch
+            for key in np.unique(keys).tolist():
+                mask = keys == key
+                record[mask] = self._permutation(key >> 40, key & ((1 << 40) - 1))(position[mask])
         return component, epoch, record
 
     @functools.lru_cache(maxsize=16)
