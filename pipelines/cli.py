@@ -129,13 +129,9 @@ def make_demo_main(argv: list[str]) -> int:
                                 description="Write a demo dataset as TFRecord shards of tf.train.Example: scikit-learn's "
                                             "digits (image, label), the digits as JPEG files in the ImageNet layout "
                                             "(digits-jpeg), ImageNet-like JPEG photos (photos), or the Python "
-                                            "standard library's sources (text); or a tokenizer trained offline "
-                                            "on that text (bpe: tokenizer.json, sentencepiece: spm.model).")
+                                            "standard library's sources (text).")
     p.add_argument("--output", required=True)
-    p.add_argument("--kind", choices=("digits", "digits-jpeg", "photos", "text", "bpe", "sentencepiece"),
-                   default="digits")
-    p.add_argument("--vocab_size", "--vocab-size", dest="vocab_size", type=int, default=1024,
-                   help="bpe, sentencepiece: the vocabulary (default 1024)")
+    p.add_argument("--kind", choices=("digits", "digits-jpeg", "photos", "text"), default="digits")
     p.add_argument("--count", type=int, default=3000, help="photos: how many (default 3000)")
     p.add_argument("--num_shards", "--num-shards", dest="num_shards", type=int, default=4)
     p.add_argument("--max_mb", "--max-mb", dest="max_mb", type=float, default=4.0,
@@ -143,11 +139,6 @@ def make_demo_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from pipelines import demo
 
-    if args.kind in ("bpe", "sentencepiece"):
-        path = demo.write_text_tokenizer(args.output, args.kind, args.vocab_size,
-                                         max_bytes=int(args.max_mb * (1 << 20)))
-        print(f"wrote a {args.kind} tokenizer of {args.vocab_size} tokens to {path}")
-        return 0
     if args.kind == "text":
         paths = demo.write_text_tfrecords(args.output, num_shards=args.num_shards,
                                           max_bytes=int(args.max_mb * (1 << 20)))

@@ -107,20 +107,6 @@ def write_text_tfrecords(output_dir: str, *, num_shards: int = 4, max_bytes: int
     return written
 
 
-def write_text_tokenizer(output_dir: str, kind: str, vocab_size: int, *, max_bytes: int = 4 << 20) -> str:
-    """A tokenizer trained offline on the text demo's train passages: `bpe` (a byte-level BPE, output_dir/
-    tokenizer.json) or `sentencepiece` (a unigram model, output_dir/spm.model). Needs the [train] extra."""
-    from trainer import tokenizer
-
-    os.makedirs(output_dir, exist_ok=True)
-    passages = stdlib_passages(max_bytes=max_bytes)["train"]
-    if kind == "bpe":
-        return tokenizer.train_bpe(passages, vocab_size, os.path.join(output_dir, "tokenizer.json"))
-    if kind == "sentencepiece":
-        return tokenizer.train_sentencepiece(passages, vocab_size, os.path.join(output_dir, "spm.model"))
-    raise ValueError(f"kind={kind!r} is not bpe or sentencepiece")
-
-
 def unigram_bits_per_byte(passages) -> float:
     """The entropy, in bits, of the byte distribution of `passages` (an iterable of bytes): what a model that
     knows only each byte's frequency in these very bytes would pay per byte. A language model must beat it."""

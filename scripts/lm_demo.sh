@@ -45,7 +45,7 @@ if summary["eval_bits_per_byte"] > unigram - 1.0:
              "by a bit per byte")
 PYEOF
 echo "==> 4/4 a BPE tokenizer trained on the training text, and the LM over its tokens (packed rows)"
-$PY -m pipelines make-demo --kind bpe --vocab-size 1024 --output "$OUT/tokenizer"
+$PY -m trainer.tokenizer "$OUT/array_record/train" --kind bpe --vocab_size 1024 --output "$OUT/tokenizer/tokenizer.json"
 $PY -m trainer data="$OUT/array_record/train" eval_data="$OUT/array_record/test" task=lm model=transformer_lm \
   tokenizer="$OUT/tokenizer/tokenizer.json" packing=true seq_len=256 strategy=$strategy steps=300 batch_size=16 \
   learning_rate=0.003 log_every=50 eval_every=150 checkpoint_every=150 workdir="$OUT/train-bpe" \

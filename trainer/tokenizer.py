@@ -6,7 +6,9 @@
 
 Both libraries tokenise a batch in native threads without the GIL (`tokenizers`' encode_batch; sentencepiece's
 encode with num_threads), so the loader's packing pass hands them thousands of texts at a time. `train_bpe` and
-`train_sentencepiece` build small tokenizers offline from texts (the LM demo trains one on the shipped text).
+`train_sentencepiece` build small tokenizers offline from texts; from a converted dataset's text feature:
+
+    python -m trainer.tokenizer out/train --kind bpe --vocab_size 1024 --output tokenizer.json
 """
 
 from __future__ import annotations
@@ -117,3 +119,39 @@ def train_sentencepiece(texts: Iterable[bytes | str], vocab_size: int, path: str
     with open(path, "wb") as f:
         f.write(model.getvalue())
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m trainer.tokenizer SOURCE --kind bpe|sentencepiece --vocab_size N --output FILE [--text_key text]`:
+    a tokenizer trained on the text of a converted dataset (anything loader.load takes)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m trainer.tokenizer",
+                                description="Train a tokenizer on the text feature of a converted dataset, offline.")
+    p.add_argument("source", help="a converted dataset (directory, TFDS directory or glob)")
+    p.add_argument("--kind", choices=("bpe", "sentencepiece"), default="bpe",
+                   help="bpe: a byte-level BPE, a Hugging Face tokenizer.json; sentencepiece: a unigram .model")
+    p.add_argument("--vocab_size", "--vocab-size", dest="vocab_size", type=int, default=1024)
+    p.add_argument("--text_key", "--text-key", dest="text_key", default="text")
+    p.add_argument("--output", required=True, help="the file to write (.json for bpe, .model for sentencepiece)")
+    args = p.parse_args(argv)
+    import loader
+
+    try:
+        batches = loader.load(args.source, batch_size=1024, shuffle=False, num_epochs=1, drop_remainder=False,
+                              features=[args.text_key])
+        texts = [bytes(t) for batch in batches for t in batch[args.text_key]]
+        train = train_bpe if args.kind == "bpe" else train_sentencepiece
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        path = train(texts, args.vocab_size, args.output)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote a {args.kind} tokenizer of {args.vocab_size} tokens, trained on {len(texts):,} texts "
+          f"({sum(map(len, texts)):,} bytes), to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,10 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.demo import stdlib_passages, write_text_tokenizer
+import subprocess
+import sys
+
+from pipelines.demo import stdlib_passages
 from trainer import TrainConfig, tokenizer
 from trainer.tasks import LanguageModel
-from tests.conftest import run_cli
+from tests.conftest import REPO
 from tests.trainer.conftest import run_trainer
 from tests.trainer.test_lm import stdlib_text  # noqa: F401 - the fixture
 
@@ -17,16 +20,25 @@ VOCAB = 512
 
 
 @pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory):
-    """{'bpe': tokenizer.json, 'sentencepiece': spm.model}, trained on 1 MB of the demo text by the CLI."""
+def tokenizers(stdlib_text, tmp_path_factory):  # noqa: F811
+    """{'bpe': tokenizer.json, 'sentencepiece': spm.model}, trained by `python -m trainer.tokenizer` on the converted
+    1 MB of demo text (its train split)."""
     root = tmp_path_factory.mktemp("tokenizers")
-    paths = {}
-    for kind in ("bpe", "sentencepiece"):
-        proc = run_cli("make-demo", "--kind", kind, "--vocab-size", str(VOCAB), "--max-mb", "1", "--output",
-                       str(root / kind))
+    paths = {"bpe": str(root / "tokenizer.json"), "sentencepiece": str(root / "spm.model")}
+    for kind, path in paths.items():
+        proc = subprocess.run([sys.executable, "-m", "trainer.tokenizer", str(stdlib_text["train"]), "--kind", kind,
+                               "--vocab_size", str(VOCAB), "--output", path], cwd=REPO, capture_output=True,
+                              text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        paths[kind] = str(root / kind / ("tokenizer.json" if kind == "bpe" else "spm.model"))
+        assert f"wrote a {kind} tokenizer of {VOCAB} tokens, trained on " in proc.stdout
     return paths
+
+
+def test_training_a_tokenizer_on_a_missing_feature_is_one_line(stdlib_text, tmp_path):  # noqa: F811
+    proc = subprocess.run([sys.executable, "-m", "trainer.tokenizer", str(stdlib_text["train"]), "--text_key", "body",
+                           "--output", str(tmp_path / "t.json")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "body" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "t.json").exists()
 
 
 @pytest.mark.parametrize("kind", ["bpe", "sentencepiece"])
