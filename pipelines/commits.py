@@ -39,14 +39,20 @@ def write(output: str, entry: ShardEntry, corruptions: tuple[dict, ...]) -> None
     storage.write_text(record_path(output, entry.path), text, metadata=metadata)
 
 
+def is_record(name: str) -> bool:
+    """A commit record's name in a listing of the commits directory; not a temporary file a killed writer left
+    (storage.temp_name: '.tmp-<id>-<name>.json')."""
+    return name.endswith(".json") and not name.rsplit("/", 1)[-1].startswith(".tmp-")
+
+
 def listing(output: str) -> dict[str, str | None]:
     """Shards with a commit record -> the record's text where the listing carries it (gs:// custom metadata), else
     None (local files, records too large to inline, records from before they were inlined)."""
     directory = storage.join(output, COMMITS_DIR)
     if storage.is_remote(output):
         return {name[: -len(".json")]: meta.get(INLINE_KEY) for name, meta in storage.list_metadata(directory).items()
-                if name.endswith(".json")}
-    return {name[: -len(".json")]: None for name in storage.list_sizes(directory) if name.endswith(".json")}
+                if is_record(name)}
+    return {name[: -len(".json")]: None for name in storage.list_sizes(directory) if is_record(name)}
 
 
 def listed(output: str) -> set[str]:

@@ -32,7 +32,7 @@ def committed_since(output: str, since: float, wanted: set[str] | None = None) -
     """Shards (relative paths) whose commit record was written at or after `since` -> when."""
     details = storage.list_details(storage.join(output, commits.COMMITS_DIR))
     found = {name[:-len(".json")]: mtime for name, (_, mtime) in details.items()
-             if name.endswith(".json") and mtime >= since - 1.0}
+             if commits.is_record(name) and mtime >= since - 1.0}
     return {k: v for k, v in found.items() if wanted is None or k in wanted}
 
 

@@ -38,3 +38,19 @@ def test_status_of_a_killed_run_and_of_a_finished_one(job):
     assert "running: no local run holds the lease" in done
     assert "manifest: 8 shards, 24,000 records, written " in done
     assert "committed since the manifest: 0 shard(s)" in done
+
+
+def test_a_temporary_file_left_by_a_killed_writer_is_no_commit(tmp_path):
+    """A writer killed between writing a record's temporary file and renaming it leaves '.tmp-<id>-<name>.json';
+    status and reruns must not count it as a committed shard (it made `status` say 4 shards but 3 shards' records)."""
+    from dataset_format import storage
+    from pipelines import commits
+    from pipelines.progress import committed_since
+
+    out = str(tmp_path)
+    done = commits.record_path(out, "train-00000-of-00002.array_record")
+    storage.write_text(done, "{}")
+    left = storage.temp_name(commits.record_path(out, "train-00001-of-00002.array_record"))
+    with open(left, "w") as f:
+        f.write('{"entry": ')
+    assert set(committed_since(out, 0.0)) == set(commits.listing(out)) == {"train-00000-of-00002.array_record"}
