@@ -33,6 +33,8 @@ from loader.batches import FOREVER, host_rows
 from loader.permutation import Permutation
 from loader.source import ShardedSource
 
+COMPONENT_KEY = "component"  # in a mixture's batches: each row's component, an index into `components`
+
 # Weights that are ratios of small integers (0.7/0.3, 1/3 each) are kept exactly; others are rounded to integers
 # summing to this period, so the mix follows them to 1 part in MAX_PERIOD.
 MAX_PERIOD = 10_000
@@ -174,13 +176,18 @@ class MixturePlan:
         return host_rows(first_batch, end_batch, self.batch_size, self.shard_index, self.shard_count,
                          self.num_batches, self.end_row)
 
-    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each row's (component, epoch of that component, record within the component)."""
+    def streams(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's (component, position in that component's own stream of rows)."""
         relative = np.asarray(rows, dtype=np.int64) - self.start_batch * self.batch_size
         cycles, within = np.divmod(relative, self.period)
         component = self._schedule[within]
         j = np.asarray(self.base, np.int64)[component] + cycles * np.asarray(self.weights, np.int64)[component] \
-            + self._rank[within]  # the row's position in its component's own stream
+            + self._rank[within]
+        return component, j
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's (component, epoch of that component, record within the component)."""
+        component, j = self.streams(rows)
         sizes = np.asarray(self.sizes, np.int64)[component]
         epoch, position = np.divmod(j, sizes)
         record = position.copy()

@@ -114,7 +114,10 @@ class PackedPlan:
         rows = self.rows(epoch)
         return sum(n for row in rows for _, _, n in row) / (len(rows) * self.seq_len)
 
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - an int per epoch, for the plan's life
     def batches_in(self, epoch: int) -> int:
+        """Batches of `epoch`, kept once known: `locate` walks the epochs before k, and laying each out again
+        (the layouts themselves are cached two at a time) made every batch of a later epoch repack all earlier ones."""
         return len(self.rows(epoch)) // self.batch_size
 
     @property
@@ -220,15 +223,21 @@ class PackedIterator(Iterator):
 
             self._device = DevicePrefetcher(self._host_next, self._loader._sharding, self._loader._device_prefetch)
 
+    def _total(self) -> int | None:
+        return self._loader.plan.num_batches
+
+    def _batch(self, k: int) -> dict[str, np.ndarray]:
+        return self._loader.host_batch(k)
+
     def _host_next(self):
         with self._lock:
             k = self._next
-            total = self._loader.plan.num_batches
+            total = self._total()
             if total is not None and k >= total:
                 raise StopIteration
             for ahead in range(k, k + max(1, self._loader._prefetch) + 1):
                 if (total is None or ahead < total) and ahead not in self._pending:
-                    self._pending[ahead] = self._pool.submit(self._loader.host_batch, ahead)
+                    self._pending[ahead] = self._pool.submit(self._batch, ahead)
             future = self._pending.pop(k)
             self._next = k + 1
         return future.result()

@@ -48,7 +48,6 @@ from loader.source import ShardedSource, resolve
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-COMPONENT_KEY = "component"  # in a mixture's batches: each row's component, an index into Loader.components
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,13 +206,13 @@ class _ReadGroup:
         return batches
 
     def _labelled(self, batch, positions: np.ndarray):
-        """A mixture's decoded batch gains COMPONENT_KEY: each row's component (its index in the mixture)."""
+        """A mixture's decoded batch gains mixture.COMPONENT_KEY: each row's component (its index in the mixture)."""
         if not isinstance(self._plan, mixture.MixturePlan) or not isinstance(batch, dict):
             return batch
-        if COMPONENT_KEY in batch:
-            raise ValueError(f"the mixture's records have a feature named {COMPONENT_KEY!r}, the key that says each "
-                             "row's component; rename the feature, or select features= without it")
-        return {**batch, COMPONENT_KEY: self._plan.components_at(positions)}
+        if mixture.COMPONENT_KEY in batch:
+            raise ValueError(f"the mixture's records have a feature named {mixture.COMPONENT_KEY!r}, the key that says "
+                             "each row's component; rename the feature, or select features= without it")
+        return {**batch, mixture.COMPONENT_KEY: self._plan.components_at(positions)}
 
     def _decode_run(self, records: list[bytes]) -> dict | None:
         """Consecutive batches decoded at once (the batches are slices of it), when the decoder can."""
@@ -536,19 +535,33 @@ def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_cou
 
 def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     """A loader of packed rows (loader/packing.py): the same source, reader, decoder and host sharding."""
-    if isinstance(source, Mapping):
-        raise ValueError("packing= does not take a mixture yet; pack each component's text, or mix without packing")
     if config.map_fn is not None or config.random_map_fn is not None or config.worker_count or \
             not config.drop_remainder:
         raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn=, "
                          "worker_count= or "
                          "drop_remainder=False (tokenise in Packing.tokenize)")
+    shard_index, shard_count = _host_shard(config)
+    if isinstance(source, Mapping):
+        return _packed_mixture(source, config, shard_index, shard_count)
     src = source if isinstance(source, ShardedSource) else resolve(source, split=config.split,
                                                                    allow_incomplete=config.allow_incomplete)
-    shard_index, shard_count = _host_shard(config)
     decoder = make_decoder(config.decode, src.features_dir, (config.packing.feature,))
     plan_args = dict(batch_size=config.batch_size, seed=config.seed, shuffle=config.shuffle,
                      num_epochs=config.num_epochs, shard_index=shard_index, shard_count=shard_count)
     reader = BatchReader(src, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes)
     return PackedLoader(src, reader, decoder, config.packing, plan_args, prefetch=max(1, config.prefetch),
                         sharding=config.sharding, device_prefetch=config.device_prefetch)
+
+
+def _packed_mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_count: int):
+    """A mixture of packed components (loader/packed_mixture.py)."""
+    from loader.packed_mixture import PackedMixtureLoader
+
+    if config.num_epochs is not None:
+        raise ValueError(f"a packed mixture is endless (each component repeats its epochs); leave num_epochs unset "
+                         f"(got num_epochs={config.num_epochs})")
+    names, src, plan = _mixture(sources, config, shard_index, shard_count)
+    decoder = make_decoder(config.decode, src.features_dir, (config.packing.feature,))
+    reader = BatchReader(src, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes)
+    return PackedMixtureLoader(names, src, reader, decoder, config.packing, plan, prefetch=max(1, config.prefetch),
+                               sharding=config.sharding, device_prefetch=config.device_prefetch)

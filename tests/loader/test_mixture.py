@@ -269,3 +269,114 @@ def test_random_map_fn_draws_depend_on_the_record_not_the_mix(corpora):
     a, b = draws(["web", "code"], [0.5, 0.5]), draws(["code", "web", "tiny"], [0.2, 0.2, 0.6])
     common = set(a) & set(b)
     assert len(common) >= 10 and all(a[k] == b[k] for k in common)
+
+
+# -- packed mixtures -----------------------------------------------------------------------------------------------
+
+PACKED = {"long": 60, "short": 200, "tiny": 10}  # examples per component
+SEQ = 32
+
+
+def text_of(c: int, i: int) -> bytes:
+    """Example i of component c: 'c:i:' then a run of x's, 3 to 60 tokens in all."""
+    return f"{c}:{i}:".encode() + b"x" * ((i * 7 + c) % 50 + (40 if c == 0 else 0))
+
+
+def key_tokens(value) -> np.ndarray:
+    """Token t of an example is key * 1000 + t, its key c * 10000 + i read from the text: a row's tokens say which
+    example and which of its tokens they are."""
+    text = bytes(value[0]) if isinstance(value, np.ndarray) else bytes(value)
+    c, i, _ = text.split(b":", 2)
+    return (int(c) * 10_000 + int(i)) * 1000 + np.arange(len(text), dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def packed_corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("packed")
+    paths = {}
+    for c, (name, count) in enumerate(PACKED.items()):
+        (root / name).mkdir()
+        writer = ArrayRecordWriter(str(root / name / f"{name}-0.array_record"), "group_size:1")
+        for i in range(count):
+            writer.write(example_proto.encode_example({"text": text_of(c, i)}))
+        writer.close()
+        paths[name] = str(root / name / f"{name}-*.array_record")
+    return paths
+
+
+def packed(paths, names, weights, **options):
+    return loader.load({n: paths[n] for n in names}, weights=dict(zip(names, weights)), batch_size=8, seed=7,
+                       packing=loader.Packing("text", SEQ, key_tokens), **options)
+
+
+def rows_of(batch) -> list[tuple[int, tuple]]:
+    """(component, the row's tokens) per row."""
+    return [(int(c), tuple(t[s > 0].tolist())) for c, t, s in zip(batch["component"], batch["tokens"],
+                                                                    batch["segment_ids"])]
+
+
+def test_a_packed_mixture_draws_rows_by_weight_from_each_components_own_packing(packed_corpora):
+    names = list(PACKED)
+    it = iter(packed(packed_corpora, names, [0.5, 0.3, 0.2]))
+    batches = [next(it) for _ in range(40)]
+    it.close()
+    assert [np.bincount(b["component"], minlength=3).tolist() for b in batches[:3]] == [[4, 3, 1], [4, 2, 2], [4, 2, 2]]
+    seen = collections.Counter()
+    for batch in batches:
+        for c, tokens in rows_of(batch):
+            keys = {t // 1000 for t in tokens}
+            assert {k // 10_000 for k in keys} == {names.index(names[c])}  # a row holds its own component's examples
+            seen.update((t // 1000 % 10_000, t % 1000) for t in tokens if t // 10_000_000 == 2)
+    tiny = collections.Counter(seen)  # component 2 (tiny): each of its tokens as often as any other, +-1 epoch
+    counts = list(tiny.values())
+    assert len({i for i, _ in tiny}) == 10 and max(counts) - min(counts) <= 1 and max(counts) >= 3
+
+
+def test_packed_mixture_batches_are_host_invariant_and_resume_bitwise(packed_corpora):
+    names = list(PACKED)
+    whole = [rows_of(b) for b, _ in zip(packed(packed_corpora, names, [0.5, 0.3, 0.2]), range(12))]
+    halves = [[rows_of(b) for b, _ in zip(packed(packed_corpora, names, [0.5, 0.3, 0.2], shard_index=h,
+                                                 shard_count=2), range(12))] for h in range(2)]
+    assert [halves[0][k] + halves[1][k] for k in range(12)] == whole
+    it = iter(packed(packed_corpora, names, [0.5, 0.3, 0.2]))
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    it.close()
+    resumed = iter(packed(packed_corpora, names, [0.5, 0.3, 0.2]))
+    resumed.set_state(state)
+    assert [rows_of(next(resumed)) for _ in range(7)] == whole[5:]
+    resumed.close()
+
+
+def test_new_weights_continue_each_packed_components_stream(packed_corpora):
+    """Rows of each component over a run under (0.5, 0.5) and its continuation under (0.1, 0.9) plus a new component
+    are that component's own stream of packed rows (the rows of a mixture of it alone)."""
+    first = iter(packed(packed_corpora, ["long", "short"], [0.5, 0.5]))
+    got = collections.defaultdict(list)
+    for _ in range(6):
+        for c, tokens in rows_of(next(first)):
+            got[["long", "short"][c]].append(tokens)
+    state = first.get_state()
+    first.close()
+    names = ["long", "short", "tiny"]
+    second = iter(packed(packed_corpora, names, [0.1, 0.6, 0.3]))
+    second.set_state(state)
+    for _ in range(10):
+        for c, tokens in rows_of(next(second)):
+            got[names[c]].append(tokens)
+    second.close()
+    for name in names:
+        alone = iter(packed(packed_corpora, [name], [1]))
+        stream = []
+        while len(stream) < len(got[name]):
+            stream += [tokens for _, tokens in rows_of(next(alone))]
+        alone.close()
+        assert got[name] == stream[:len(got[name])], name
+
+
+def test_a_packed_mixture_is_endless(packed_corpora):
+    with pytest.raises(ValueError, match=r"^a packed mixture is endless .*leave num_epochs unset"):
+        packed(packed_corpora, ["long", "short"], [1, 1], num_epochs=1)
+    with pytest.raises(TypeError, match="endless"):
+        len(packed(packed_corpora, ["long", "short"], [1, 1]))

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from tests.trainer.conftest import run_trainer
+from tests.trainer.test_lm import stdlib_text  # noqa: F401 - the fixture
 
 
 def _metrics(workdir):
@@ -48,3 +49,12 @@ def test_an_empty_component_is_one_line(digits, tmp_path):
                        f"workdir={tmp_path / 'w'}", "model=mlp", "num_classes=10", "steps=1")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"error: mixture component 'b': {tmp_path / 'empty'} has neither manifest.json" in proc.stderr
+
+
+def test_an_lm_trains_on_a_packed_mixture(stdlib_text, tmp_path):  # noqa: F811
+    proc = run_trainer(f"data=a={stdlib_text['train']},b={stdlib_text['test']}", "weights=a=0.75,b=0.25",
+                       f"workdir={tmp_path}", "task=lm", "model=transformer_lm", "packing=true", "seq_len=64",
+                       "batch_size=16", "steps=10", "log_every=5", "checkpoint_every=10", "learning_rate=0.003")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [(r["step"], r["rows_a"], r["rows_b"]) for r in _metrics(tmp_path)]
+    assert rows == [(5, 60, 20), (10, 120, 40)]  # rows of 64 tokens: token proportions 3:1
