@@ -58,3 +58,17 @@ def test_an_lm_trains_on_a_packed_mixture(stdlib_text, tmp_path):  # noqa: F811
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [(r["step"], r["rows_a"], r["rows_b"]) for r in _metrics(tmp_path)]
     assert rows == [(5, 60, 20), (10, 120, 40)]  # rows of 64 tokens: token proportions 3:1
+
+
+def test_a_config_file_gives_a_mixture_as_mappings(tmp_path):
+    from trainer import TrainConfig
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"data": {"web": "gs://b/web", "code": "out/code"}, "weights": {"web": 3, "code": 1},
+                                "eval_data": {"web": "out/web-test"}, "workdir": "w"}))
+    config = TrainConfig.from_args([], str(path))
+    assert config.data_source == {"web": "gs://b/web", "code": "out/code"}
+    assert config.data_weights == {"web": 3, "code": 1} and config.eval_source == {"web": "out/web-test"}
+    flags = TrainConfig.from_args(["data=web=gs://b/web,code=out/code", "weights=web=3,code=1", "workdir=w"])
+    assert flags.data_source == config.data_source and flags.data_weights == {"web": 3.0, "code": 1.0}
+    assert TrainConfig.from_args(["data=gs://b/plain", "workdir=w"]).data_source == "gs://b/plain"
