@@ -9,7 +9,8 @@
 #   SERVICE_ACCOUNT=refresh@my-project.iam.gserviceaccount.com bash dataflow/schedule_refresh.sh
 #
 # Optional: REGION (us-central1), SCHEDULE ('0 3 * * *'), TIME_ZONE (Etc/UTC), NAME (arrayrecord-refresh),
-# BRANCH (main), PRUNE (false), MAX_WORKERS (10), MACHINE_TYPE (n2-standard-4).
+# BRANCH (main), PRUNE (false), MAX_WORKERS (10), MACHINE_TYPE (n2-standard-4),
+# PIN (a commit SHA that cloudbuild.yaml built: every refresh then runs that image and template spec, not `latest`).
 # DRY_RUN=1 prints the gcloud commands instead of running them.
 # Roles and the first run: dataflow/README.md, "Scheduled refreshes".
 set -euo pipefail
@@ -45,6 +46,13 @@ run() {
 # '^~^' makes '~' the separator, so that globs and paths may hold commas.
 substitutions="^~^_PROJECT=${PROJECT}~_REGION=${REGION}~_BUCKET=${BUCKET}~_INPUT=${INPUT}~_OUTPUT=${OUTPUT}~_PRUNE=${PRUNE:-false}"
 substitutions+="~_MAX_WORKERS=${MAX_WORKERS:-10}~_MACHINE_TYPE=${MACHINE_TYPE:-n2-standard-4}~_SERVICE_ACCOUNT=${SERVICE_ACCOUNT}"
+if [ -n "${PIN:-}" ]; then
+  case "$PIN" in
+    *[!0-9a-f]*) echo "error: PIN=$PIN is not a commit SHA (hex digits, as cloudbuild.yaml tags the image)" >&2; exit 2 ;;
+  esac
+  substitutions+="~_IMAGE=\${_REGION}-docker.pkg.dev/\${_PROJECT}/\${_REPOSITORY}/\${_IMAGE_NAME}:${PIN}"
+  substitutions+="~_TEMPLATE=gs://\${_BUCKET}/templates/tfrecord-to-arrayrecord-${PIN}.json"
+fi
 
 run gcloud builds triggers create manual \
   --project="$PROJECT" --region="$REGION" --name="$NAME" \

@@ -136,3 +136,16 @@ def test_schedule_script_passes_shellcheck():
     result = subprocess.run([str(Path(sys.executable).with_name("shellcheck")),
                              str(REPO / "dataflow" / "schedule_refresh.sh")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_a_pinned_refresh_runs_that_commits_image_and_template():
+    proc = _schedule({**SCHEDULE_ENV, "PIN": "0123abcd" * 5})
+    assert proc.returncode == 0, proc.stderr
+    trigger = shlex.split(proc.stdout.splitlines()[0])
+    given = dict(pair.split("=", 1) for pair in cb.flag(trigger, "substitutions")[3:].split("~"))
+    assert set(given) <= set(REFRESH["substitutions"])
+    assert given["_IMAGE"] == ("${_REGION}-docker.pkg.dev/${_PROJECT}/${_REPOSITORY}/${_IMAGE_NAME}:"
+                               + "0123abcd" * 5)
+    assert given["_TEMPLATE"] == "gs://${_BUCKET}/templates/tfrecord-to-arrayrecord-" + "0123abcd" * 5 + ".json"
+    bad = _schedule({**SCHEDULE_ENV, "PIN": "latest"})
+    assert bad.returncode == 2 and "PIN=latest is not a commit SHA" in bad.stderr
