@@ -98,7 +98,7 @@ def test_encoded_images_without_image_size_say_what_to_set(digits_jpeg, tmp_path
 
 @pytest.mark.slow
 def test_resnet18_learns_the_digits_from_jpeg_under_mirrored(digits_jpeg, tmp_path):
-    """The documented result (README, "Training"): ResNet-18, 200 steps of 64, 8 simulated devices, >= 85%."""
+    """The documented result (docs/training.md, "Images"): ResNet-18, 200 steps of 64, 8 simulated devices, >= 85%."""
     proc = run_trainer(f"data={digits_jpeg['train']}", f"eval_data={digits_jpeg['test']}", f"workdir={tmp_path}",
                        *IMAGENET_KEYS, "model=resnet18", "strategy=mirrored", "image_size=32", "steps=200",
                        "batch_size=64", "learning_rate=0.002", "log_every=50", "eval_every=200",
