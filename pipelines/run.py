@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from dataset_format import storage
 from dataset_format.manifest import Manifest
-from pipelines import dataflow, report, tasks as shard_tasks
+from pipelines import commits, dataflow, report, tasks as shard_tasks
 from pipelines.config import ConvertConfig
 from pipelines.convert import ConvertToArrayRecord, finalize
 from pipelines.lease import Lease
@@ -118,11 +118,14 @@ def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_datafl
 
 
 def _remove_dead_temp_files(output: str) -> None:
-    """Temporary files a killed run left beside the shards (`.tmp-*`, never a committed name). One conversion
-    writes an output at a time, so none of them belongs to a live run."""
-    dead = [name for name in storage.list_sizes(output) if name.startswith(".tmp-")]
-    for name in dead:
-        storage.delete_quietly(storage.join(output, name))
+    """Temporary files a killed run left beside the shards and the commit records (`.tmp-*`, never a committed
+    name). One conversion writes an output at a time, so none of them belongs to a live run."""
+    dead = []
+    for directory in (output, storage.join(output, commits.COMMITS_DIR)):  # shards, and commit records
+        for name in storage.list_sizes(directory):
+            if name.startswith(".tmp-"):
+                storage.delete_quietly(storage.join(directory, name))
+                dead.append(name)
     if dead:
         log.info("removed %d temporary file(s) left by an interrupted run (e.g. %s)", len(dead), dead[0])
     staged = shard_tasks.delete_run(shard_tasks.local_dir(output))

@@ -13,13 +13,14 @@ import sys
 
 import pytest
 
+from pipelines import commits
 from tests.conftest import REPO, run_cli, synthetic_records, write_tfrecord_shards
 from tests.pipelines.conftest import SHARDS, killed_run
 
 def _committed(out) -> dict[str, int]:
     """Shards with a commit record -> their file's mtime (ns)."""
     records = out / ".shards"
-    names = [p.name[:-len(".json")] for p in records.iterdir()] if records.exists() else []
+    names = [p.name[:-len(".json")] for p in records.iterdir() if commits.is_record(p.name)] if records.exists() else []
     return {n: (out / n).stat().st_mtime_ns for n in names}
 
 
@@ -41,7 +42,7 @@ def test_a_killed_conversion_resumes_without_redoing_committed_shards(job, point
     assert f"converted {SHARDS - len(before)} shard(s)" in rerun.stdout
     if before:
         assert f"{len(before)} recovered from an interrupted run" in rerun.stderr
-    assert [p.name for p in out.iterdir() if p.name.startswith(".tmp-")] == []
+    assert [p.name for p in [*out.iterdir(), *(out / ".shards").iterdir()] if p.name.startswith(".tmp-")] == []
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["totals"] == {"shards": SHARDS, "records": SHARDS * 3000,
                                                           "bytes": manifest["totals"]["bytes"]}
@@ -97,3 +98,18 @@ def test_a_killed_conversion_to_gcs_resumes_without_redoing_committed_shards(job
     assert not [n for n in names if "/.tmp-" in n] and "out/manifest.json" in names
     verify = run_cli("verify", "--output", output, "--deep", env=gcs_emulator, check=True)
     assert f"{SHARDS} shards, {SHARDS * 3000} records, 0 problem(s)" in verify.stdout
+
+
+def test_a_rerun_removes_temporary_files_beside_shards_and_commit_records(tmp_path):
+    """A run killed while writing a shard or a commit record leaves a `.tmp-*` file; the next run removes both kinds
+    and keeps committed names."""
+    from pipelines.run import _remove_dead_temp_files
+
+    (tmp_path / ".shards").mkdir()
+    left = [tmp_path / ".tmp-0123456789ab-train-00000-of-00002.array_record",
+            tmp_path / ".shards" / ".tmp-ba9876543210-train-00001-of-00002.array_record.json"]
+    kept = [tmp_path / "train-00000-of-00002.array_record", tmp_path / ".shards" / "train-00000-of-00002.array_record.json"]
+    for path in left + kept:
+        path.write_text("x")
+    _remove_dead_temp_files(str(tmp_path))
+    assert [p.exists() for p in left + kept] == [False, False, True, True]
