@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from dataset_format import storage, tfds_info
-from dataset_format.manifest import MANIFEST_NAME, Manifest
+from dataset_format.manifest import MANIFEST_NAME, ShardTable
 from dataset_format.tfds_info import FEATURES_NAME, INFO_NAME as TFDS_INFO
 
 
@@ -91,35 +91,33 @@ def _datasets_below(root: str, depth: int = 3, limit: int = 5) -> list[str]:
 
 def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> ShardedSource:
     path = storage.join(root, MANIFEST_NAME)
-    manifest = Manifest.from_json(_read_text(path), path=path)
-    if not manifest.complete and not allow_incomplete:
-        raise ValueError(f"{path}: the conversion is incomplete ({len(manifest.failed)} shard(s) failed, e.g. "
-                         f"{manifest.failed[0]['source']}); fix and re-run the conversion, or pass "
+    table = ShardTable.from_json(_read_text(path), path=path)
+    if not table.complete and not allow_incomplete:
+        raise ValueError(f"{path}: the conversion is incomplete ({len(table.failed)} shard(s) failed, e.g. "
+                         f"{table.failed[0]['source']}); fix and re-run the conversion, or pass "
                          "allow_incomplete=True to load the shards that converted")
-    entries = manifest.shards
-    if manifest.kind == "tfds":
+    names, records, sizes = table.paths, table.records, table.bytes
+    if table.kind == "tfds":
         split = split or "train"
-        entries = tuple(e for e in entries if e.split == split)
-        if not entries:
-            splits = sorted({e.split for e in manifest.shards})
-            raise ValueError(f"{path}: no shards for split {split!r}; the splits are {splits}")
+        keep = [i for i, s in enumerate(table.splits) if s == split]
+        if not keep:
+            raise ValueError(f"{path}: no shards for split {split!r}; the splits are {sorted(set(table.splits))}")
+        names, records, sizes = (tuple(column[i] for i in keep) for column in (names, records, sizes))
     elif split is not None:
         raise ValueError(f"split={split!r} was given but {root} is not a TFDS dataset; leave split unset")
     details = storage.list_details(root)
-    sizes = {name: size for name, (size, _) in details.items()}
-    for entry in entries:
-        size = sizes.get(entry.path)
-        if size is None:
-            raise FileNotFoundError(f"{storage.join(root, entry.path)} is listed in {MANIFEST_NAME} but missing; re-run "
+    for name, size in zip(names, sizes):
+        found = details.get(name)
+        if found is None:
+            raise FileNotFoundError(f"{storage.join(root, name)} is listed in {MANIFEST_NAME} but missing; re-run "
                                     "`python -m pipelines convert` (it recreates missing shards) or restage the data")
-        if size != entry.bytes:
-            raise ValueError(f"{storage.join(root, entry.path)} is {size} bytes but {MANIFEST_NAME} says {entry.bytes}; "
+        if found[0] != size:
+            raise ValueError(f"{storage.join(root, name)} is {found[0]} bytes but {MANIFEST_NAME} says {size}; "
                              "the file is truncated or was replaced: re-run the conversion or restage the data")
-    features = root if manifest.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
+    features = root if table.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
     prefix = storage.join(root, "")  # one join: 100k shards paid ~0.5 s for joining each
-    return ShardedSource(tuple(prefix + e.path for e in entries), tuple(e.records for e in entries),
-                         "manifest", features, tuple(e.bytes for e in entries),
-                         tuple(repr(details[e.path][1]) for e in entries))
+    return ShardedSource(tuple(prefix + name for name in names), records, "manifest", features, sizes,
+                         tuple(repr(details[name][1]) for name in names))
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:

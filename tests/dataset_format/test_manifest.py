@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from dataset_format.manifest import Manifest, ShardEntry
+from dataset_format.manifest import FORMAT, FORMAT_VERSION, Manifest, ShardEntry, ShardTable
 
 
 def _manifest():
@@ -30,3 +30,37 @@ def test_damaged_manifests_are_named():
         Manifest.from_json("{", path="out/manifest.json")
     with pytest.raises(ValueError, match="not a conversion manifest"):
         Manifest.from_json("{}", path="out/manifest.json")
+
+
+# -- ShardTable: the columns a reader needs ---------------------------------------------------------------
+
+def manifest_text(**changes) -> str:
+    shards = [ShardEntry(f"train-0000{i}-of-00003.array_record", f"/in/train-0000{i}.tfrecord", 10 + i, 1000 + i,
+                         1100 + i, "size=1100,mtime=1.0", "group_size:1,snappy", "train" if i < 2 else "test")
+              for i in range(3)]
+    return Manifest("/in/*", "tfds", tuple(shards), "0.1.0").to_json() if not changes else \
+        json.dumps({**json.loads(Manifest("/in/*", "tfds", tuple(shards), "0.1.0").to_json()), **changes})
+
+
+def test_the_table_holds_the_manifests_columns():
+    text = manifest_text()
+    manifest, table = Manifest.from_json(text), ShardTable.from_json(text)
+    assert table.kind == manifest.kind == "tfds" and table.complete
+    assert table.paths == tuple(s.path for s in manifest.shards)
+    assert table.records == (10, 11, 12) and table.bytes == (1000, 1001, 1002)
+    assert table.splits == ("train", "train", "test")
+
+
+def test_a_damaged_manifest_is_one_line_either_way():
+    bad_totals = manifest_text(totals={"shards": 3, "records": 99, "bytes": 0})
+    for parse in (Manifest.from_json, ShardTable.from_json):
+        with pytest.raises(ValueError, match=r"^m.json: totals.records=99 but the shards add up to 33"):
+            parse(bad_totals, path="m.json")
+        with pytest.raises(ValueError, match=r"^m.json: not a conversion manifest"):
+            parse(json.dumps({"format": "other"}), path="m.json")
+        with pytest.raises(ValueError, match=rf"^m.json: manifest format_version 0 is not {FORMAT_VERSION}"):
+            parse(json.dumps({"format": FORMAT, "format_version": 0}), path="m.json")
+    d = json.loads(manifest_text())
+    del d["shards"][1]["bytes"]
+    with pytest.raises(ValueError, match=r"^m.json: a shard entry lacks 'bytes'"):
+        ShardTable.from_json(json.dumps(d), path="m.json")
