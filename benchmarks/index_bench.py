@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/index_bench.py                              # 1M and 8M records, 100k shards
     .venv/bin/python benchmarks/index_bench.py --previous 3f7d36e           # also the loader of that revision
+    .venv/bin/python benchmarks/index_bench.py --start-only --many 100000   # the start of 100k shards alone
 
 Memory: two datasets of tiny records (8 bytes, 8 shards, group_size:1, snappy; `--small`/`--large` records) are
 read by `loader.load(..., decode=None)` in a child process, with `worker_count` 0 and 2, for `--batches` batches
@@ -92,6 +93,7 @@ def main() -> None:
     p.add_argument("--many", type=int, default=100_000, help="shards of the start-time dataset (0: skip)")
     p.add_argument("--previous", default=None, help="also measure the loader of this git revision")
     p.add_argument("--workdir", default=None)
+    p.add_argument("--start-only", action="store_true", help="only the start of the --many-shard dataset")
     args = p.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="index-bench-"))
     index_dir = work / "index"
@@ -101,11 +103,11 @@ def main() -> None:
         if not loaders["previous"].exists():
             subprocess.run(["git", "worktree", "add", "--detach", str(loaders["previous"]), args.previous], cwd=REPO,
                            check=True, capture_output=True)
-    for n in (args.small, args.large):
+    for n in () if args.start_only else (args.small, args.large):
         if not (work / f"tiny-{n}").exists():
             print(f"writing {n:,} tiny records ...", flush=True)
             write_dataset(work / f"tiny-{n}", n)
-    for name, cwd in loaders.items():
+    for name, cwd in () if args.start_only else loaders.items():
         for workers in (0, 2):
             pss, index = {}, {}
             for n in (args.small, args.large):

@@ -61,8 +61,8 @@ def source_key(source: ShardedSource) -> str:
     h = hashlib.sha256(f"loader.index:{VERSION}:{STRIDE}".encode())
     versions = source.shard_versions or ("",) * len(source.paths)
     sizes = source.shard_bytes or (0,) * len(source.paths)
-    for path, size, version in zip(source.paths, sizes, versions):
-        h.update(f"\n{path}\t{size}\t{version}".encode())
+    h.update("".join(f"\n{path}\t{size}\t{version}" for path, size, version in zip(source.paths, sizes, versions))
+             .encode())  # one update: the same digest as one per shard, without 100k calls
     return h.hexdigest()[:40]
 
 
