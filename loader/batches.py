@@ -77,11 +77,11 @@ class BatchPlan:
         return host_rows(first_batch, end_batch, self.batch_size, self.shard_index, self.shard_count,
                          self.num_batches, total)
 
-    def record_rngs(self, positions: np.ndarray) -> list[np.random.Generator]:
-        """For `random_map_fn`: a generator per position from (seed, epoch, record) alone."""
+    def record_rngs(self, positions: np.ndarray, indices: np.ndarray) -> list[np.random.Generator]:
+        """For `random_map_fn`: a generator per position from (seed, epoch, record) alone; `indices` are
+        `indices_at(positions)`, which the caller has already."""
         positions = np.asarray(positions, dtype=np.int64)
-        return [record_rng(self.seed, int(p), int(i))
-                for p, i in zip(positions // self.num_records, self.indices_at(positions))]
+        return [record_rng(self.seed, int(p), int(i)) for p, i in zip(positions // self.num_records, indices)]
 
     def indices_at(self, positions: np.ndarray) -> np.ndarray:
         """The global record index at each position."""

@@ -29,7 +29,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from loader.batches import FOREVER, host_rows
+from dataset_format import storage
+from dataset_format.tfds_info import FEATURES_NAME
+from loader.batches import FOREVER, host_rows, record_rng
 from loader.permutation import Permutation
 from loader.source import ShardedSource
 
@@ -139,6 +141,11 @@ class MixturePlan:
         object.__setattr__(self, "_seeds", tuple(component_seed(self.seed, n) for n in self.names))
 
     @property
+    def offsets(self) -> np.ndarray:
+        """The global index of each component's first record in the concatenation of the components."""
+        return self._offsets
+
+    @property
     def period(self) -> int:
         return len(self._schedule)
 
@@ -210,11 +217,14 @@ class MixturePlan:
         relative = np.asarray(rows, dtype=np.int64) - self.start_batch * self.batch_size
         return self._schedule[relative % self.period]
 
-    def record_rngs(self, rows: np.ndarray) -> list[np.random.Generator]:
+    def record_rngs(self, rows: np.ndarray, indices: np.ndarray) -> list[np.random.Generator]:
         """For `random_map_fn`: a generator per row from (component's key, its epoch, record), so a record's draw
-        does not depend on the other components or the weights."""
-        component, epoch, record = self.locate(rows)
-        return [np.random.default_rng((self._seeds[c], int(e), int(r))) for c, e, r in zip(component, epoch, record)]
+        does not depend on the other components or the weights; `indices` are `indices_at(rows)`, which the caller
+        has already (no permutation is evaluated again)."""
+        component, j = self.streams(rows)
+        epoch = j // np.asarray(self.sizes, np.int64)[component]
+        record = np.asarray(indices, np.int64) - self._offsets[component]
+        return [record_rng(self._seeds[c], int(e), int(r)) for c, e, r in zip(component, epoch, record)]
 
     def counts_at(self, batch: int) -> tuple[int, ...]:
         """Rows each component has given before global batch `batch`."""
@@ -283,7 +293,4 @@ def features_text(features_dir: str | None) -> str | None:
     """A TFDS dataset's features.json, to tell whether two components decode alike (None: tf.Examples)."""
     if features_dir is None:
         return None
-    from dataset_format import storage
-    from dataset_format.tfds_info import FEATURES_NAME
-
     return storage.read_text(storage.join(features_dir, FEATURES_NAME))

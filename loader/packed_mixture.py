@@ -57,7 +57,7 @@ class PackedMixtureLoader(PackedLoader):
         self._prefetch, self._sharding, self._device_prefetch = prefetch, sharding, device_prefetch
         self.components, self.plan = names, plan
         lengths = self._lengths()
-        self._offsets = np.concatenate([[0], np.cumsum(plan.sizes)[:-1]]).astype(np.int64)
+        self._offsets = plan.offsets
         self._streams = []
         for name, offset, size in zip(names, self._offsets, plan.sizes):
             part = lengths[offset:offset + size]

@@ -234,7 +234,7 @@ class _ReadGroup:
             items = [self._mapped(self._map_fn, i, item) for item, i in zip(items, indices)]
         if self._random_map_fn is not None:
             items = [self._mapped(self._random_map_fn, i, item, rng)
-                     for item, i, rng in zip(items, indices, self._plan.record_rngs(positions))]
+                     for item, i, rng in zip(items, indices, self._plan.record_rngs(positions, indices))]
         return collate(items)
 
     def _where(self, index: int) -> str:
@@ -543,8 +543,7 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     shard_index, shard_count = _host_shard(config)
     if isinstance(source, Mapping):
         return _packed_mixture(source, config, shard_index, shard_count)
-    src = source if isinstance(source, ShardedSource) else resolve(source, split=config.split,
-                                                                   allow_incomplete=config.allow_incomplete)
+    src = _resolved(source, config)
     decoder = make_decoder(config.decode, src.features_dir, (config.packing.feature,))
     plan_args = dict(batch_size=config.batch_size, seed=config.seed, shuffle=config.shuffle,
                      num_epochs=config.num_epochs, shard_index=shard_index, shard_count=shard_count)

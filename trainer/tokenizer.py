@@ -27,7 +27,19 @@ def _texts(values: Sequence) -> list[str]:
     return [v.decode("utf-8", errors="replace") if isinstance(v, (bytes, np.bytes_)) else str(v) for v in values]
 
 
-class SentencePiece:
+class _ByPath:
+    """Pickled as its file's path (loader worker processes reopen the file rather than copy the native object)."""
+
+    path: str
+
+    def __getstate__(self):
+        return {"path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"])
+
+
+class SentencePiece(_ByPath):
     def __init__(self, path: str):
         import sentencepiece
 
@@ -46,14 +58,8 @@ class SentencePiece:
         prefix = [self.bos_id] if self.bos_id >= 0 else []
         return [np.asarray(prefix + list(i), np.int32) for i in ids]
 
-    def __getstate__(self):  # loader worker processes reopen the file
-        return {"path": self.path}
 
-    def __setstate__(self, state):
-        self.__init__(state["path"])
-
-
-class HuggingFace:
+class HuggingFace(_ByPath):
     def __init__(self, path: str):
         import tokenizers
 
@@ -68,12 +74,6 @@ class HuggingFace:
     def encode_batch(self, values: Sequence) -> list[np.ndarray]:
         """Ids with the tokenizer's own special tokens (its post-processor adds BOS/EOS where it defines them)."""
         return [np.asarray(e.ids, np.int32) for e in self._tok.encode_batch(_texts(values))]
-
-    def __getstate__(self):
-        return {"path": self.path}
-
-    def __setstate__(self, state):
-        self.__init__(state["path"])
 
 
 def load(path: str) -> SentencePiece | HuggingFace:
