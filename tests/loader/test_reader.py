@@ -93,6 +93,16 @@ def test_highwayhash_matches_riegeli_on_every_header_of_a_file(converted):
     assert _riegeli.hash64(data[32:64]) == int.from_bytes(data[24:32], "little")  # the signature chunk
 
 
+@pytest.mark.skipif(not _riegeli.HASH_AVX2, reason="the CPU has no AVX2: the portable hash is the only one")
+def test_avx2_highwayhash_equals_the_portable_one_at_every_length():
+    """The AVX2 form (chosen at import) against the portable one checked by the test above: every remainder length
+    (0-31 bytes after whole packets), block-sized and MB inputs, on random bytes."""
+    rng = np.random.default_rng(5)
+    for n in [*range(0, 130), 1023, 1024, 65_536, 65_559, 3 << 20]:
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert _riegeli.hash64(data) == _riegeli.hash64(data, True), n
+
+
 def test_threads_read_at_once_through_one_reader(converted, all_records, monkeypatch):
     """Four threads share one BatchReader: each shard is opened once, and every record comes back right."""
     opened = []
