@@ -19,6 +19,7 @@
    - plan_spans(fds, begins, ends, max_gap): the coalesced spans read() would read, for remote reads.
    - decode_chunk(data, check): a whole simple chunk of any number of records -> (sizes bytes, values bytes)
      (the footer).
+   - stat_paths(paths, ...): many files' sizes and modification times, stat(2) on several threads.
    - hash64(data, portable=False): HighwayHash-64 with riegeli's key (tests); HASH_AVX2: whether AVX2 computes it.
    Errors carry the position of the record (in the order given) that failed: the Python side names the shard.
    zstd comes from the system's libzstd.so.1, opened on first use; snappy is decoded here. */
@@ -27,7 +28,9 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -984,6 +987,91 @@ static PyObject *py_hash64(PyObject *self, PyObject *args) {
   return PyLong_FromUnsignedLongLong(h);
 }
 
+/* ------------------------------------------------------------------------------------------------ */
+/* Many files' sizes and modification times at once (the start of a dataset of 100,000 shards).    */
+
+typedef struct {
+  const char **paths;
+  int64_t *sizes, *mtimes, *errnos;
+  Py_ssize_t begin, end;
+} stat_job;
+
+static void *stat_range(void *arg) {
+  stat_job *j = arg;
+  for (Py_ssize_t i = j->begin; i < j->end; i++) {
+    struct stat st;
+    if (stat(j->paths[i], &st) == 0) {
+      j->sizes[i] = (int64_t)st.st_size;
+      j->mtimes[i] = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+      j->errnos[i] = S_ISREG(st.st_mode) ? 0 : EISDIR;
+    } else {
+      j->sizes[i] = j->mtimes[i] = -1;
+      j->errnos[i] = errno;
+    }
+  }
+  return NULL;
+}
+
+#define STAT_THREADS_MAX 32
+#define STAT_PER_THREAD 2048 /* fewer files than this per thread are not worth a thread */
+
+/* stat_paths(paths, sizes_out, mtimes_ns_out, errnos_out, threads): stat(2) of each path (following links), on up
+   to `threads` threads with the GIL released: a stat is ~3 us of system time, 100k shards ~0.3 s on one thread. */
+static PyObject *py_stat_paths(PyObject *self, PyObject *args) {
+  PyObject *list, *sizes_obj, *mtimes_obj, *errnos_obj;
+  int threads;
+  if (!PyArg_ParseTuple(args, "O!OOOi", &PyList_Type, &list, &sizes_obj, &mtimes_obj, &errnos_obj, &threads))
+    return NULL;
+  Py_buffer sizes = {0}, mtimes = {0}, errnos = {0};
+  PyObject *result = NULL;
+  const char **paths = NULL;
+  Py_ssize_t n = PyList_GET_SIZE(list);
+  if (int64_buffer(sizes_obj, &sizes, 1, "sizes_out") || int64_buffer(mtimes_obj, &mtimes, 1, "mtimes_out") ||
+      int64_buffer(errnos_obj, &errnos, 1, "errnos_out"))
+    goto done;
+  if (sizes.len / 8 != n || mtimes.len / 8 != n || errnos.len / 8 != n) {
+    PyErr_SetString(PyExc_ValueError, "stat_paths: one output entry per path");
+    goto done;
+  }
+  paths = malloc(sizeof(char *) * (size_t)(n ? n : 1));
+  if (!paths) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *item = PyList_GET_ITEM(list, i);
+    if (!PyUnicode_Check(item)) {
+      PyErr_Format(PyExc_TypeError, "stat_paths: path %zd is not a str", i);
+      goto done;
+    }
+    paths[i] = PyUnicode_AsUTF8(item); /* kept by the str, which the list holds */
+    if (!paths[i]) goto done;
+  }
+  if (threads < 1) threads = 1;
+  if (threads > STAT_THREADS_MAX) threads = STAT_THREADS_MAX;
+  if (threads > n / STAT_PER_THREAD) threads = (int)(n / STAT_PER_THREAD) > 1 ? (int)(n / STAT_PER_THREAD) : 1;
+  stat_job jobs[STAT_THREADS_MAX];
+  pthread_t ids[STAT_THREADS_MAX];
+  int started[STAT_THREADS_MAX] = {0};
+  Py_BEGIN_ALLOW_THREADS for (int t = 0; t < threads; t++) {
+    jobs[t] = (stat_job){paths, sizes.buf, mtimes.buf, errnos.buf, n * t / threads, n * (t + 1) / threads};
+    /* the first range runs on this thread; a thread that cannot start leaves its range to this one */
+    started[t] = t > 0 && pthread_create(&ids[t], NULL, stat_range, &jobs[t]) == 0;
+  }
+  for (int t = 0; t < threads; t++)
+    if (!started[t]) stat_range(&jobs[t]);
+  for (int t = 0; t < threads; t++)
+    if (started[t]) pthread_join(ids[t], NULL);
+  Py_END_ALLOW_THREADS result = Py_None;
+  Py_INCREF(result);
+done:
+  free(paths);
+  if (sizes.obj) PyBuffer_Release(&sizes);
+  if (mtimes.obj) PyBuffer_Release(&mtimes);
+  if (errnos.obj) PyBuffer_Release(&errnos);
+  return result;
+}
+
 static PyMethodDef methods[] = {
     {"read", py_read, METH_VARARGS, "read(fds, begins, ends, check, max_gap) -> list[bytes]"},
     {"plan_spans", py_plan_spans, METH_VARARGS, "plan_spans(fds, begins, ends, max_gap, span_of_out) -> spans"},
@@ -991,6 +1079,7 @@ static PyMethodDef methods[] = {
     {"decode_chunk", py_decode_chunk, METH_VARARGS, "decode_chunk(data, position, check) -> (sizes, values)"},
     {"locate", py_locate, METH_VARARGS, "locate(sparse, lengths, info, shards, locals, begins_out, ends_out)"},
     {"footer_offsets", py_footer_offsets, METH_VARARGS, "footer_offsets(sizes, values) -> (offsets, single)"},
+    {"stat_paths", py_stat_paths, METH_VARARGS, "stat_paths(paths, sizes_out, mtimes_ns_out, errnos_out, threads)"},
     {"hash64", py_hash64, METH_VARARGS, "hash64(data, portable=False): HighwayHash-64 with riegeli's key"},
     {NULL, NULL, 0, NULL}};
 

@@ -239,6 +239,10 @@ def test_bad_sources_are_named(converted, tmp_path):
     (broken / "train-00003-of-00005.array_record").write_bytes(b"not an array record file")
     with pytest.raises(ValueError, match="train-00003-of-00005.array_record is 24 bytes but manifest.json says"):
         loader.load(str(broken), batch_size=4)
+    os.remove(broken / "train-00003-of-00005.array_record")
+    (broken / "train-00003-of-00005.array_record").mkdir()
+    with pytest.raises(OSError, match="train-00003-of-00005.array_record: Is a directory; a shard must be a readable"):
+        loader.load(str(broken), batch_size=4)
 
     (tmp_path / "junk.array_record").write_bytes(b"\0" * 100)
     with pytest.raises(ValueError, match="junk.array_record is not a whole ArrayRecord file"):

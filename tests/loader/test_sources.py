@@ -57,4 +57,4 @@ def test_every_kind_of_source_knows_its_shard_sizes_and_versions(converted):
     for source in (resolve(str(converted)), resolve(str(converted / "*.array_record*"))):
         assert source.shard_bytes == tuple(os.path.getsize(p) for p in source.paths), source.kind
         assert source.total_bytes == sum(source.shard_bytes)
-        assert source.shard_versions == tuple(repr(os.path.getmtime(p)) for p in source.paths), source.kind
+        assert source.shard_versions == tuple(os.stat(p).st_mtime_ns for p in source.paths), source.kind
