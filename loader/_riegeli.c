@@ -492,11 +492,12 @@ static int alloc_spans(batch *b) {
     if (!b->arena) return NO_MEMORY;
     b->arena_private = 1;
   } else if (total > thread_arena_size) {
+    size_t want = total + total / 4; /* room for the next read group's few more bytes, without a new buffer */
     free(thread_arena);
     thread_arena_size = 0;
-    thread_arena = malloc(total);
+    thread_arena = malloc(want);
     if (!thread_arena) return NO_MEMORY;
-    thread_arena_size = total;
+    thread_arena_size = want;
   }
   if (!b->arena_private) {
     b->arena = thread_arena;
