@@ -12,7 +12,8 @@
      varint of its decompressed size followed by a raw snappy stream or a zstd frame.
 
    Exported (all buffers are C-contiguous; the loader passes NumPy arrays):
-   - locate(index, shards, locals, begins_out, ends_out): file spans of records from a compact index (index.py).
+   - ef_encode(values, sample): the Elias-Fano code of a shard's chunk offsets (the compact index, index.py);
+     locate(index, info, shards, locals, begins_out, ends_out): file spans of records from that index.
    - read(fds, begins, ends, check, max_gap): the records of those chunks, coalescing nearby chunks of a file into
      one pread; a list of bytes in the order given.
    - decode(spans, span_begins, fds-free records...): the same over spans already in memory (gs:// range reads).
@@ -477,7 +478,7 @@ static int plan(batch *b, int64_t max_gap) {
 /* Each thread keeps the buffer its last read used, so a read group's bytes land in pages already mapped: a fresh
    buffer of tens of MB per read cost page faults, zeroing and unmapping (~20% of a read of 1 KB records). A buffer
    over ARENA_KEEP is freed after its read. */
-#define ARENA_KEEP ((size_t)256 << 20)
+#define ARENA_KEEP ((size_t)64 << 20)
 static __thread uint8_t *thread_arena;
 static __thread size_t thread_arena_size;
 static __thread int thread_arena_busy; /* a read on this thread holds it (a nested one, from a finalizer run by
@@ -856,60 +857,140 @@ done:
 /* The compact index (loader/index.py writes it): for each shard a table of the chunk offset of every
    stride-th record (u64) and, per record, the distance from its chunk to the next (u16 or u32).            */
 
-/* locate(sparse_table, lengths_table, shard_info, shards, locals, begins_out, ends_out)
-   shard_info: int64 [num_shards, 4] = (sparse element offset, lengths element offset, width (2 or 4), stride)
-   sparse_table: u64 array; lengths_table: a bytes-like of the whole lengths area (u16/u32 at element offsets
-   of their width). Records are visited in the given order; a run within one shard walks forward. */
+/* ------------------------------------------------------------------------------------------------ */
+/* The index's Elias-Fano code of each shard's chunk offsets (loader/index.py).                     */
+/* m nondecreasing values v < U: each splits into its low `l` bits (l = floor(log2(U / m)), packed end to end) and
+   its high part, coded in unary as the set bit at position (v >> l) + i of a bit vector of at most 2m + 1 bits; the
+   position of every SAMPLE-th set bit is kept. l + 2 to l + 3 bits a value: ~1.5 bytes for chunks of ~1 KB. */
+
+static inline int64_t ef_next_ones(const uint64_t *hi, int64_t pos, int64_t d) {
+  /* the position of the d-th set bit after position pos (d >= 0; d == 0: pos) */
+  if (d == 0) return pos;
+  int64_t w = pos >> 6;
+  int b = (int)(pos & 63);
+  uint64_t word = b == 63 ? 0 : hi[w] & (~0ULL << (b + 1));
+  for (;;) {
+    int64_t c = __builtin_popcountll(word);
+    if (c >= d) break;
+    d -= c;
+    word = hi[++w];
+  }
+  for (int64_t k = 1; k < d; k++) word &= word - 1;
+  return (w << 6) + __builtin_ctzll(word);
+}
+
+static inline uint64_t ef_low(const uint64_t *lo, int64_t i, int64_t l) {
+  if (l == 0) return 0;
+  uint64_t bit = (uint64_t)i * (uint64_t)l, w = bit >> 6, sh = bit & 63;
+  uint64_t x = lo[w] >> sh;
+  if (sh + (uint64_t)l > 64) x |= lo[w + 1] << (64 - sh);
+  return l == 64 ? x : x & ((1ULL << l) - 1);
+}
+
+/* ef_encode(values: uint64 array, sample) -> (l, samples, highs, lows): the code of `values` (bytes of u64 words). */
+static PyObject *py_ef_encode(PyObject *self, PyObject *args) {
+  Py_buffer view;
+  long long sample;
+  if (!PyArg_ParseTuple(args, "y*L", &view, &sample)) return NULL;
+  PyObject *result = NULL, *samples = NULL, *highs = NULL, *lows = NULL;
+  int64_t m = view.len / 8;
+  const uint64_t *v = view.buf;
+  if (m < 1 || view.len % 8 || sample < 1) {
+    PyErr_SetString(PyExc_ValueError, "ef_encode: needs at least one u64 value and sample >= 1");
+    goto done;
+  }
+  for (int64_t i = 1; i < m; i++)
+    if (v[i] < v[i - 1]) {
+      PyErr_Format(PyExc_ValueError, "chunk offsets decrease at record %lld (%llu after %llu)", (long long)i,
+                   (unsigned long long)v[i], (unsigned long long)v[i - 1]);
+      goto done;
+    }
+  uint64_t universe = v[m - 1] + 1, ratio = universe / (uint64_t)m;
+  int64_t l = ratio ? 63 - __builtin_clzll(ratio) : 0;
+  int64_t hi_bits = m + (int64_t)(v[m - 1] >> l) + 1, hi_words = (hi_bits + 63) / 64;
+  int64_t lo_words = (m * l + 63) / 64, num_samples = (m + sample - 1) / sample;
+  samples = PyBytes_FromStringAndSize(NULL, num_samples * 8);
+  highs = PyBytes_FromStringAndSize(NULL, hi_words * 8);
+  lows = PyBytes_FromStringAndSize(NULL, lo_words * 8);
+  if (!samples || !highs || !lows) goto done;
+  uint64_t *sp = (uint64_t *)PyBytes_AS_STRING(samples), *hp = (uint64_t *)PyBytes_AS_STRING(highs),
+           *lp = (uint64_t *)PyBytes_AS_STRING(lows);
+  memset(hp, 0, (size_t)hi_words * 8);
+  memset(lp, 0, (size_t)lo_words * 8);
+  const uint64_t mask = l ? (l == 64 ? ~0ULL : (1ULL << l) - 1) : 0;
+  for (int64_t i = 0; i < m; i++) {
+    int64_t p = (int64_t)(v[i] >> l) + i;
+    hp[p >> 6] |= 1ULL << (p & 63);
+    if (i % sample == 0) sp[i / sample] = (uint64_t)p;
+    if (l) {
+      uint64_t bit = (uint64_t)i * (uint64_t)l, w = bit >> 6, sh = bit & 63, low = v[i] & mask;
+      lp[w] |= low << sh;
+      if (sh + (uint64_t)l > 64) lp[w + 1] |= low >> (64 - sh);
+    }
+  }
+  result = Py_BuildValue("(LOOO)", (long long)l, samples, highs, lows);
+done:
+  Py_XDECREF(samples);
+  Py_XDECREF(highs);
+  Py_XDECREF(lows);
+  PyBuffer_Release(&view);
+  return result;
+}
+
+/* locate(index, shard_info, shards, locals, begins_out, ends_out): the chunk span [begin, end) of record `local`
+   of each shard: values local and local + 1 of its code. index: the index file (u64 words);
+   shard_info: int64 [num_shards, 6] = (samples at, highs at, lows at (u64 word offsets), l, values, sample).
+   Records are visited in the given order; a run within one shard walks forward from the last one. */
 static PyObject *py_locate(PyObject *self, PyObject *args) {
-  PyObject *sparse_obj, *lengths_obj, *info_obj, *shards_obj, *locals_obj, *begins_obj, *ends_obj;
-  if (!PyArg_ParseTuple(args, "OOOOOOO", &sparse_obj, &lengths_obj, &info_obj, &shards_obj, &locals_obj,
-                        &begins_obj, &ends_obj))
+  PyObject *index_obj, *info_obj, *shards_obj, *locals_obj, *begins_obj, *ends_obj;
+  if (!PyArg_ParseTuple(args, "OOOOOO", &index_obj, &info_obj, &shards_obj, &locals_obj, &begins_obj, &ends_obj))
     return NULL;
-  Py_buffer sparse = {0}, lengths = {0}, info = {0}, shards = {0}, locs = {0}, begins = {0}, ends = {0};
+  Py_buffer index = {0}, info = {0}, shards = {0}, locs = {0}, begins = {0}, ends = {0};
   PyObject *result = NULL;
-  if (PyObject_GetBuffer(sparse_obj, &sparse, PyBUF_C_CONTIGUOUS)) goto done;
-  if (PyObject_GetBuffer(lengths_obj, &lengths, PyBUF_C_CONTIGUOUS)) goto done;
+  if (PyObject_GetBuffer(index_obj, &index, PyBUF_C_CONTIGUOUS)) goto done;
   if (int64_buffer(info_obj, &info, 0, "shard_info")) goto done;
   if (int64_buffer(shards_obj, &shards, 0, "shards")) goto done;
   if (int64_buffer(locals_obj, &locs, 0, "locals")) goto done;
   if (int64_buffer(begins_obj, &begins, 1, "begins_out")) goto done;
   if (int64_buffer(ends_obj, &ends, 1, "ends_out")) goto done;
   {
-    Py_ssize_t n = shards.len / 8, num_shards = info.len / 32;
+    Py_ssize_t n = shards.len / 8, num_shards = info.len / 48;
     const int64_t *inf = info.buf, *sh = shards.buf, *lo = locs.buf;
-    const uint64_t *sp = sparse.buf;
-    const uint8_t *ln = lengths.buf;
+    const uint64_t *words = index.buf;
     int64_t *bo = begins.buf, *eo = ends.buf;
     if (locs.len != shards.len || begins.len != shards.len || ends.len != shards.len) {
       PyErr_SetString(PyExc_ValueError, "locate: arrays of different lengths");
       goto done;
     }
+    if ((uintptr_t)index.buf % 8) {
+      PyErr_SetString(PyExc_ValueError, "locate: the index must be 8-byte aligned");
+      goto done;
+    }
     int bad = 0;
-    Py_BEGIN_ALLOW_THREADS int64_t cur_shard = -1, cur_local = 0, cur_offset = 0;
+    Py_BEGIN_ALLOW_THREADS int64_t cur_shard = -1, cur_elem = 0, cur_pos = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-      int64_t s = sh[i], l = lo[i];
-      if (s < 0 || s >= num_shards || l < 0) {
+      int64_t s = sh[i], e = lo[i];
+      if (s < 0 || s >= num_shards) {
         bad = 1;
         break;
       }
-      const int64_t *e = inf + 4 * s;
-      int64_t width = e[2], stride = e[3];
-      if (!(s == cur_shard && l >= cur_local && l - cur_local < stride)) {
+      const int64_t *f = inf + 6 * s;
+      int64_t l = f[3], count = f[4], sample = f[5];
+      if (e < 0 || e + 1 >= count) {
+        bad = 1;
+        break;
+      }
+      const uint64_t *hi = words + f[1], *low = words + f[2];
+      if (!(s == cur_shard && e >= cur_elem && e - cur_elem < sample)) {
         cur_shard = s;
-        cur_local = (l / stride) * stride;
-        cur_offset = (int64_t)sp[e[0] + l / stride];
+        cur_elem = (e / sample) * sample;
+        cur_pos = (int64_t)words[f[0] + e / sample];
       }
-      if (width == 2) {
-        const uint16_t *w = (const uint16_t *)(ln) + e[1];
-        for (; cur_local < l; cur_local++) cur_offset += w[cur_local];
-        bo[i] = cur_offset;
-        eo[i] = cur_offset + w[l];
-      } else {
-        const uint32_t *w = (const uint32_t *)(ln) + e[1];
-        for (; cur_local < l; cur_local++) cur_offset += w[cur_local];
-        bo[i] = cur_offset;
-        eo[i] = cur_offset + w[l];
-      }
+      cur_pos = ef_next_ones(hi, cur_pos, e - cur_elem);
+      cur_elem = e;
+      int64_t next = ef_next_ones(hi, cur_pos, 1);
+      bo[i] = (int64_t)((((uint64_t)(cur_pos - e)) << l) | ef_low(low, e, l));
+      eo[i] = (int64_t)((((uint64_t)(next - e - 1)) << l) | ef_low(low, e + 1, l));
     }
     Py_END_ALLOW_THREADS if (bad) {
       PyErr_SetString(PyExc_IndexError, "locate: a shard or record index out of range");
@@ -919,8 +1000,7 @@ static PyObject *py_locate(PyObject *self, PyObject *args) {
   result = Py_None;
   Py_INCREF(result);
 done:
-  if (sparse.obj) PyBuffer_Release(&sparse);
-  if (lengths.obj) PyBuffer_Release(&lengths);
+  if (index.obj) PyBuffer_Release(&index);
   if (info.obj) PyBuffer_Release(&info);
   if (shards.obj) PyBuffer_Release(&shards);
   if (locs.obj) PyBuffer_Release(&locs);
@@ -1078,7 +1158,8 @@ static PyMethodDef methods[] = {
     {"plan_spans", py_plan_spans, METH_VARARGS, "plan_spans(fds, begins, ends, max_gap, span_of_out) -> spans"},
     {"decode", py_decode, METH_VARARGS, "decode(buffers, fds, begins, ends, check, max_gap) -> list[bytes]"},
     {"decode_chunk", py_decode_chunk, METH_VARARGS, "decode_chunk(data, position, check) -> (sizes, values)"},
-    {"locate", py_locate, METH_VARARGS, "locate(sparse, lengths, info, shards, locals, begins_out, ends_out)"},
+    {"locate", py_locate, METH_VARARGS, "locate(index, info, shards, locals, begins_out, ends_out)"},
+    {"ef_encode", py_ef_encode, METH_VARARGS, "ef_encode(values, sample) -> (l, samples, highs, lows)"},
     {"footer_offsets", py_footer_offsets, METH_VARARGS, "footer_offsets(sizes, values) -> (offsets, single)"},
     {"stat_paths", py_stat_paths, METH_VARARGS, "stat_paths(paths, sizes_out, mtimes_ns_out, errnos_out, threads)"},
     {"hash64", py_hash64, METH_VARARGS, "hash64(data, portable=False): HighwayHash-64 with riegeli's key"},

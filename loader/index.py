@@ -2,16 +2,19 @@
 processes on a host memory-map (the main process and every grain worker share its pages).
 
 ArrayRecord's own reader keeps a `uint64` offset per record in each open reader of each process (8 bytes a
-record, 37 per host with two workers). This file keeps, per shard, the offset of every STRIDE-th record and, per
-record, the distance from its chunk to the next: 2 bytes a record while the shard's chunks are under 64 KiB
-(records of up to ~64 KB), 4 bytes otherwise.
+record, 37 per host with two workers). This file keeps, per shard, the chunk offsets (and the end of the last
+chunk) in an Elias-Fano code: each offset's low `l` bits packed end to end (l = floor(log2(file size / records))),
+its high part in unary in a bit vector of about 2 bits a record, and the position of every STRIDE-th high bit.
+l + 2 to l + 3 bits a record: ~1.5 bytes for records of ~1 KB, under 2 bytes up to ~7 KB, ~1 byte for tiny ones, 3
+bytes for records of several MB.
+A lookup starts at the sample at or before the record and counts set bits forward (loader/_riegeli.c `locate`).
 
 Layout (little-endian; every section 8-byte aligned):
 
     header   8 x u64: magic, version, num_shards, stride, info_at, trailer_at, trailer_len, 0
-    shards   per shard: u64 chunk offsets of records 0, STRIDE, 2 STRIDE, ...; then per record u16/u32 lengths
-    info     int64 [num_shards, 4]: first offset element (in u64s), first length element (in units of its width),
-             width (2 or 4; 0: a shard left to ArrayRecord's reader), STRIDE
+    shards   per shard: u64 samples, u64 words of high bits, u64 words of low bits
+    info     int64 [num_shards, 6]: samples at, highs at, lows at (offsets in u64 words), l, values (records + 1;
+             0: a shard left to ArrayRecord's reader), STRIDE
     trailer  JSON: {"key": ..., "fallback": {shard: reason}}
 
 Built once per source (from each shard's footer, one shard at a time per thread, never the whole dataset in
@@ -43,8 +46,8 @@ from loader.source import ShardedSource
 log = logging.getLogger(__name__)
 
 MAGIC = int.from_bytes(b"ARIDX\x00\x00\x01", "little")
-VERSION = 1
-STRIDE = 1024  # records between full offsets: 8 B / 1024 = 0.008 B a record; a lookup sums < 1024 lengths
+VERSION = 2
+STRIDE = 1024  # records between samples: 8 B / 1024 = 0.008 B a record; a lookup counts < 1024 set bits
 HEADER = 64
 BUILD_THREADS = 16  # footers read at once (I/O and decoding release the GIL)
 WINDOW = 256  # shards in flight while building: bounds the footers held in memory
@@ -65,12 +68,11 @@ def source_key(source: ShardedSource) -> str:
     return h.hexdigest()[:40]
 
 
-def _shard_arrays(footer: Footer) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets of every STRIDE-th record, per-record lengths as u16 or u32)."""
-    offsets = footer.offsets
-    lengths = np.diff(offsets, append=np.uint64(footer.footer_offset))
-    width = np.uint16 if len(lengths) == 0 or lengths.max() <= np.iinfo(np.uint16).max else np.uint32
-    return np.ascontiguousarray(offsets[::STRIDE], dtype="<u8"), lengths.astype(width)
+def _shard_code(footer: Footer) -> tuple[int, int, bytes, bytes, bytes]:
+    """(l, values, samples, highs, lows): the Elias-Fano code of the shard's chunk offsets and its end."""
+    values = np.append(footer.offsets.astype("<u8"), np.uint64(footer.footer_offset))
+    low_bits, samples, highs, lows = _riegeli.ef_encode(values, STRIDE)
+    return low_bits, len(values), samples, highs, lows
 
 
 class RecordIndex:
@@ -84,11 +86,11 @@ class RecordIndex:
         if int(header[0]) != MAGIC or int(header[1]) != VERSION:
             raise ValueError(f"{path} is not a loader index of version {VERSION}; delete it (it is rebuilt)")
         num_shards, info_at, trailer_at, trailer_len = (int(header[i]) for i in (2, 4, 5, 6))
-        self.info = np.frombuffer(self._map, dtype="<i8", count=4 * num_shards, offset=info_at).reshape(-1, 4)
+        self.info = np.frombuffer(self._map, dtype="<i8", count=6 * num_shards, offset=info_at).reshape(-1, 6)
         trailer = json.loads(self._map[trailer_at:trailer_at + trailer_len])
         self.key = trailer["key"]
         self.fallback = {int(shard): reason for shard, reason in trailer["fallback"].items()}
-        self._all = np.frombuffer(self._map, dtype=np.uint8)
+        self._all = np.frombuffer(self._map, dtype="<u8", count=len(self._map) // 8)
 
     def __getstate__(self):
         return {"path": self.path}
@@ -104,7 +106,7 @@ class RecordIndex:
         in `fallback`). Fastest with each shard's records together and ascending."""
         begins = np.empty(len(shards), dtype=np.int64)
         ends = np.empty(len(shards), dtype=np.int64)
-        _riegeli.locate(self._all, self._all, self.info, np.ascontiguousarray(shards, dtype=np.int64),
+        _riegeli.locate(self._all, self.info, np.ascontiguousarray(shards, dtype=np.int64),
                         np.ascontiguousarray(local, dtype=np.int64), begins, ends)
         return begins, ends
 
@@ -128,7 +130,7 @@ def build(source: ShardedSource, path: str, key: str) -> None:
     os.makedirs(directory, exist_ok=True)
     sizes = source.shard_bytes or (None,) * len(source.paths)
     fallback: dict[str, str] = {}
-    info = np.zeros((len(source.paths), 4), dtype="<i8")
+    info = np.zeros((len(source.paths), 6), dtype="<i8")
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".idx")
     try:
         with os.fdopen(fd, "wb") as out, concurrent.futures.ThreadPoolExecutor(BUILD_THREADS) as pool:
@@ -140,11 +142,17 @@ def build(source: ShardedSource, path: str, key: str) -> None:
                 for shard, footer in zip(shards, footers):
                     if footer.fallback_reason:
                         fallback[str(shard)] = footer.fallback_reason
-                        info[shard] = (0, 0, 0, STRIDE)
+                        info[shard] = (0, 0, 0, 0, 0, STRIDE)
                         continue
-                    sparse, lengths = _shard_arrays(footer)
-                    info[shard] = (at // 8, (at + sparse.nbytes) // lengths.itemsize, lengths.itemsize, STRIDE)
-                    at += _write_aligned(out, sparse) + _write_aligned(out, lengths)
+                    try:
+                        low_bits, count, samples, highs, lows = _shard_code(footer)
+                    except ValueError as e:
+                        raise ValueError(f"{source.paths[shard]}: its footer is damaged ({e}); re-run the "
+                                         "conversion") from None
+                    info[shard] = (at // 8, (at + len(samples)) // 8, (at + len(samples) + len(highs)) // 8,
+                                   low_bits, count, STRIDE)
+                    out.write(samples + highs + lows)  # each a whole number of u64 words
+                    at += len(samples) + len(highs) + len(lows)
                 if time.monotonic() - last_log > 10:
                     last_log = time.monotonic()
                     log.info("indexing %d shards: %d done (%.0f s)", len(source.paths), shards.stop,

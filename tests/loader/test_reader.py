@@ -199,10 +199,38 @@ def test_the_index_is_two_bytes_a_record_and_follows_changed_shards(converted, t
     source = resolve(str(copy))
     index = RecordIndex.for_source(source)
     assert os.path.dirname(index.path) == str(loader_index_dir)
-    assert index.info[:, 2].tolist() == [2, 2, 2, 2, 2] and not index.fallback  # u16 lengths for each shard
+    assert index.info[:, 4].tolist() == [n + 1 for n in source.lengths] and not index.fallback  # each shard coded
     assert RecordIndex.for_source(resolve(str(copy))).path == index.path  # reused
     os.utime(copy / "train-00000-of-00005.array_record", ns=(5, 5))
     assert RecordIndex.for_source(resolve(str(copy))).path != index.path  # a changed shard: a new index
+
+
+@pytest.mark.parametrize("lengths", ["tiny", "1 KB", "MB", "equal"])
+def test_the_index_code_gives_back_every_offset(lengths):
+    """The Elias-Fano code (ef_encode) and locate against the offsets themselves: random shards of chunk lengths
+    like those of tiny, 1 KB and MB records and of equal ones, looked up in sorted runs (as the reader does), in
+    random order and with duplicates, with samples every 1, 7 and 1024 values. Also its size: at most l + 3 bits a value."""
+    rng = np.random.default_rng(["tiny", "1 KB", "MB", "equal"].index(lengths))
+    for trial in range(40):
+        n = int(rng.integers(1, 5000))
+        size = {"tiny": rng.integers(40, 64, n), "1 KB": rng.integers(1000, 1200, n),
+                "MB": rng.integers(40, 3 << 20, n), "equal": np.full(n, 48)}[lengths]
+        first = int(rng.integers(0, 1 << 20))
+        values = np.concatenate([[first], first + np.cumsum(size)]).astype("<u8")
+        stride = [1, 7, 1024][trial % 3]
+        low_bits, samples, highs, lows = _riegeli.ef_encode(values, stride)
+        assert low_bits == int(np.log2((int(values[-1]) + 1) / len(values)))
+        assert len(highs) + len(lows) <= (len(values) * (low_bits + 3) + 1) / 8 + 16
+        words = np.frombuffer(samples + highs + lows, dtype="<u8").copy()
+        info = np.array([[0, len(samples) // 8, (len(samples) + len(highs)) // 8, low_bits, len(values), stride]])
+        wanted = [np.sort(rng.integers(0, n, 2000)), rng.integers(0, n, 500), np.arange(n)][trial % 3]
+        begins, ends = np.empty(len(wanted), dtype=np.int64), np.empty(len(wanted), dtype=np.int64)
+        _riegeli.locate(words, info, np.zeros(len(wanted), dtype=np.int64), wanted.astype(np.int64), begins, ends)
+        assert begins.tolist() == values[wanted].tolist() and ends.tolist() == values[wanted + 1].tolist()
+    with pytest.raises(IndexError, match="out of range"):  # the last value is the end, not a record
+        _riegeli.locate(words, info, np.zeros(1, dtype=np.int64), np.array([n]), begins[:1], ends[:1])
+    with pytest.raises(ValueError, match="chunk offsets decrease at record 2"):
+        _riegeli.ef_encode(np.array([0, 50, 40], dtype="<u8"), 1024)
 
 
 def test_a_shard_whose_count_disagrees_with_the_metadata_is_named(converted, tmp_path):
