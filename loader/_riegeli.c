@@ -1083,7 +1083,11 @@ static void *stat_range(void *arg) {
     struct stat st;
     if (stat(j->paths[i], &st) == 0) {
       j->sizes[i] = (int64_t)st.st_size;
+#ifdef __APPLE__
+      j->mtimes[i] = (int64_t)st.st_mtimespec.tv_sec * 1000000000 + st.st_mtimespec.tv_nsec;
+#else
       j->mtimes[i] = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+#endif
       j->errnos[i] = S_ISREG(st.st_mode) ? 0 : EISDIR;
     } else {
       j->sizes[i] = j->mtimes[i] = -1;

@@ -162,7 +162,8 @@ def _stat(paths: list[str], *, missing: str) -> tuple[np.ndarray, tuple[int, ...
         return (np.array([details[p][0] for p in paths], dtype=np.int64),
                 tuple(round(details[p][1] * 1e6) * 1000 for p in paths))
     sizes, mtimes, errnos = (np.empty(len(paths), dtype=np.int64) for _ in range(3))
-    _riegeli.stat_paths(paths, sizes, mtimes, errnos, len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    _riegeli.stat_paths(paths, sizes, mtimes, errnos, cores)
     for i in np.flatnonzero(errnos).tolist()[:1]:
         if errnos[i] == errno.ENOENT:
             raise FileNotFoundError(f"{paths[i]} {missing}")
