@@ -21,6 +21,7 @@
    - decode_chunk(data, check): a whole simple chunk of any number of records -> (sizes bytes, values bytes)
      (the footer).
    - stat_paths(paths, ...): many files' sizes and modification times, stat(2) on several threads.
+   - buffers_kept(): read buffers that threads keep now (each is freed when its thread ends).
    - hash64(data, portable=False): HighwayHash-64 with riegeli's key (tests); HASH_AVX2: whether AVX2 computes it.
    Errors carry the position of the record (in the order given) that failed: the Python side names the shard.
    zstd comes from the system's libzstd.so.1, opened on first use; snappy is decoded here. */
@@ -476,13 +477,29 @@ static int plan(batch *b, int64_t max_gap) {
 }
 
 /* Each thread keeps the buffer its last read used, so a read group's bytes land in pages already mapped: a fresh
-   buffer of tens of MB per read cost page faults, zeroing and unmapping (~20% of a read of 1 KB records). A buffer
-   over ARENA_KEEP is freed after its read. */
+   buffer of tens of MB per read cost page faults, zeroing and unmapping (~40% of a read of 1 KB records). A buffer
+   over ARENA_KEEP is freed after its read; a thread's buffer is freed when the thread ends (a pthread key's
+   destructor: the loader's threads come and go with its iterators). */
 #define ARENA_KEEP ((size_t)64 << 20)
 static __thread uint8_t *thread_arena;
 static __thread size_t thread_arena_size;
 static __thread int thread_arena_busy; /* a read on this thread holds it (a nested one, from a finalizer run by
                                           an allocation, gets its own buffer) */
+static pthread_key_t arena_key;        /* its value: the thread's buffer, freed at the thread's exit */
+static int64_t arenas_kept;            /* buffers kept by threads now (tests: none outlives its thread) */
+
+static void arena_release(void *arena) {
+  free(arena);
+  __atomic_fetch_sub(&arenas_kept, 1, __ATOMIC_RELAXED);
+}
+
+static void arena_drop(void) { /* the calling thread's buffer, freed now */
+  if (!thread_arena) return;
+  pthread_setspecific(arena_key, NULL);
+  arena_release(thread_arena);
+  thread_arena = NULL;
+  thread_arena_size = 0;
+}
 
 /* One allocation holds every span: the thread's kept buffer (grown when too small). */
 static int alloc_spans(batch *b) {
@@ -494,11 +511,12 @@ static int alloc_spans(batch *b) {
     b->arena_private = 1;
   } else if (total > thread_arena_size) {
     size_t want = total + total / 4; /* room for the next read group's few more bytes, without a new buffer */
-    free(thread_arena);
-    thread_arena_size = 0;
+    arena_drop();
     thread_arena = malloc(want);
     if (!thread_arena) return NO_MEMORY;
+    __atomic_fetch_add(&arenas_kept, 1, __ATOMIC_RELAXED);
     thread_arena_size = want;
+    pthread_setspecific(arena_key, thread_arena);
   }
   if (!b->arena_private) {
     b->arena = thread_arena;
@@ -555,11 +573,7 @@ static void batch_free(batch *b) {
     free(b->arena);
   } else if (b->arena) {
     thread_arena_busy = 0;
-    if (thread_arena_size > ARENA_KEEP) { /* a rare huge read: give its memory back */
-      free(thread_arena);
-      thread_arena = NULL;
-      thread_arena_size = 0;
-    }
+    if (thread_arena_size > ARENA_KEEP) arena_drop(); /* a rare huge read: give its memory back */
   }
   free(b->spans);
   free(b->span_of);
@@ -1157,6 +1171,10 @@ done:
   return result;
 }
 
+static PyObject *py_buffers_kept(PyObject *self, PyObject *args) {
+  return PyLong_FromLongLong(__atomic_load_n(&arenas_kept, __ATOMIC_RELAXED));
+}
+
 static PyMethodDef methods[] = {
     {"read", py_read, METH_VARARGS, "read(fds, begins, ends, check, max_gap) -> list[bytes]"},
     {"plan_spans", py_plan_spans, METH_VARARGS, "plan_spans(fds, begins, ends, max_gap, span_of_out) -> spans"},
@@ -1166,6 +1184,7 @@ static PyMethodDef methods[] = {
     {"ef_encode", py_ef_encode, METH_VARARGS, "ef_encode(values, sample) -> (l, samples, highs, lows)"},
     {"footer_offsets", py_footer_offsets, METH_VARARGS, "footer_offsets(sizes, values) -> (offsets, single)"},
     {"stat_paths", py_stat_paths, METH_VARARGS, "stat_paths(paths, sizes_out, mtimes_ns_out, errnos_out, threads)"},
+    {"buffers_kept", py_buffers_kept, METH_NOARGS, "buffers_kept() -> read buffers kept by threads now"},
     {"hash64", py_hash64, METH_VARARGS, "hash64(data, portable=False): HighwayHash-64 with riegeli's key"},
     {NULL, NULL, 0, NULL}};
 
@@ -1175,6 +1194,10 @@ PyMODINIT_FUNC PyInit__riegeli(void) {
   const uint16_t probe = 1;
   if (*(const uint8_t *)&probe != 1) {
     PyErr_SetString(PyExc_ImportError, "loader._riegeli reads little-endian files on little-endian hosts only");
+    return NULL;
+  }
+  if (pthread_key_create(&arena_key, arena_release)) {
+    PyErr_SetString(PyExc_ImportError, "loader._riegeli: no thread-specific key left for the read buffers");
     return NULL;
   }
   PyObject *m = PyModule_Create(&module);

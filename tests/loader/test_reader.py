@@ -103,6 +103,25 @@ def test_avx2_highwayhash_equals_the_portable_one_at_every_length():
         assert _riegeli.hash64(data) == _riegeli.hash64(data, True), n
 
 
+def test_a_threads_read_buffer_is_freed_when_the_thread_ends(converted, all_records):
+    """Each reading thread keeps its span buffer between reads (loader/_riegeli.c); the loader's threads end with
+    its iterators (every epoch, every evaluation), so a buffer must not outlive its thread."""
+    reader = BatchReader(resolve(str(converted)))
+    before = _riegeli.buffers_kept()
+    results = []
+
+    def read():
+        results.append(reader(np.arange(len(all_records))[::-1]))
+
+    threads = [threading.Thread(target=read) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r == all_records[::-1] for r in results) and len(results) == 6
+    assert _riegeli.buffers_kept() == before
+
+
 def test_threads_read_at_once_through_one_reader(converted, all_records, monkeypatch):
     """Four threads share one BatchReader: each shard is opened once, and every record comes back right."""
     opened = []
