@@ -103,14 +103,9 @@ static inline uint32_t rotl32(uint32_t x, unsigned n) { return n ? (x << n) | (x
 /* The last 1..31 bytes: their count is folded into the state, then they form one zero-padded packet (whole
    4-byte words first; of a tail of 1-3 bytes, its first, middle and last byte at 16..18; with 16 or more bytes,
    the last 4 bytes of the input at 28..31). */
-static void hh_remainder(hh_state *s, const uint8_t *bytes, size_t n) {
-  uint8_t packet[32] = {0};
+static void hh_tail_packet(const uint8_t *bytes, size_t n, uint8_t packet[32]) {
   size_t words = n & ~(size_t)3, tail = n & 3;
-  for (int i = 0; i < 4; i++) {
-    s->v0[i] += ((uint64_t)n << 32) + n;
-    uint32_t lo = (uint32_t)s->v1[i], hi = (uint32_t)(s->v1[i] >> 32);
-    s->v1[i] = (uint64_t)rotl32(lo, (unsigned)n) | ((uint64_t)rotl32(hi, (unsigned)n) << 32);
-  }
+  memset(packet, 0, 32);
   memcpy(packet, bytes, words);
   if (n & 16) {
     memcpy(packet + 28, bytes + n - 4, 4);
@@ -119,6 +114,16 @@ static void hh_remainder(hh_state *s, const uint8_t *bytes, size_t n) {
     packet[17] = bytes[words + (tail >> 1)];
     packet[18] = bytes[words + tail - 1];
   }
+}
+
+static void hh_remainder(hh_state *s, const uint8_t *bytes, size_t n) {
+  uint8_t packet[32];
+  for (int i = 0; i < 4; i++) {
+    s->v0[i] += ((uint64_t)n << 32) + n;
+    uint32_t lo = (uint32_t)s->v1[i], hi = (uint32_t)(s->v1[i] >> 32);
+    s->v1[i] = (uint64_t)rotl32(lo, (unsigned)n) | ((uint64_t)rotl32(hi, (unsigned)n) << 32);
+  }
+  hh_tail_packet(bytes, n, packet);
   hh_packet(s, packet);
 }
 
@@ -174,20 +179,11 @@ __attribute__((target("avx2"))) static uint64_t highway_hash64_avx2(const uint8_
   for (; i + 32 <= n; i += 32) hh_avx2_update(&s, _mm256_loadu_si256((const __m256i *)(data + i)));
   size_t r = n & 31;
   if (r) {
-    const uint8_t *bytes = data + i;
-    uint8_t packet[32] = {0};
-    size_t words = r & ~(size_t)3, tail = r & 3;
+    uint8_t packet[32];
     s.v0 = _mm256_add_epi64(s.v0, _mm256_set1_epi64x((long long)((r << 32) + r)));
     const __m128i left = _mm_cvtsi32_si128((int)r), right = _mm_cvtsi32_si128((int)(32 - r));
     s.v1 = _mm256_or_si256(_mm256_sll_epi32(s.v1, left), _mm256_srl_epi32(s.v1, right));
-    memcpy(packet, bytes, words);
-    if (r & 16) {
-      memcpy(packet + 28, bytes + r - 4, 4);
-    } else if (tail) {
-      packet[16] = bytes[words];
-      packet[17] = bytes[words + (tail >> 1)];
-      packet[18] = bytes[words + tail - 1];
-    }
+    hh_tail_packet(data + i, r, packet);
     hh_avx2_update(&s, _mm256_loadu_si256((const __m256i *)packet));
   }
   for (int round = 0; round < 4; round++) {
@@ -1146,9 +1142,10 @@ static PyObject *py_stat_paths(PyObject *self, PyObject *args) {
     paths[i] = PyUnicode_AsUTF8(item); /* kept by the str, which the list holds */
     if (!paths[i]) goto done;
   }
+  Py_ssize_t most = n / STAT_PER_THREAD; /* at most STAT_THREADS_MAX, and at least one */
+  if (most > STAT_THREADS_MAX) most = STAT_THREADS_MAX;
+  if (threads > most) threads = (int)most;
   if (threads < 1) threads = 1;
-  if (threads > STAT_THREADS_MAX) threads = STAT_THREADS_MAX;
-  if (threads > n / STAT_PER_THREAD) threads = (int)(n / STAT_PER_THREAD) > 1 ? (int)(n / STAT_PER_THREAD) : 1;
   stat_job jobs[STAT_THREADS_MAX];
   pthread_t ids[STAT_THREADS_MAX];
   int started[STAT_THREADS_MAX] = {0};

@@ -111,7 +111,9 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
     paths = [prefix + name for name in names]
     found, versions = _stat(paths, missing=f"is listed in {MANIFEST_NAME} but missing; re-run `python -m pipelines "
                             "convert` (it recreates missing shards) or restage the data")
-    for i in np.flatnonzero(found != np.asarray(sizes, dtype=np.int64)).tolist()[:1]:
+    wrong = np.flatnonzero(found != np.asarray(sizes, dtype=np.int64))
+    if len(wrong):
+        i = int(wrong[0])
         raise ValueError(f"{paths[i]} is {found[i]} bytes but {MANIFEST_NAME} says {sizes[i]}; the file is truncated "
                          "or was replaced: re-run the conversion or restage the data")
     features = root if table.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
@@ -164,7 +166,9 @@ def _stat(paths: list[str], *, missing: str) -> tuple[np.ndarray, tuple[int, ...
     sizes, mtimes, errnos = (np.empty(len(paths), dtype=np.int64) for _ in range(3))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     _riegeli.stat_paths(paths, sizes, mtimes, errnos, cores)
-    for i in np.flatnonzero(errnos).tolist()[:1]:
+    failed = np.flatnonzero(errnos)
+    if len(failed):
+        i = int(failed[0])
         if errnos[i] == errno.ENOENT:
             raise FileNotFoundError(f"{paths[i]} {missing}")
         raise OSError(f"{paths[i]}: {os.strerror(int(errnos[i]))}; a shard must be a readable file")
