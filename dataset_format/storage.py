@@ -166,6 +166,12 @@ def list_details(directory: str) -> dict[str, tuple[int, float]]:
     return {name: (b.size, b.updated.timestamp()) for name, b in _objects_in(directory)}
 
 
+def list_generations(directory: str) -> dict[str, tuple[int, int]]:
+    """Base name -> (size, generation) of the gs:// objects directly under `directory`, in one listing. An object's
+    generation changes with every write of it, whatever its size and times: what a cache of its contents is keyed by."""
+    return {name: (b.size, int(b.generation or 0)) for name, b in _objects_in(directory)}
+
+
 def list_metadata(directory: str) -> dict[str, dict[str, str]]:
     """Base name -> custom metadata of the gs:// objects directly under `directory`, in one listing (a page per
     1,000 objects); {} for a local directory."""

@@ -14,17 +14,24 @@
    Exported (all buffers are C-contiguous; the loader passes NumPy arrays):
    - ef_encode(values, sample): the Elias-Fano code of a shard's chunk offsets (the compact index, index.py);
      locate(index, info, shards, locals, begins_out, ends_out): file spans of records from that index.
-   - read(fds, begins, ends, check, max_gap): the records of those chunks, coalescing nearby chunks of a file into
-     one pread; a list of bytes in the order given.
+   - read(fds, begins, ends, check, max_gap, max_record): the records of those chunks, coalescing nearby chunks of a
+     file into one pread; a list of bytes in the order given. A record over max_record bytes raises TooLargeError.
    - decode(spans, span_begins, fds-free records...): the same over spans already in memory (gs:// range reads).
    - plan_spans(fds, begins, ends, max_gap): the coalesced spans read() would read, for remote reads.
-   - decode_chunk(data, check): a whole simple chunk of any number of records -> (sizes bytes, values bytes)
-     (the footer).
-   - stat_paths(paths, ...): many files' sizes and modification times, stat(2) on several threads.
-   - buffers_kept(): read buffers that threads keep now (each is freed when its thread ends).
+   - decode_chunk(data, position, check, max_records): a whole simple chunk of any number of records -> (sizes
+     bytes, values bytes) (the footer); footer_offsets(sizes, values): its entries' chunk offsets and record counts.
+   - stat_paths(paths, ...): many files' sizes, modification and change times and inodes, stat(2) on several threads.
+   - buffers_kept(), zstd_contexts(): read buffers and zstd contexts that threads keep now (each is freed when its
+     thread ends).
    - hash64(data, portable=False): HighwayHash-64 with riegeli's key (tests); HASH_AVX2: whether AVX2 computes it.
    Errors carry the position of the record (in the order given) that failed: the Python side names the shard.
-   zstd comes from the system's libzstd.so.1, opened on first use; snappy is decoded here. */
+   zstd comes from the system's libzstd.so.1, opened on first use; snappy is decoded here.
+
+   Every length read from a file is untrusted (a crafted file can carry any value with valid hashes: HighwayHash's key
+   is public). Each one passes `fits(p, end, n)` (n <= end - p, which cannot wrap) before it is used, and every
+   allocation is bounded before it is made: a record by the bytes its codec can produce from the chunk's stored bytes
+   and by the caller's max_record, a footer's record count by the bytes that hold its sizes, its decoded bytes by
+   the record count. A chunk must end where its span ends (or be followed by riegeli padding that does). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -43,6 +50,7 @@
 #define SIMPLE_CHUNK 'r'
 
 static PyObject *CorruptError;   /* a hash, size or structure check failed: the file is damaged */
+static PyObject *TooLargeError;  /* a record over the caller's max_record: args (why, record, its size) */
 static PyObject *UnsupportedError; /* a chunk this reader does not decode (the caller falls back) */
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -207,6 +215,9 @@ static inline uint64_t highway_hash64(const uint8_t *data, size_t n) {
 /* ------------------------------------------------------------------------------------------------ */
 /* Varints, snappy, zstd.                                                                           */
 
+/* Whether n bytes are left at p before end (p <= end). The only form of a bounds check here: p + n <= end wraps. */
+static inline int fits(const uint8_t *p, const uint8_t *end, uint64_t n) { return n <= (uint64_t)(end - p); }
+
 /* Reads a varint64 at *p (< end); 0 on success. */
 static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
   uint64_t v = 0;
@@ -281,10 +292,22 @@ static int snappy_decode(const uint8_t *src, size_t n, uint8_t *dst, size_t dst_
 typedef void *(*zstd_create_fn)(void);
 typedef size_t (*zstd_decompress_fn)(void *, void *, size_t, const void *, size_t);
 typedef unsigned (*zstd_is_error_fn)(size_t);
+typedef unsigned long long (*zstd_content_size_fn)(const void *, size_t);
+typedef size_t (*zstd_free_fn)(void *);
 static zstd_create_fn zstd_create;
 static zstd_decompress_fn zstd_decompress;
 static zstd_is_error_fn zstd_is_error;
-static __thread void *zstd_context; /* one decompression context per thread, kept */
+static zstd_content_size_fn zstd_content_size;
+static zstd_free_fn zstd_free;
+#define ZSTD_CONTENT_UNKNOWN (0ULL - 1)
+static __thread void *zstd_context; /* one decompression context per thread, kept; freed when the thread ends */
+static pthread_key_t zstd_key;
+static int64_t zstd_contexts;       /* contexts alive now (tests: none outlives its thread) */
+
+static void zstd_release(void *context) {
+  zstd_free(context);
+  __atomic_fetch_sub(&zstd_contexts, 1, __ATOMIC_RELAXED);
+}
 
 /* Called with the GIL held, at import. */
 static int zstd_load(void) {
@@ -293,10 +316,47 @@ static int zstd_load(void) {
   zstd_create = (zstd_create_fn)dlsym(lib, "ZSTD_createDCtx");
   zstd_decompress = (zstd_decompress_fn)dlsym(lib, "ZSTD_decompressDCtx");
   zstd_is_error = (zstd_is_error_fn)dlsym(lib, "ZSTD_isError");
-  return zstd_create && zstd_decompress && zstd_is_error ? 0 : -1;
+  zstd_content_size = (zstd_content_size_fn)dlsym(lib, "ZSTD_getFrameContentSize");
+  zstd_free = (zstd_free_fn)dlsym(lib, "ZSTD_freeDCtx");
+  if (!(zstd_create && zstd_decompress && zstd_is_error && zstd_content_size && zstd_free)) {
+    zstd_decompress = NULL;
+    return -1;
+  }
+  return pthread_key_create(&zstd_key, zstd_release) ? (zstd_decompress = NULL, -1) : 0;
 }
 
-enum { OK = 0, CORRUPT = 1, UNSUPPORTED = 2, NO_MEMORY = 3, IO_ERROR = 4 };
+static void *zstd_thread_context(void) {
+  if (!zstd_context && (zstd_context = zstd_create())) {
+    __atomic_fetch_add(&zstd_contexts, 1, __ATOMIC_RELAXED);
+    pthread_setspecific(zstd_key, zstd_context);
+  }
+  return zstd_context;
+}
+
+enum { OK = 0, CORRUPT = 1, UNSUPPORTED = 2, NO_MEMORY = 3, IO_ERROR = 4, TOO_LARGE = 5 };
+
+/* Whether a blob of n stored bytes in `compression` can decode to `size` bytes; why not in *why. Checked before the
+   output is allocated. Uncompressed: exactly n. Snappy: a 3-byte copy gives at most 64 bytes (< 22 a byte). zstd: the
+   size its frame header declares, when it declares one (riegeli's writer always does). */
+static int blob_can_hold(uint8_t compression, const uint8_t *src, size_t n, uint64_t size, const char **why) {
+  const uint8_t *p = src, *end = src + n;
+  uint64_t declared;
+  if (compression == 0) return size == n ? OK : (*why = "an uncompressed blob of the wrong size", CORRUPT);
+  if (read_varint(&p, end, &declared) || declared != size)
+    return *why = "a compressed blob whose size disagrees with the chunk header", CORRUPT;
+  if (compression == 's')
+    return size / 22 <= (uint64_t)(end - p) ? OK : (*why = "more bytes than a snappy stream can hold", CORRUPT);
+  if (compression == 'z') {
+    if (!zstd_decompress) return *why = "zstd chunks need libzstd.so.1", UNSUPPORTED;
+    if (size == 0 && p == end) return OK;
+    unsigned long long frame = zstd_content_size(p, (size_t)(end - p));
+    if (frame != ZSTD_CONTENT_UNKNOWN && frame != size)
+      return *why = "a zstd frame whose size disagrees with the chunk header", CORRUPT;
+    return OK;
+  }
+  return *why = (compression == 'b' ? "brotli chunks are not decoded here" : "an unknown compression type"),
+         compression == 'b' ? UNSUPPORTED : CORRUPT;
+}
 
 /* A compressed blob (riegeli's varint of the decompressed size, then the stream) into exactly dst_len bytes. */
 static int decompress_blob(uint8_t compression, const uint8_t *src, size_t n, uint8_t *dst, size_t dst_len,
@@ -317,9 +377,10 @@ static int decompress_blob(uint8_t compression, const uint8_t *src, size_t n, ui
   }
   if (compression == 'z') {
     if (!zstd_decompress) return *why = "zstd chunks need libzstd.so.1", UNSUPPORTED;
-    if (!zstd_context && !(zstd_context = zstd_create())) return *why = "out of memory", NO_MEMORY;
+    void *context = zstd_thread_context();
+    if (!context) return *why = "out of memory", NO_MEMORY;
     if (dst_len == 0 && end == p) return OK;
-    size_t got = zstd_decompress(zstd_context, dst, dst_len, p, (size_t)(end - p));
+    size_t got = zstd_decompress(context, dst, dst_len, p, (size_t)(end - p));
     if (zstd_is_error(got) || got != dst_len) return *why = "a zstd frame that does not decode", CORRUPT;
     return OK;
   }
@@ -334,10 +395,18 @@ typedef struct {
   const uint8_t *data; /* the chunk's data (after its header), block headers already removed */
   uint64_t data_size, num_records, decoded_size;
   uint8_t type;
+  /* a one-record simple chunk, once checked (check_single): */
+  uint8_t compression;
+  const uint8_t *values;
+  size_t values_len;
 } chunk;
 
-/* Parses and checks the chunk at the start of `bytes` (n bytes, block headers removed). */
-static int parse_chunk(const uint8_t *bytes, size_t n, int check, chunk *c, const char **why) {
+#define PADDING_CHUNK 'p'
+
+/* Parses and checks the chunk at the start of `bytes` (n bytes, block headers removed). With `exact`, the n bytes
+   are the chunk's whole span: it must fill them, alone or followed by one riegeli padding chunk that fills the rest
+   (files written with pad_to_block_boundary:true). */
+static int parse_chunk(const uint8_t *bytes, size_t n, int check, int exact, chunk *c, const char **why) {
   if (n < CHUNK_HEADER_SIZE) return *why = "a chunk shorter than its header (truncated file?)", CORRUPT;
   if (check && highway_hash64(bytes + 8, 32) != load64(bytes))
     return *why = "a chunk header whose hash does not match", CORRUPT;
@@ -346,8 +415,15 @@ static int parse_chunk(const uint8_t *bytes, size_t n, int check, chunk *c, cons
   c->type = (uint8_t)type_and_count;
   c->num_records = type_and_count >> 8;
   c->decoded_size = load64(bytes + 32);
-  if (c->data_size > n - CHUNK_HEADER_SIZE) return *why = "a chunk whose data runs past its end", CORRUPT;
   c->data = bytes + CHUNK_HEADER_SIZE;
+  if (!fits(c->data, bytes + n, c->data_size)) return *why = "a chunk whose data runs past its span", CORRUPT;
+  if (exact && c->data_size != n - CHUNK_HEADER_SIZE) {
+    const uint8_t *pad = c->data + c->data_size;
+    size_t left = (size_t)(bytes + n - pad);
+    if (left < CHUNK_HEADER_SIZE || (uint8_t)load64(pad + 24) != PADDING_CHUNK || load64(pad + 24) >> 8 != 0 ||
+        load64(pad + 8) != left - CHUNK_HEADER_SIZE || (check && highway_hash64(pad + 8, 32) != load64(pad)))
+      return *why = "a chunk that ends before its span (a stale or damaged index?)", CORRUPT;
+  }
   if (check && highway_hash64(c->data, c->data_size) != load64(bytes + 16))
     return *why = "chunk data whose hash does not match", CORRUPT;
   return OK;
@@ -369,21 +445,23 @@ static int split_simple(const chunk *c, uint8_t *compression, const uint8_t **si
   return OK;
 }
 
-/* A one-record simple chunk: checks its sizes blob names decoded_size, and decodes the record into dst. */
-static int decode_single(const chunk *c, uint8_t *dst, const char **why) {
-  uint8_t compression, sizes_buf[16];
-  const uint8_t *sizes, *values;
-  size_t sizes_len, values_len;
-  int rc = split_simple(c, &compression, &sizes, &sizes_len, &values, &values_len, why);
+/* Checks a one-record simple chunk before its record is allocated: its sizes blob names decoded_size, which is at
+   most max_record and what its values blob can decode to. Keeps the values blob in the chunk for decode_single. */
+static int check_single(chunk *c, uint64_t max_record, const char **why) {
+  uint8_t sizes_buf[16];
+  const uint8_t *sizes;
+  size_t sizes_len;
+  int rc = split_simple(c, &c->compression, &sizes, &sizes_len, &c->values, &c->values_len, why);
   if (rc) return rc;
   /* the sizes blob holds one varint; decompressed it is at most 10 bytes */
   const uint8_t *plain = sizes;
   size_t plain_len = sizes_len;
-  if (compression != 0) {
+  if (c->compression != 0) {
     const uint8_t *q = sizes;
     uint64_t size;
     if (read_varint(&q, sizes + sizes_len, &size) || size > 10) return *why = "a bad sizes blob", CORRUPT;
-    rc = decompress_blob(compression, sizes, sizes_len, sizes_buf, (size_t)size, why);
+    rc = blob_can_hold(c->compression, sizes, sizes_len, size, why);
+    if (!rc) rc = decompress_blob(c->compression, sizes, sizes_len, sizes_buf, (size_t)size, why);
     if (rc) return rc;
     plain = sizes_buf;
     plain_len = (size_t)size;
@@ -392,13 +470,20 @@ static int decode_single(const chunk *c, uint8_t *dst, const char **why) {
   uint64_t record_size;
   if (read_varint(&q, plain + plain_len, &record_size) || q != plain + plain_len || record_size != c->decoded_size)
     return *why = "a record size that disagrees with the chunk header", CORRUPT;
-  return decompress_blob(compression, values, values_len, dst, (size_t)c->decoded_size, why);
+  rc = blob_can_hold(c->compression, c->values, c->values_len, c->decoded_size, why);
+  if (!rc && c->decoded_size > max_record) return *why = "a record larger than max_record_bytes", TOO_LARGE;
+  return rc;
+}
+
+/* Decodes a chunk that passed check_single into dst (decoded_size bytes). */
+static int decode_single(const chunk *c, uint8_t *dst, const char **why) {
+  return decompress_blob(c->compression, c->values, c->values_len, dst, (size_t)c->decoded_size, why);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Block headers.                                                                                   */
 
-/* File position -> position in the stream with every block header removed. */
+/* File position (>= 0) -> position in the stream with every block header removed. */
 static inline int64_t logical(int64_t pos) {
   int64_t in_block = pos % BLOCK_SIZE;
   return pos - (pos / BLOCK_SIZE) * BLOCK_HEADER_SIZE - (in_block < BLOCK_HEADER_SIZE ? in_block : BLOCK_HEADER_SIZE);
@@ -441,7 +526,9 @@ typedef struct {
   span *spans;
   uint8_t *arena;     /* every span's bytes: the thread's kept buffer, or its own when arena_private */
   int arena_private;
+  int arena_held;     /* this read holds the thread's buffer (set even when it is NULL: a read of no bytes) */
   Py_ssize_t num_spans;
+  uint64_t max_record; /* the largest record to allocate */
   Py_ssize_t failed;  /* the record an error is about */
   const char *why;
   int err_no;
@@ -456,7 +543,8 @@ static int plan(batch *b, int64_t max_gap) {
   if (!b->spans || !b->span_of || !b->chunks) return NO_MEMORY;
   Py_ssize_t s = -1;
   for (Py_ssize_t i = 0; i < b->n; i++) {
-    if (b->ends[i] < b->begins[i]) return b->failed = i, b->why = "an index entry with end before begin", CORRUPT;
+    if (b->begins[i] < 0 || b->ends[i] < b->begins[i] || b->ends[i] > INT64_MAX / 2)
+      return b->failed = i, b->why = "an index entry outside the file", CORRUPT;
     if (s >= 0 && b->fds[i] == b->spans[s].fd && b->begins[i] >= b->spans[s].begin &&
         b->begins[i] <= b->spans[s].end + max_gap) {
       if (b->ends[i] > b->spans[s].end) b->spans[s].end = b->ends[i];
@@ -480,7 +568,7 @@ static int plan(batch *b, int64_t max_gap) {
 static __thread uint8_t *thread_arena;
 static __thread size_t thread_arena_size;
 static __thread int thread_arena_busy; /* a read on this thread holds it (a nested one, from a finalizer run by
-                                          an allocation, gets its own buffer) */
+                                          an allocation, gets its own buffer); batch.arena_held says which read */
 static pthread_key_t arena_key;        /* its value: the thread's buffer, freed at the thread's exit */
 static int64_t arenas_kept;            /* buffers kept by threads now (tests: none outlives its thread) */
 
@@ -516,7 +604,7 @@ static int alloc_spans(batch *b) {
   }
   if (!b->arena_private) {
     b->arena = thread_arena;
-    thread_arena_busy = 1;
+    b->arena_held = thread_arena_busy = 1;
   }
   total = 0;
   for (Py_ssize_t s = 0; s < b->num_spans; s++) {
@@ -556,9 +644,10 @@ static int parse_all(batch *b, int check) {
     span *sp = &b->spans[b->span_of[i]];
     int64_t at = logical(b->begins[i]) - logical(sp->begin), to = logical(b->ends[i]) - logical(sp->begin);
     if (at < 0 || to > (int64_t)sp->len) return b->failed = i, b->why = "a span that misses the record", CORRUPT;
-    int rc = parse_chunk(sp->buf + at, (size_t)(to - at), check, &b->chunks[i], &b->why);
-    if (!rc && b->chunks[i].num_records != 1)
-      rc = UNSUPPORTED, b->why = "a chunk of several records (group_size > 1)";
+    chunk *c = &b->chunks[i];
+    int rc = parse_chunk(sp->buf + at, (size_t)(to - at), check, 1, c, &b->why);
+    if (!rc && c->num_records != 1) rc = UNSUPPORTED, b->why = "a chunk of several records (group_size > 1)";
+    if (!rc) rc = check_single(c, b->max_record, &b->why);
     if (rc) return b->failed = i, rc;
   }
   return OK;
@@ -567,7 +656,7 @@ static int parse_all(batch *b, int check) {
 static void batch_free(batch *b) {
   if (b->arena_private) {
     free(b->arena);
-  } else if (b->arena) {
+  } else if (b->arena_held) {
     thread_arena_busy = 0;
     if (thread_arena_size > ARENA_KEEP) arena_drop(); /* a rare huge read: give its memory back */
   }
@@ -583,9 +672,11 @@ static PyObject *raise_for(batch *b, int rc) {
     PyObject *e = PyErr_SetFromErrno(PyExc_OSError);
     return e;
   }
-  PyObject *args = Py_BuildValue("(sn)", b->why ? b->why : "a bad chunk", b->failed);
+  /* (why, record position, the record's declared size when it is too large) */
+  unsigned long long size = rc == TOO_LARGE && b->chunks ? (unsigned long long)b->chunks[b->failed].decoded_size : 0;
+  PyObject *args = Py_BuildValue("(snK)", b->why ? b->why : "a bad chunk", b->failed, size);
   if (args) {
-    PyErr_SetObject(rc == UNSUPPORTED ? UnsupportedError : CorruptError, args);
+    PyErr_SetObject(rc == UNSUPPORTED ? UnsupportedError : rc == TOO_LARGE ? TooLargeError : CorruptError, args);
     Py_DECREF(args);
   }
   return NULL;
@@ -666,14 +757,22 @@ static void record_args_release(record_args *a) {
   a->held = 0;
 }
 
-/* read(fds, begins, ends, check, max_gap) -> list[bytes] */
+/* The largest record a read may allocate (max_record): at most what a bytes object can hold. */
+static uint64_t record_limit(long long max_record) {
+  return max_record < 0 || (unsigned long long)max_record > (unsigned long long)PY_SSIZE_T_MAX - 64
+             ? (uint64_t)PY_SSIZE_T_MAX - 64
+             : (uint64_t)max_record;
+}
+
+/* read(fds, begins, ends, check, max_gap, max_record=-1) -> list[bytes] */
 static PyObject *py_read(PyObject *self, PyObject *args) {
   PyObject *fds, *begins, *ends;
   int check;
-  long long max_gap;
-  if (!PyArg_ParseTuple(args, "OOOpL", &fds, &begins, &ends, &check, &max_gap)) return NULL;
+  long long max_gap, max_record = -1;
+  if (!PyArg_ParseTuple(args, "OOOpL|L", &fds, &begins, &ends, &check, &max_gap, &max_record)) return NULL;
   record_args a;
   batch b = {0};
+  b.max_record = record_limit(max_record);
   PyObject *out = NULL;
   if (record_args_get(&a, fds, begins, ends, &b.n)) goto done;
   b.fds = a.fds.buf;
@@ -739,10 +838,11 @@ done:
 static PyObject *py_decode(PyObject *self, PyObject *args) {
   PyObject *buffers, *fds, *begins, *ends;
   int check;
-  long long max_gap;
-  if (!PyArg_ParseTuple(args, "OOOOpL", &buffers, &fds, &begins, &ends, &check, &max_gap)) return NULL;
+  long long max_gap, max_record = -1;
+  if (!PyArg_ParseTuple(args, "OOOOpL|L", &buffers, &fds, &begins, &ends, &check, &max_gap, &max_record)) return NULL;
   record_args a;
   batch b = {0};
+  b.max_record = record_limit(max_record);
   PyObject *out = NULL;
   if (record_args_get(&a, fds, begins, ends, &b.n)) goto done;
   b.fds = a.fds.buf;
@@ -781,65 +881,93 @@ done:
   return out;
 }
 
-/* decode_chunk(data, position, check) -> (sizes: bytes of little-endian u64, values: bytes). `data` holds the file
-   bytes of one simple chunk starting at file `position` (block headers are removed here). */
+/* Bytes of decoded footer records allowed per record: an ArrayRecordFooter is 3 varint fields (<= 33 bytes); the
+   first record, the metadata with the writer's options, gets FOOTER_METADATA_MAX more. */
+#define FOOTER_RECORD_MAX 64
+#define FOOTER_METADATA_MAX (1 << 16)
+
+/* decode_chunk(data, position, check, max_records) -> (sizes: bytes of little-endian u64, values: bytes). `data`
+   holds the file bytes of one simple chunk starting at file `position` (block headers are removed here); padding
+   may follow it. A chunk of more than max_records records, or of more decoded bytes than FOOTER_RECORD_MAX a record
+   (plus FOOTER_METADATA_MAX), is refused before anything is allocated for it: the caller bounds max_records by the
+   file (a chunk takes at least 40 bytes). */
 static PyObject *py_decode_chunk(PyObject *self, PyObject *args) {
   Py_buffer view;
-  long long position;
+  long long position, max_records;
   int check;
-  if (!PyArg_ParseTuple(args, "y*Lp", &view, &position, &check)) return NULL;
+  if (!PyArg_ParseTuple(args, "y*LpL", &view, &position, &check, &max_records)) return NULL;
   PyObject *out = NULL, *sizes_out = NULL, *values_out = NULL;
-  uint8_t *buf = malloc(view.len ? (size_t)view.len : 1), *plain_sizes = NULL;
+  uint8_t *buf = NULL, *plain_sizes = NULL;
   const char *why = NULL;
   int rc = OK;
   chunk c;
-  uint8_t compression;
-  const uint8_t *sizes, *values;
-  size_t sizes_len, values_len, plain_len = 0;
-  if (!buf) {
+  uint8_t compression = 0;
+  const uint8_t *sizes = NULL, *values = NULL;
+  size_t sizes_len = 0, values_len = 0, plain_len = 0;
+  if (position < 0 || max_records < 0) {
+    PyErr_SetString(PyExc_ValueError, "decode_chunk: position and max_records must be >= 0");
+    goto done;
+  }
+  if (!(buf = malloc(view.len ? (size_t)view.len : 1))) {
     PyErr_NoMemory();
     goto done;
   }
   memcpy(buf, view.buf, (size_t)view.len);
   size_t len = strip_block_headers(buf, position, (size_t)view.len);
-  Py_BEGIN_ALLOW_THREADS rc = parse_chunk(buf, len, check, &c, &why);
+  Py_BEGIN_ALLOW_THREADS rc = parse_chunk(buf, len, check, 0, &c, &why);
   if (!rc) rc = split_simple(&c, &compression, &sizes, &sizes_len, &values, &values_len, &why);
+  if (!rc && (c.num_records > (uint64_t)max_records ||
+              c.decoded_size > FOOTER_METADATA_MAX + FOOTER_RECORD_MAX * c.num_records))
+    rc = CORRUPT, why = "a chunk of more records or bytes than the file can hold";
   if (!rc && compression != 0) {
     const uint8_t *q = sizes;
     uint64_t size;
-    if (read_varint(&q, sizes + sizes_len, &size) || size > 10 * c.num_records + 10) {
+    /* each record's size is a varint of 1 to 10 bytes */
+    if (read_varint(&q, sizes + sizes_len, &size) || size < c.num_records || size / 10 > c.num_records) {
       rc = CORRUPT, why = "a bad sizes blob";
-    } else if (!(plain_sizes = malloc(size ? (size_t)size : 1))) {
-      rc = NO_MEMORY;
-    } else {
-      plain_len = (size_t)size;
-      rc = decompress_blob(compression, sizes, sizes_len, plain_sizes, plain_len, &why);
+    } else if (!(rc = blob_can_hold(compression, sizes, sizes_len, size, &why))) {
+      if (!(plain_sizes = malloc(size ? (size_t)size : 1))) {
+        rc = NO_MEMORY;
+      } else {
+        plain_len = (size_t)size;
+        rc = decompress_blob(compression, sizes, sizes_len, plain_sizes, plain_len, &why);
+      }
     }
   } else if (!rc) {
-    plain_sizes = malloc(sizes_len ? sizes_len : 1);
-    if (!plain_sizes) rc = NO_MEMORY;
-    else memcpy(plain_sizes, sizes, plain_len = sizes_len);
+    if (sizes_len < c.num_records) {
+      rc = CORRUPT, why = "a bad sizes blob";
+    } else if (!(plain_sizes = malloc(sizes_len ? sizes_len : 1))) {
+      rc = NO_MEMORY;
+    } else {
+      memcpy(plain_sizes, sizes, plain_len = sizes_len);
+    }
   }
+  if (!rc) rc = blob_can_hold(compression, values, values_len, c.decoded_size, &why);
   Py_END_ALLOW_THREADS if (rc) {
     batch b = {0};
     b.why = why;
     raise_for(&b, rc);
     goto done;
   }
+  /* num_records <= plain_len and decoded_size <= FOOTER_... * num_records: both bounded by the chunk's bytes */
   sizes_out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 * c.num_records));
   values_out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c.decoded_size);
   if (!sizes_out || !values_out) goto done;
   {
-    uint64_t *out_sizes = (uint64_t *)PyBytes_AS_STRING(sizes_out), total = 0;
+    uint64_t *out_sizes = (uint64_t *)PyBytes_AS_STRING(sizes_out), left = c.decoded_size;
     const uint8_t *q = plain_sizes, *end = plain_sizes + plain_len;
     for (uint64_t i = 0; i < c.num_records; i++) {
       if (read_varint(&q, end, &out_sizes[i])) {
         rc = CORRUPT, why = "a sizes blob with fewer sizes than records";
         break;
       }
-      total += out_sizes[i];
+      if (out_sizes[i] > left) { /* subtracting never wraps: sizes that sum past decoded_size are refused */
+        rc = CORRUPT, why = "record sizes that add up to more than the chunk";
+        break;
+      }
+      left -= out_sizes[i];
     }
-    if (!rc && (q != end || total != c.decoded_size)) rc = CORRUPT, why = "record sizes that disagree with the chunk";
+    if (!rc && (q != end || left != 0)) rc = CORRUPT, why = "record sizes that disagree with the chunk";
     if (!rc) {
       Py_BEGIN_ALLOW_THREADS rc = decompress_blob(compression, values, values_len,
                                                    (uint8_t *)PyBytes_AS_STRING(values_out),
@@ -873,8 +1001,10 @@ done:
    its high part, coded in unary as the set bit at position (v >> l) + i of a bit vector of at most 2m + 1 bits; the
    position of every SAMPLE-th set bit is kept. l + 2 to l + 3 bits a value: ~1.5 bytes for chunks of ~1 KB. */
 
-static inline int64_t ef_next_ones(const uint64_t *hi, int64_t pos, int64_t d) {
-  /* the position of the d-th set bit after position pos (d >= 0; d == 0: pos) */
+static inline int64_t ef_next_ones(const uint64_t *hi, int64_t hi_words, int64_t pos, int64_t d) {
+  /* the position of the d-th set bit after position pos (d >= 0; d == 0: pos); -1 when the hi_words words of the
+     bit vector run out first (a damaged index) */
+  if (pos < 0 || (pos >> 6) >= hi_words) return -1;
   if (d == 0) return pos;
   int64_t w = pos >> 6;
   int b = (int)(pos & 63);
@@ -883,7 +1013,8 @@ static inline int64_t ef_next_ones(const uint64_t *hi, int64_t pos, int64_t d) {
     int64_t c = __builtin_popcountll(word);
     if (c >= d) break;
     d -= c;
-    word = hi[++w];
+    if (++w >= hi_words) return -1;
+    word = hi[w];
   }
   for (int64_t k = 1; k < d; k++) word &= word - 1;
   return (w << 6) + __builtin_ctzll(word);
@@ -950,7 +1081,16 @@ done:
 /* locate(index, shard_info, shards, locals, begins_out, ends_out): the chunk span [begin, end) of record `local`
    of each shard: values local and local + 1 of its code. index: the index file (u64 words);
    shard_info: int64 [num_shards, 6] = (samples at, highs at, lows at (u64 word offsets), l, values, sample).
-   Records are visited in the given order; a run within one shard walks forward from the last one. */
+   Records are visited in the given order; a run within one shard walks forward from the last one.
+   The index is a file, so nothing in it is trusted: every word read lies inside its shard's section of the file
+   (loader/index.py also checks each shard's row and a hash of the whole file when it opens one). */
+static int ef_row_ok(const int64_t *f, int64_t words) {
+  int64_t samples_at = f[0], highs_at = f[1], lows_at = f[2], l = f[3], count = f[4], sample = f[5];
+  if (count < 2 || count > ((int64_t)1 << 48) || sample < 1 || l < 0 || l > 63) return 0;
+  if (samples_at < 0 || highs_at < samples_at || lows_at < highs_at || lows_at > words) return 0;
+  if ((count + sample - 1) / sample > highs_at - samples_at) return 0;
+  return (count * l + 63) / 64 <= words - lows_at;
+}
 static PyObject *py_locate(PyObject *self, PyObject *args) {
   PyObject *index_obj, *info_obj, *shards_obj, *locals_obj, *begins_obj, *ends_obj;
   if (!PyArg_ParseTuple(args, "OOOOOO", &index_obj, &info_obj, &shards_obj, &locals_obj, &begins_obj, &ends_obj))
@@ -977,6 +1117,7 @@ static PyObject *py_locate(PyObject *self, PyObject *args) {
       goto done;
     }
     int bad = 0;
+    int64_t num_words = index.len / 8;
     Py_BEGIN_ALLOW_THREADS int64_t cur_shard = -1, cur_elem = 0, cur_pos = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
       int64_t s = sh[i], e = lo[i];
@@ -985,9 +1126,13 @@ static PyObject *py_locate(PyObject *self, PyObject *args) {
         break;
       }
       const int64_t *f = inf + 6 * s;
-      int64_t l = f[3], count = f[4], sample = f[5];
+      int64_t l = f[3], count = f[4], sample = f[5], hi_words = f[2] - f[1];
       if (e < 0 || e + 1 >= count) {
         bad = 1;
+        break;
+      }
+      if (s != cur_shard && !ef_row_ok(f, num_words)) {
+        bad = 2;
         break;
       }
       const uint64_t *hi = words + f[1], *low = words + f[2];
@@ -996,14 +1141,20 @@ static PyObject *py_locate(PyObject *self, PyObject *args) {
         cur_elem = (e / sample) * sample;
         cur_pos = (int64_t)words[f[0] + e / sample];
       }
-      cur_pos = ef_next_ones(hi, cur_pos, e - cur_elem);
+      cur_pos = ef_next_ones(hi, hi_words, cur_pos, e - cur_elem);
       cur_elem = e;
-      int64_t next = ef_next_ones(hi, cur_pos, 1);
+      int64_t next = cur_pos < 0 ? -1 : ef_next_ones(hi, hi_words, cur_pos, 1);
+      if (next < 0 || cur_pos < e || next <= e || ((uint64_t)(next - e - 1) >> (63 - l))) {
+        bad = 2;
+        cur_shard = -1;
+        break;
+      }
       bo[i] = (int64_t)((((uint64_t)(cur_pos - e)) << l) | ef_low(low, e, l));
       eo[i] = (int64_t)((((uint64_t)(next - e - 1)) << l) | ef_low(low, e + 1, l));
     }
     Py_END_ALLOW_THREADS if (bad) {
-      PyErr_SetString(PyExc_IndexError, "locate: a shard or record index out of range");
+      if (bad == 1) PyErr_SetString(PyExc_IndexError, "locate: a shard or record index out of range");
+      else PyErr_SetObject(CorruptError, Py_BuildValue("(snK)", "a damaged index", (Py_ssize_t)-1, 0ULL));
       goto done;
     }
   }
@@ -1019,51 +1170,56 @@ done:
   return result;
 }
 
-/* footer_offsets(sizes, values) -> (offsets: bytes of u64, single: bool): the chunk offsets of an ArrayRecord
-   footer (records after the first are ArrayRecordFooter{1: chunk_offset, 2: decoded_data_size, 3: num_records}),
-   and whether every chunk holds exactly one record. */
+/* footer_offsets(sizes, values) -> (offsets, counts: bytes of u64): the chunk offset and record count of each entry
+   of an ArrayRecord footer (records after the first are ArrayRecordFooter{1: chunk_offset, 2: decoded_data_size,
+   3: num_records}; a missing num_records is 1). `sizes` and `values` are decode_chunk's output; sizes are
+   re-checked here, each against the bytes left (they come from the file). */
 static PyObject *py_footer_offsets(PyObject *self, PyObject *args) {
   Py_buffer sizes, values;
   if (!PyArg_ParseTuple(args, "y*y*", &sizes, &values)) return NULL;
-  Py_ssize_t records = sizes.len / 8;
-  PyObject *offsets = PyBytes_FromStringAndSize(NULL, (records > 1 ? records - 1 : 0) * 8), *out = NULL;
-  int single = 1, bad = 0;
-  if (!offsets) goto done;
+  Py_ssize_t records = sizes.len / 8, entries = records > 1 ? records - 1 : 0;
+  PyObject *offsets = PyBytes_FromStringAndSize(NULL, entries * 8), *counts = PyBytes_FromStringAndSize(NULL,
+                                                                                                     entries * 8);
+  PyObject *out = NULL;
+  const char *bad = NULL;
+  if (!offsets || !counts) goto done;
   {
     const uint64_t *sz = sizes.buf;
-    uint64_t *off = (uint64_t *)PyBytes_AS_STRING(offsets);
+    uint64_t *off = (uint64_t *)PyBytes_AS_STRING(offsets), *cnt = (uint64_t *)PyBytes_AS_STRING(counts);
     const uint8_t *p = values.buf, *end = p + values.len;
-    if (records > 0) p += sz[0]; /* the footer metadata */
+    if (records > 0) {
+      if (!fits(p, end, sz[0])) bad = "a footer whose metadata runs past its end";
+      else p += sz[0];
+    }
     for (Py_ssize_t r = 1; r < records && !bad; r++) {
+      if (!fits(p, end, sz[r])) {
+        bad = "a footer entry that runs past the footer's end";
+        break;
+      }
       const uint8_t *q = p, *msg_end = p + sz[r];
       uint64_t chunk_offset = 0, num_records = 1;
       int has_offset = 0;
-      if (msg_end > end) {
-        bad = 1;
-        break;
-      }
-      while (q < msg_end) {
+      while (q < msg_end && !bad) {
         uint64_t key, value;
-        if (read_varint(&q, msg_end, &key) || (key & 7) != 0 || read_varint(&q, msg_end, &value)) {
-          bad = 1;
-          break;
-        }
-        if (key >> 3 == 1) chunk_offset = value, has_offset = 1;
+        if (read_varint(&q, msg_end, &key) || (key & 7) != 0 || read_varint(&q, msg_end, &value))
+          bad = "a footer entry that does not parse";
+        else if (key >> 3 == 1) chunk_offset = value, has_offset = 1;
         else if (key >> 3 == 3) num_records = value;
       }
-      if (!has_offset) bad = 1;
-      if (num_records != 1) single = 0;
+      if (!bad && !has_offset) bad = "a footer entry without a chunk offset";
       off[r - 1] = chunk_offset;
+      cnt[r - 1] = num_records;
       p = msg_end;
     }
   }
   if (bad) {
-    PyErr_SetObject(CorruptError, Py_BuildValue("(sn)", "a footer entry that does not parse", (Py_ssize_t)-1));
+    PyErr_SetObject(CorruptError, Py_BuildValue("(snK)", bad, (Py_ssize_t)-1, 0ULL));
     goto done;
   }
-  out = Py_BuildValue("(OO)", offsets, single ? Py_True : Py_False);
+  out = Py_BuildValue("(OO)", offsets, counts);
 done:
   Py_XDECREF(offsets);
+  Py_XDECREF(counts);
   PyBuffer_Release(&sizes);
   PyBuffer_Release(&values);
   return out;
@@ -1083,7 +1239,7 @@ static PyObject *py_hash64(PyObject *self, PyObject *args) {
 
 typedef struct {
   const char **paths;
-  int64_t *sizes, *mtimes, *errnos;
+  int64_t *sizes, *mtimes, *errnos, *ctimes, *inodes;
   Py_ssize_t begin, end;
 } stat_job;
 
@@ -1095,12 +1251,15 @@ static void *stat_range(void *arg) {
       j->sizes[i] = (int64_t)st.st_size;
 #ifdef __APPLE__
       j->mtimes[i] = (int64_t)st.st_mtimespec.tv_sec * 1000000000 + st.st_mtimespec.tv_nsec;
+      j->ctimes[i] = (int64_t)st.st_ctimespec.tv_sec * 1000000000 + st.st_ctimespec.tv_nsec;
 #else
       j->mtimes[i] = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+      j->ctimes[i] = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
 #endif
+      j->inodes[i] = (int64_t)st.st_ino;
       j->errnos[i] = S_ISREG(st.st_mode) ? 0 : EISDIR;
     } else {
-      j->sizes[i] = j->mtimes[i] = -1;
+      j->sizes[i] = j->mtimes[i] = j->ctimes[i] = j->inodes[i] = -1;
       j->errnos[i] = errno;
     }
   }
@@ -1110,21 +1269,26 @@ static void *stat_range(void *arg) {
 #define STAT_THREADS_MAX 32
 #define STAT_PER_THREAD 2048 /* fewer files than this per thread are not worth a thread */
 
-/* stat_paths(paths, sizes_out, mtimes_ns_out, errnos_out, threads): stat(2) of each path (following links), on up
-   to `threads` threads with the GIL released: a stat is ~3 us of system time, 100k shards ~0.3 s on one thread. */
+/* stat_paths(paths, sizes_out, mtimes_ns_out, errnos_out, threads, ctimes_ns_out, inodes_out): stat(2) of each path
+   (following links), on up to `threads` threads with the GIL released: a stat is ~3 us of system time, 100k shards
+   ~0.3 s on one thread. The paths are held in a tuple of their own meanwhile (the caller's list may change). */
 static PyObject *py_stat_paths(PyObject *self, PyObject *args) {
-  PyObject *list, *sizes_obj, *mtimes_obj, *errnos_obj;
+  PyObject *list, *sizes_obj, *mtimes_obj, *errnos_obj, *ctimes_obj, *inodes_obj;
   int threads;
-  if (!PyArg_ParseTuple(args, "O!OOOi", &PyList_Type, &list, &sizes_obj, &mtimes_obj, &errnos_obj, &threads))
+  if (!PyArg_ParseTuple(args, "O!OOOiOO", &PyList_Type, &list, &sizes_obj, &mtimes_obj, &errnos_obj, &threads,
+                        &ctimes_obj, &inodes_obj))
     return NULL;
-  Py_buffer sizes = {0}, mtimes = {0}, errnos = {0};
-  PyObject *result = NULL;
+  Py_buffer sizes = {0}, mtimes = {0}, errnos = {0}, ctimes = {0}, inodes = {0};
+  PyObject *result = NULL, *held = PyList_AsTuple(list);
   const char **paths = NULL;
-  Py_ssize_t n = PyList_GET_SIZE(list);
+  if (!held) return NULL;
+  Py_ssize_t n = PyTuple_GET_SIZE(held);
   if (int64_buffer(sizes_obj, &sizes, 1, "sizes_out") || int64_buffer(mtimes_obj, &mtimes, 1, "mtimes_out") ||
-      int64_buffer(errnos_obj, &errnos, 1, "errnos_out"))
+      int64_buffer(errnos_obj, &errnos, 1, "errnos_out") || int64_buffer(ctimes_obj, &ctimes, 1, "ctimes_out") ||
+      int64_buffer(inodes_obj, &inodes, 1, "inodes_out"))
     goto done;
-  if (sizes.len / 8 != n || mtimes.len / 8 != n || errnos.len / 8 != n) {
+  if (sizes.len / 8 != n || mtimes.len / 8 != n || errnos.len / 8 != n || ctimes.len / 8 != n ||
+      inodes.len / 8 != n) {
     PyErr_SetString(PyExc_ValueError, "stat_paths: one output entry per path");
     goto done;
   }
@@ -1134,12 +1298,12 @@ static PyObject *py_stat_paths(PyObject *self, PyObject *args) {
     goto done;
   }
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *item = PyList_GET_ITEM(list, i);
+    PyObject *item = PyTuple_GET_ITEM(held, i);
     if (!PyUnicode_Check(item)) {
       PyErr_Format(PyExc_TypeError, "stat_paths: path %zd is not a str", i);
       goto done;
     }
-    paths[i] = PyUnicode_AsUTF8(item); /* kept by the str, which the list holds */
+    paths[i] = PyUnicode_AsUTF8(item); /* kept by the str, which `held` holds */
     if (!paths[i]) goto done;
   }
   Py_ssize_t most = n / STAT_PER_THREAD; /* at most STAT_THREADS_MAX, and at least one */
@@ -1150,7 +1314,9 @@ static PyObject *py_stat_paths(PyObject *self, PyObject *args) {
   pthread_t ids[STAT_THREADS_MAX];
   int started[STAT_THREADS_MAX] = {0};
   Py_BEGIN_ALLOW_THREADS for (int t = 0; t < threads; t++) {
-    jobs[t] = (stat_job){paths, sizes.buf, mtimes.buf, errnos.buf, n * t / threads, n * (t + 1) / threads};
+    jobs[t] = (stat_job){paths,      sizes.buf,         mtimes.buf,
+                         errnos.buf, ctimes.buf,        inodes.buf,
+                         n * t / threads, n * (t + 1) / threads};
     /* the first range runs on this thread; a thread that cannot start leaves its range to this one */
     started[t] = t > 0 && pthread_create(&ids[t], NULL, stat_range, &jobs[t]) == 0;
   }
@@ -1162,9 +1328,12 @@ static PyObject *py_stat_paths(PyObject *self, PyObject *args) {
   Py_INCREF(result);
 done:
   free(paths);
+  Py_DECREF(held);
   if (sizes.obj) PyBuffer_Release(&sizes);
   if (mtimes.obj) PyBuffer_Release(&mtimes);
   if (errnos.obj) PyBuffer_Release(&errnos);
+  if (ctimes.obj) PyBuffer_Release(&ctimes);
+  if (inodes.obj) PyBuffer_Release(&inodes);
   return result;
 }
 
@@ -1172,16 +1341,23 @@ static PyObject *py_buffers_kept(PyObject *self, PyObject *args) {
   return PyLong_FromLongLong(__atomic_load_n(&arenas_kept, __ATOMIC_RELAXED));
 }
 
+static PyObject *py_zstd_contexts(PyObject *self, PyObject *args) {
+  return PyLong_FromLongLong(__atomic_load_n(&zstd_contexts, __ATOMIC_RELAXED));
+}
+
 static PyMethodDef methods[] = {
     {"read", py_read, METH_VARARGS, "read(fds, begins, ends, check, max_gap) -> list[bytes]"},
     {"plan_spans", py_plan_spans, METH_VARARGS, "plan_spans(fds, begins, ends, max_gap, span_of_out) -> spans"},
     {"decode", py_decode, METH_VARARGS, "decode(buffers, fds, begins, ends, check, max_gap) -> list[bytes]"},
-    {"decode_chunk", py_decode_chunk, METH_VARARGS, "decode_chunk(data, position, check) -> (sizes, values)"},
+    {"decode_chunk", py_decode_chunk, METH_VARARGS,
+     "decode_chunk(data, position, check, max_records) -> (sizes, values)"},
     {"locate", py_locate, METH_VARARGS, "locate(index, info, shards, locals, begins_out, ends_out)"},
     {"ef_encode", py_ef_encode, METH_VARARGS, "ef_encode(values, sample) -> (l, samples, highs, lows)"},
-    {"footer_offsets", py_footer_offsets, METH_VARARGS, "footer_offsets(sizes, values) -> (offsets, single)"},
-    {"stat_paths", py_stat_paths, METH_VARARGS, "stat_paths(paths, sizes_out, mtimes_ns_out, errnos_out, threads)"},
+    {"footer_offsets", py_footer_offsets, METH_VARARGS, "footer_offsets(sizes, values) -> (offsets, counts)"},
+    {"stat_paths", py_stat_paths, METH_VARARGS,
+     "stat_paths(paths, sizes_out, mtimes_ns_out, errnos_out, threads, ctimes_ns_out, inodes_out)"},
     {"buffers_kept", py_buffers_kept, METH_NOARGS, "buffers_kept() -> read buffers kept by threads now"},
+    {"zstd_contexts", py_zstd_contexts, METH_NOARGS, "zstd_contexts() -> zstd contexts kept by threads now"},
     {"hash64", py_hash64, METH_VARARGS, "hash64(data, portable=False): HighwayHash-64 with riegeli's key"},
     {NULL, NULL, 0, NULL}};
 
@@ -1201,6 +1377,9 @@ PyMODINIT_FUNC PyInit__riegeli(void) {
   if (!m) return NULL;
   CorruptError = PyErr_NewException("loader._riegeli.CorruptError", PyExc_ValueError, NULL);
   UnsupportedError = PyErr_NewException("loader._riegeli.UnsupportedError", PyExc_NotImplementedError, NULL);
+  TooLargeError = PyErr_NewException("loader._riegeli.TooLargeError", PyExc_ValueError, NULL);
+  PyModule_AddObject(m, "TooLargeError", TooLargeError);
+  Py_INCREF(TooLargeError);
   PyModule_AddObject(m, "CorruptError", CorruptError);
   Py_INCREF(CorruptError);
   PyModule_AddObject(m, "UnsupportedError", UnsupportedError);

@@ -14,6 +14,11 @@ The layout (array_record's `cpp/layout.proto` and `array_record_writer.cc`; rieg
 A record's chunk ends where the next begins (the last one where the footer begins). The chunks themselves are
 decoded by the C extension (loader/_riegeli.c), which checks riegeli's hashes.
 
+Nothing in a footer is trusted (its hashes can be recomputed by anyone): its chunk offsets must increase from the
+first data chunk (64) to the footer, each entry's record count must agree with the writer's group_size and the
+counts add up to the metadata's record count. A file that fails is refused by name before ArrayRecord's own reader
+(the fallback for chunks of several records, transposed or brotli chunks) ever sees it.
+
     footer = read_footer("/data/x.array_record-00000-of-00008")
     footer.offsets[:3]           # chunk offsets of records 0..2 (uint64)
     footer.fallback_reason       # None, or why this reader leaves the file to ArrayRecord's
@@ -32,16 +37,21 @@ BLOCK_SIZE = 1 << 16
 MAGIC = 0x71930E704FDAE05E
 
 
+FIRST_CHUNK = 64  # the file signature (a 24-byte block header and a 40-byte chunk header) comes first
+MIN_CHUNK = 40  # a chunk header: no chunk is shorter
+
+
 @dataclasses.dataclass(frozen=True)
 class Footer:
-    offsets: np.ndarray  # uint64, the chunk offset of each record (group_size:1) or chunk
+    offsets: np.ndarray  # uint64, the chunk offset of each chunk (of each record with group_size:1)
+    counts: np.ndarray  # uint64, the records in each chunk
     footer_offset: int  # where the last chunk ends
     writer_options: str
     fallback_reason: str | None  # why our reader cannot read this file (ArrayRecord's reader is used instead)
 
     @property
     def num_records(self) -> int:
-        return len(self.offsets)
+        return int(self.counts.sum())
 
 
 def _fields(message: bytes) -> dict[int, int | bytes]:
@@ -74,7 +84,7 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
 
 
 def _records(chunk: bytes, position: int) -> list[bytes]:
-    sizes, values = _riegeli.decode_chunk(chunk, position, True)
+    sizes, values = _riegeli.decode_chunk(chunk, position, True, len(chunk))  # (a record takes at least a byte)
     ends = np.cumsum(np.frombuffer(sizes, dtype="<u8")).tolist()
     return [values[start:end] for start, end in zip([0] + ends[:-1], ends)]
 
@@ -91,17 +101,45 @@ def read_footer(path: str, size: int) -> Footer:
         if postscript.get(2) != MAGIC or not isinstance(postscript.get(1), int) or not 0 < postscript[1] < last:
             raise ValueError("its last block holds no ArrayRecord postscript")
         footer_offset = postscript[1]
-        sizes, values = _riegeli.decode_chunk(storage.read_range(path, footer_offset, last), footer_offset, True)
+        # a footer record per chunk (and the metadata): each chunk takes at least MIN_CHUNK bytes before the footer
+        most = (footer_offset - FIRST_CHUNK) // MIN_CHUNK + 1
+        sizes, values = _riegeli.decode_chunk(storage.read_range(path, footer_offset, last), footer_offset, True, most)
+        offsets, counts = (np.frombuffer(b, dtype="<u8") for b in _riegeli.footer_offsets(sizes, values))
         first = int(np.frombuffer(sizes, dtype="<u8", count=1)[0]) if sizes else 0
         metadata = _fields(_fields(values[:first]).get(1, b""))
-        options = metadata.get(4, b"").decode("utf-8", "replace") if isinstance(metadata.get(4), bytes) else ""
-        offsets, single = _riegeli.footer_offsets(sizes, values)
         del sizes, values
+        options = metadata.get(4, b"").decode("utf-8", "replace") if isinstance(metadata.get(4), bytes) else ""
+        _check_entries(offsets, counts, footer_offset, metadata, _settings(options))
     except (ValueError, _riegeli.CorruptError) as e:
         raise ValueError(f"{path} is not a whole ArrayRecord file ({_reason(e)}); it is truncated or damaged: re-run "
                          "the conversion or restage the data") from e
-    offsets = np.frombuffer(offsets, dtype="<u8")
-    return Footer(offsets, footer_offset, options, _fallback_reason(options, single))
+    return Footer(offsets, counts, footer_offset, options, _fallback_reason(options, bool((counts == 1).all())))
+
+
+def _settings(options: str) -> dict[str, str]:
+    return dict(part.partition(":")[::2] for part in options.split(",") if part)
+
+
+def _check_entries(offsets: np.ndarray, counts: np.ndarray, footer_offset: int, metadata: dict,
+                   settings: dict[str, str]) -> None:
+    """Raises ValueError unless the footer's entries describe chunks that can be in the file: offsets increasing by at
+    least a chunk header from the first chunk to the footer, record counts that agree with the writer's group_size
+    (every chunk full but the last) and with the metadata's totals."""
+    if len(offsets):
+        gaps = np.diff(np.append(offsets, np.uint64(footer_offset)).astype(np.int64))
+        if int(offsets[0]) != FIRST_CHUNK or not 0 < int(offsets[-1]) < footer_offset or (gaps < MIN_CHUNK).any():
+            raise ValueError("chunk offsets that do not increase through the file")
+    if (counts == 0).any() or (counts > np.uint64(1 << 40)).any():
+        raise ValueError("footer record counts of 0 or beyond any file")
+    group = settings.get("group_size", "")
+    if group.isdigit() and int(group) >= 1 and len(counts):
+        if (counts[:-1] != int(group)).any() or int(counts[-1]) > int(group):
+            raise ValueError(f"footer record counts that disagree with the writer's group_size:{group}")
+    total = int(counts.sum())
+    if isinstance(metadata.get(3), int) and metadata[3] != total:
+        raise ValueError(f"footer record counts that add up to {total}, not the {metadata[3]} of its metadata")
+    if isinstance(metadata.get(2), int) and metadata[2] != len(counts):
+        raise ValueError(f"{len(counts)} footer entries, not the {metadata[2]} chunks of its metadata")
 
 
 def _reason(e: Exception) -> str:
@@ -111,7 +149,7 @@ def _reason(e: Exception) -> str:
 def _fallback_reason(options: str, single: bool) -> str | None:
     """Why this file goes to ArrayRecord's reader, or None: it reads simple chunks of one record, stored
     uncompressed or with snappy or zstd (zstd through the system's libzstd.so.1)."""
-    settings = dict(part.partition(":")[::2] for part in options.split(",") if part)
+    settings = _settings(options)
     if not single:
         return f"chunks of several records ({options or 'group_size > 1'})"
     if settings.get("transpose") == "true":

@@ -42,7 +42,7 @@ from loader.decode import Decoder, collate, make_decoder
 from loader import mixture
 from loader.device import DevicePrefetcher
 from loader.packing import PackedLoader, Packing
-from loader.reader import BatchReader
+from loader.reader import MAX_RECORD_BYTES, BatchReader
 from loader.source import ShardedSource, resolve
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class LoaderConfig:
     allow_incomplete: bool = False
     check_hashes: bool = True  # check riegeli's chunk hashes: a damaged byte is an error naming shard and record
     cache_bytes: int = 0  # gs:// sources: keep up to this many bytes of recently read blocks in memory
+    max_record_bytes: int = MAX_RECORD_BYTES  # a larger record is an error (checked before it is allocated)
     sharding: Any = None  # a jax.sharding.Sharding: yield global jax.Arrays placed ahead of time
     device_prefetch: int = 2  # batches in flight to the devices when sharding is set
 
@@ -90,6 +91,8 @@ class LoaderConfig:
             raise ValueError(f"records_per_read must be >= 1 (got records_per_read={self.records_per_read})")
         if self.cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0 (got cache_bytes={self.cache_bytes})")
+        if self.max_record_bytes < 1:
+            raise ValueError(f"max_record_bytes must be >= 1 (got max_record_bytes={self.max_record_bytes})")
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 (got num_threads={self.num_threads})")
         if self.features is not None:
@@ -307,7 +310,7 @@ class Loader:
             records = min(records, MAPPED_RECORDS_PER_READ)
         self.batches_per_read = max(1, min(records // per_batch, by_bytes))
         # One reader for every iterator of this loader: a restart (set_state, a new epoch loop) keeps its open files.
-        self._reader = BatchReader(self.source, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes)
+        self._reader = _reader(self.source, config)
         self.num_threads = config.num_threads
 
     def __len__(self) -> int:
@@ -495,6 +498,11 @@ def load(source: str | ShardedSource | Mapping[str, str | ShardedSource], *, bat
     return _packed(source, config) if config.packing is not None else Loader(source, config)
 
 
+def _reader(source: ShardedSource, config: LoaderConfig) -> BatchReader:
+    return BatchReader(source, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes,
+                       max_record_bytes=config.max_record_bytes)
+
+
 def _resolved(source: str | ShardedSource, config: LoaderConfig) -> ShardedSource:
     return source if isinstance(source, ShardedSource) else resolve(source, split=config.split,
                                                                     allow_incomplete=config.allow_incomplete)
@@ -547,7 +555,7 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     decoder = make_decoder(config.decode, src.features_dir, (config.packing.feature,))
     plan_args = dict(batch_size=config.batch_size, seed=config.seed, shuffle=config.shuffle,
                      num_epochs=config.num_epochs, shard_index=shard_index, shard_count=shard_count)
-    reader = BatchReader(src, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes)
+    reader = _reader(src, config)
     return PackedLoader(src, reader, decoder, config.packing, plan_args, prefetch=max(1, config.prefetch),
                         sharding=config.sharding, device_prefetch=config.device_prefetch)
 
@@ -561,6 +569,6 @@ def _packed_mixture(sources: Mapping, config: LoaderConfig, shard_index: int, sh
                          f"(got num_epochs={config.num_epochs})")
     names, src, plan = _mixture(sources, config, shard_index, shard_count)
     decoder = make_decoder(config.decode, src.features_dir, (config.packing.feature,))
-    reader = BatchReader(src, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes)
+    reader = _reader(src, config)
     return PackedMixtureLoader(names, src, reader, decoder, config.packing, plan, prefetch=max(1, config.prefetch),
                                sharding=config.sharding, device_prefetch=config.device_prefetch)

@@ -36,6 +36,11 @@ LOCAL_GAP = 2 << 10
 # On gs:// a request costs a round trip (~10-50 ms), so ranges this close are merged into one request.
 REMOTE_GAP = 1 << 20
 CACHE_BLOCK = 1 << 20  # the unit of the gs:// block cache
+# The largest record read by default. Every record's size is checked against it before it is allocated, so a damaged
+# or crafted chunk cannot make a read allocate what the file does not hold (a decompression bomb); real records
+# (tf.Examples, images, documents) are far smaller. loader.load(max_record_bytes=) raises it.
+MAX_RECORD_BYTES = 256 << 20
+FIRST_CHUNK = 64  # no record's chunk starts before the file signature's end
 
 
 def _open_limit() -> int:
@@ -48,14 +53,19 @@ class BatchReader:
     """`reader(indices)` -> the records at those global indices, in that order. Picklable (a copy reopens files)."""
 
     def __init__(self, source: ShardedSource, *, check_hashes: bool = True, cache_bytes: int = 0,
-                 index: RecordIndex | None = None):
+                 index: RecordIndex | None = None, max_record_bytes: int = MAX_RECORD_BYTES):
         """`check_hashes`: check riegeli's chunk hashes (a flipped byte is then an error, never a wrong record).
-        `cache_bytes`: on gs://, keep up to this many bytes of recently read blocks in memory (0: none)."""
+        `cache_bytes`: on gs://, keep up to this many bytes of recently read blocks in memory (0: none).
+        `max_record_bytes`: a larger record is an error naming it (checked before anything is allocated for it)."""
         self._paths = source.paths
         self._starts = source.starts
         self._total = len(source)
         self._check = check_hashes
         self._cache_bytes = cache_bytes
+        self._max_record = max_record_bytes
+        # where each shard ends: no span from the index may pass it (-1: unknown)
+        self._ends = np.asarray(source.shard_bytes if source.shard_bytes else [-1] * len(source.paths),
+                                dtype=np.int64)
         self._index = index or RecordIndex.for_source(source)
         self._fallback = np.zeros(len(source.paths), dtype=bool)
         self._fallback[list(self._index.fallback)] = True
@@ -73,12 +83,13 @@ class BatchReader:
     def __getstate__(self):
         return {"paths": self._paths, "starts": self._starts, "total": self._total, "check": self._check,
                 "cache_bytes": self._cache_bytes, "index": self._index, "fallback": self._fallback,
-                "remote": self._remote}
+                "remote": self._remote, "max_record": self._max_record, "ends": self._ends}
 
     def __setstate__(self, state):
         self._paths, self._starts, self._total = state["paths"], state["starts"], state["total"]
         self._check, self._cache_bytes, self._index = state["check"], state["cache_bytes"], state["index"]
         self._fallback, self._remote = state["fallback"], state["remote"]
+        self._max_record, self._ends = state["max_record"], state["ends"]
         self._setup()
 
     def __del__(self):
@@ -107,18 +118,34 @@ class BatchReader:
     def _read(self, shards: np.ndarray, local: np.ndarray) -> list[bytes]:
         if not len(shards):
             return []
-        begins, ends = self._index.locate(shards, local)
+        try:
+            begins, ends = self._index.locate(shards, local)
+        except _riegeli.CorruptError:
+            raise OSError(f"the index {self._index.path} changed while it was in use and is damaged; delete it (the "
+                          "next load rebuilds it)") from None
+        limits = self._ends[shards]
+        outside = np.flatnonzero((begins < FIRST_CHUNK) | (ends <= begins) | ((limits >= 0) & (ends > limits)))
+        if len(outside):  # cannot be, with the index's hash checked: the index changed under this process
+            i = int(outside[0])
+            raise OSError(f"{self._paths[int(shards[i])]}: the index {self._index.path} places record {int(local[i])} "
+                          f"at bytes {int(begins[i])}..{int(ends[i])}, outside the file; delete the index (the next "
+                          "load rebuilds it)")
         try:
             if self._remote:
-                return self._remote_reader.read(shards, begins, ends, self._check)
+                return self._remote_reader.read(shards, begins, ends, self._check, self._max_record)
             fds, temporary = self._fds_for(shards)
             try:
-                return _riegeli.read(fds, begins, ends, self._check, LOCAL_GAP)
+                return _riegeli.read(fds, begins, ends, self._check, LOCAL_GAP, self._max_record)
             finally:
                 for fd in temporary:
                     os.close(fd)
+        except _riegeli.TooLargeError as e:
+            _, at, size = e.args
+            raise OSError(f"{self._paths[int(shards[at])]}: record {int(local[at])} is {size:,} bytes, over "
+                          f"max_record_bytes={self._max_record:,}; if the record is genuine, pass a larger "
+                          "max_record_bytes= to loader.load (a damaged or crafted shard can claim any size)") from None
         except (_riegeli.CorruptError, _riegeli.UnsupportedError) as e:
-            why, at = e.args
+            why, at, _ = e.args
             shard, record = int(shards[at]), int(local[at])
             raise OSError(f"{self._paths[shard]}: record {record} cannot be read ({why}); the shard is corrupt: re-run "
                           "the conversion (python -m pipelines verify finds such shards)") from None
@@ -183,11 +210,12 @@ class _RemoteSpans:
         self._cache = _BlockCache(cache_bytes) if cache_bytes else None
         self.requests = 0  # range requests made (the tests count them)
 
-    def read(self, shards: np.ndarray, begins: np.ndarray, ends: np.ndarray, check: bool) -> list[bytes]:
+    def read(self, shards: np.ndarray, begins: np.ndarray, ends: np.ndarray, check: bool,
+             max_record: int) -> list[bytes]:
         span_of = np.empty(len(shards), dtype=np.int64)
         spans = _riegeli.plan_spans(shards, begins, ends, REMOTE_GAP, span_of)
         buffers = list(self._pool.map(lambda s: self._span(*s), spans))
-        return _riegeli.decode(buffers, shards, begins, ends, check, REMOTE_GAP)
+        return _riegeli.decode(buffers, shards, begins, ends, check, REMOTE_GAP, max_record)
 
     def _span(self, shard: int, begin: int, end: int) -> bytes:
         if self._cache is None:

@@ -31,7 +31,9 @@ class ShardedSource:
     kind: str  # "manifest", "tfds" or "glob"
     features_dir: str | None = None  # a directory holding TFDS features.json, when there is one
     shard_bytes: tuple[int, ...] | None = None  # stored size of each shard, when known without opening them
-    shard_versions: tuple[int, ...] | None = None  # each shard's modification time in ns: part of the index key
+    # What the index key holds of each shard besides its path and size: a token that changes whenever its content
+    # may have (locally its inode, change and modification times; on gs://, the object's generation).
+    shard_versions: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
@@ -152,27 +154,41 @@ def _from_glob(pattern: str) -> ShardedSource:
 
 
 def _stat(paths: list[str], *, missing: str) -> tuple[np.ndarray, tuple[int, ...]]:
-    """Each file's size (int64 array) and version (modification time in ns; on gs://, the object's update time),
-    for the index key. Raises FileNotFoundError "<path> <missing>" for the first file that is not there."""
+    """Each file's size (int64 array) and version, for the index key. Raises FileNotFoundError "<path> <missing>" for
+    the first file that is not there.
+
+    A version must change whenever the file's bytes may have: a size and a modification time do not (`cp -p`,
+    `rsync -t` and `os.utime` put an mtime back, and ArrayRecord sizes are multiples of 64 KiB, so sizes collide).
+    Locally it mixes the inode and the change time (which no user tool can set back) with the mtime; on gs:// it is
+    the object's generation."""
     if paths and storage.is_remote(paths[0]):
-        details: dict[str, tuple[int, float]] = {}
+        details: dict[str, tuple[int, int]] = {}
         for directory in sorted({p.rsplit("/", 1)[0] for p in paths}):
-            details.update({f"{directory}/{name}": d for name, d in storage.list_details(directory).items()})
+            details.update({f"{directory}/{name}": d for name, d in storage.list_generations(directory).items()})
         for p in paths:
             if p not in details:
                 raise FileNotFoundError(f"{p} {missing}")
-        return (np.array([details[p][0] for p in paths], dtype=np.int64),
-                tuple(round(details[p][1] * 1e6) * 1000 for p in paths))
-    sizes, mtimes, errnos = (np.empty(len(paths), dtype=np.int64) for _ in range(3))
+        return (np.array([details[p][0] for p in paths], dtype=np.int64), tuple(details[p][1] for p in paths))
+    sizes, mtimes, errnos, ctimes, inodes = (np.empty(len(paths), dtype=np.int64) for _ in range(5))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    _riegeli.stat_paths(paths, sizes, mtimes, errnos, cores)
+    _riegeli.stat_paths(paths, sizes, mtimes, errnos, cores, ctimes, inodes)
     failed = np.flatnonzero(errnos)
     if len(failed):
         i = int(failed[0])
         if errnos[i] == errno.ENOENT:
             raise FileNotFoundError(f"{paths[i]} {missing}")
         raise OSError(f"{paths[i]}: {os.strerror(int(errnos[i]))}; a shard must be a readable file")
-    return sizes, tuple(mtimes.tolist())
+    return sizes, tuple(_mix(mtimes, ctimes, inodes).tolist())
+
+
+def _mix(*columns: np.ndarray) -> np.ndarray:
+    """One int64 per row from several int64 columns (a multiply-xorshift mix: a change in any column changes it)."""
+    with np.errstate(over="ignore"):
+        out = np.zeros(len(columns[0]), dtype=np.uint64)
+        for column in columns:
+            out = (out ^ column.astype(np.uint64)) * np.uint64(0x9E3779B97F4A7C15)
+            out ^= out >> np.uint64(29)
+    return out.view(np.int64)
 
 
 def _is_dir(path: str) -> bool:

@@ -49,12 +49,21 @@ def test_gcs_source_reads_directly(tmp_path, gcs_bucket):
 
 
 def test_every_kind_of_source_knows_its_shard_sizes_and_versions(converted):
-    """The index is keyed by each shard's size and modification time (loader/index.py)."""
+    """The index is keyed by each shard's size and version: its inode, change and modification times (loader/index.py),
+    so a touch, a chmod or a replacement changes it."""
     import os
 
-    from loader.source import resolve
+    import numpy as np
+
+    from loader.source import _mix, resolve
 
     for source in (resolve(str(converted)), resolve(str(converted / "*.array_record*"))):
         assert source.shard_bytes == tuple(os.path.getsize(p) for p in source.paths), source.kind
         assert source.total_bytes == sum(source.shard_bytes)
-        assert source.shard_versions == tuple(os.stat(p).st_mtime_ns for p in source.paths), source.kind
+        stats = [os.stat(p) for p in source.paths]
+        columns = [np.array([getattr(st, name) for st in stats], dtype=np.int64)
+                   for name in ("st_mtime_ns", "st_ctime_ns", "st_ino")]
+        assert source.shard_versions == tuple(_mix(*columns).tolist()), source.kind
+        assert len(set(source.shard_versions)) == len(source.paths)
+    mixed = _mix(np.array([1, 1]), np.array([2, 2]), np.array([3, 4]))  # one inode apart
+    assert mixed[0] != mixed[1]
