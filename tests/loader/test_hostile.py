@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -278,7 +279,12 @@ def test_a_threads_zstd_context_is_freed_when_the_thread_ends(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert max(seen) >= 40 and _riegeli.zstd_contexts() <= before
+    assert max(seen) >= 40
+    # a thread's key destructors run after join() returns (Python marks a thread done before the OS thread ends)
+    deadline = time.monotonic() + 10
+    while _riegeli.zstd_contexts() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _riegeli.zstd_contexts() <= before
 
 
 def test_a_read_of_no_records_leaves_the_threads_buffer_usable(converted, all_records):
