@@ -2,22 +2,40 @@
  * inverse-transformed and colour-converted, rows below the crop are never read, and the DCT scales down (n/8) when
  * the crop is larger than it needs to be (by 1/2, 1/4 or 1/8). tf.image.decode_and_crop_jpeg does the same.
  *
- * crop(data, top, left, height, width, min_height, min_width)
+ * crop(data, top, left, height, width, min_height, min_width, max_pixels)
  *   -> (pixels: bytes, rows, cols, x_offset, scale_num)
  * `pixels` holds rows x cols RGB pixels; the crop's columns start at x_offset within them (libjpeg widens a column
  * range to whole iMCUs). The box is in full-size pixels; the image decodes at scale n/8 (the smallest n of 8, 4, 2, 1
  * whose crop is at least min_height x min_width), and the box is scaled with it (rounded outwards).
- * Raises ValueError for data libjpeg rejects or warns about (a truncated or corrupt JPEG is never padded with grey),
- * NotImplementedError for colour spaces it does not convert to RGB (CMYK/YCCK). */
+ * Raises ValueError for data libjpeg rejects or warns about (a truncated or corrupt JPEG is never padded with grey) and
+ * for a header declaring more than max_pixels pixels, NotImplementedError for colour spaces it does not convert to RGB
+ * (CMYK/YCCK).
+ *
+ * Hostile headers: libjpeg allocates for the declared size, not for the data behind it (a progressive JPEG's whole
+ * coefficient buffer at jpeg_start_decompress, even for a crop: 239 bytes declaring 30000x30000 took 2.6 GB). So the
+ * declared pixels are checked right after jpeg_read_header, and libjpeg's own memory limit is set from max_pixels, so
+ * that nothing it allocates outgrows an image at the cap. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
+
+/* The most libjpeg holds for an image of n pixels: a progressive decode's coefficients, 2 bytes each, 64 a block of
+ * 8x8 pixels, for up to 3 components (libjpeg converts no more to RGB) = 6 bytes a pixel, rounded up to 8 for blocks
+ * padded to whole MCUs; plus rows and tables (a row buffer of a 65,535-pixel-wide image is a few MB). */
+#define BYTES_A_PIXEL 8
+#define MEMORY_BESIDES (32L << 20)
+
+static long memory_limit(unsigned long long max_pixels) {
+  if (max_pixels > (unsigned long long)(LONG_MAX - MEMORY_BESIDES) / BYTES_A_PIXEL) return LONG_MAX;
+  return (long)max_pixels * BYTES_A_PIXEL + MEMORY_BESIDES;
+}
 
 struct error_mgr {
   struct jpeg_error_mgr pub;
@@ -46,7 +64,9 @@ static unsigned scaled_ceil(unsigned v, unsigned n) { return (v * n + 7) / 8; }
 static PyObject *py_crop(PyObject *self, PyObject *args) {
   Py_buffer data;
   unsigned top, left, height, width, min_height, min_width;
-  if (!PyArg_ParseTuple(args, "y*IIIIII", &data, &top, &left, &height, &width, &min_height, &min_width)) return NULL;
+  unsigned long long max_pixels;
+  if (!PyArg_ParseTuple(args, "y*IIIIIIK", &data, &top, &left, &height, &width, &min_height, &min_width, &max_pixels))
+    return NULL;
   struct jpeg_decompress_struct cinfo;
   struct error_mgr err;
   memset(&err, 0, sizeof err);
@@ -54,20 +74,23 @@ static PyObject *py_crop(PyObject *self, PyObject *args) {
   err.pub.error_exit = on_error;
   err.pub.emit_message = on_message;
   unsigned char *volatile out = NULL;
-  volatile int unsupported = 0, failed = 0;
-  unsigned rows = 0, cols = 0, x_offset = 0, n = 8;
+  volatile int unsupported = 0, failed = 0, too_large = 0;
+  unsigned rows = 0, cols = 0, x_offset = 0, n = 8, full_h = 0, full_w = 0;
   Py_BEGIN_ALLOW_THREADS
   jpeg_create_decompress(&cinfo);
+  cinfo.mem->max_memory_to_use = memory_limit(max_pixels); /* beyond it: "Backing store not supported", an error */
   if (setjmp(err.jump)) {
     failed = 1;
   } else {
     jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
     jpeg_read_header(&cinfo, TRUE);
-    unsigned full_h = cinfo.image_height, full_w = cinfo.image_width;
+    full_h = cinfo.image_height, full_w = cinfo.image_width;
     if (width == 0 || height == 0) top = left = 0, height = full_h, width = full_w;
-    if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+    if ((unsigned long long)full_h * full_w > max_pixels) {
+      too_large = 1;
+    } else if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
       unsupported = 1;
-    } else if (top + height > full_h || left + width > full_w) {
+    } else if (height > full_h || top > full_h - height || width > full_w || left > full_w - width) {
       snprintf(err.message, sizeof err.message, "crop box (%u, %u, %u, %u) is outside the %ux%u image", top, left,
                height, width, full_h, full_w);
       failed = 1;
@@ -108,6 +131,14 @@ static PyObject *py_crop(PyObject *self, PyObject *args) {
   jpeg_destroy_decompress(&cinfo); /* also after an abandoned decode: libjpeg frees its own memory */
   Py_END_ALLOW_THREADS
   PyBuffer_Release(&data);
+  if (too_large) {
+    free(out);
+    PyErr_Format(PyExc_ValueError,
+                 "an image declaring %ux%u = %llu pixels, over max_pixels=%llu (a decompression bomb?); pass a larger "
+                 "max_pixels= to the image op if your images really are this large",
+                 full_h, full_w, (unsigned long long)full_h * full_w, max_pixels);
+    return NULL;
+  }
   if (unsupported) {
     free(out);
     PyErr_SetString(PyExc_NotImplementedError, "a CMYK/YCCK JPEG: libjpeg does not convert it to RGB");
@@ -126,7 +157,8 @@ static PyObject *py_crop(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"crop", py_crop, METH_VARARGS,
-     "crop(data, top, left, height, width, min_height, min_width) -> (pixels, rows, cols, x_offset, scale_num)"},
+     "crop(data, top, left, height, width, min_height, min_width, max_pixels)\n"
+     "  -> (pixels, rows, cols, x_offset, scale_num)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg", "JPEG crop decode with libjpeg.", -1, methods};

@@ -1,12 +1,16 @@
 """loader.images and random_map_fn: decode, crops, per-record randomness through the loader, bad images."""
 
 import contextlib
+import io
+import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zlib
 
 import numpy as np
 import psutil
@@ -19,6 +23,21 @@ from tests.conftest import REPO
 
 # Pinned: a change to the crop sampling or to the per-record seeding fails here loudly.
 BOXES_375x500_SEED_0_EPOCH_0 = [(35, 302, 171, 129), (47, 118, 314, 295), (11, 112, 357, 343), (7, 72, 256, 335)]
+
+# Crafted files (make_fuzz_images; the folder's README.md says what each is) and the error each gives on every path.
+FUZZ_IMAGES = REPO / "tests" / "fixtures" / "fuzz" / "images"
+BOMBS = {
+    "bomb-progressive-30000x30000.jpg": "30000x30000 = 900,000,000 pixels, over max_pixels=178,956,970",
+    "bomb-12000x16000.png": "12000x16000 = 192,000,000 pixels, over max_pixels=178,956,970",
+}
+DAMAGED = {
+    "cmyk-cut-short.jpg": "the file was cut short",
+    "cmyk-scan-cut-short.jpg": "Corrupt JPEG data",  # the end marker is there: libjpeg's warning tells
+    "rgb-cut-short.jpg": "the file was cut short",
+    "rgb-scan-cut-short.jpg": "Corrupt JPEG data",
+    "cut-short.png": "the file was cut short",
+}
+WHOLE = ["cmyk.jpg"]
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +62,59 @@ def jpeg():
 
 def _take(iterator, n):
     return [next(iterator) for _ in range(n)]
+
+
+def _pattern(height: int, width: int) -> np.ndarray:
+    """RGB blocks of 16x16 pixels in random colours: it compresses like a picture, and a wrong decode shows."""
+    rng = np.random.default_rng(0)
+    return np.kron(rng.integers(0, 256, (height // 16, width // 16, 3), np.uint8), np.ones((16, 16, 1), np.uint8))
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def make_fuzz_images() -> dict[str, bytes]:
+    """The crafted files of tests/fixtures/fuzz/images by name. `python -m tests.loader.test_images` writes them; the
+    tests read the committed files (an encoder's bytes change between versions)."""
+    import cv2
+    from PIL import Image
+
+    files = {}
+    # A real 16x16 progressive JPEG whose frame header (SOF2) declares 30000x30000, cut after its first scan header,
+    # its end-of-image marker put back: only the declared size gives it away.
+    _, small = cv2.imencode(".jpg", _pattern(16, 16), [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
+    small, p = small.tobytes(), 2
+    bomb = bytearray(small[:p])
+    while small[p + 1] != 0xDA:  # up to the first SOS (start of scan) segment
+        segment = bytearray(small[p:p + 2 + struct.unpack(">H", small[p + 2:p + 4])[0]])
+        if segment[1] == 0xC2:  # SOF2: marker, length, precision, then height and width
+            segment[5:9] = struct.pack(">HH", 30000, 30000)
+        bomb += segment
+        p += len(segment)
+    files["bomb-progressive-30000x30000.jpg"] = bytes(bomb + small[p:p + 2 + struct.unpack(">H", small[p + 2:p + 4])[0]]
+                                                      + b"\xff\xd9")
+    # A whole, valid PNG: 12000x16000 black pixels of 1 bit compress to 24 KB and decode to 576 MB of RGB.
+    height, width = 12000, 16000
+    files["bomb-12000x16000.png"] = (b"\x89PNG\r\n\x1a\n"
+                                     + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+                                     + _png_chunk(b"IDAT", zlib.compress(bytes(height * (1 + width // 8)), 9))
+                                     + _png_chunk(b"IEND", b""))
+    picture = _pattern(256, 256)
+    buffer = io.BytesIO()
+    Image.fromarray(picture).convert("CMYK").save(buffer, "JPEG", quality=90)
+    files["cmyk.jpg"] = cmyk = buffer.getvalue()
+    rgb = cv2.imencode(".jpg", picture[:, :, ::-1])[1].tobytes()  # OpenCV writes BGR
+    png = cv2.imencode(".png", picture[:, :, ::-1])[1].tobytes()
+    for name, data in (("cmyk", cmyk), ("rgb", rgb)):
+        files[f"{name}-cut-short.jpg"] = data[:len(data) // 2]
+        files[f"{name}-scan-cut-short.jpg"] = data[:len(data) // 2] + b"\xff\xd9"
+    files["cut-short.png"] = png[:len(png) // 2]
+    return files
+
+
+def _fuzz(name: str) -> bytes:
+    return (FUZZ_IMAGES / name).read_bytes()
 
 
 def test_crop_boxes_are_fixed_by_seed_epoch_and_record():
@@ -119,6 +191,148 @@ def test_crop_window_decode_matches_the_whole_decode_and_the_fallback(jpeg, monk
 def test_a_truncated_jpeg_is_an_error_not_grey_pixels(jpeg):
     with pytest.raises(ValueError, match="cut short|Premature end of JPEG file"):
         images.random_resized_crop(jpeg[:len(jpeg) // 2], np.random.default_rng(0), 32)
+
+
+def test_the_committed_fuzz_images_are_the_tested_ones():
+    committed = {p.name: p.stat().st_size for p in FUZZ_IMAGES.iterdir() if p.name != "README.md"}
+    assert set(committed) == set(BOMBS) | set(DAMAGED) | set(WHOLE) == set(make_fuzz_images())
+    assert max(committed.values()) < 50_000, committed
+    readme = (FUZZ_IMAGES / "README.md").read_text()
+    assert [name for name in committed if f"`{name}`" not in readme] == []
+
+
+BOMB_CHILD = """
+import json, sys
+import numpy as np
+from loader import images
+
+
+def memory(field):  # VmRSS now, VmHWM the peak. (ru_maxrss starts at the parent's peak: Linux keeps it across exec.)
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(field + ":"))
+
+
+data = open(sys.argv[1], "rb").read()
+images.center_crop(open(sys.argv[2], "rb").read(), 32)  # load the decoders first: their pages are not the bomb's
+crop_decoder = images._crop_decoder
+
+
+def simplejpeg_crop():
+    images._crop_decoder = lambda: None
+    try:
+        return images.decode_crop(data, (0, 0, 64, 64), (32, 32))
+    finally:
+        images._crop_decoder = crop_decoder
+
+
+calls = {
+    "decode": lambda: images.decode(data),
+    "image_size": lambda: images.image_size(data),
+    "RandomResizedCrop": lambda: images.RandomResizedCrop("image", size=32)({"image": data}, np.random.default_rng(0)),
+    "CenterCrop": lambda: images.CenterCrop("image", size=32)({"image": data}),
+    "decode_crop": lambda: images.decode_crop(data, (0, 0, 64, 64), (32, 32)),  # a JPEG: loader/_jpeg.c's own check
+    "decode_crop without loader._jpeg": simplejpeg_crop,
+}
+for name, call in calls.items():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM from here: the peak of this call alone
+    before = memory("VmRSS")
+    try:
+        call()
+        error = None
+    except ValueError as e:
+        error = str(e)
+    grew = memory("VmHWM") - before
+    print(json.dumps({"call": name, "error": error, "grew_mb": round(grew / 2**20)}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_a_decompression_bomb_is_refused_from_its_header(name):
+    """A progressive JPEG's header declaring 30000x30000 (libjpeg would allocate its whole coefficient buffer, 5 GB, at
+    jpeg_start_decompress, crop or not) and a valid 24 KB PNG of 192M pixels: refused on every path before they decode,
+    the peak memory of a child process within 200 MB of what it held before each call."""
+    proc = subprocess.run([sys.executable, "-c", BOMB_CHILD, str(FUZZ_IMAGES / name), str(FUZZ_IMAGES / "cmyk.jpg")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(calls) == 6, proc.stdout
+    expected = re.escape(BOMBS[name]).replace(",", ",?")  # loader/_jpeg.c writes the numbers without commas
+    for call in calls:
+        assert call["error"] is not None and re.search(rf"an image declaring {expected} \(a decompression bomb\?\); "
+                                                       "pass a larger max_pixels=", call["error"]), call
+        assert call["grew_mb"] < 200, call
+
+
+def test_the_pixel_cap_is_an_option_of_the_image_ops(jpeg, monkeypatch):
+    """max_pixels= on the ops and functions: an image of exactly that many pixels decodes on every path (a progressive
+    4:4:4 JPEG too: libjpeg's memory limit, set from the cap, holds its coefficients), one pixel fewer is an error."""
+    import cv2
+
+    height, width = images.image_size(jpeg)
+    pixels = height * width
+    bgr = images.decode(jpeg)[:, :, ::-1]
+    progressive = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1, cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+                                             cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444])[1].tobytes()
+    png = cv2.imencode(".png", bgr)[1].tobytes()
+    over = re.escape(f"an image declaring {height}x{width} = {pixels:,} pixels, over max_pixels={pixels - 1:,} "
+                     "(a decompression bomb?)").replace(",", ",?")
+    for data in (jpeg, progressive, png):
+        record, rng = {"image": data}, np.random.default_rng(0)
+        assert images.RandomResizedCrop("image", size=32, max_pixels=pixels)(record, rng)["image"].shape == (32, 32, 3)
+        assert images.CenterCrop("image", size=32, max_pixels=pixels)(record)["image"].shape == (32, 32, 3)
+        assert images.decode(data, max_pixels=pixels).shape == (height, width, 3)
+        with pytest.raises(ValueError, match=f"feature 'image': {over}"):
+            images.RandomResizedCrop("image", size=32, max_pixels=pixels - 1)(record, rng)
+        with pytest.raises(ValueError, match=f"feature 'image': {over}"):
+            images.CenterCrop("image", size=32, max_pixels=pixels - 1)(record)
+        for call in (images.decode, images.image_size):
+            with pytest.raises(ValueError, match=over):
+                call(data, max_pixels=pixels - 1)
+        for crop_decoder in (images._crop_decoder, lambda: None):  # loader/_jpeg.c's whole-image crop, simplejpeg's
+            monkeypatch.setattr(images, "_crop_decoder", crop_decoder)
+            whole = images.decode_crop(data, (0, 0, height, width), (height, width), max_pixels=pixels)
+            assert whole.shape == (height, width, 3)
+            with pytest.raises(ValueError, match=over):
+                images.decode_crop(data, (0, 0, height, width), (height, width), max_pixels=pixels - 1)
+            monkeypatch.undo()
+    for bad in (0, -1, 2.5, True):
+        for op in (images.RandomResizedCrop, images.CenterCrop):
+            with pytest.raises(ValueError, match=r"max_pixels must be a whole number of pixels >= 1 \(got "):
+                op("image", max_pixels=bad)
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGED))
+def test_a_damaged_image_is_an_error_on_every_decode_path(name, monkeypatch):
+    """A JPEG (CMYK or RGB) or PNG cut short, or a JPEG whose scan stops short before its end marker: an error from
+    loader/_jpeg.c, simplejpeg and OpenCV alike, never pixels padded with grey (OpenCV pads a JPEG it decodes)."""
+    data = _fuzz(name)
+    error = DAMAGED[name]
+    whole = images.RandomResizedCrop("image", size=32, area_range=(1.0, 1.0))  # the whole image: every row decodes
+    for crop_decoder in (images._crop_decoder, lambda: None):
+        monkeypatch.setattr(images, "_crop_decoder", crop_decoder)
+        with pytest.raises(ValueError, match=error):
+            images.decode_crop(data, (0, 0, 256, 256), (32, 32))
+        with pytest.raises(ValueError, match=f"feature 'image': .*{error}"):
+            whole({"image": data}, np.random.default_rng(0))
+        with pytest.raises(ValueError, match=f"feature 'image': .*{error}"):
+            images.CenterCrop("image", size=32)({"image": data})
+        monkeypatch.undo()
+    with pytest.raises(ValueError, match=error):
+        images.decode(data)
+
+
+def test_a_cmyk_jpeg_decodes_on_every_path(monkeypatch):
+    """A CMYK JPEG decodes through simplejpeg (loader/_jpeg.c leaves CMYK to it) to the RGB Pillow gives."""
+    from PIL import Image
+
+    data = _fuzz("cmyk.jpg")
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
+    assert np.abs(images.decode(data).astype(int) - expected).mean() < 2
+    for crop_decoder in (images._crop_decoder, lambda: None):
+        monkeypatch.setattr(images, "_crop_decoder", crop_decoder)
+        crop = images.decode_crop(data, (16, 32, 128, 160), (128, 160))
+        assert np.abs(crop.astype(int) - expected[16:144, 32:192]).mean() < 2
+        monkeypatch.undo()
 
 
 def test_flip_mirrors_the_same_crop(jpeg):
@@ -212,6 +426,27 @@ def test_a_record_that_is_not_an_image_is_named(tmp_path, photos):
         next(it)
 
 
+def test_a_damaged_image_is_named_by_shard_record_and_feature(tmp_path):
+    from dataset_format import example_proto
+    from pipelines import ConvertConfig, run_conversion
+    from tests.conftest import write_tfrecord_shards
+
+    names = sorted(DAMAGED)
+    write_tfrecord_shards(tmp_path / "in", [[example_proto.encode_example({"image/encoded": _fuzz(n), "label": i})
+                                             for i, n in enumerate(names)]])
+    assert run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(tmp_path / "out")),
+                          ["--direct_num_workers=1"]).ok
+    options = dict(batch_size=1, shuffle=False,
+                   random_map_fn=images.RandomResizedCrop("image/encoded", size=32, area_range=(1.0, 1.0)))
+    start = iter(loader.load(str(tmp_path / "out"), **options)).get_state()
+    for index, name in enumerate(names):
+        it = iter(loader.load(str(tmp_path / "out"), **options))
+        it.set_state({**start, "next_batch": index})
+        with pytest.raises(ValueError, match=rf"train-00000-of-00001\.array_record: record {index}: RandomResizedCrop "
+                                             rf"failed \(ValueError: feature 'image/encoded': .*{DAMAGED[name]}"):
+            next(it)
+
+
 OWNER = """
 import os, sys, loader
 from loader import images
@@ -286,3 +521,9 @@ def test_tfds_image_features_stay_encoded_for_the_crop(tfds_digits_array_record)
     for row, (record, index) in enumerate(zip(decoded, plan.host_indices(0))):
         expected = crop(record, record_rng(1, 0, int(index)))["image"]
         np.testing.assert_array_equal(batch["image"][row], expected)
+
+
+if __name__ == "__main__":  # python -m tests.loader.test_images: write the crafted files again
+    FUZZ_IMAGES.mkdir(parents=True, exist_ok=True)
+    for file_name, file_bytes in make_fuzz_images().items():
+        (FUZZ_IMAGES / file_name).write_bytes(file_bytes)
