@@ -110,7 +110,7 @@ def read_footer(path: str, size: int) -> Footer:
         del sizes, values
         options = metadata.get(4, b"").decode("utf-8", "replace") if isinstance(metadata.get(4), bytes) else ""
         _check_entries(offsets, counts, footer_offset, metadata, _settings(options))
-    except (ValueError, _riegeli.CorruptError) as e:
+    except (ValueError, _riegeli.CorruptError, _riegeli.UnsupportedError) as e:
         raise ValueError(f"{path} is not a whole ArrayRecord file ({_reason(e)}); it is truncated or damaged: re-run "
                          "the conversion or restage the data") from e
     return Footer(offsets, counts, footer_offset, options, _fallback_reason(options, bool((counts == 1).all())))
@@ -143,7 +143,7 @@ def _check_entries(offsets: np.ndarray, counts: np.ndarray, footer_offset: int, 
 
 
 def _reason(e: Exception) -> str:
-    return e.args[0] if isinstance(e, _riegeli.CorruptError) else str(e)
+    return e.args[0] if isinstance(e, (_riegeli.CorruptError, _riegeli.UnsupportedError)) else str(e)
 
 
 def _fallback_reason(options: str, single: bool) -> str | None:

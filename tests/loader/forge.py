@@ -66,7 +66,8 @@ def put_chunk(data: bytearray, pos: int, body: bytes, *, num_records: int, decod
     """Writes a chunk header (hashes recomputed) and `body` at file position pos. `data_size` defaults to len(body)."""
     size = len(body) if data_size is None else data_size
     # header bytes 8..40: data_size, data_hash, type | num_records << 8, decoded_size; header_hash covers them
-    rest = struct.pack("<QQQQ", size, _riegeli.hash64(body), chunk_type | (num_records << 8), decoded_size)
+    type_and_count = (chunk_type | (num_records << 8)) % (1 << 64)
+    rest = struct.pack("<QQQQ", size, _riegeli.hash64(body), type_and_count, decoded_size)
     write_logical(data, pos, struct.pack("<Q", _riegeli.hash64(rest)) + rest + body)
 
 
