@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import revision  # benchmarks/revision.py
+
 import numpy as np
 import psutil
 
@@ -250,10 +252,7 @@ def main() -> None:
     out_zstd, shards_zstd = converted(work, "zstd:3")
     names = [n for n in args.only or list(_CONTENDERS) if n != "previous loader" or args.previous]
     if args.previous:
-        PREVIOUS["previous loader"] = work / "previous"
-        if not PREVIOUS["previous loader"].exists():
-            subprocess.run(["git", "worktree", "add", "--detach", str(work / "previous"), args.previous], cwd=REPO,
-                           check=True, capture_output=True)
+        PREVIOUS["previous loader"] = revision.checkout(args.previous, work / "previous")
     windows = [args.start, args.batches]
     runs: dict = {}
     for repeat in range(args.repeats):  # the contenders take turns, so drift on the machine hits them all
@@ -293,7 +292,7 @@ def main() -> None:
                   f"{r['examples_per_s'] / seq['examples_per_s']:.2f}x raw sequential "
                   f"({seq['examples_per_s']:,.0f} ex/s)")
     if args.previous:
-        subprocess.run(["git", "worktree", "remove", "--force", str(work / "previous")], cwd=REPO, check=False)
+        revision.remove(work / "previous")
     if not args.workdir:
         shutil.rmtree(work)
 

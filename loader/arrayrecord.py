@@ -37,7 +37,7 @@ BLOCK_SIZE = 1 << 16
 MAGIC = 0x71930E704FDAE05E
 
 
-FIRST_CHUNK = 64  # the file signature (a 24-byte block header and a 40-byte chunk header) comes first
+FIRST_CHUNK = 64  # the file signature (a 24-byte block header and a 40-byte chunk header) comes first: no chunk before
 MIN_CHUNK = 40  # a chunk header: no chunk is shorter
 
 
@@ -127,7 +127,7 @@ def _check_entries(offsets: np.ndarray, counts: np.ndarray, footer_offset: int, 
     (every chunk full but the last) and with the metadata's totals."""
     if len(offsets):
         gaps = np.diff(np.append(offsets, np.uint64(footer_offset)).astype(np.int64))
-        if int(offsets[0]) != FIRST_CHUNK or not 0 < int(offsets[-1]) < footer_offset or (gaps < MIN_CHUNK).any():
+        if int(offsets[0]) < FIRST_CHUNK or not 0 < int(offsets[-1]) < footer_offset or (gaps < MIN_CHUNK).any():
             raise ValueError("chunk offsets that do not increase through the file")
     if (counts == 0).any() or (counts > np.uint64(1 << 40)).any():
         raise ValueError("footer record counts of 0 or beyond any file")

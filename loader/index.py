@@ -115,6 +115,8 @@ class RecordIndex:
             self.fallback = {int(shard): reason for shard, reason in trailer["fallback"].items()}
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise DamagedIndex(f"{self.path} has a trailer that does not parse ({e})") from None
+        if any(not 0 <= shard < num_shards for shard in self.fallback):
+            raise DamagedIndex(f"{self.path} names shards it does not have")
         self._all = np.frombuffer(self._map, dtype="<u8", count=size // 8)
 
     def __getstate__(self):

@@ -26,6 +26,7 @@ import numpy as np
 
 from dataset_format import storage
 from loader import _riegeli
+from loader.arrayrecord import FIRST_CHUNK
 from loader.index import RecordIndex
 from loader.source import ShardedSource
 
@@ -40,7 +41,6 @@ CACHE_BLOCK = 1 << 20  # the unit of the gs:// block cache
 # or crafted chunk cannot make a read allocate what the file does not hold (a decompression bomb); real records
 # (tf.Examples, images, documents) are far smaller. loader.load(max_record_bytes=) raises it.
 MAX_RECORD_BYTES = 256 << 20
-FIRST_CHUNK = 64  # no record's chunk starts before the file signature's end
 
 
 def _open_limit() -> int:

@@ -16,6 +16,7 @@ import struct
 import numpy as np
 
 from loader import _riegeli
+from loader.arrayrecord import _varint as _read_varint
 
 BLOCK = 1 << 16
 BLOCK_HEADER = 24
@@ -97,17 +98,6 @@ def _postscript_offset(body: bytes) -> int:
     blob_len, at = _read_varint(body, at)
     at += blob_len
     return parse_entry(body[at:])[1]
-
-
-def _read_varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
 
 
 def footer_entries(values: bytes, sizes: list[int]) -> list[bytes]:

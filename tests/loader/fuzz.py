@@ -171,15 +171,15 @@ def _forge_footer(out: bytearray, rng, footer_offset: int, forge) -> None:
 # ---------------------------------------------------------------- a case, in the child
 
 
-def case_plan(seed: int, case: int) -> tuple[int, str, bool, np.random.Generator]:
+def case_plan(seed: int, case: int, kinds: tuple[str, ...] = KINDS) -> tuple[int, str, bool, np.random.Generator]:
     rng = np.random.default_rng([seed, case])
-    return int(rng.integers(0, len(CODECS))), KINDS[int(rng.integers(0, len(KINDS)))], bool(rng.random() < 0.7), rng
+    return int(rng.integers(0, len(CODECS))), kinds[int(rng.integers(0, len(kinds)))], bool(rng.random() < 0.7), rng
 
 
 class Child:
     """The child's side: seeds read once, one case at a time."""
 
-    def __init__(self, seeds: Path, work: Path):
+    def __init__(self, seeds: Path, work: Path, kinds: tuple[str, ...] = KINDS):
         from loader.arrayrecord import read_footer
 
         self.seeds = [(seeds / f"seed-{i}.array_record").read_bytes() for i in range(len(CODECS))]
@@ -188,12 +188,13 @@ class Child:
         self.offsets = [f.offsets.tolist() for f in footers]
         self.footer_offsets = [f.footer_offset for f in footers]
         self.work = work
+        self.kinds = kinds
         self.baseline_kb = None
 
     def run(self, seed: int, case: int) -> dict:
         import loader
 
-        codec, kind, check, rng = case_plan(seed, case)
+        codec, kind, check, rng = case_plan(seed, case, self.kinds)
         data = mutate(self.seeds[codec], rng, kind, self.offsets[codec], self.footer_offsets[codec])
         directory = self.work / f"case-{case}"
         directory.mkdir()
@@ -229,10 +230,10 @@ class Child:
         return result
 
 
-def child_main(seeds: str, seed: int, cases: list[int]) -> None:
+def child_main(seeds: str, seed: int, kinds: list[str], cases: list[int]) -> None:
     work = Path(tempfile.mkdtemp(prefix="fuzz-"))
     os.environ["LOADER_INDEX_DIR"] = str(work / "index")
-    child = Child(Path(seeds), work)
+    child = Child(Path(seeds), work, tuple(kinds))
     for case in cases:
         print(json.dumps({"begin": case}), flush=True)
         print(json.dumps(child.run(seed, case)), flush=True)
@@ -241,8 +242,8 @@ def child_main(seeds: str, seed: int, cases: list[int]) -> None:
 # ---------------------------------------------------------------- the parent
 
 
-def run(cases: range, *, seed: int = 0, jobs: int = 1, seeds_dir: Path | None = None, timeout: float = CASE_TIMEOUT,
-        env: dict | None = None, progress=None) -> dict:
+def run(cases: range, *, seed: int = 0, jobs: int = 1, kinds: tuple[str, ...] = KINDS, seeds_dir: Path | None = None,
+        timeout: float = CASE_TIMEOUT, env: dict | None = None, progress=None) -> dict:
     """Runs `cases` in `jobs` child processes; returns {"counts": {outcome: n}, "findings": [case results]}.
     A child that dies or hangs is restarted after the case it was running."""
     own = seeds_dir is None
@@ -251,15 +252,15 @@ def run(cases: range, *, seed: int = 0, jobs: int = 1, seeds_dir: Path | None = 
         write_seeds(seeds_dir)
     todo = [list(cases)[j::jobs] for j in range(jobs)]
     counts: collections.Counter = collections.Counter()
-    kinds: collections.Counter = collections.Counter()
+    by_kind: collections.Counter = collections.Counter()
     findings: list[dict] = []
-    running = [_Worker(seeds_dir, seed, todo[j], timeout, env) for j in range(jobs) if todo[j]]
+    running = [_Worker(seeds_dir, seed, kinds, todo[j], timeout, env) for j in range(jobs) if todo[j]]
     done = 0
     while running:
         for worker in list(running):
             for result in worker.poll():
                 counts[result["outcome"]] += 1
-                kinds[result["kind"]] += 1
+                by_kind[result["kind"]] += 1
                 done += 1
                 if result["outcome"] not in ("records", "error"):
                     findings.append(result)
@@ -267,12 +268,13 @@ def run(cases: range, *, seed: int = 0, jobs: int = 1, seeds_dir: Path | None = 
                     progress(done, counts)
             if worker.finished:
                 running.remove(worker)
-    return {"counts": dict(counts), "kinds": dict(kinds), "findings": findings}
+    return {"counts": dict(counts), "kinds": dict(by_kind), "findings": findings}
 
 
 class _Worker:
-    def __init__(self, seeds_dir: Path, seed: int, cases: list[int], timeout: float, env: dict | None):
-        self.seeds_dir, self.seed, self.cases, self.timeout = seeds_dir, seed, list(cases), timeout
+    def __init__(self, seeds_dir: Path, seed: int, kinds: tuple[str, ...], cases: list[int], timeout: float,
+                 env: dict | None):
+        self.seeds_dir, self.seed, self.kinds, self.cases, self.timeout = seeds_dir, seed, kinds, list(cases), timeout
         self.env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
         self.proc = None
         self.current = None
@@ -284,10 +286,12 @@ class _Worker:
             self.finished = True
             return
         code = "import sys, json; from tests.loader.fuzz import child_main; child_main(sys.argv[1], int(sys.argv[2]), " \
-               "json.loads(sys.argv[3]))"
-        self.proc = subprocess.Popen([sys.executable, "-c", code, str(self.seeds_dir), str(self.seed),
-                                      json.dumps(self.cases)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+               "*json.loads(sys.stdin.readline()))"
+        self.proc = subprocess.Popen([sys.executable, "-c", code, str(self.seeds_dir), str(self.seed)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=self.env, cwd=str(REPO), text=True, bufsize=1)
+        self.proc.stdin.write(json.dumps([self.kinds, self.cases]) + "\n")  # (too many cases for a command line)
+        self.proc.stdin.close()
         self.last = time.monotonic()
         self.current = None
 
@@ -322,7 +326,7 @@ class _Worker:
         return results
 
     def _lost(self, detail: str, outcome: str) -> dict:
-        codec, kind, check, _ = case_plan(self.seed, self.current)
+        codec, kind, check, _ = case_plan(self.seed, self.current, self.kinds)
         self.cases.remove(self.current)
         return {"case": self.current, "codec": CODECS[codec], "kind": kind, "check": check, "outcome": outcome,
                 "detail": detail}
@@ -335,6 +339,7 @@ def main(argv=None) -> int:
     p.add_argument("--first", type=int, default=0, help="the first case number (default 0)")
     p.add_argument("--seed", type=int, default=0, help="the run's seed: cases are a function of (seed, case)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="child processes at once")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=KINDS, help="mutations to draw from (default: all)")
     p.add_argument("--replay", type=int, help="run this one case in this process and print its result")
     p.add_argument("--json", help="write the summary and findings here")
     args = p.parse_args(argv)
@@ -343,14 +348,15 @@ def main(argv=None) -> int:
         write_seeds(seeds)
         work = Path(tempfile.mkdtemp(prefix="fuzz-"))
         os.environ.setdefault("LOADER_INDEX_DIR", str(work / "index"))
-        print(json.dumps(Child(seeds, work).run(args.seed, args.replay)))
+        print(json.dumps(Child(seeds, work, tuple(args.kinds)).run(args.seed, args.replay)))
         return 0
     started = time.monotonic()
 
     def progress(done, counts):
         print(f"{done} cases in {time.monotonic() - started:.0f} s: {dict(counts)}", file=sys.stderr, flush=True)
 
-    report = run(range(args.first, args.first + args.cases), seed=args.seed, jobs=args.jobs, progress=progress)
+    report = run(range(args.first, args.first + args.cases), seed=args.seed, jobs=args.jobs, kinds=tuple(args.kinds),
+                 progress=progress)
     report["seconds"] = round(time.monotonic() - started, 1)
     text = json.dumps(report, indent=1)
     if args.json:

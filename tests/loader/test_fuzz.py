@@ -16,8 +16,8 @@ from tests.loader import corpus, fuzz
 
 CORPUS = sorted(json.loads((corpus.DIRECTORY / corpus.EXPECTED).read_text()).items())
 
-# Mutations a run gets: ~25 cases a second on 2 cores, so the default suite's run takes ~20 s.
-BOUNDED_CASES = 500
+# Cases a run gets: ~120 a second with 2 jobs on 2 cores, so the default suite's run takes ~20 s.
+BOUNDED_CASES = 2000
 LONG_CASES = 20_000
 
 
@@ -81,7 +81,7 @@ def test_a_long_mutation_run_finds_nothing():
 
 def test_the_fuzzer_would_see_a_crash(tmp_path):
     """The judge itself: a child that dies of a signal mid-case is a crash finding, named by its case."""
-    worker = fuzz._Worker(tmp_path, 0, [7], 30, env=None)
+    worker = fuzz._Worker(tmp_path, 0, fuzz.KINDS, [7], 30, env=None)
     worker.proc.kill()  # as a SIGSEGV would
     worker.current = 7
     results = []

@@ -135,6 +135,13 @@ def test_a_shard_replaced_with_size_and_mtime_kept_is_reindexed(tmp_path, loader
     assert BatchReader(resolve(pattern))(np.arange(100)) == b
 
 
+def test_chunks_padded_to_block_boundaries_read(tmp_path):
+    """pad_to_block_boundary:true puts a riegeli padding chunk after each chunk: a span may end with one."""
+    records = [b"x" * (1000 * i) for i in range(6)]
+    _write(tmp_path / "padded.array_record", records, "group_size:1,pad_to_block_boundary:true,snappy")
+    assert BatchReader(resolve(str(tmp_path / "*.array_record")))(np.arange(6)[::-1]) == records[::-1]
+
+
 def test_a_span_longer_than_its_chunk_is_refused(tmp_path):
     """A record's span must end where its chunk does: a span over two chunks (a stale or forged index) is an error."""
     path = _write(tmp_path / "x.array_record", [b"%d" % i for i in range(5)])
