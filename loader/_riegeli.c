@@ -19,7 +19,8 @@
    - decode(spans, span_begins, fds-free records...): the same over spans already in memory (gs:// range reads).
    - plan_spans(fds, begins, ends, max_gap): the coalesced spans read() would read, for remote reads.
    - decode_chunk(data, position, check, max_records): a whole simple chunk of any number of records -> (sizes
-     bytes, values bytes) (the footer); footer_offsets(sizes, values): its entries' chunk offsets and record counts.
+     bytes, values bytes) (the footer); footer_offsets(sizes, values, footer_offset, group): its entries' chunk
+     offsets and record counts, checked.
    - stat_paths(paths, ...): many files' sizes, modification and change times and inodes, stat(2) on several threads.
    - buffers_kept(), zstd_contexts(): read buffers and zstd contexts that threads keep now (each is freed when its
      thread ends).
@@ -1170,22 +1171,30 @@ done:
   return result;
 }
 
-/* footer_offsets(sizes, values) -> (offsets, counts: bytes of u64): the chunk offset and record count of each entry
-   of an ArrayRecord footer (records after the first are ArrayRecordFooter{1: chunk_offset, 2: decoded_data_size,
-   3: num_records}; a missing num_records is 1). `sizes` and `values` are decode_chunk's output; sizes are
-   re-checked here, each against the bytes left (they come from the file). */
+/* footer_offsets(sizes, values, footer_offset, group) -> (offsets, counts: bytes of u64, records): the chunk offset
+   and record count of each entry of an ArrayRecord footer (records after the first are ArrayRecordFooter{1:
+   chunk_offset, 2: decoded_data_size, 3: num_records}; a missing num_records is 1), and their total. `sizes` and
+   `values` are decode_chunk's output; sizes are re-checked here, each against the bytes left (they come from the
+   file). The entries must describe chunks that can be in the file: offsets from FOOTER_FIRST_CHUNK on, each at least a
+   chunk header after the last, the last a chunk header before the footer; counts of 1 to 2^40, and with the writer's
+   `group` (its group_size, 0 when unknown) every chunk full but the last. */
+#define FOOTER_FIRST_CHUNK 64 /* the file signature comes first */
+#define FOOTER_MAX_COUNT ((uint64_t)1 << 40)
 static PyObject *py_footer_offsets(PyObject *self, PyObject *args) {
   Py_buffer sizes, values;
-  if (!PyArg_ParseTuple(args, "y*y*", &sizes, &values)) return NULL;
+  unsigned long long footer_offset, group;
+  if (!PyArg_ParseTuple(args, "y*y*KK", &sizes, &values, &footer_offset, &group)) return NULL;
   Py_ssize_t records = sizes.len / 8, entries = records > 1 ? records - 1 : 0;
   PyObject *offsets = PyBytes_FromStringAndSize(NULL, entries * 8), *counts = PyBytes_FromStringAndSize(NULL,
                                                                                                      entries * 8);
   PyObject *out = NULL;
   const char *bad = NULL;
+  uint64_t total = 0;
   if (!offsets || !counts) goto done;
   {
     const uint64_t *sz = sizes.buf;
     uint64_t *off = (uint64_t *)PyBytes_AS_STRING(offsets), *cnt = (uint64_t *)PyBytes_AS_STRING(counts);
+    uint64_t next_at = FOOTER_FIRST_CHUNK; /* where the next chunk may start at the earliest */
     const uint8_t *p = values.buf, *end = p + values.len;
     if (records > 0) {
       if (!fits(p, end, sz[0])) bad = "a footer whose metadata runs past its end";
@@ -1206,9 +1215,19 @@ static PyObject *py_footer_offsets(PyObject *self, PyObject *args) {
         else if (key >> 3 == 1) chunk_offset = value, has_offset = 1;
         else if (key >> 3 == 3) num_records = value;
       }
-      if (!bad && !has_offset) bad = "a footer entry without a chunk offset";
+      if (bad) break;
+      if (!has_offset) bad = "a footer entry without a chunk offset";
+      else if (chunk_offset < next_at || footer_offset < CHUNK_HEADER_SIZE ||
+               chunk_offset > footer_offset - CHUNK_HEADER_SIZE)
+        bad = "chunk offsets that do not increase through the file";
+      else if (num_records == 0 || num_records > FOOTER_MAX_COUNT)
+        bad = "footer record counts of 0 or beyond any file";
+      else if (group && (num_records > group || (r < records - 1 && num_records != group)))
+        bad = "footer record counts that disagree with the writer's group_size";
+      next_at = chunk_offset + CHUNK_HEADER_SIZE;
       off[r - 1] = chunk_offset;
       cnt[r - 1] = num_records;
+      total += num_records;
       p = msg_end;
     }
   }
@@ -1216,7 +1235,7 @@ static PyObject *py_footer_offsets(PyObject *self, PyObject *args) {
     PyErr_SetObject(CorruptError, Py_BuildValue("(snK)", bad, (Py_ssize_t)-1, 0ULL));
     goto done;
   }
-  out = Py_BuildValue("(OO)", offsets, counts);
+  out = Py_BuildValue("(OOK)", offsets, counts, (unsigned long long)total);
 done:
   Py_XDECREF(offsets);
   Py_XDECREF(counts);
@@ -1353,7 +1372,8 @@ static PyMethodDef methods[] = {
      "decode_chunk(data, position, check, max_records) -> (sizes, values)"},
     {"locate", py_locate, METH_VARARGS, "locate(index, info, shards, locals, begins_out, ends_out)"},
     {"ef_encode", py_ef_encode, METH_VARARGS, "ef_encode(values, sample) -> (l, samples, highs, lows)"},
-    {"footer_offsets", py_footer_offsets, METH_VARARGS, "footer_offsets(sizes, values) -> (offsets, counts)"},
+    {"footer_offsets", py_footer_offsets, METH_VARARGS,
+     "footer_offsets(sizes, values, footer_offset, group) -> (offsets, counts, records)"},
     {"stat_paths", py_stat_paths, METH_VARARGS,
      "stat_paths(paths, sizes_out, mtimes_ns_out, errnos_out, threads, ctimes_ns_out, inodes_out)"},
     {"buffers_kept", py_buffers_kept, METH_NOARGS, "buffers_kept() -> read buffers kept by threads now"},

@@ -142,6 +142,21 @@ def test_chunks_padded_to_block_boundaries_read(tmp_path):
     assert BatchReader(resolve(str(tmp_path / "*.array_record")))(np.arange(6)[::-1]) == records[::-1]
 
 
+@pytest.mark.gcs
+def test_a_gs_shard_rewritten_with_its_size_is_reindexed(gcs_bucket, tmp_path):
+    """On gs:// the index is keyed by each object's generation, which every write changes."""
+    bucket, client = gcs_bucket
+    a, b = _same_size_pair(tmp_path)
+    blob = client.bucket(bucket).blob("ds/x.array_record")
+    blob.upload_from_filename(str(tmp_path / "a.array_record"))
+    before = resolve(f"gs://{bucket}/ds/*.array_record")
+    assert BatchReader(before)(np.arange(100)) == a
+    blob.upload_from_filename(str(tmp_path / "b.array_record"))
+    after = resolve(f"gs://{bucket}/ds/*.array_record")
+    assert after.shard_bytes == before.shard_bytes and after.shard_versions != before.shard_versions
+    assert BatchReader(after)(np.arange(100)) == b
+
+
 def test_a_span_longer_than_its_chunk_is_refused(tmp_path):
     """A record's span must end where its chunk does: a span over two chunks (a stale or forged index) is an error."""
     path = _write(tmp_path / "x.array_record", [b"%d" % i for i in range(5)])
