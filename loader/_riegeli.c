@@ -530,6 +530,7 @@ typedef struct {
   int arena_held;     /* this read holds the thread's buffer (set even when it is NULL: a read of no bytes) */
   Py_ssize_t num_spans;
   uint64_t max_record; /* the largest record to allocate */
+  uint64_t read_decoded; /* when a read is refused as too large: what it would have decoded to */
   Py_ssize_t failed;  /* the record an error is about */
   const char *why;
   int err_no;
@@ -640,7 +641,18 @@ static int read_spans(batch *b) {
 }
 
 /* Parses every record's chunk (hash checks, sizes) with the GIL released. */
+/* A read decodes to at most READ_RATIO times the bytes it read, or max_record when that is more: a shard of many
+   small zstd frames that each expand to max_record (a few KB apiece) must not make one read group allocate
+   hundreds of GB. Real data stays far below it (1 MB masks at 1,000x pass); zeros at 25,000x need max_record raised. */
+#define READ_RATIO 1024
+#define READ_ALLOWANCE ((uint64_t)64 << 20)
+
 static int parse_all(batch *b, int check) {
+  uint64_t stored = 0, decoded = 0;
+  for (Py_ssize_t s = 0; s < b->num_spans; s++) stored += (uint64_t)(b->spans[s].end - b->spans[s].begin);
+  uint64_t budget = stored > (UINT64_MAX - READ_ALLOWANCE) / READ_RATIO ? UINT64_MAX
+                                                                        : stored * READ_RATIO + READ_ALLOWANCE;
+  if (budget < b->max_record) budget = b->max_record;
   for (Py_ssize_t i = 0; i < b->n; i++) {
     span *sp = &b->spans[b->span_of[i]];
     int64_t at = logical(b->begins[i]) - logical(sp->begin), to = logical(b->ends[i]) - logical(sp->begin);
@@ -650,6 +662,12 @@ static int parse_all(batch *b, int check) {
     if (!rc && c->num_records != 1) rc = UNSUPPORTED, b->why = "a chunk of several records (group_size > 1)";
     if (!rc) rc = check_single(c, b->max_record, &b->why);
     if (rc) return b->failed = i, rc;
+    decoded += c->decoded_size; /* each <= max_record < 2^63, and the sum is checked before the next: no wrap */
+    if (decoded > budget) {
+      b->why = "a read that decodes to more than 1024 times its bytes and max_record_bytes";
+      b->read_decoded = decoded;
+      return b->failed = i, TOO_LARGE;
+    }
   }
   return OK;
 }
@@ -674,7 +692,9 @@ static PyObject *raise_for(batch *b, int rc) {
     return e;
   }
   /* (why, record position, the record's declared size when it is too large) */
-  unsigned long long size = rc == TOO_LARGE && b->chunks ? (unsigned long long)b->chunks[b->failed].decoded_size : 0;
+  unsigned long long size = rc != TOO_LARGE || !b->chunks ? 0
+                            : b->read_decoded             ? (unsigned long long)b->read_decoded
+                                                          : (unsigned long long)b->chunks[b->failed].decoded_size;
   PyObject *args = Py_BuildValue("(snK)", b->why ? b->why : "a bad chunk", b->failed, size);
   if (args) {
     PyErr_SetObject(rc == UNSUPPORTED ? UnsupportedError : rc == TOO_LARGE ? TooLargeError : CorruptError, args);

@@ -79,7 +79,9 @@ class LoaderConfig:
     allow_incomplete: bool = False
     check_hashes: bool = True  # check riegeli's chunk hashes: a damaged byte is an error naming shard and record
     cache_bytes: int = 0  # gs:// sources: keep up to this many bytes of recently read blocks in memory
-    max_record_bytes: int = MAX_RECORD_BYTES  # a larger record is an error (checked before it is allocated)
+    # A larger record is an error, checked before it is allocated; a read group may decode to this much, or 1,024 times
+    # its stored bytes when that is more (loader/_riegeli.c: decompression bombs).
+    max_record_bytes: int = MAX_RECORD_BYTES
     sharding: Any = None  # a jax.sharding.Sharding: yield global jax.Arrays placed ahead of time
     device_prefetch: int = 2  # batches in flight to the devices when sharding is set
 

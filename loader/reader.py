@@ -140,10 +140,13 @@ class BatchReader:
                 for fd in temporary:
                     os.close(fd)
         except _riegeli.TooLargeError as e:
-            _, at, size = e.args
-            raise OSError(f"{self._paths[int(shards[at])]}: record {int(local[at])} is {size:,} bytes, over "
-                          f"max_record_bytes={self._max_record:,}; if the record is genuine, pass a larger "
-                          "max_record_bytes= to loader.load (a damaged or crafted shard can claim any size)") from None
+            why, at, size = e.args
+            where = f"{self._paths[int(shards[at])]}: record {int(local[at])}"
+            what = (f"is {size:,} bytes, over max_record_bytes={self._max_record:,}" if why.startswith("a record") else
+                    f"brings this read's records to {size:,} bytes, over 1,024 times the bytes they are stored in and "
+                    f"over max_record_bytes={self._max_record:,} (a decompression bomb?)")
+            raise OSError(f"{where} {what}; if the records are genuine, pass a larger max_record_bytes= to loader.load "
+                          "(a damaged or crafted shard can claim any size)") from None
         except (_riegeli.CorruptError, _riegeli.UnsupportedError) as e:
             why, at, _ = e.args
             shard, record = int(shards[at]), int(local[at])

@@ -282,6 +282,22 @@ def test_a_record_over_max_record_bytes_names_the_option(tmp_path):
         loader.load(pattern, batch_size=1, max_record_bytes=0)
 
 
+def test_a_read_of_many_small_zstd_bombs_is_refused(tmp_path):
+    """Records of 4 MB of zeros compress ~4,000x with zstd: each is under max_record_bytes, but a read of many of
+    them would allocate far more than the bytes read could honestly hold. Refused naming the record, unless
+    max_record_bytes (which also bounds a whole read) says such reads are expected."""
+    records = [bytes(4 << 20) for _ in range(40)]
+    _write(tmp_path / "zeros.array_record", records, "group_size:1,zstd:3")
+    assert (tmp_path / "zeros.array_record").stat().st_size <= 256 << 10
+    pattern = str(tmp_path / "*.array_record")
+    reader = BatchReader(resolve(pattern), max_record_bytes=32 << 20)
+    assert reader(np.arange(5)) == records[:5]  # 20 MB: within the 64 MB allowance
+    with pytest.raises(OSError, match=r"zeros.array_record: record \d+ brings this read's records to [\d,]+ bytes, over "
+                                      r"1,024 times the bytes they are stored in and over max_record_bytes=33,554,432"):
+        reader(np.arange(40))
+    assert BatchReader(resolve(pattern))(np.arange(40)) == records  # 160 MB: under the default max_record_bytes
+
+
 # ---------------------------------------------------------------- per-thread state
 
 
