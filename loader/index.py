@@ -206,9 +206,7 @@ def build(source: ShardedSource, path: str, key: str) -> None:
                 file_hash = _file_hash(written)
             out.seek(7 * 8)
             out.write(np.array([file_hash], dtype="<u8").tobytes())
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # (no fsync: a file a crash left torn fails its hash when opened, and is rebuilt)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

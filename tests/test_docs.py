@@ -65,6 +65,7 @@ def test_no_page_narrates_the_projects_development():
 
 SKIP_REASONS = ("needs Google Cloud", "needs an accelerator VM", "needs gcsfuse and a bucket",
                 "a benchmark: minutes to hours; tests/test_docs.py checks its flags",
+                "a fuzzing campaign: minutes; tests/test_docs.py checks its flags",
                 "builds a virtual environment per install: 3 minutes with a warm pip cache",
                 "the two commands: CI runs scripts/test.sh; scripts/demo.sh checks its own result")
 BLOCK = re.compile(r"(?:<!-- docs-test: skip \(([^)]*)\) -->\n)?```(bash|python)\n(.*?)```", re.S)
@@ -91,12 +92,14 @@ def test_every_block_runs_or_says_why_it_cannot():
 
 
 def test_each_benchmark_command_uses_flags_its_script_has():
+    """Benchmarks (benchmarks/*.py) and the fuzzer (python -m tests.loader.fuzz)."""
     for page, n, _, code, _ in BLOCKS:
         for line in code.splitlines():
-            script = re.search(r"benchmarks/(\w+\.py)", line)
+            script = re.search(r"(benchmarks/\w+\.py|-m tests\.loader\.fuzz)", line)
             if script is None:
                 continue
-            source = (REPO / "benchmarks" / script.group(1)).read_text()
+            path = "tests/loader/fuzz.py" if "fuzz" in script.group(1) else script.group(1)
+            source = (REPO / path).read_text()
             for flag in re.findall(r"\s(--[\w-]+)", line.split("#")[0]):
                 assert f'"{flag}"' in source, f"{page} block {n}: {script.group(1)} has no flag {flag}"
 
