@@ -1,8 +1,16 @@
-"""`python -m trainer [--config FILE] key=value ...`: see trainer/config.py for the keys."""
+"""`python -m trainer [--config FILE] key=value ...`: see trainer/config.py for the keys.
+
+Exit status: 0 when the run finished its steps; 2 for a bad setting or bad data (one line on stderr); PREEMPTED (143,
+128 + SIGTERM, the convention for a process ended by SIGTERM) when a SIGTERM stopped it after saving a checkpoint, so
+a scheduler that restarts failed jobs (Kubernetes `restartPolicy: OnFailure`, JobSet, Slurm `--requeue`) restarts it
+and it resumes from that checkpoint."""
 
 import argparse
 import json
+import signal
 import sys
+
+PREEMPTED = 128 + signal.SIGTERM
 
 
 def main(argv=None) -> int:
@@ -27,7 +35,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"summary": summary, "workdir": config.workdir}, indent=1))
-    return 0
+    return PREEMPTED if summary.get("preempted") else 0
 
 
 if __name__ == "__main__":
