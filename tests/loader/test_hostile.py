@@ -342,8 +342,9 @@ def test_a_read_of_no_records_leaves_the_threads_buffer_usable(converted, all_re
     assert kept == [before + 1]  # the second read used (and kept) the thread's own buffer
 
 
-def test_stat_paths_holds_its_paths_while_the_gil_is_released(tmp_path):
-    """stat_paths reads the paths on other threads with the GIL released: the list may change meanwhile."""
+def test_stat_paths_gives_sizes_change_times_and_inodes(tmp_path):
+    """stat_paths (on several threads, the GIL released, its paths held in a tuple of its own meanwhile) gives what the
+    index key mixes: sizes, change times and inodes; a missing file is an errno, not a crash."""
     (tmp_path / "f").write_bytes(b"x" * 10)
     paths = [str(tmp_path / "f")] * 5000 + [str(tmp_path / ("missing-%d" % i)) for i in range(5000)]
     sizes, mtimes, errnos = (np.empty(len(paths), dtype=np.int64) for _ in range(3))
