@@ -17,6 +17,8 @@ MODES = ("train", "evaluate")
 OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16")
+SIZE_KEYS = ("width", "depth", "heads", "mlp_ratio")  # the keys that size the models in SIZED_MODELS
+SIZED_MODELS = ("transformer_lm",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +67,16 @@ class TrainConfig:
     seq_len: int = 256  # lm: tokens per row
     vocab_size: int | None = None  # lm over int64 ids (byte-level text: 258; with a tokenizer: its vocabulary)
     tokenizer: str | None = None  # lm: a SentencePiece .model or a Hugging Face tokenizer.json to tokenise text with
+    # lm with tokenizer= (trainer/tokenizer.py): true: one BOS / EOS on each text (never doubled; an error if the
+    # tokenizer has none), false: none; unset: as the tokenizer does (SentencePiece: BOS, no EOS; tokenizer.json:
+    # what its post-processor adds)
+    add_bos: bool | None = None
+    add_eos: bool | None = None
+    # model=transformer_lm's size (MaxText: emb_dim, num_decoder_layers, num_query_heads, mlp_dim = mlp_ratio * width)
+    width: int = 128  # d_model: each token's features (a multiple of heads)
+    depth: int = 2  # Transformer blocks
+    heads: int = 4  # attention heads, each width / heads features wide
+    mlp_ratio: int = 4  # each block's MLP has mlp_ratio * width hidden units
     packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/packing.py); eval pads
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
     log_every: int = 50
@@ -95,6 +107,11 @@ class TrainConfig:
             except ValueError:
                 raise ValueError(f"weights: {name}={value!r} is not a number; e.g. weights=web=0.7,code=0.3") from None
         return weights
+
+    @property
+    def model_size(self) -> dict[str, int]:
+        """The size keys as model keyword arguments for the models they size ({} for any other model)."""
+        return {name: getattr(self, name) for name in SIZE_KEYS} if self.model in SIZED_MODELS else {}
 
     @property
     def checkpoint_dir(self) -> str:
@@ -142,6 +159,30 @@ class TrainConfig:
         self.eval_source  # noqa: B018 - parses, or names what is wrong
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        self._check_size()
+        for name in ("add_bos", "add_eos"):
+            if getattr(self, name) is not None and self.tokenizer is None:
+                raise ValueError(f"{name}={str(getattr(self, name)).lower()} applies to text tokenised by tokenizer=; "
+                                 "byte-level text always begins with BOS and has no EOS, token ids are read as they "
+                                 f"are: drop {name}= or pass tokenizer=")
+
+    def _check_size(self):
+        """width, depth, heads, mlp_ratio: each >= 1, width a multiple of heads, and only for a model they size."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in SIZE_KEYS}
+        for name in SIZE_KEYS:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)}); the default is "
+                                 f"{name}={defaults[name]}")
+        if self.width % self.heads:
+            fewer = max(h for h in range(1, self.heads) if self.width % h == 0)
+            wider = -(-self.width // self.heads) * self.heads
+            raise ValueError(f"width={self.width} is not divisible by heads={self.heads} (each head gets width / heads "
+                             f"features); use heads={fewer} or width={wider}")
+        changed = [name for name in SIZE_KEYS if getattr(self, name) != defaults[name]]
+        if changed and self.model not in SIZED_MODELS:
+            name = changed[0]
+            raise ValueError(f"{name}={getattr(self, name)} sizes model={' or '.join(SIZED_MODELS)}; model="
+                             f"{self.model!r} does not take it: drop {name}=")
 
     @classmethod
     def from_args(cls, overrides: list[str], config_file: str | None = None) -> TrainConfig:

@@ -45,12 +45,13 @@ class CNN(nn.Module):
 class TransformerBlock(nn.Module):
     heads: int
     dim: int
+    mlp_ratio: int = 4  # the MLP's hidden width is mlp_ratio * dim
 
     @nn.compact
     def __call__(self, x, mask=None):
         y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.dim)(nn.LayerNorm()(x), mask=mask)
         x = x + y
-        y = nn.Dense(self.dim)(nn.gelu(nn.Dense(4 * self.dim)(nn.LayerNorm()(x))))
+        y = nn.Dense(self.dim)(nn.gelu(nn.Dense(self.mlp_ratio * self.dim)(nn.LayerNorm()(x))))
         return x + y
 
 
@@ -83,13 +84,19 @@ class TransformerLM(nn.Module):
     Takes the LM task's inputs, {"tokens", "segment_ids", "positions"} (or bare tokens): a position attends to
     earlier positions of its own segment only, so examples packed into one row never see each other, and
     positions restart at each segment.
+
+    Sized by the config keys of the same names (`width= depth= heads= mlp_ratio=`, validated in trainer/config.py):
+    `depth` pre-norm blocks of `heads`-head attention over `width` features and a GELU MLP of
+    `mlp_ratio * width`; learned position embeddings for `max_len` positions; an output layer of its own (not
+    tied to the token embedding).
     """
 
     vocab_size: int
     max_len: int
-    dim: int = 128
+    width: int = 128
     depth: int = 2
     heads: int = 4
+    mlp_ratio: int = 4
 
     @nn.compact
     def __call__(self, inputs):
@@ -99,10 +106,10 @@ class TransformerLM(nn.Module):
             tokens = inputs
             segments = jnp.ones_like(tokens)
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
-        x = nn.Embed(self.vocab_size, self.dim)(tokens) + nn.Embed(self.max_len, self.dim)(positions)
+        x = nn.Embed(self.vocab_size, self.width)(tokens) + nn.Embed(self.max_len, self.width)(positions)
         mask = nn.combine_masks(nn.make_causal_mask(tokens), nn.make_attention_mask(segments, segments, jnp.equal))
         for _ in range(self.depth):
-            x = TransformerBlock(self.heads, self.dim)(x, mask)
+            x = TransformerBlock(self.heads, self.width, self.mlp_ratio)(x, mask)
         return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
 
 

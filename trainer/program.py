@@ -52,7 +52,7 @@ class Program:
         if config.packing and not hasattr(task, "packing"):
             raise ValueError(f"packing=true needs a task that packs token sequences (task=lm); task={config.task!r} "
                              "does not")
-        model = models.make(config.model, task.model_kwargs())
+        model = models.make(config.model, {**task.model_kwargs(), **config.model_size})
         return cls(config, task, model, _sample(data, split, task), split)
 
     # --- parameters, model state and optimizer ------------------------------------------------

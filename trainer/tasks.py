@@ -135,9 +135,9 @@ class LanguageModel:
     """Next-token prediction over a token-sequence feature `text_key`, padded to `seq_len` with a mask.
 
     A bytes/string feature is read as UTF-8 bytes (vocabulary 256 + PAD + BOS; eval also reports bits per byte),
-    or tokenised by `tokenizer=` (a SentencePiece .model or a Hugging Face tokenizer.json: trainer/tokenizer.py);
-    an int64 sequence feature is taken as token ids (vocab_size= from the config). An example longer than
-    seq_len is cut to its first seq_len targets.
+    or tokenised by `tokenizer=` (a SentencePiece .model or a Hugging Face tokenizer.json: trainer/tokenizer.py), with
+    BOS / EOS as `add_bos=` / `add_eos=` ask; an int64 sequence feature is taken as token ids (vocab_size= from the
+    config). An example longer than seq_len is cut to its first seq_len targets.
     """
 
     text_key: str
@@ -162,7 +162,7 @@ class LanguageModel:
             if not byte_level:
                 raise ValueError(f"tokenizer={config.tokenizer} tokenises text, but {config.text_key!r} holds token ids "
                                  "already; drop tokenizer= (and pass vocab_size=)")
-            tok = tokenizer.load(config.tokenizer)
+            tok = tokenizer.load(config.tokenizer, add_bos=config.add_bos, add_eos=config.add_eos)
             if config.vocab_size is not None and config.vocab_size < tok.vocab_size:
                 raise ValueError(f"vocab_size={config.vocab_size} is below the vocabulary of tokenizer="
                                  f"{config.tokenizer} ({tok.vocab_size}); leave vocab_size unset to take the "

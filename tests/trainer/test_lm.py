@@ -111,7 +111,7 @@ def test_packed_examples_never_see_each_other():
 
     from trainer.models import TransformerLM
 
-    model = TransformerLM(vocab_size=50, max_len=12, dim=32, depth=2, heads=2)
+    model = TransformerLM(vocab_size=50, max_len=12, width=32, depth=2, heads=2)
     segments = np.array([[1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 0, 0]])
     positions = np.array([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 0, 0]])
     tokens = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0, 0]])

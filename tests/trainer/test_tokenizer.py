@@ -92,3 +92,160 @@ def test_vocab_size_below_the_tokenizers_is_refused(tokenizers):
     with pytest.raises(ValueError, match=rf"vocab_size=100 is below the vocabulary of tokenizer=.* \({VOCAB}\)"):
         LanguageModel.from_config(TrainConfig(data="x", workdir="w", task="lm", tokenizer=tokenizers["bpe"],
                                               vocab_size=100), {})
+
+
+# --- BOS and EOS: add_bos=, add_eos= -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """Tokenizers of 512 tokens trained in-process on ~256 KB of the demo text: {'bpe': tokenizer.json (post-processor
+    "<s> $A"), 'sentencepiece': .model, both <pad> 0, <s> 1, </s> 2}, and the texts."""
+    root = tmp_path_factory.mktemp("small_tokenizers")
+    passages = stdlib_passages(max_bytes=1 << 20)
+    train, texts = passages["train"][:1500], [t.decode() for t in passages["test"][:20]]
+    assert len(texts) == 20
+    return {"bpe": tokenizer.train_bpe(train, VOCAB, str(root / "tokenizer.json")),
+            "sentencepiece": tokenizer.train_sentencepiece(train, VOCAB, str(root / "spm.model")), "texts": texts}
+
+
+def _library(kind: str, path: str, texts: list[str], special: bool) -> list[list[int]]:
+    """The library's own ids, from a fresh object of its own: with its special tokens (SentencePiece: its add_bos
+    option) or without."""
+    if kind == "bpe":
+        import tokenizers
+
+        return [e.ids for e in tokenizers.Tokenizer.from_file(path).encode_batch(texts, add_special_tokens=special)]
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_file=path).encode(texts, add_bos=special)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "sentencepiece"])
+def test_unset_bos_and_eos_give_the_librarys_own_ids(small, kind):
+    ids = tokenizer.load(small[kind]).encode_batch(small["texts"])
+    assert [i.tolist() for i in ids] == _library(kind, small[kind], small["texts"], special=True)
+    assert all(i[0] == 1 and i[-1] != 2 for i in ids)  # BOS first, no EOS: as before these options
+
+
+@pytest.mark.parametrize("kind", ["bpe", "sentencepiece"])
+@pytest.mark.parametrize("add_bos, add_eos", [(True, True), (True, False), (False, True), (False, False),
+                                              (None, True), (False, None)])
+def test_bos_and_eos_as_asked(small, kind, add_bos, add_eos):
+    tok = tokenizer.load(small[kind], add_bos=add_bos, add_eos=add_eos)
+    assert (tok.bos_id, tok.eos_id) == (1, 2)
+    plain = _library(kind, small[kind], small["texts"], special=False)
+    want_bos = add_bos is not False  # unset: the BOS both tokenizers add by themselves
+    expected = [[1] * want_bos + p + [2] * bool(add_eos) for p in plain]
+    assert [i.tolist() for i in tok.encode_batch(small["texts"])] == expected
+    import pickle  # loader worker processes get the tokenizer pickled: the options travel with it
+
+    again = pickle.loads(pickle.dumps(tok))
+    assert [i.tolist() for i in again.encode_batch(small["texts"][:3])] == expected[:3]
+
+
+def _retemplate(path: str, out, template: str | None, specials: list[str]) -> str:
+    """A copy of the tokenizer.json at `path` whose post-processor is `template` (None: none)."""
+    import tokenizers
+    from tokenizers import processors
+
+    tok = tokenizers.Tokenizer.from_file(path)
+    tok.post_processor = None if template is None else processors.TemplateProcessing(
+        single=template, special_tokens=[(s, tok.token_to_id(s)) for s in specials])
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    return str(out / "tokenizer.json")
+
+
+def test_a_post_processor_that_adds_bos_and_eos_is_never_doubled(small, tmp_path):
+    path = _retemplate(small["bpe"], tmp_path, "<s> $A </s>", ["<s>", "</s>"])
+    texts = small["texts"]
+    own = _library("bpe", path, texts, special=True)
+    plain = _library("bpe", path, texts, special=False)
+    assert all(o == [1] + p + [2] for o, p in zip(own, plain))
+    for add_bos, add_eos, expected in [(None, None, own), (True, True, own), (True, False, [o[:-1] for o in own]),
+                                       (False, True, [o[1:] for o in own]), (False, False, plain)]:
+        ids = [i.tolist() for i in tokenizer.load(path, add_bos=add_bos, add_eos=add_eos).encode_batch(texts)]
+        assert ids == expected, (add_bos, add_eos)
+
+
+def test_the_tokens_come_from_tokenizer_config_json_beside_the_file(small, tmp_path):
+    """GPT-2's way: no post-processor, `<|endoftext|>` for both, named in tokenizer_config.json."""
+    import tokenizers
+
+    tok = tokenizers.Tokenizer.from_file(small["bpe"])
+    tok.post_processor = None
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    path, texts = str(tmp_path / "tokenizer.json"), small["texts"][:5]
+    end = tok.token_to_id("<|endoftext|>")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": None,
+                                                                "eos_token": {"content": "<|endoftext|>"}}))
+    plain = _library("bpe", path, texts, special=False)
+    assert [i.tolist() for i in tokenizer.load(path).encode_batch(texts)] == plain
+    assert [i.tolist() for i in tokenizer.load(path, add_eos=True).encode_batch(texts)] == [p + [end] for p in plain]
+    with pytest.raises(tokenizer.TokenizerError) as e:
+        tokenizer.load(path, add_bos=True)
+    assert str(e.value) == (f"tokenizer={path} has no BOS token (the tokenizer_config.json beside it sets bos_token to "
+                            "null); set add_bos=false, or name its BOS token as bos_token in a tokenizer_config.json "
+                            "beside it")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|endoftext|>"}))
+    ids = tokenizer.load(path, add_bos=True, add_eos=True).encode_batch(texts)
+    assert [i.tolist() for i in ids] == [[end] + p + [2] for p in plain]  # EOS: </s>, found by its name
+
+
+def test_a_missing_eos_is_one_line_naming_the_file_and_the_fix(small, tmp_path):
+    import tokenizers
+    import sentencepiece
+
+    tok = tokenizers.Tokenizer.from_file(small["bpe"])
+    json_path = str(tmp_path / "no_eos.json")
+    tok.save(json_path)
+    spec = json.loads(open(json_path).read())  # the tokenizer as train_bpe made it before it had </s>
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "</s>"]
+    spec["model"]["vocab"] = {k: v for k, v in spec["model"]["vocab"].items() if k != "</s>"}
+    open(json_path, "w").write(json.dumps(spec))
+    with pytest.raises(tokenizer.TokenizerError) as e:
+        tokenizer.load(json_path, add_eos=True)
+    assert str(e.value) == (f"tokenizer={json_path} has no EOS token (none of </s>, <|end_of_text|>, <eos>, "
+                            "<|endoftext|> is in its vocabulary); set add_eos=false, or name its EOS token as "
+                            "eos_token in a tokenizer_config.json beside it")
+    assert tokenizer.load(json_path).encode_batch(["x = 1"])[0][0] == 1  # unset: as before
+
+    spm_path = str(tmp_path / "no_eos.model")
+    sentencepiece.SentencePieceTrainer.Train(sentence_iterator=iter(small["texts"] * 20), model_prefix=spm_path[:-6],
+                                             vocab_size=400, eos_id=-1, byte_fallback=True, minloglevel=2)
+    with pytest.raises(tokenizer.TokenizerError) as e:
+        tokenizer.load(spm_path, add_eos=True)
+    assert str(e.value) == (f"tokenizer={spm_path} has no EOS token (its eos_id() is -1); set add_eos=false, or train "
+                            "it with eos_id= set (train_sentencepiece gives bos_id=1, eos_id=2)")
+
+
+def test_add_eos_reaches_the_lm_tasks_tokens(small):
+    config = TrainConfig(data="x", workdir="w", task="lm", tokenizer=small["sentencepiece"], add_eos=True, seq_len=8)
+    task = LanguageModel.from_config(config, {})
+    one = task.tokenize(np.array([small["texts"][0].encode()], dtype=object))
+    assert one[0] == 1 and one[-1] == 2 and (one == 2).sum() == 1
+    assert [i.tolist() for i in task.tokenize_batch([small["texts"][0]])] == [one.tolist()]
+    row = LanguageModel.from_config(config, {}).preprocess({"text": b"x"})  # short: the row's last target is EOS
+    assert row["targets"][row["segment_ids"] == 1][-1] == 2
+
+
+@pytest.mark.parametrize("key", ["add_bos=false", "add_eos=true"])
+def test_bos_and_eos_options_without_a_tokenizer_are_refused(key):
+    name, _, value = key.partition("=")
+    with pytest.raises(ValueError) as e:
+        TrainConfig.from_args(["data=x", "workdir=w", "task=lm", key])
+    assert str(e.value) == (f"{name}={value} applies to text tokenised by tokenizer=; byte-level text always begins "
+                            f"with BOS and has no EOS, token ids are read as they are: drop {name}= or pass tokenizer=")
+
+
+def test_the_tokenizer_module_imports_without_jax(small):
+    """The Beam converter tokenises with it: loaded on its own (not through trainer/__init__.py), it brings no JAX."""
+    code = ("import importlib.util, sys\n"
+            "spec = importlib.util.spec_from_file_location('tokenizer', 'trainer/tokenizer.py')\n"
+            "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+            f"ids = module.load({small['bpe']!r}, add_eos=True).encode_batch(['x = 1'])[0]\n"
+            "print(ids[0], ids[-1], sorted(m for m in ('jax', 'flax', 'optax', 'grain') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["1", "2", "[]"]

@@ -1,0 +1,84 @@
+"""model=transformer_lm sized by width=, depth=, heads=, mlp_ratio=: the parameters the keys give, counted against
+a formula written out here, and a bad size as one line naming it, before anything is compiled."""
+
+import math
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from trainer import TrainConfig
+from trainer.models import TransformerLM
+from trainer.program import Program
+from tests.conftest import REPO
+from tests.trainer.conftest import run_trainer
+from tests.trainer.test_lm import stdlib_text  # noqa: F401 - the fixture
+
+
+def lm_parameters(vocab: int, seq_len: int, width: int, depth: int, mlp_ratio: int) -> int:
+    """TransformerLM's parameter count, term by term."""
+    d, hidden = width, mlp_ratio * width
+    embeddings = vocab * d + seq_len * d  # tokens, positions
+    attention = 4 * (d * d + d)  # query, key, value, output: kernel + bias each
+    mlp = (d * hidden + hidden) + (hidden * d + d)
+    norms = 2 * (2 * d)  # two LayerNorms, scale + bias
+    output = 2 * d + (d * vocab + vocab)  # the final LayerNorm and the untied output layer
+    return embeddings + depth * (attention + mlp + norms) + output
+
+
+def count(params) -> int:
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize("size, expected", [
+    ({}, 495_874),  # the defaults: width=128 depth=2 heads=4 mlp_ratio=4
+    ({"width": 32, "depth": 1, "heads": 2, "mlp_ratio": 2}, 33_570),
+    ({"width": 48, "depth": 3, "heads": 6, "mlp_ratio": 3}, 108_258),
+])
+def test_the_size_keys_build_the_lm_they_name(stdlib_text, size, expected):  # noqa: F811
+    config = TrainConfig(data=str(stdlib_text["train"]), workdir="w", task="lm", model="transformer_lm", **size)
+    program = Program.build(config)  # byte-level text: a vocabulary of 258, seq_len 256
+    model = program.model
+    assert (model.width, model.depth, model.heads, model.mlp_ratio) == (config.width, config.depth, config.heads,
+                                                                       config.mlp_ratio)
+    n = count(program.abstract_params())
+    assert n == expected == lm_parameters(258, 256, config.width, config.depth, config.mlp_ratio)
+
+
+def test_the_documented_presets_have_the_documented_counts():
+    """docs/training.md's "Sizing the LM" presets, counted from the model itself (shapes only, nothing allocated)."""
+    text = (Path(REPO) / "docs" / "training.md").read_text()
+    presets = re.findall(r"\| `width=(\d+) depth=(\d+) heads=(\d+) mlp_ratio=(\d+)` \| ([\d,]+) \|", text)
+    assert len(presets) == 2, presets
+    for width, depth, heads, mlp_ratio, documented in presets:
+        model = TransformerLM(vocab_size=32_000, max_len=1024, width=int(width), depth=int(depth), heads=int(heads),
+                              mlp_ratio=int(mlp_ratio))
+        shapes = jax.eval_shape(lambda m=model: m.init(jax.random.key(0), jnp.zeros((1, 1024), jnp.int32)))
+        n = count(shapes["params"])
+        assert n == int(documented.replace(",", "")) == lm_parameters(32_000, 1024, int(width), int(depth),
+                                                                        int(mlp_ratio))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"width": 0}, "width must be >= 1 (got width=0); the default is width=128"),
+    ({"depth": 0}, "depth must be >= 1 (got depth=0); the default is depth=2"),
+    ({"heads": 0}, "heads must be >= 1 (got heads=0); the default is heads=4"),
+    ({"mlp_ratio": -1}, "mlp_ratio must be >= 1 (got mlp_ratio=-1); the default is mlp_ratio=4"),
+    ({"width": 100, "heads": 8}, "width=100 is not divisible by heads=8 (each head gets width / heads features); use "
+                                 "heads=5 or width=104"),
+    ({"model": "cnn", "depth": 6}, "depth=6 sizes model=transformer_lm; model='cnn' does not take it: drop depth="),
+])
+def test_a_bad_size_is_one_line_naming_the_key(overrides, message):
+    with pytest.raises(ValueError) as e:
+        TrainConfig(data="x", workdir="w", task="lm", **{"model": "transformer_lm", **overrides})
+    assert str(e.value) == message
+
+
+def test_a_bad_size_stops_the_trainer_before_it_reads_data(tmp_path):
+    proc = run_trainer("data=/nonexistent", f"workdir={tmp_path}", "task=lm", "model=transformer_lm", "width=96",
+                       "heads=5")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == ("error: width=96 is not divisible by heads=5 (each head gets "
+                                                    "width / heads features); use heads=4 or width=100")
