@@ -4,9 +4,11 @@
     it = iter(loader.load("out/", batch_size=256, seed=0))
 """
 
+from loader.grain_source import DataSource
 from loader.packing import Packing
 from loader.pipeline import Loader, LoaderConfig, LoaderIterator, load
 from loader.source import ShardedSource, resolve
 from loader.staging import StageResult, stage
 
-__all__ = ["Loader", "LoaderConfig", "LoaderIterator", "Packing", "ShardedSource", "StageResult", "load", "resolve", "stage"]
+__all__ = ["DataSource", "Loader", "LoaderConfig", "LoaderIterator", "Packing", "ShardedSource", "StageResult", "load",
+           "resolve", "stage"]

@@ -1,0 +1,160 @@
+"""loader.DataSource against grain's ArrayRecordDataSource on the same converted shards: record for record, and
+through MaxText's grain pipeline (shuffle, map, first-fit packing, batch, worker processes)."""
+
+import hashlib
+import pickle
+import threading
+
+import grain
+import numpy as np
+import pytest
+
+import loader
+
+SEQ_LEN, ROWS = 16, 4
+
+
+@pytest.fixture(scope="module")
+def sources(converted):
+    """(ours, grain's) over the converted shards."""
+    ours = loader.DataSource(str(converted))
+    return ours, grain.sources.ArrayRecordDataSource(list(ours.paths))
+
+
+def test_records_are_grains_record_for_record(sources, all_records):
+    ours, theirs = sources
+    n = len(all_records)
+    assert len(ours) == len(theirs) == n
+    rng = np.random.default_rng(0)
+    # the last record, both sides of the empty shard (36 | 37), random order, duplicates
+    indices = [n - 1, 0, 36, 37, n - 1, 36, *rng.integers(0, n, 64).tolist(), 5, 5]
+    expected = [all_records[i] for i in indices]
+    assert [theirs[i] for i in indices] == expected
+    assert ours.__getitems__(indices) == expected
+    assert ours.__getitems__(np.array(indices, dtype=np.int32)) == expected
+    assert [ours[i] for i in indices] == expected
+    assert ours[np.int64(n - 1)] == all_records[-1]
+    assert ours.__getitems__([]) == []
+    assert list(grain.MapDataset.source(ours)) == all_records
+    # grain's batched reads (its batch pushdown) reach the source's `_getitems`
+    assert grain.MapDataset.source(ours)._getitems(indices) == expected
+
+
+def test_an_index_out_of_range_names_it_and_the_length(sources):
+    ours, theirs = sources
+    n = len(theirs)
+    for bad in (n, -1, 10**12):
+        with pytest.raises(IndexError, match=rf"index {bad} is out of range for '.*', which holds {n} records"):
+            ours[bad]
+    with pytest.raises(IndexError, match=rf"index {n} is out of range .* {n} records"):
+        ours.__getitems__([0, 3, n, 4])
+    with pytest.raises(TypeError):
+        ours[1.0]
+    assert f"records={n}, shards=5" in repr(ours)
+
+
+def test_a_pickled_copy_maps_the_same_index_and_reads_the_same_records(sources, all_records, tmp_path,
+                                                                        monkeypatch):
+    ours, theirs = sources
+    blob = pickle.dumps(ours)
+    assert len(blob) < 2 * len(pickle.dumps(theirs))  # paths and options, as grain's own source: no per-record data
+    assert repr(pickle.loads(blob)) == repr(ours)  # grain's DataLoader checks repr(source) when it restores
+    elsewhere = tmp_path / "other-index-dir"
+    monkeypatch.setenv("LOADER_INDEX_DIR", str(elsewhere))
+    copy = pickle.loads(blob)
+    order = np.random.default_rng(1).permutation(len(all_records))
+    results = [None] * 4
+
+    def read(t: int) -> None:  # four threads race to open the copy's reader
+        results[t] = copy.__getitems__(order[t::4])
+
+    threads = [threading.Thread(target=read, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for t in range(4):
+        assert results[t] == [all_records[i] for i in order[t::4]]
+    assert not elsewhere.exists()  # the copy used the index file the original built, not a new one
+
+
+def decode(record: bytes) -> dict:
+    """A record's bytes as tokens (the converted records are short texts, b'<shard>:<index>')."""
+    tokens = np.frombuffer(record, dtype=np.uint8).astype(np.int32)
+    return {"inputs": tokens, "targets": tokens}
+
+
+def maxtext_pipeline(source, workers: int = 0, threads: int = 0):
+    """The shape of MaxText's grain pipeline (input_pipeline/_grain_data_processing.py): `workers` processes, or
+    grain's thread form of the same prefetch (`threads`: each reads the slice a worker would, interleaved alike)."""
+    ds = grain.MapDataset.source(source).shuffle(seed=0).map(decode).to_iter_dataset()
+    ds = grain.experimental.FirstFitPackIterDataset(ds, length_struct={"inputs": SEQ_LEN, "targets": SEQ_LEN},
+                                                    num_packing_bins=ROWS)
+    ds = ds.batch(ROWS)
+    if workers:
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    if threads:
+        ds = grain.experimental.multithread_prefetch(ds, num_threads=threads, buffer_size=1)
+    return ds
+
+
+def run(ds) -> list[dict]:
+    it = iter(ds)
+    try:
+        return list(it)
+    finally:
+        if hasattr(it, "close"):
+            it.close()
+
+
+def texts(batch: dict, row: int) -> list[str]:
+    """The records packed into one row, as text."""
+    tokens, segments = batch["inputs"][row], batch["inputs_segment_ids"][row]
+    return [bytes(tokens[segments == s].astype(np.uint8)).decode() for s in np.unique(segments[segments > 0])]
+
+
+def digest(batches: list[dict]) -> str:
+    h = hashlib.sha256()
+    for batch in batches:
+        for key in sorted(batch):
+            h.update(key.encode() + np.ascontiguousarray(batch[key]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def assert_same(ours: list[dict], theirs: list[dict]) -> None:
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert sorted(a) == sorted(b)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_maxtexts_pipeline_gives_grains_batches(sources, all_records):
+    ours, theirs = sources
+    batches = run(maxtext_pipeline(ours))
+    assert_same(batches, run(maxtext_pipeline(theirs)))
+    assert batches[0]["inputs"].shape == (ROWS, SEQ_LEN)
+    assert sorted(t for b in batches for row in range(len(b["inputs"])) for t in texts(b, row)) == \
+        sorted(r.decode() for r in all_records)
+    # pinned: a change of order (ours, grain's shuffle or packer) fails here
+    assert [texts(batches[0], row) for row in range(ROWS)] == [
+        ["2:25", "2:98", "4:41", "3:49"], ["2:97", "2:96", "0:10", "2:99"], ["3:11", "2:32", "2:58", "0:9"],
+        ["4:52", "0:13", "3:32", "4:44"]]
+    assert (len(batches), digest(batches)) == (17, "d273a9c424d33ab0")
+
+
+def test_maxtexts_pipeline_with_worker_processes_gives_grains_batches(sources):
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; MaxText parses them in absl.app.run
+        flags.FLAGS.mark_as_parsed()
+    ours, theirs = sources
+    batches = run(maxtext_pipeline(ours, workers=2))  # each worker unpickles the source and opens it
+    # grain's source through grain's thread form of mp_prefetch: the same slices and interleaving, without the
+    # ~5 s it takes two processes to start on 2 cores
+    assert_same(batches, run(maxtext_pipeline(theirs, threads=2)))
+    # each worker packs its own slice of the shuffled records; grain interleaves the workers' batches
+    assert [texts(batches[0], row) for row in range(ROWS)] == [
+        ["3:17", "4:1", "2:48", "3:52"], ["2:97", "0:10", "3:11", "2:58"], ["2:25", "4:41", "4:52", "3:32"],
+        ["2:34", "2:78", "2:33", "2:23"]]
+    assert (len(batches), digest(batches)) == (17, "62d3e8d617870d7e")
