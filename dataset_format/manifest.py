@@ -18,6 +18,7 @@ from dataset_format.storage import join
 MANIFEST_NAME = "manifest.json"
 FORMAT = "arrayrecord-platform/manifest"
 FORMAT_VERSION = 1
+TOKEN_DTYPES = ("<u1", "<u2", "<u4")  # pre-tokenized records: little-endian ids, the narrowest that holds the vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ShardEntry:
     writer_options: str
     split: str | None = None  # TFDS split, when converted from a TFDS directory
     skipped_corrupt: int = 0  # corrupt frames skipped with --skip-corrupt (see report.json)
+    tokens: str | None = None  # how its records were tokenised (pipelines/tokens.py TokenizeSpec.identity), if so
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ShardEntry:
@@ -54,6 +56,9 @@ class Manifest:
     shards: tuple[ShardEntry, ...]
     tool_version: str
     failed: tuple[dict[str, Any], ...] = ()  # shards whose conversion failed: {source, error}
+    # A pre-tokenized dataset: {"dtype", "vocab_size", "tokenizer", "tokenizer_sha256", "text_key", ...}
+    # (docs/dataset-format.md); None: records are the source's own.
+    tokens: dict[str, Any] | None = None
 
     @property
     def total_records(self) -> int:
@@ -88,6 +93,7 @@ class Manifest:
                 },
                 "shards": [dataclasses.asdict(s) for s in self.shards],
                 "failed": list(self.failed),
+                **({"tokens": self.tokens} if self.tokens is not None else {}),
             },
             indent=1,
         )
@@ -97,7 +103,7 @@ class Manifest:
         d = _parsed(text, path)
         shards = tuple(ShardEntry.from_json(s) for s in d["shards"])
         manifest = cls(input=d["input"], kind=d["kind"], shards=shards,
-                       tool_version=d["tool_version"], failed=tuple(d.get("failed", ())))
+                       tool_version=d["tool_version"], failed=tuple(d.get("failed", ())), tokens=_tokens(d, path))
         _check_totals(d, manifest.total_records, path)
         return manifest
 
@@ -113,6 +119,7 @@ class ShardTable:
     bytes: tuple[int, ...]
     splits: tuple[str | None, ...]
     failed: tuple[dict[str, Any], ...] = ()
+    tokens: dict[str, Any] | None = None
 
     @property
     def complete(self) -> bool:
@@ -125,7 +132,7 @@ class ShardTable:
         try:
             records = tuple(s["records"] for s in shards)
             table = cls(d["kind"], tuple(s["path"] for s in shards), records, tuple(s["bytes"] for s in shards),
-                        tuple(s.get("split") for s in shards), tuple(d.get("failed", ())))
+                        tuple(s.get("split") for s in shards), tuple(d.get("failed", ())), _tokens(d, path))
         except (KeyError, TypeError) as e:
             raise ValueError(f"{path}: a shard entry lacks {e}; the manifest was edited or damaged, re-run the "
                              "conversion") from None
@@ -146,6 +153,30 @@ def _parsed(text: str, path: str) -> dict[str, Any]:
         raise ValueError(f"{path}: manifest format_version {d.get('format_version')!r} is not "
                          f"{FORMAT_VERSION}; re-run the conversion with this version of the tool")
     return d
+
+
+def _tokens(d: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The manifest's `tokens` section, checked: a dtype of unsigned integers and a vocabulary that fits it."""
+    tokens = d.get("tokens")
+    if tokens is None:
+        return None
+    dtype, vocab = tokens.get("dtype") if isinstance(tokens, dict) else None, None
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"{path}: tokens.dtype={dtype!r} is not one of {TOKEN_DTYPES}; the manifest was edited or "
+                         "damaged, re-run the conversion")
+    vocab = tokens.get("vocab_size")
+    if not isinstance(vocab, int) or not 0 < vocab <= 1 << (8 * int(dtype[-1])):
+        raise ValueError(f"{path}: tokens.vocab_size={vocab!r} does not fit tokens.dtype={dtype}; the manifest was "
+                         "edited or damaged, re-run the conversion")
+    return tokens
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The narrowest unsigned type of TOKEN_DTYPES that holds ids below `vocab_size`."""
+    for dtype in TOKEN_DTYPES:
+        if vocab_size <= 1 << (8 * int(dtype[-1])):
+            return dtype
+    raise ValueError(f"a vocabulary of {vocab_size} ids does not fit 32 bits")
 
 
 def _check_totals(d: dict[str, Any], records: int, path: str) -> None:

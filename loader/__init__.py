@@ -7,8 +7,8 @@
 from loader.grain_source import DataSource
 from loader.packing import Packing
 from loader.pipeline import Loader, LoaderConfig, LoaderIterator, load
-from loader.source import ShardedSource, resolve
+from loader.source import ShardedSource, resolve, token_info
 from loader.staging import StageResult, stage
 
 __all__ = ["DataSource", "Loader", "LoaderConfig", "LoaderIterator", "Packing", "ShardedSource", "StageResult", "load",
-           "resolve", "stage"]
+           "resolve", "stage", "token_info"]

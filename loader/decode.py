@@ -140,10 +140,32 @@ def _local_metadata(features_dir: str) -> str:
     return local
 
 
+class TokenDecoder:
+    """A pre-tokenized record (`python -m pipelines convert --tokenizer`): the token ids of one document, little-endian
+    integers of the manifest's type, as {"tokens": ids}."""
+
+    def __init__(self, dtype: str):
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        if self.dtype.kind not in "iu":
+            raise ValueError(f"token ids of type {dtype!r}: the manifest's tokens.dtype must be an integer type")
+
+    def __call__(self, record: bytes) -> dict[str, np.ndarray]:
+        if len(record) % self.dtype.itemsize:
+            raise ValueError(f"{len(record)} bytes are not a whole number of {self.dtype.name} token ids")
+        return {"tokens": np.frombuffer(record, self.dtype)}
+
+
 def make_decoder(decode: str | Decoder | None, features_dir: str | None,
-                 features: tuple[str, ...] | None = None, encoded: tuple[str, ...] = ()) -> Decoder | None:
+                 features: tuple[str, ...] | None = None, encoded: tuple[str, ...] = (),
+                 tokens_dtype: str | None = None) -> Decoder | None:
     """The decoder for `decode=`; `features` keeps only those features of each decoded record; `encoded` features
-    of a TFDS dataset stay encoded (a map function's `encoded_features`, e.g. loader.images.RandomResizedCrop)."""
+    of a TFDS dataset stay encoded (a map function's `encoded_features`, e.g. loader.images.RandomResizedCrop);
+    `tokens_dtype`: the source is pre-tokenized, its records token ids of that type."""
+    if tokens_dtype is not None and decode == "auto":
+        if features is not None and set(features) - {"tokens"}:
+            raise ValueError(f"this dataset is pre-tokenized: its records hold only 'tokens' (asked for features "
+                             f"{sorted(features)})")
+        return TokenDecoder(tokens_dtype)
     if features is not None and (decode is None or callable(decode)):
         raise ValueError("features= selects features of decoded records: use decode='auto', 'example' or 'tfds' "
                          "(a decode function can drop features itself)")

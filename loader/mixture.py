@@ -272,10 +272,15 @@ def concatenate(sources: Mapping[str, ShardedSource]) -> ShardedSource:
     parts = list(sources.values())
     known = all(p.shard_bytes for p in parts)
     versions = all(p.shard_versions for p in parts)
+    tokens = {name: p.tokens_dtype for name, p in sources.items()}
+    if len(set(tokens.values())) > 1:
+        raise ValueError(f"the mixture's components hold different records (token id types, None: not pre-tokenized: "
+                         f"{tokens}); mix pre-tokenized datasets of one tokenizer, or text datasets")
     return ShardedSource(tuple(path for p in parts for path in p.paths), tuple(n for p in parts for n in p.lengths),
                          "mixture", parts[0].features_dir,
                          tuple(b for p in parts for b in p.shard_bytes) if known else None,
-                         tuple(v for p in parts for v in p.shard_versions) if versions else None)
+                         tuple(v for p in parts for v in p.shard_versions) if versions else None,
+                         parts[0].tokens_dtype)
 
 
 def check_weights(names: tuple[str, ...], weights: Mapping[str, float] | None) -> dict[str, int]:

@@ -1,17 +1,25 @@
-"""Packing variable-length sequences into rows of `seq_len` tokens, keeping the loader's guarantees.
+"""Packing variable-length token sequences into rows of `seq_len` tokens, lazily, keeping the loader's guarantees.
 
-Each example's token count is read once, up front (one pass over the data; Megatron's indexed datasets keep the
-same "sizes" array). Then each epoch's layout is a pure function of (lengths, seed, epoch): the examples in that
-epoch's permutation, each cut into pieces of at most `seq_len` targets, placed first-fit into a window of the
-`WINDOW` newest rows. Global batch k is a fixed run of `batch_size` rows of that layout; host i of n takes rows
-[i*B/n, (i+1)*B/n) of it. So the global batches are the same for any host count, the state is the batch index
-(exact resume), and a seed gives one sequence of batches.
+The layout needs one number per document, its token count (loader/counts.py: a pre-tokenized dataset's `.counts`
+column, memory-mapped, or counted once at load time and cached). Epoch e's permutation is cut into blocks of BLOCK
+documents; block b is packed alone, in C (loader/_pack.c): each document cut into pieces of at most `seq_len`
+targets, each piece placed into one of the WINDOW newest rows of the block that has room (first fit: the oldest;
+best fit: the fullest), else into a new row. A block's rows are a pure function of (counts, seed, epoch, block), so
+the first batch needs only the first block (milliseconds, whatever the corpus size) and memory holds a few blocks,
+never the corpus.
+
+Epoch e's rows are its blocks' rows in order; its batch j is rows [j*B, (j+1)*B) (the last rows of an epoch that fill
+no batch wait for none); host i of n takes rows [i*B/n, (i+1)*B/n) of each. So the global batches are the same for
+any host count, and a loader's state (the batch index and where that batch's first row lies: epoch, block, row)
+resumes exactly, on any number of hosts, without laying out what came before.
 
 A row carries `tokens`, `targets`, `segment_ids` (1, 2, ... per piece, 0 = padding) and `positions` (restarting at
-each piece): a model that masks attention by segment never lets one example see another.
+each piece): a model that masks attention by segment never lets one example see another. `keys="maxtext"` names them
+as MaxText's pipeline does (inputs, targets, inputs_segmentation, inputs_position, targets_segmentation,
+targets_position).
 
-    packing = loader.Packing(feature="text", seq_len=1024, tokenize=lambda text: my_ids(text))
-    batches = loader.load("out/train", batch_size=32, packing=packing)   # 32 rows of 1024 tokens a batch
+    batches = loader.load("out/tokens", batch_size=32, packing=loader.Packing(seq_len=1024))  # pre-tokenized
+    packing = loader.Packing("text", 1024, tokenize=my_ids, cache_key="my-tokenizer-v1")      # tokenised on the fly
 """
 
 from __future__ import annotations
@@ -21,71 +29,184 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from loader import _pack
 from loader.permutation import Permutation
 
 log = logging.getLogger(__name__)
 
-WINDOW = 64  # rows still open for first-fit; older rows are closed
-_LENGTH_READ = 16384  # records per read in the lengths pass
+BLOCK = 1 << 16  # documents of the epoch's permutation packed together: ~10 ms in C
+WINDOW = 64  # rows of a block still open for a piece; older rows are closed
+FITS = ("first", "best")
+ROW_KEYS = ("tokens", "targets", "segment_ids", "positions")
+KEY_PRESETS = {
+    "default": {k: (k,) for k in ROW_KEYS},
+    # MaxText's names (its grain pipeline's packed features); segmentation and positions serve inputs and targets.
+    "maxtext": {"tokens": ("inputs",), "targets": ("targets",),
+                "segment_ids": ("inputs_segmentation", "targets_segmentation"),
+                "positions": ("inputs_position", "targets_position")},
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Packing:
-    """What to pack: `tokenize(value)` turns a record's `feature` into token ids (int array); an example of k ids
-    gives k - 1 next-token targets (its first id is only an input, e.g. BOS)."""
+    """What to pack. A pre-tokenized dataset needs only `seq_len`. For text, `tokenize(value)` turns a record's
+    `feature` into token ids (int array); an example of k ids gives k - 1 next-token targets (its first id is only an
+    input, e.g. BOS)."""
 
-    feature: str
-    seq_len: int
-    tokenize: Callable[[Any], np.ndarray]
+    feature: str | None = None  # None: the pre-tokenized dataset's tokens
+    seq_len: int | None = None
+    tokenize: Callable[[Any], np.ndarray] | None = None
     # Optional: many values at once (a tokenizer's batch call, in native threads); used in place of `tokenize`.
     tokenize_batch: Callable[[list], list[np.ndarray]] | None = None
+    fit: str = "first"  # "first" or "best": the open row a piece goes to (best fit leaves less padding)
+    # Names the tokenizer (e.g. its file's hash): the token counts are then cached and counted once per dataset.
+    cache_key: str | None = None
+    keys: str | Mapping[str, str | tuple[str, ...]] = "default"  # "maxtext", or {our name: its name(s)}
 
     def __post_init__(self):
-        if self.seq_len < 1:
+        if self.seq_len is None or self.seq_len < 1:
             raise ValueError(f"seq_len must be >= 1 (got seq_len={self.seq_len})")
+        if self.fit not in FITS:
+            raise ValueError(f"fit={self.fit!r} is not one of {FITS}")
+        if (self.tokenize is not None or self.tokenize_batch is not None) and self.feature is None:
+            raise ValueError("tokenize= needs feature= (the record's text feature to tokenise)")
+        row_keys(self.keys)
+
+    @property
+    def tokenized(self) -> bool:
+        """True when the records hold token ids already (no tokenize function)."""
+        return self.tokenize is None and self.tokenize_batch is None
 
 
-def pack_rows(lengths: np.ndarray, order: np.ndarray, seq_len: int, window: int = WINDOW) -> list[list[tuple]]:
-    """Rows of (record, first target, targets) pieces: `order`'s examples cut into pieces of <= seq_len targets,
-    each placed in the first of the `window` newest rows with room, else in a new row."""
-    rows: list[list[tuple]] = []
-    free = np.zeros(max(16, len(order)), np.int64)
-    for record in order:
-        total = int(lengths[record])
-        for start in range(0, max(total, 1), seq_len):
-            n = min(seq_len, total - start)
-            if n <= 0:
-                break
-            lo = max(0, len(rows) - window)
-            fits = np.flatnonzero(free[lo:len(rows)] >= n)
-            if fits.size:
-                row = lo + int(fits[0])
-            else:
-                row = len(rows)
-                rows.append([])
-                if row >= len(free):
-                    free = np.concatenate([free, np.zeros(len(free), np.int64)])
-                free[row] = seq_len
-            rows[row].append((int(record), start, n))
-            free[row] -= n
-    return rows
+def row_keys(keys: str | Mapping) -> dict[str, tuple[str, ...]]:
+    """{our row array: the names it is given} for `Packing.keys`."""
+    if isinstance(keys, str):
+        if keys not in KEY_PRESETS:
+            raise ValueError(f"keys={keys!r} is not one of {sorted(KEY_PRESETS)} or a mapping of {ROW_KEYS} to names")
+        return KEY_PRESETS[keys]
+    unknown = set(keys) - set(ROW_KEYS)
+    if unknown:
+        raise ValueError(f"keys= names {sorted(unknown)}, which are not packed arrays; map some of {ROW_KEYS}")
+    return {k: (lambda v: (v,) if isinstance(v, str) else tuple(v))(keys.get(k, k)) for k in ROW_KEYS}
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, for the per-epoch cache
+class Block(NamedTuple):
+    """One block's rows: pieces (record, first target, targets) ordered by row; row r is pieces [ends[r-1], ends[r])."""
+
+    records: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    ends: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return len(self.ends)
+
+    def row(self, r: int) -> list[tuple[int, int, int]]:
+        first = int(self.ends[r - 1]) if r else 0
+        end = int(self.ends[r])
+        return list(zip(self.records[first:end].tolist(), self.starts[first:end].tolist(),
+                        self.lengths[first:end].tolist()))
+
+    def row_list(self) -> list[list[tuple[int, int, int]]]:
+        return [self.row(r) for r in range(self.rows)]
+
+
+def pack_block(targets: np.ndarray, seq_len: int, fit: str = "first", window: int = WINDOW
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(docs, starts, lengths, row ends) of documents with `targets` targets each, in order (loader/_pack.c)."""
+    targets = np.ascontiguousarray(targets, np.int64)
+    pieces = int(np.sum(-(-targets // seq_len)))
+    docs, starts, lengths, ends = (np.empty(max(pieces, 1), np.int64) for _ in range(4))
+    rows = _pack.pack(targets.tobytes(), seq_len, window, fit == "best", docs, starts, lengths, ends)
+    return docs[:pieces], starts[:pieces], lengths[:pieces], ends[:rows]
+
+
+def pack_rows(lengths: np.ndarray, order: np.ndarray, seq_len: int, fit: str = "first", window: int = WINDOW
+              ) -> list[list[tuple]]:
+    """Rows of (record, first target, targets) pieces of `order`'s examples packed together (one block)."""
+    order = np.asarray(order, np.int64)
+    docs, starts, lengths_, ends = pack_block(np.asarray(lengths)[order], seq_len, fit, window)
+    return Block(order[docs], starts, lengths_, ends).row_list()
+
+
+class Layout:
+    """The rows of every (epoch, block): a pure function of the token counts, seq_len, fit, seed and shuffle."""
+
+    def __init__(self, counts: Callable[[np.ndarray], np.ndarray], n: int, seq_len: int, fit: str = "first",
+                 seed: int = 0, shuffle: bool = True, block: int | None = None):
+        if n < 1:
+            raise ValueError("there are no documents to pack")
+        self.counts, self.n, self.seq_len, self.fit = counts, n, seq_len, fit
+        self.seed, self.shuffle, self.block_size = seed, shuffle, block or BLOCK
+        self.blocks = -(-n // self.block_size)  # per epoch
+        self._rows: dict[tuple[int, int], int] = {}
+        self._lock = threading.Lock()
+
+    def _records(self, epoch: int, b: int) -> np.ndarray:
+        positions = np.arange(b * self.block_size, min(self.n, (b + 1) * self.block_size), dtype=np.int64)
+        return Permutation(self.n, self.seed, epoch)(positions) if self.shuffle else positions
+
+    def _targets(self, records: np.ndarray) -> np.ndarray:
+        return np.maximum(np.asarray(self.counts(records), np.int64) - 1, 0)
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 - a few blocks, for the layout's life
+    def block(self, epoch: int, b: int) -> Block:
+        started = time.monotonic()
+        records = self._records(epoch, b)
+        docs, starts, lengths, ends = pack_block(self._targets(records), self.seq_len, self.fit)
+        with self._lock:
+            first, self._rows[epoch, b] = not self._rows, len(ends)
+        if first:
+            log.info("packing %d examples into rows of %d tokens (%s fit, blocks of %d examples): block %d of epoch %d "
+                     "is %d rows, %.1f%% real tokens, laid out in %.0f ms", self.n, self.seq_len, self.fit,
+                     self.block_size, b, epoch, len(ends), 100 * int(lengths.sum()) / max(1, len(ends) * self.seq_len),
+                     1000 * (time.monotonic() - started))
+        return Block(records[docs], starts, lengths, ends)
+
+    def rows_in(self, epoch: int, b: int) -> int:
+        """Rows of block b of `epoch` (counted without keeping the block when it is not at hand)."""
+        with self._lock:
+            known = self._rows.get((epoch, b))
+        if known is None:
+            known = _pack.pack(self._targets(self._records(epoch, b)).tobytes(), self.seq_len, WINDOW,
+                               self.fit == "best", None, None, None, None)
+            with self._lock:
+                self._rows[epoch, b] = known
+        return known
+
+    def epoch_rows(self, epoch: int) -> int:
+        started = time.monotonic()
+        rows = sum(self.rows_in(epoch, b) for b in range(self.blocks))
+        if time.monotonic() - started > 1:
+            log.info("packing: laid out all %d blocks of epoch %d (%d rows) in %.1f s to count its batches",
+                     self.blocks, epoch, rows, time.monotonic() - started)
+        return rows
+
+
+class Position(NamedTuple):
+    """Where a batch's first row lies: block `block` of epoch `epoch`, its row `row`."""
+
+    epoch: int
+    block: int
+    row: int
+
+
+START = Position(0, 0, 0)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class PackedPlan:
-    """Which pieces make up each global batch of packed rows, and which rows belong to this host."""
+    """Which rows make up each global batch, and which of them belong to this host."""
 
-    lengths: np.ndarray  # targets per record
-    seq_len: int
+    layout: Layout
     batch_size: int  # rows per global batch
-    seed: int = 0
-    shuffle: bool = True
     num_epochs: int | None = None
     shard_index: int = 0
     shard_count: int = 1
@@ -95,30 +216,37 @@ class PackedPlan:
             raise ValueError(f"the global batch_size={self.batch_size} does not split evenly over "
                              f"shard_count={self.shard_count} hosts; use a multiple of {self.shard_count}")
 
-    @functools.lru_cache(maxsize=2)
-    def rows(self, epoch: int) -> list[list[tuple]]:
-        n = len(self.lengths)
-        order = Permutation(n, self.seed, epoch)(np.arange(n)) if self.shuffle else np.arange(n)
-        started = time.monotonic()
-        rows = pack_rows(self.lengths, order, self.seq_len)
-        used = int(self.lengths.sum())
-        kept = len(rows) // self.batch_size * self.batch_size
-        log.info("packing epoch %d: %d examples into %d rows of %d (%.1f%% real tokens); %d batches, the last %d "
-                 "row(s) wait for no batch this epoch; %.2f s", epoch, n, len(rows), self.seq_len,
-                 100 * used / max(1, len(rows) * self.seq_len), kept // self.batch_size, len(rows) - kept,
-                 time.monotonic() - started)
-        return rows
+    @property
+    def seq_len(self) -> int:
+        return self.layout.seq_len
 
-    def efficiency(self, epoch: int = 0) -> float:
-        """Real tokens / all tokens of the rows of `epoch`."""
-        rows = self.rows(epoch)
-        return sum(n for row in rows for _, _, n in row) / (len(rows) * self.seq_len)
+    def batch_at(self, at: Position) -> tuple[list[tuple[Block, int]], Position] | None:
+        """This host's rows (block, row) of the batch whose first row is at or after `at` (an epoch's last rows that
+        fill no batch are passed over), and the position after it; None past the last epoch."""
+        layout, size = self.layout, self.batch_size
+        epoch, b, r = at
+        while self.num_epochs is None or epoch < self.num_epochs:
+            rows: list[tuple[Block, int]] = []
+            while len(rows) < size and b < layout.blocks:
+                block = layout.block(epoch, b)
+                take = min(size - len(rows), block.rows - r)
+                rows += [(block, r + i) for i in range(take)]
+                r += take
+                if r >= block.rows:
+                    b, r = b + 1, 0
+            if len(rows) == size:
+                per_host = size // self.shard_count
+                return rows[self.shard_index * per_host:(self.shard_index + 1) * per_host], Position(epoch, b, r)
+            if at == Position(epoch, 0, 0):
+                raise ValueError(f"epoch {epoch} packs into {len(rows)} rows of {self.seq_len} tokens, fewer than "
+                                 f"batch_size={size}: lower batch_size or seq_len, or add data")
+            epoch, b, r = epoch + 1, 0, 0
+            at = Position(epoch, 0, 0)
+        return None
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 - an int per epoch, for the plan's life
     def batches_in(self, epoch: int) -> int:
-        """Batches of `epoch`, kept once known: `locate` walks the epochs before k, and laying each out again
-        (the layouts themselves are cached two at a time) made every batch of a later epoch repack all earlier ones."""
-        return len(self.rows(epoch)) // self.batch_size
+        return self.layout.epoch_rows(epoch) // self.batch_size
 
     @property
     def num_batches(self) -> int | None:
@@ -126,27 +254,21 @@ class PackedPlan:
             return None
         return sum(self.batches_in(e) for e in range(self.num_epochs))
 
-    def locate(self, k: int) -> tuple[int, int]:
-        """Global batch k -> (epoch, batch within the epoch)."""
-        epoch = 0
-        while self.num_epochs is None or epoch < self.num_epochs:
-            count = self.batches_in(epoch)
-            if k < count:
-                return epoch, k
-            k -= count
-            epoch += 1
-        raise IndexError("past the last batch")
-
-    def host_rows(self, k: int) -> list[list[tuple]]:
-        epoch, j = self.locate(k)
-        per_host = self.batch_size // self.shard_count
-        first = j * self.batch_size + self.shard_index * per_host
-        return self.rows(epoch)[first:first + per_host]
+    def efficiency(self, epoch: int = 0) -> float:
+        """Real tokens / all tokens of the rows of `epoch` (lays out the whole epoch)."""
+        layout = self.layout
+        real = rows = 0
+        for b in range(layout.blocks):
+            block = layout.block(epoch, b)
+            real += int(block.lengths.sum())
+            rows += block.rows
+        return real / max(1, rows * self.seq_len)
 
 
-def assemble(rows: list[list[tuple]], ids: dict[int, np.ndarray], seq_len: int) -> dict[str, np.ndarray]:
+def assemble(rows: list[list[tuple]], ids: dict[int, np.ndarray], seq_len: int,
+             keys: Mapping[str, tuple[str, ...]] = KEY_PRESETS["default"]) -> dict[str, np.ndarray]:
     """The arrays of packed rows, from each record's token ids."""
-    out = {k: np.zeros((len(rows), seq_len), np.int32) for k in ("tokens", "targets", "segment_ids", "positions")}
+    out = {k: np.zeros((len(rows), seq_len), np.int32) for k in ROW_KEYS}
     for r, row in enumerate(rows):
         at = 0
         for segment, (record, start, n) in enumerate(row, 1):
@@ -156,34 +278,67 @@ def assemble(rows: list[list[tuple]], ids: dict[int, np.ndarray], seq_len: int) 
             out["segment_ids"][r, at:at + n] = segment
             out["positions"][r, at:at + n] = np.arange(n)
             at += n
-    return out
+    if keys is KEY_PRESETS["default"]:
+        return out
+    named = {}
+    for ours, names in keys.items():
+        for i, name in enumerate(names):
+            named[name] = out[ours] if i == 0 else out[ours].copy()
+    return named
 
 
 class PackedLoader:
     """An iterable of packed batches; each `iter()` starts at batch 0 (`set_state` resumes exactly)."""
 
-    def __init__(self, source, reader, decoder, packing: Packing, plan_args: dict, prefetch: int = 2,
-                 sharding=None, device_prefetch: int = 2):
+    def __init__(self, source, reader, *, decoder, packing: Packing, plan_args: dict, prefetch: int = 2,
+                 sharding=None, device_prefetch: int = 2, counts=None, index_key: str = "", cache_dir: str = ""):
+        self._setup(source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
+                    cache_dir)
+        seed, shuffle = plan_args.pop("seed", 0), plan_args.pop("shuffle", True)
+        layout = Layout(self.counts, len(source), packing.seq_len, packing.fit, seed, shuffle)
+        self.plan = PackedPlan(layout, **plan_args)
+
+    def _setup(self, source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
+               cache_dir) -> None:
         self.source, self._reader, self._decoder, self.packing = source, reader, decoder, packing
         self._prefetch, self._sharding, self._device_prefetch = prefetch, sharding, device_prefetch
-        self.plan = PackedPlan(self._lengths(), packing.seq_len, **plan_args)
-        self.plan.rows(0)  # now, before reader threads would race to compute it
+        self._keys, self._feature = row_keys(packing.keys), packing.feature or "tokens"
+        if counts is None:
+            from loader.counts import TokenCounts
 
-    def _ids(self, records: list[bytes]) -> list[np.ndarray]:
-        values = [self._decoder(r)[self.packing.feature] for r in records]
+            counts = TokenCounts.counted(source, index_key, packing.cache_key,
+                                         lambda records: np.array([len(t) for t in self._ids(records)]), cache_dir)
+        self.counts = counts
+
+    def _decoded(self, record: bytes, index: int):
+        try:
+            return self._decoder(record)[self._feature]
+        except Exception as e:  # noqa: BLE001 - re-raised with the shard and record named
+            raise ValueError(f"{self.source.where(index)} does not decode ({type(e).__name__}: {e}); check decode= "
+                             "and Packing.feature") from e
+
+    def _ids(self, records: np.ndarray) -> list[np.ndarray]:
+        """The token ids of global records `records`."""
+        values = [self._decoded(r, i) for r, i in zip(self._reader(records), records.tolist())]
         if self.packing.tokenize_batch is not None:
             return [np.asarray(ids) for ids in self.packing.tokenize_batch(values)]
-        return [np.asarray(self.packing.tokenize(v)) for v in values]
+        if self.packing.tokenize is not None:
+            return [np.asarray(self.packing.tokenize(v)) for v in values]
+        return [np.asarray(v) for v in values]
 
-    def _lengths(self) -> np.ndarray:
-        started, n = time.monotonic(), len(self.source)
-        lengths = np.empty(n, np.int64)
-        for first in range(0, n, _LENGTH_READ):
-            indices = np.arange(first, min(n, first + _LENGTH_READ))
-            lengths[indices] = [max(len(t) - 1, 0) for t in self._ids(self._reader(indices))]
-        log.info("packing: read the token counts of %d examples (%d targets) in %.1f s", n, int(lengths.sum()),
-                 time.monotonic() - started)
-        return lengths
+    def read_ids(self, records: np.ndarray) -> dict[int, np.ndarray]:
+        """{record: token ids}, each checked against its count (a count that disagrees would misplace every piece
+        of its row)."""
+        if not len(records):
+            return {}
+        ids = self._ids(records)
+        expected = self.counts(records)
+        for record, got, want in zip(records.tolist(), ids, expected.tolist()):
+            if len(got) != want:
+                raise ValueError(f"{self.source.where(record)} has {len(got)} token ids but "
+                                 f"its token count says {want}; the counts are stale or damaged: re-run the "
+                                 "conversion (pre-tokenized data) or change Packing.cache_key (a new tokenizer)")
+        return dict(zip(records.tolist(), ids))
 
     def __len__(self) -> int:
         if self.plan.num_batches is None:
@@ -193,70 +348,84 @@ class PackedLoader:
     def __iter__(self) -> PackedIterator:
         return PackedIterator(self)
 
-    def host_batch(self, k: int) -> dict[str, np.ndarray]:
-        rows = self.plan.host_rows(k)
+    def assemble_rows(self, rows: list[list[tuple]]) -> dict[str, np.ndarray]:
         records = np.array(sorted({record for row in rows for record, _, _ in row}), np.int64)
-        ids = dict(zip(records.tolist(), self._ids(self._reader(records)))) if len(records) else {}
-        return assemble(rows, ids, self.plan.seq_len)
+        return assemble(rows, self.read_ids(records), self.packing.seq_len, self._keys)
 
     def state_key(self) -> dict:
-        plan = self.plan
-        return {"num_records": len(plan.lengths), "batch_size": plan.batch_size, "seed": plan.seed,
-                "shuffle": plan.shuffle, "num_epochs": plan.num_epochs, "seq_len": plan.seq_len,
-                "packed_targets": int(plan.lengths.sum())}
+        layout = self.plan.layout
+        return {"num_records": layout.n, "batch_size": self.plan.batch_size, "seed": layout.seed,
+                "shuffle": layout.shuffle, "num_epochs": self.plan.num_epochs, "seq_len": layout.seq_len,
+                "fit": layout.fit, "layout": f"blocks of {layout.block_size}, window {WINDOW}",
+                "counts": self.counts.identity}
 
 
 class PackedIterator(Iterator):
-    """Batches from the current index on, `prefetch` of them read ahead on threads; `get_state()`/`set_state()`."""
+    """Batches from the current index on, `prefetch` of them assembled ahead on threads; `get_state()`/`set_state()`.
+    The rows of each batch are found in order, in the caller's thread; reading and assembling them runs on the
+    threads."""
 
     def __init__(self, loader: PackedLoader):
         self._loader = loader
         self._lock = threading.Lock()
-        self._start(0)
+        self._start(0, START)
 
-    def _start(self, k: int) -> None:
+    def _start(self, k: int, position) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max(1, self._loader._prefetch), thread_name_prefix="packing")
-        self._next, self._consumed, self._pending = k, k, {}
+        self._next, self._consumed, self._scheduled, self._pending = k, k, k, {}
+        self._positions = {k: position}  # batch index -> where it starts, from the consumed batch on
         self._device = None
         if self._loader._sharding is not None:
             from loader.device import DevicePrefetcher
 
             self._device = DevicePrefetcher(self._host_next, self._loader._sharding, self._loader._device_prefetch)
 
-    def _total(self) -> int | None:
-        return self._loader.plan.num_batches
-
-    def _batch(self, k: int) -> dict[str, np.ndarray]:
-        return self._loader.host_batch(k)
+    def _job(self, k: int, position):
+        """(a function making batch k, the position after it), or None past the last batch."""
+        got = self._loader.plan.batch_at(position)
+        if got is None:
+            return None
+        rows, after = got
+        return functools.partial(self._loader.assemble_rows, [block.row(r) for block, r in rows]), after
 
     def _host_next(self):
         with self._lock:
             k = self._next
-            total = self._total()
-            if total is not None and k >= total:
+            while self._scheduled <= k + max(1, self._loader._prefetch) and self._positions.get(self._scheduled) \
+                    is not None:
+                job = self._job(self._scheduled, self._positions[self._scheduled])
+                if job is None:
+                    self._positions[self._scheduled + 1] = None
+                    break
+                self._pending[self._scheduled] = self._pool.submit(job[0])
+                self._scheduled += 1
+                self._positions[self._scheduled] = job[1]
+            if k not in self._pending:
                 raise StopIteration
-            for ahead in range(k, k + max(1, self._loader._prefetch) + 1):
-                if (total is None or ahead < total) and ahead not in self._pending:
-                    self._pending[ahead] = self._pool.submit(self._batch, ahead)
             future = self._pending.pop(k)
             self._next = k + 1
         return future.result()
 
     def __next__(self):
         batch = self._device.get() if self._device is not None else self._host_next()
-        self._consumed += 1
+        with self._lock:
+            self._positions.pop(self._consumed, None)
+            self._consumed += 1
         return batch
 
     def get_state(self) -> dict:
-        return {"next_batch": self._consumed, **self._loader.state_key()}
+        position = self._positions.get(self._consumed)
+        return {"next_batch": self._consumed, "position": list(position) if position else None,
+                **self._loader.state_key()}
 
     def set_state(self, state: dict) -> None:
         key = self._loader.state_key()
         mismatched = {k: (state.get(k), v) for k, v in key.items() if state.get(k) != v}
         if mismatched:
             raise ValueError(f"this packed loader state does not match the data or options (saved, now): {mismatched}")
+        position = state.get("position")
         self.close()
-        self._start(int(state["next_batch"]))
+        self._start(int(state["next_batch"]), Position(*position) if position is not None else None)
 
     def close(self) -> None:
         if self._device is not None:

@@ -243,8 +243,7 @@ class _ReadGroup:
         return collate(items)
 
     def _where(self, index: int) -> str:
-        shard = int(np.searchsorted(self._source.starts, index, side="right") - 1)
-        return f"{self._source.paths[shard]}: record {int(index - self._source.starts[shard])}"
+        return self._source.where(index)
 
     def _decode(self, record: bytes, index: int):
         try:
@@ -303,7 +302,7 @@ class Loader:
                                   config.drop_remainder, shard_index, shard_count)
         map_fn = config.map_fn or config.random_map_fn
         self._decoder = make_decoder(config.decode, self.source.features_dir, config.features,
-                                     tuple(getattr(map_fn, "encoded_features", ())))
+                                     tuple(getattr(map_fn, "encoded_features", ())), self.source.tokens_dtype)
         # Batches per read: ~records_per_read records, at most ~64 MB of (compressed) data.
         per_batch = self.plan.per_host
         by_bytes = max(1, (64 << 20) // max(1, per_batch * self.source.mean_record_bytes))
@@ -554,12 +553,29 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     if isinstance(source, Mapping):
         return _packed_mixture(source, config, shard_index, shard_count)
     src = _resolved(source, config)
-    decoder = make_decoder(config.decode, src.features_dir, (config.packing.feature,))
     plan_args = dict(batch_size=config.batch_size, seed=config.seed, shuffle=config.shuffle,
                      num_epochs=config.num_epochs, shard_index=shard_index, shard_count=shard_count)
-    reader = _reader(src, config)
-    return PackedLoader(src, reader, decoder, config.packing, plan_args, prefetch=max(1, config.prefetch),
-                        sharding=config.sharding, device_prefetch=config.device_prefetch)
+    return PackedLoader(src, _reader(src, config), packing=config.packing, plan_args=plan_args,
+                        prefetch=max(1, config.prefetch), sharding=config.sharding,
+                        device_prefetch=config.device_prefetch, **_packing_inputs(src, config))
+
+
+def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> dict:
+    """The decoder and token counts of a packed source: a pre-tokenized dataset's own (its `.counts` files), or
+    counted from the decoded feature (cached under the index's directory when the packing names a cache_key)."""
+    from loader import index
+    from loader.counts import TokenCounts
+
+    packing = config.packing
+    if packing.tokenized and src.tokens_dtype is None and packing.feature is None:
+        raise ValueError(f"Packing(seq_len=...) without tokenize= packs a pre-tokenized dataset, and {src.paths[0]} "
+                         "is not one: convert the text with `python -m pipelines convert --tokenizer PATH --text-key "
+                         "KEY`, or pass Packing(feature=..., tokenize=...)")
+    feature = packing.feature or "tokens"
+    decoder = make_decoder(config.decode, src.features_dir, (feature,), tokens_dtype=src.tokens_dtype)
+    if packing.tokenized and src.tokens_dtype is not None:
+        return {"decoder": decoder, "counts": TokenCounts.of_files(src.paths, src.lengths)}
+    return {"decoder": decoder, "index_key": index.source_key(src), "cache_dir": index.default_dir()}
 
 
 def _packed_mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_count: int):
@@ -570,7 +586,6 @@ def _packed_mixture(sources: Mapping, config: LoaderConfig, shard_index: int, sh
         raise ValueError(f"a packed mixture is endless (each component repeats its epochs); leave num_epochs unset "
                          f"(got num_epochs={config.num_epochs})")
     names, src, plan = _mixture(sources, config, shard_index, shard_count)
-    decoder = make_decoder(config.decode, src.features_dir, (config.packing.feature,))
-    reader = _reader(src, config)
-    return PackedMixtureLoader(names, src, reader, decoder, config.packing, plan, prefetch=max(1, config.prefetch),
-                               sharding=config.sharding, device_prefetch=config.device_prefetch)
+    return PackedMixtureLoader(names, src, _reader(src, config), packing=config.packing, plan=plan,
+                               prefetch=max(1, config.prefetch), sharding=config.sharding,
+                               device_prefetch=config.device_prefetch, **_packing_inputs(src, config))

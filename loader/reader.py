@@ -158,6 +158,9 @@ class BatchReader:
 
     def _fds_for(self, shards: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """Per record, an open descriptor of its shard; and those opened for this read only (to close after)."""
+        fds = self._fds[shards]
+        if (fds >= 0).all():  # every shard of this read is open already: the common case, and cheap
+            return fds, []
         firsts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
         needed = shards[firsts]
         fds = self._fds[needed]

@@ -34,6 +34,7 @@ class ShardedSource:
     # What the index key holds of each shard besides its path and size: a token that changes whenever its content
     # may have (locally its inode, change and modification times; on gs://, the object's generation).
     shard_versions: tuple[int, ...] | None = None
+    tokens_dtype: str | None = None  # a pre-tokenized dataset: its records are token ids of this type (loader/counts.py)
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
@@ -58,6 +59,12 @@ class ShardedSource:
         """Global index of each shard's first record."""
         return np.concatenate([[0], np.cumsum(self.lengths[:-1], dtype=np.int64)]).astype(np.int64)
 
+    def where(self, index: int) -> str:
+        """'SHARD: record i' for global record `index`, for errors."""
+        starts = self.starts
+        shard = int(np.searchsorted(starts, index, side="right") - 1)
+        return f"{self.paths[shard]}: record {int(index - starts[shard])}"
+
 
 def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:
     if _is_dir(source):
@@ -72,6 +79,14 @@ def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = F
                                 "by `python -m pipelines convert` or `tfds build --file_format=array_record`, or a "
                                 f"glob of ArrayRecord files{hint}")
     return _from_glob(source)
+
+
+def token_info(source: str) -> dict | None:
+    """A pre-tokenized dataset's `tokens` manifest section (dtype, vocab_size, tokenizer...); None for other data."""
+    if not _is_dir(source) or not storage.exists(storage.join(source, MANIFEST_NAME)):
+        return None
+    path = storage.join(source, MANIFEST_NAME)
+    return ShardTable.from_json(_read_text(path), path=path).tokens
 
 
 def _datasets_below(root: str, depth: int = 3, limit: int = 5) -> list[str]:
@@ -119,7 +134,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
         raise ValueError(f"{paths[i]} is {found[i]} bytes but {MANIFEST_NAME} says {sizes[i]}; the file is truncated "
                          "or was replaced: re-run the conversion or restage the data")
     features = root if table.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
-    return ShardedSource(tuple(paths), records, "manifest", features, sizes, versions)
+    tokens = table.tokens.get("dtype") if table.tokens else None
+    return ShardedSource(tuple(paths), records, "manifest", features, sizes, versions, tokens)
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:

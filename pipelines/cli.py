@@ -59,6 +59,13 @@ def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.Argum
                              "the shard")
     _flag(p, "prune", "delete outputs whose source no longer exists")
     _flag(p, "force", "convert every shard, even up-to-date ones")
+    p.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer.json or SentencePiece .model: write "
+                   "each record's text as token ids, with a token count column, for packing (docs/converting.md)")
+    p.add_argument("--text_key", "--text-key", dest="text_key", default="text",
+                   help="with --tokenizer: the tf.Example feature holding the text (default %(default)s)")
+    p.add_argument("--add_bos", "--add-bos", dest="add_bos", nargs="?", const=True, default=None, type=_boolean,
+                   metavar="BOOL", help="with --tokenizer: begin each document with BOS (default: as the tokenizer does)")
+    _flag(p, "add_eos", "with --tokenizer: end each document with the tokenizer's EOS id")
     return p
 
 
@@ -69,7 +76,8 @@ LAUNCH_FLAGS = ("no_wait", "break_lock")
 def _config(args: argparse.Namespace) -> ConvertConfig:
     return ConvertConfig(input=args.input, output=args.output, compression=args.compression,
                          writer_options=args.writer_options, skip_corrupt=args.skip_corrupt,
-                         prune=args.prune, force=args.force)
+                         prune=args.prune, force=args.force, tokenizer=args.tokenizer, text_key=args.text_key,
+                         add_bos=args.add_bos, add_eos=args.add_eos)
 
 
 def convert_main(argv: list[str]) -> int:

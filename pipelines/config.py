@@ -23,6 +23,10 @@ class ConvertConfig:
     skip_corrupt: skip corrupt TFRecord frames (listed in OUT/report.json) instead of failing the shard.
     prune: delete outputs (and manifest entries) whose source no longer exists.
     force: convert every shard, even those the manifest says are up to date.
+    tokenizer: a Hugging Face tokenizer.json or SentencePiece .model: write each record's `text_key` feature as its
+        token ids, with a token count column (pipelines/tokens.py); None: copy the records as they are.
+    add_bos, add_eos: with `tokenizer`, begin / end each document with the tokenizer's BOS / EOS id (None: as the
+        tokenizer does by default).
     """
 
     input: str
@@ -32,6 +36,10 @@ class ConvertConfig:
     skip_corrupt: bool = False
     prune: bool = False
     force: bool = False
+    tokenizer: str | None = None
+    text_key: str = "text"
+    add_bos: bool | None = None
+    add_eos: bool = False
 
     def __post_init__(self):
         if not self.input:
@@ -41,6 +49,10 @@ class ConvertConfig:
         if not _COMPRESSION.match(self.compression):
             raise ValueError(f"compression={self.compression!r} is not one of zstd:N, brotli:N, snappy, "
                              "uncompressed")
+        if self.tokenizer is not None and not self.text_key:
+            raise ValueError("text_key is empty; pass --text-key FEATURE, the tf.Example feature holding the text")
+        if self.tokenizer is None and (self.add_bos is not None or self.add_eos):
+            raise ValueError("add_bos / add_eos shape tokenised documents: they need --tokenizer PATH")
         if self.writer_options is not None and "group_size" not in self.writer_options:
             raise ValueError(f"writer_options={self.writer_options!r} sets no group_size; add group_size:1 "
                              "(grain needs it for random access)")

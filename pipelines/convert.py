@@ -24,6 +24,7 @@ from pipelines.config import ConvertConfig
 from pipelines.plan import Plan
 from pipelines.shard import ShardCountMismatch, ShardResult, ShardTask, convert_shard
 from pipelines.tfrecord import CorruptRecordError
+from pipelines.tokens import TextKeyError, TokenizeSpec, spec_for
 from pipelines.version import TOOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,12 @@ SHARD_LINES_UP_TO = 36  # a line per converted shard at INFO up to this many sha
 class _ConvertShardFn(beam.DoFn):
     """Converts one shard; a shard with bad data goes to the FAILED output, never half-written."""
 
-    def __init__(self, writer_options: str, skip_corrupt: bool, shard_log_level: int = logging.INFO):
+    def __init__(self, writer_options: str, skip_corrupt: bool, shard_log_level: int = logging.INFO,
+                 tokenize: TokenizeSpec | None = None):
         self._writer_options = writer_options
         self._skip_corrupt = skip_corrupt
         self._shard_log_level = shard_log_level
+        self._tokenize = tokenize
 
     def setup(self):
         self._records = Metrics.counter(_NAMESPACE, "records_written")
@@ -56,8 +59,8 @@ class _ConvertShardFn(beam.DoFn):
     def process(self, task: ShardTask):
         try:
             result = convert_shard(task, writer_options=self._writer_options, skip_corrupt=self._skip_corrupt,
-                                   on_records=self._progress)
-        except (CorruptRecordError, ShardCountMismatch, PermissionError) as e:
+                                   on_records=self._progress, tokenize=self._tokenize)
+        except (CorruptRecordError, ShardCountMismatch, TextKeyError, PermissionError) as e:
             # Retrying would fail the same way: the shard is reported, the other shards go on.
             error = (f"{task.source.path} cannot be read (permission denied); grant read access and rerun (the "
                      "converted shards are kept)") if isinstance(e, PermissionError) else str(e)
@@ -79,12 +82,14 @@ class ConvertShards(beam.PTransform):
     The job description holds only the task files' names (pipelines/tasks.py); the workers read the tasks and
     one Reshuffle spreads them (a Create of the tasks themselves would inline them, and reshuffle once more)."""
 
-    def __init__(self, task_files: list[str], num_tasks: int, writer_options: str, skip_corrupt: bool):
+    def __init__(self, task_files: list[str], num_tasks: int, writer_options: str, skip_corrupt: bool,
+                 tokenize: TokenizeSpec | None = None):
         super().__init__()
         self._task_files = task_files
         self._num_tasks = num_tasks
         self._writer_options = writer_options
         self._skip_corrupt = skip_corrupt
+        self._tokenize = tokenize
 
     def expand(self, pbegin):
         return (
@@ -94,7 +99,7 @@ class ConvertShards(beam.PTransform):
             | "Distribute" >> beam.Reshuffle()
             | "ConvertShard" >> beam.ParDo(_ConvertShardFn(
                 self._writer_options, self._skip_corrupt,
-                logging.INFO if self._num_tasks <= SHARD_LINES_UP_TO else logging.DEBUG))
+                logging.INFO if self._num_tasks <= SHARD_LINES_UP_TO else logging.DEBUG, self._tokenize))
             .with_outputs(FAILED, main="converted")
         )
 
@@ -114,7 +119,8 @@ class ConvertToArrayRecord(beam.PTransform):
         task_files = shard_tasks.stage(self._plan.tasks, self._tasks_dir, self._run_id)
         plan_file = shard_tasks.stage_plan(self._plan.without_tasks(), self._tasks_dir, self._run_id)
         shards = pbegin | "Convert" >> ConvertShards(
-            task_files, len(self._plan.tasks), self._config.resolved_writer_options, self._config.skip_corrupt)
+            task_files, len(self._plan.tasks), self._config.resolved_writer_options, self._config.skip_corrupt,
+            spec_for(self._config))
         return (
             pbegin
             | "Once" >> beam.Create([None])
@@ -149,7 +155,9 @@ def finalize(config: ConvertConfig, plan: Plan, converted: list[ShardResult], fa
         for e in entries:
             lengths.setdefault(e.split, []).append(e.records)
         tfds_dir.write_metadata(config.input, config.output, lengths)
+    spec = spec_for(config)
     manifest = Manifest(input=config.input, kind=plan.kind, shards=tuple(entries),
-                        tool_version=TOOL_VERSION, failed=tuple(failed))
+                        tool_version=TOOL_VERSION, failed=tuple(failed),
+                        tokens=spec.manifest() if spec is not None else None)
     storage.write_text(storage.join(config.output, MANIFEST_NAME), manifest.to_json())
     return manifest

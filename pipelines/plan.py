@@ -13,7 +13,7 @@ import logging
 
 from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest, ShardEntry
-from pipelines import commits, paths, tfds_dir
+from pipelines import commits, paths, tfds_dir, tokens
 from pipelines.config import ConvertConfig
 from pipelines.shard import ShardResult, ShardTask
 
@@ -87,6 +87,8 @@ def make_plan(config: ConvertConfig) -> Plan:
     recorded = {} if config.force else commits.listing(config.output)
     existing = storage.list_sizes(config.output) if old or recorded else {}
     options = config.resolved_writer_options
+    spec = tokens.spec_for(config)
+    tokenized = spec.identity if spec is not None else None
 
     tasks, kept = [], []
     for file, split, expected in inputs:
@@ -96,6 +98,7 @@ def make_plan(config: ConvertConfig) -> Plan:
             entry is not None and not config.force
             and entry.source_fingerprint == file.fingerprint
             and entry.writer_options == options
+            and entry.tokens == tokenized
             and entry.path == relative
             and existing.get(relative) == entry.bytes
         )
@@ -103,7 +106,7 @@ def make_plan(config: ConvertConfig) -> Plan:
             kept.append(entry)
         else:
             tasks.append(ShardTask(file, storage.join(config.output, relative), relative, split, expected))
-    recovered = _recover(config.output, tasks, recorded, existing, options)
+    recovered = _recover(config.output, tasks, recorded, existing, options, tokenized)
     done = {r.entry.path for r in recovered}
     tasks = [t for t in tasks if t.relative_path not in done]
 
@@ -117,7 +120,7 @@ def make_plan(config: ConvertConfig) -> Plan:
 
 
 def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None], existing: dict[str, int],
-             options: str) -> list[ShardResult]:
+             options: str, tokenized: str | None) -> list[ShardResult]:
     """The tasks already done by an earlier run: a commit record for the same source fingerprint and writer
     options, and the output file there with the recorded size."""
     candidates = [t for t in tasks if t.relative_path in recorded]
@@ -127,7 +130,7 @@ def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None
         entry, corruptions = records.get(task.relative_path, (None, ()))
         if (entry is not None and entry.source == task.source.path
                 and entry.source_fingerprint == task.source.fingerprint and entry.writer_options == options
-                and existing.get(task.relative_path) == entry.bytes):
+                and entry.tokens == tokenized and existing.get(task.relative_path) == entry.bytes):
             recovered.append(ShardResult(entry, corruptions))
     if recovered:
         log.info("%d shard(s) were committed by a run that stopped before its manifest; keeping them",

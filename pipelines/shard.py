@@ -23,6 +23,7 @@ from dataset_format.manifest import ShardEntry
 from dataset_format.storage import is_remote
 from pipelines import commits, paths, tfrecord
 from pipelines.paths import InputFile
+from pipelines.tokens import COUNTS_SUFFIX, Tokenize, TokenizeSpec
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,13 @@ def convert_shard(
     writer_options: str,
     skip_corrupt: bool,
     on_records: Callable[[int, int], None] | None = None,
+    tokenize: TokenizeSpec | None = None,
 ) -> ShardResult:
-    """Converts `task.source` to `task.output`; raises CorruptRecordError / ShardCountMismatch.
+    """Converts `task.source` to `task.output`; raises CorruptRecordError / ShardCountMismatch (and TextKeyError
+    when tokenising).
 
-    `on_records(records, bytes)` is called now and then with the progress since its last call.
+    `on_records(records, bytes)` is called now and then with the progress since its last call. With `tokenize`, each
+    record is written as its text's token ids, and the counts file goes beside the shard (pipelines/tokens.py).
     """
     remote = is_remote(task.output)
     if remote:
@@ -80,26 +84,37 @@ def convert_shard(
                     c.length, c.reason)
         corruptions.append({"source": task.source.path, **dataclasses.asdict(c)})
 
+    tokens = Tokenize(tokenize, task.source.path) if tokenize is not None else None
+    counts_local = local + COUNTS_SUFFIX
     try:
         written, raw_bytes = _copy_records(task, local, writer_options, on_corrupt if skip_corrupt else None,
-                                           on_records)
+                                           on_records, tokens)
         _check_count(task, local, written, skip_corrupt)
         size = os.path.getsize(local)
+        if tokens is not None:  # the counts land first: a committed shard always has its counts beside it
+            with open(counts_local, "wb") as f:
+                f.write(tokens.counts_bytes())
+            if remote:
+                storage.upload(counts_local, task.output + COUNTS_SUFFIX)
+            else:
+                os.replace(counts_local, task.output + COUNTS_SUFFIX)
         if remote:
             storage.upload(local, task.output)
         else:
             os.replace(local, task.output)
     finally:
-        if os.path.exists(local):
-            os.remove(local)
+        for leftover in (local, counts_local):
+            if os.path.exists(leftover):
+                os.remove(leftover)
     entry = ShardEntry(path=task.relative_path, source=task.source.path, records=written, bytes=size,
                        source_bytes=task.source.size, source_fingerprint=task.source.fingerprint,
-                       writer_options=writer_options, split=task.split, skipped_corrupt=len(corruptions))
+                       writer_options=writer_options, split=task.split, skipped_corrupt=len(corruptions),
+                       tokens=tokenize.identity if tokenize is not None else None)
     commits.write(task.output_dir, entry, tuple(corruptions))  # the shard is done, whatever happens next
     return ShardResult(entry, tuple(corruptions))
 
 
-def _copy_records(task, local, writer_options, on_corrupt, on_records) -> tuple[int, int]:
+def _copy_records(task, local, writer_options, on_corrupt, on_records, tokens=None) -> tuple[int, int]:
     source = task.source
     writer = ArrayRecordWriter(local, writer_options)
     written = raw_bytes = 0
@@ -107,7 +122,8 @@ def _copy_records(task, local, writer_options, on_corrupt, on_records) -> tuple[
     started = last_log = time.monotonic()
     try:
         with paths.open_source(source.path) as f:
-            for record in tfrecord.iter_records(f, path=source.path, on_corrupt=on_corrupt):
+            records = tfrecord.iter_records(f, path=source.path, on_corrupt=on_corrupt)
+            for record in (tokens(records) if tokens is not None else records):
                 writer.write(record)
                 written += 1
                 raw_bytes += len(record)

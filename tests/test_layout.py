@@ -82,5 +82,8 @@ def test_the_dataset_format_package_needs_only_the_base_install():
     allowed = set(sys.stdlib_module_names) | {"numpy", "google", "requests", "dataset_format"}
     used = set()
     for path in (REPO / "dataset_format").rglob("*.py"):
+        if path.name == "tokenizer.py":  # its libraries are imported where used, by [convert] and [train] installs
+            assert set(imported_modules(path)) - allowed == {"tokenizers", "sentencepiece"}
+            continue
         used |= set(imported_modules(path))
     assert used - allowed == set()

@@ -218,8 +218,14 @@ def first_source(data: str | dict[str, str]) -> str:
 
 
 def _feature_specs(data: str) -> dict[str, dict]:
-    """The TFDS feature metadata (features.json) of a dataset directory; {} for other sources."""
-    features = None if storage.has_glob(data) else tfds_info.read_features(data)
+    """The TFDS feature metadata (features.json) of a dataset directory; a pre-tokenized dataset's `tokens` (its
+    manifest's vocabulary); {} for other sources."""
+    if storage.has_glob(data):
+        return {}
+    tokens = loader.token_info(data)
+    if tokens is not None:
+        return {"tokens": {"type": "Tokens", "dtype": tokens["dtype"], "vocab_size": int(tokens["vocab_size"])}}
+    features = tfds_info.read_features(data)
     return tfds_info.feature_specs(features) if features else {}
 
 

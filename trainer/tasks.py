@@ -135,7 +135,7 @@ class LanguageModel:
     """Next-token prediction over a token-sequence feature `text_key`, padded to `seq_len` with a mask.
 
     A bytes/string feature is read as UTF-8 bytes (vocabulary 256 + PAD + BOS; eval also reports bits per byte),
-    or tokenised by `tokenizer=` (a SentencePiece .model or a Hugging Face tokenizer.json: trainer/tokenizer.py), with
+    or tokenised by `tokenizer=` (a SentencePiece .model or a Hugging Face tokenizer.json: dataset_format/tokenizer.py), with
     BOS / EOS as `add_bos=` / `add_eos=` ask; an int64 sequence feature is taken as token ids (vocab_size= from the
     config). An example longer than seq_len is cut to its first seq_len targets.
     """
@@ -145,9 +145,19 @@ class LanguageModel:
     vocab_size: int
     byte_level: bool
     tokenizer: Any = None
+    pretokenized: bool = False  # the data is `convert --tokenizer` output: its records are token ids, counts beside
 
     @classmethod
     def from_config(cls, config: TrainConfig, specs: dict[str, dict]) -> LanguageModel:
+        tokens = specs.get("tokens", {})
+        if tokens.get("type") == "Tokens":  # a pre-tokenized dataset: its ids and vocabulary are the converter's
+            if config.tokenizer is not None:
+                raise ValueError(f"tokenizer={config.tokenizer} tokenises text, but the data is pre-tokenized (by "
+                                 "`convert --tokenizer`); drop tokenizer=")
+            if config.vocab_size is not None and config.vocab_size < tokens["vocab_size"]:
+                raise ValueError(f"vocab_size={config.vocab_size} is below the data's vocabulary "
+                                 f"({tokens['vocab_size']}, its manifest); leave vocab_size unset to take it")
+            return cls("tokens", config.seq_len, config.vocab_size or tokens["vocab_size"], False, pretokenized=True)
         spec = specs.get(config.text_key)
         if specs and spec is None:
             raise ValueError(f"task reads feature {config.text_key!r}, which the data does not have; its features are "
@@ -185,8 +195,12 @@ class LanguageModel:
         """Packed rows for training (`packing=true`): the loader packs this task's token ids into rows."""
         import loader
 
+        if self.pretokenized:  # the converter's token counts: nothing to tokenise or count
+            return loader.Packing(seq_len=self.seq_len)
+        # The token counts are cached by what the ids depend on: the tokenizer file and options, or the byte encoding.
+        key = self.tokenizer.identity if self.tokenizer is not None else f"lm:{'bytes' if self.byte_level else 'ids'}"
         return loader.Packing(self.text_key, self.seq_len, self.tokenize,
-                              self.tokenize_batch if self.tokenizer is not None else None)
+                              self.tokenize_batch if self.tokenizer is not None else None, cache_key=key)
 
     def tokenize_batch(self, values: list) -> list[np.ndarray]:
         """Many values' token ids: one call of the tokenizer (native threads, no GIL), or `tokenize` each."""

@@ -5,7 +5,7 @@ import pytest
 
 import loader
 from dataset_format import example_proto
-from loader.packing import assemble, pack_rows
+from loader.packing import START, assemble, pack_rows
 from pipelines import ConvertConfig, run_conversion
 from tests.conftest import write_tfrecord_shards
 
@@ -26,8 +26,8 @@ def token_data(tmp_path_factory):
     return str(root / "out")
 
 
-def _packed(data, **options):
-    packing = loader.Packing("ids", seq_len=6, tokenize=lambda v: np.asarray(v).reshape(-1))
+def _packed(data, seq_len=6, keys="default", **options):
+    packing = loader.Packing("ids", seq_len=seq_len, tokenize=lambda v: np.asarray(v).reshape(-1), keys=keys)
     return loader.load(data, packing=packing, **{"batch_size": 2, "seed": 0, **options})
 
 
@@ -88,16 +88,157 @@ def test_every_target_is_packed_once_per_epoch(token_data):
     assert sorted(seen) == sorted(t for i in range(len(LENGTHS)) for t in _ids(i)[1:].tolist())
 
 
-def test_each_epoch_is_laid_out_once_however_far_the_run_goes(monkeypatch):
-    """An endless plan's batches of epoch 3 do not lay out epochs 0-2 again for every batch (they did: four epochs
-    of batches cost 4 + 3 + 2 + 1 layouts per batch, ~4x slower tokens/s by epoch 3 in benchmarks/mixture_bench.py)."""
+def _plan(counts, batch_size=4, block=None, **options):
+    from loader.packing import Layout, PackedPlan
+
+    counts = np.asarray(counts)
+    layout = Layout(lambda r: counts[r], len(counts), options.pop("seq_len", 32), options.pop("fit", "first"),
+                    options.pop("seed", 0), options.pop("shuffle", True), block)
+    return PackedPlan(layout, batch_size, **options)
+
+
+def _batches(plan, n):
+    """The first n batches' rows, walking from the start."""
+    out, at = [], START
+    for _ in range(n):
+        rows, at = plan.batch_at(at)
+        out.append([block.row(r) for block, r in rows])
+    return out
+
+
+def test_blocks_are_packed_alone_and_batches_cross_them():
+    """With blocks of 4 documents, each block's rows are its own (no piece of block 1 in a row of block 0) and a
+    batch takes rows from two blocks; the whole layout is pinned."""
+    plan = _plan([x + 1 for x in LENGTHS], batch_size=3, block=4, seq_len=6, shuffle=False, num_epochs=1)
+    rows = [row for batch in _batches(plan, plan.num_batches) for row in batch]
+    assert rows == [[(0, 0, 5)], [(1, 0, 3), (2, 6, 3)], [(2, 0, 6)], [(3, 0, 2)],  # block 0 (documents 0-3)
+                    [(4, 0, 4), (5, 6, 1), (6, 0, 1)], [(5, 0, 6)], [(7, 0, 6)],  # block 1
+                    [(8, 0, 6)], [(8, 6, 2), (9, 0, 2)]]  # block 2's first rows; its last two rows fill no batch
+    assert plan.num_batches == 3  # 4 + 3 + 4 rows
+
+
+def test_best_fit_is_pinned_and_pads_less_than_first_fit():
+    lengths = np.array([5, 8, 2, 5])  # the 2 goes where it fits tightest, leaving room for the last 5
+    assert pack_rows(lengths, np.arange(4), seq_len=10, fit="best") == [[(0, 0, 5), (3, 0, 5)], [(1, 0, 8), (2, 0, 2)]]
+    assert pack_rows(lengths, np.arange(4), seq_len=10) == [[(0, 0, 5), (2, 0, 2)], [(1, 0, 8)], [(3, 0, 5)]]
+    lengths = np.random.default_rng(0).integers(1, 900, 200_000)
+    first, best = (_plan(lengths, seq_len=1024, fit=f, num_epochs=1).efficiency() for f in ("first", "best"))
+    assert best > first > 0.9
+
+
+def test_the_first_batch_of_a_huge_corpus_lays_out_one_block(monkeypatch):
+    """10M documents: the first batch reads the counts of one block (BLOCK documents), not the corpus."""
+    asked = []
+    counts = np.full(10_000_000, 40, np.uint32)
+
+    def count(records):
+        asked.append(len(records))
+        return counts[records]
+
+    from loader.packing import BLOCK, Layout, PackedPlan
+
+    plan = PackedPlan(Layout(count, len(counts), 1024), batch_size=8)
+    rows, after = plan.batch_at(START)
+    assert sum(asked) == BLOCK and len(rows) == 8 and after == (0, 0, 8)
+    assert sum(n for r in rows for _, _, n in rows[0][0].row(rows[0][1])) > 1000
+
+
+def test_resume_from_a_position_lays_out_nothing_before_it(token_data, monkeypatch):
     from loader import packing
 
+    whole = _packed(token_data, num_epochs=4)
+    it = iter(whole)
+    for _ in range(12):
+        next(it)
+    state = it.get_state()
+    rest = [next(it)["tokens"].tolist() for _ in range(5)]
+    assert state["position"][0] == 2  # epoch 2: 5 batches an epoch
+    packed = []
+    real = packing.pack_block
+    monkeypatch.setattr(packing, "pack_block", lambda *a, **k: packed.append(1) or real(*a, **k))
+    again = iter(_packed(token_data, num_epochs=4))
+    again.set_state(state)
+    assert [next(again)["tokens"].tolist() for _ in range(5)] == rest
+    assert len(packed) == 2  # epochs 2 and 3, never 0 or 1
+
+
+def test_a_state_saved_on_2_hosts_resumes_on_3(token_data):
+    whole = [b["tokens"] for b in _packed(token_data, batch_size=6, num_epochs=6, seq_len=4)]
+    twos = [iter(_packed(token_data, batch_size=6, num_epochs=6, seq_len=4, shard_index=i, shard_count=2))
+            for i in range(2)]
+    for _ in range(4):
+        parts = [next(t)["tokens"] for t in twos]
+    state = twos[0].get_state()
+    assert state == twos[1].get_state() and np.array_equal(np.concatenate(parts), whole[3])
+    threes = []
+    for i in range(3):
+        t = iter(_packed(token_data, batch_size=6, num_epochs=6, seq_len=4, shard_index=i, shard_count=3))
+        t.set_state(state)
+        threes.append(t)
+    for k in range(4, len(whole)):
+        assert np.array_equal(np.concatenate([next(t)["tokens"] for t in threes]), whole[k])
+    assert len(whole) > 8
+
+
+def test_maxtext_names(token_data):
+    batch = next(iter(_packed(token_data, num_epochs=1, shuffle=False, keys="maxtext")))
+    assert sorted(batch) == ["inputs", "inputs_position", "inputs_segmentation", "targets", "targets_position",
+                             "targets_segmentation"]
+    assert batch["inputs"].tolist() == [[0, 1, 2, 3, 4, 506], [100, 101, 102, 206, 207, 208]]
+    assert np.array_equal(batch["inputs_segmentation"], batch["targets_segmentation"])
+
+
+def test_counts_are_cached_by_cache_key(token_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADER_INDEX_DIR", str(tmp_path))
     calls = []
-    real = packing.pack_rows
-    monkeypatch.setattr(packing, "pack_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
-    plan = packing.PackedPlan(np.full(200, 15), seq_len=32, batch_size=4)
-    per_epoch = plan.batches_in(0)
-    for k in range(4 * per_epoch):
-        plan.host_rows(k)
-    assert per_epoch == 25 and len(calls) == 4
+
+    def tokenize(v):
+        calls.append(1)
+        return np.asarray(v).reshape(-1)
+
+    def packed():
+        packing = loader.Packing("ids", seq_len=6, tokenize=tokenize, cache_key="reshape-v1")
+        return loader.load(token_data, packing=packing, batch_size=2, num_epochs=1, seed=0)
+
+    first = [b["tokens"].tolist() for b in packed()]
+    counted = len(calls)  # a counting pass (every record) and the batches' records
+    calls.clear()
+    again = [b["tokens"].tolist() for b in packed()]
+    assert again == first and counted - len(calls) == len(LENGTHS)  # the second run has no counting pass
+    assert len(list(tmp_path.glob("*.counts"))) == 1
+
+
+def test_counts_that_disagree_with_the_records_are_an_error_naming_the_record(token_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADER_INDEX_DIR", str(tmp_path))
+    packing = loader.Packing("ids", seq_len=6, tokenize=lambda v: np.asarray(v).reshape(-1), cache_key="k")
+    list(loader.load(token_data, packing=packing, batch_size=2, num_epochs=1))
+    (cached,) = tmp_path.glob("*.counts")
+    cached.write_bytes(np.full(len(LENGTHS), 3, "<u4").tobytes())  # every document "3 tokens"
+    with pytest.raises(ValueError, match=r"record \d+ has \d+ token ids but its token count says 3; the counts are "
+                                         r"stale or damaged"):
+        list(loader.load(token_data, packing=packing, batch_size=2, num_epochs=1))
+
+
+def test_a_packed_mixture_over_many_blocks_is_pinned_and_resumes(token_data, monkeypatch):
+    """Blocks of 4 documents: each component's row stream crosses blocks and epochs; the rows are pinned, and a
+    state taken mid-way resumes to the same batches."""
+    from loader import packing
+
+    monkeypatch.setattr(packing, "BLOCK", 4)
+
+    def mixed():
+        return loader.load({"a": token_data, "b": token_data}, weights={"a": 2, "b": 1}, batch_size=3, seed=0,
+                           packing=loader.Packing("ids", seq_len=6, tokenize=lambda v: np.asarray(v).reshape(-1)))
+
+    it = iter(mixed())
+    first = [(b["tokens"][:, 0].tolist(), b["component"].tolist()) for b in (next(it) for _ in range(3))]
+    assert first == PINNED_MIXTURE
+    state = it.get_state()
+    rest = [next(it)["tokens"].tolist() for _ in range(6)]  # past the first epoch of both components
+    again = iter(mixed())
+    again.set_state(state)
+    assert [next(again)["tokens"].tolist() for _ in range(6)] == rest
+
+
+# (first token of each row, component of each row) of the first 3 batches, pinned from one run.
+PINNED_MIXTURE = [([100, 200, 0], [0, 0, 1]), ([1100, 300, 500], [0, 0, 1]), ([0, 1000, 300], [0, 0, 1])]

@@ -149,3 +149,27 @@ def test_packed_training_resumes_exactly(stdlib_text, tmp_path):
     b = [r["loss"] for r in _metrics(tmp_path / "resumed")]
     assert len(a) == len(b) == 10
     np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_packed_training_on_a_pretokenized_dataset_takes_its_vocabulary_and_counts(tmp_path):
+    """`convert --tokenizer` output trains with packing=true and nothing else said: the ids, the vocabulary (the
+    manifest's) and the token counts (the .counts files) are the converter's."""
+    from dataset_format import tokenizer
+    from pipelines import ConvertConfig, run_conversion
+
+    passages = stdlib_passages(max_bytes=200_000)["train"]
+    write_text_tfrecords(str(tmp_path / "raw"), num_shards=1, max_bytes=200_000)
+    tok = tokenizer.train_bpe(passages, 300, str(tmp_path / "tokenizer.json"))
+    run_conversion(ConvertConfig(input=str(tmp_path / "raw" / "text-train.tfrecord-*"), output=str(tmp_path / "tok"),
+                                 tokenizer=tok, add_eos=True), ["--direct_num_workers=1"])
+    proc = run_trainer(f"data={tmp_path / 'tok'}", "task=lm", "model=transformer_lm", "seq_len=64", "packing=true",
+                       "batch_size=4", "steps=3", "log_every=1", f"workdir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "packing " in proc.stderr and "real tokens" in proc.stderr and "counted" not in proc.stderr
+    assert len(_metrics(tmp_path / "run")) == 3
+    with pytest.raises(ValueError, match="the data is pre-tokenized"):
+        LanguageModel.from_config(TrainConfig(data="x", workdir="w", task="lm", tokenizer=tok),
+                                  {"tokens": {"type": "Tokens", "dtype": "<u2", "vocab_size": 300}})
+    task = LanguageModel.from_config(TrainConfig(data="x", workdir="w", task="lm", seq_len=64),
+                                     {"tokens": {"type": "Tokens", "dtype": "<u2", "vocab_size": 300}})
+    assert (task.text_key, task.vocab_size, task.packing.tokenized) == ("tokens", 300, True)

@@ -242,7 +242,7 @@ def test_bos_and_eos_options_without_a_tokenizer_are_refused(key):
 def test_the_tokenizer_module_imports_without_jax(small):
     """The Beam converter tokenises with it: loaded on its own (not through trainer/__init__.py), it brings no JAX."""
     code = ("import importlib.util, sys\n"
-            "spec = importlib.util.spec_from_file_location('tokenizer', 'trainer/tokenizer.py')\n"
+            "spec = importlib.util.spec_from_file_location('tokenizer', 'dataset_format/tokenizer.py')\n"
             "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
             f"ids = module.load({small['bpe']!r}, add_eos=True).encode_batch(['x = 1'])[0]\n"
             "print(ids[0], ids[-1], sorted(m for m in ('jax', 'flax', 'optax', 'grain') if m in sys.modules))")

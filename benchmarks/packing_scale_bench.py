@@ -1,0 +1,187 @@
+"""Packing at corpus scale: time to the first packed batch and memory, ours against grain's packers, in one run.
+
+    .venv/bin/python benchmarks/packing_scale_bench.py --docs 1e6,1e7,1e8 [--data-dir DIR] [--seq-len 1024] [--rows 8]
+
+For each size, a pre-tokenized corpus of short documents (8-24 uint16 token ids, random: what the converter's
+`--tokenizer` writes, made here directly since the converter is not what is measured) is written once into
+`DIR/docs-N` (ArrayRecord group_size:1 shards of 100k documents, a `.counts` file beside each, a manifest; reused by
+later runs). Each contender then runs in a fresh process:
+- ours: `loader.load(DIR, batch_size=rows, packing=loader.Packing(seq_len=L, fit=...))` (lazy block layout over the
+  memory-mapped counts; its record index is built once per corpus and host beforehand, timed apart);
+- grain: `MapDataset.source(ArrayRecordDataSource(shards)).shuffle(seed=0).map(ids -> tokens/targets)
+  .to_iter_dataset()` -> `grain.experimental.FirstFitPackIterDataset` / `BestFitPackIterDataset`
+  (num_packing_bins=rows) -> `.batch(rows)`: MaxText's grain pipeline.
+Reported: seconds to the first batch, peak memory above the process's baseline (bytes per document), real tokens
+/ all tokens over the next `--batches` batches, and tokens/s there; and ours / grain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+PER_SHARD = 100_000  # documents a shard (grain reads a record of a 1M-record shard in ~17 ms here, of a 200k one in 0.5 ms)
+CONTENDERS = ("ours-first", "ours-best", "grain-first", "grain-best")
+
+
+def _write_shard(path: str, n: int, seed: int) -> tuple[int, int]:
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(8, 25, n)
+    data = rng.integers(0, 32000, int(lengths.sum()), dtype=np.uint16).astype("<u2").tobytes()
+    ends = (np.cumsum(lengths) * 2).tolist()
+    writer = ArrayRecordWriter(path + ".tmp", "group_size:1,uncompressed")
+    start = 0
+    for end in ends:
+        writer.write(data[start:end])
+        start = end
+    writer.close()
+    lengths.astype("<u4").tofile(path + ".counts")
+    os.replace(path + ".tmp", path)
+    return n, os.path.getsize(path)
+
+
+def make_corpus(root: Path, docs: int) -> str:
+    """`docs` documents in shards of PER_SHARD, with counts and a manifest (kept: a later run reuses them)."""
+    from dataset_format.manifest import Manifest, ShardEntry
+
+    out = root / f"docs-{docs}"
+    if (out / "manifest.json").exists():
+        return str(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = [min(PER_SHARD, docs - first) for first in range(0, docs, PER_SHARD)]
+    names = [f"docs-{i:05d}-of-{len(sizes):05d}.array_record" for i in range(len(sizes))]
+    started = time.monotonic()
+    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+        written = list(pool.map(_write_shard, [str(out / n) for n in names], sizes, range(len(sizes))))
+    print(f"wrote {docs:,} documents in {len(names)} shards ({sum(b for _, b in written) / 1e9:.1f} GB) in "
+          f"{time.monotonic() - started:.0f} s", flush=True)
+    entries = tuple(ShardEntry(path=name, source=f"generated:{i}", records=n, bytes=b, source_bytes=0,
+                               source_fingerprint="generated", writer_options="group_size:1,uncompressed",
+                               tokens="generated")
+                    for i, (name, (n, b)) in enumerate(zip(names, written)))
+    tokens = {"dtype": "<u2", "vocab_size": 32000, "tokenizer": "random", "tokenizer_sha256": "-", "text_key": "-",
+              "add_bos": None, "add_eos": False, "counts": ".counts"}
+    manifest = Manifest(input="generated", kind="tfrecord", shards=entries, tool_version="bench", tokens=tokens)
+    (out / "manifest.json").write_text(manifest.to_json())
+    return str(out)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def child(kind: str, data: str, seq_len: int, rows: int, batches: int) -> dict:
+    """One contender in this (fresh) process."""
+    import grain
+
+    import loader
+
+    base = _rss()
+    started = time.perf_counter()
+    if kind.startswith("ours"):
+        it = iter(loader.load(data, batch_size=rows, packing=loader.Packing(seq_len=seq_len, fit=kind[5:]), seed=0))
+
+        def real(batch):
+            return int((batch["segment_ids"] > 0).sum())
+    else:
+        shards = loader.resolve(data).paths
+        L = seq_len
+
+        def example(record: bytes) -> dict:
+            ids = np.frombuffer(record, "<u2").astype(np.int32)[: L + 1]
+            return {"tokens": ids[:-1], "targets": ids[1:]}
+
+        ds = (grain.MapDataset.source(grain.sources.ArrayRecordDataSource(list(shards))).shuffle(seed=0).repeat()
+              .map(example).to_iter_dataset())
+        packer = (grain.experimental.FirstFitPackIterDataset if kind == "grain-first"
+                  else grain.experimental.BestFitPackIterDataset)
+        it = iter(packer(ds, length_struct={"tokens": L, "targets": L}, num_packing_bins=rows).batch(rows))
+
+        def real(batch):
+            return int((batch["tokens_segment_ids"] > 0).sum())
+    first = next(it)
+    first_s = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    tokens = total = 0
+    started = time.perf_counter()
+    for _ in range(batches):
+        batch = next(it)
+        tokens += real(batch)
+        total += rows * seq_len
+    steady = time.perf_counter() - started
+    assert real(first) > 0
+    return {"first_s": first_s, "memory": max(0, peak - base), "efficiency": tokens / total,
+            "tokens_per_s": tokens / steady}
+
+
+def _run_child(kind: str, data: str, args) -> dict:
+    code = [sys.executable, __file__, "--child", kind, "--data", data, "--seq-len", str(args.seq_len), "--rows",
+            str(args.rows), "--batches", str(args.batches)]
+    proc = subprocess.run(code, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if proc.returncode:
+        raise SystemExit(f"{kind} on {data} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--docs", default="1e6,1e7", help="corpus sizes, comma-separated (e.g. 1e6,1e7,1e8)")
+    p.add_argument("--data-dir", default=None, help="where the corpora are written and kept (default: a temp dir)")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--batches", type=int, default=100)
+    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.data, args.seq_len, args.rows, args.batches)))
+        return
+
+    sys.path.insert(0, str(REPO))
+    root = Path(args.data_dir or tempfile.mkdtemp(prefix="packing-scale-"))
+    contenders = args.contenders.split(",")
+    print(f"seq_len {args.seq_len}, {args.rows} rows a batch, {args.batches} batches after the first; "
+          f"{os.cpu_count()} cores")
+    print(f"{'documents':>12} {'contender':<12} {'first batch s':>13} {'memory B/doc':>12} {'efficiency':>10} "
+          f"{'tokens/s':>12}")
+    for docs in (int(float(d)) for d in args.docs.split(",")):
+        data = make_corpus(root, docs)
+        if any(c.startswith("ours") for c in contenders):
+            started = time.monotonic()
+            subprocess.run([sys.executable, "-c", f"import loader; from loader import index; "
+                            f"index.RecordIndex.for_source(loader.resolve({data!r}))"], check=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+            print(f"{docs:>12,} {'ours: index':<12} built or checked once per corpus and host in "
+                  f"{time.monotonic() - started:.1f} s", flush=True)
+        results = {}
+        for kind in contenders:
+            r = results[kind] = _run_child(kind, data, args)
+            print(f"{docs:>12,} {kind:<12} {r['first_s']:>13.2f} {r['memory'] / docs:>12.1f} "
+                  f"{r['efficiency']:>10.3f} {r['tokens_per_s']:>12,.0f}", flush=True)
+        for ours, theirs in (("ours-first", "grain-first"), ("ours-best", "grain-best")):
+            if ours in results and theirs in results:
+                a, b = results[ours], results[theirs]
+                print(f"{docs:>12,} {ours} / {theirs}: first batch {b['first_s'] / a['first_s']:.1f}x sooner, "
+                      f"tokens/s {a['tokens_per_s'] / b['tokens_per_s']:.1f}x, efficiency "
+                      f"{a['efficiency']:.3f} vs {b['efficiency']:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Tokenising at conversion time against a bare loop of the same tokenizer, in one run.
+
+    .venv/bin/python benchmarks/tokenize_bench.py [--max-mb 16] [--vocab 8192] [--workers 1,2]
+
+The text: the Python standard library's sources as tf.Example passages (the LM demo's data, `pipelines.demo`),
+written as TFRecord shards. A byte-level BPE of `--vocab` ids is trained on them. Then:
+- bare: the same texts, already in memory, through `tokenizer.encode_batch` in batches of 2,048 (native threads on
+  every core): the tokenizer's own speed, nothing read or written;
+- ours: `python -m pipelines convert --tokenizer ... --text-key text` (Beam's DirectRunner, `--workers` processes):
+  read TFRecords, parse each tf.Example, tokenise, write ArrayRecord shards and counts, commit, manifest.
+Reported: MB of text per second and documents per second, and ours / bare (goal >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--max-mb", type=float, default=16.0)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--workers", default="1,2", help="DirectRunner worker counts to time (comma-separated)")
+    p.add_argument("--shards", type=int, default=8)
+    args = p.parse_args()
+
+    from dataset_format import example_proto, tokenizer
+    from pipelines import ConvertConfig, run_conversion, tfrecord
+    from pipelines.demo import write_text_tfrecords
+    from pipelines.tokens import BATCH
+
+    root = Path(tempfile.mkdtemp(prefix="tokenize-bench-"))
+    files = write_text_tfrecords(str(root / "raw"), num_shards=args.shards, max_bytes=int(args.max_mb * (1 << 20)))
+    texts = []
+    for path in sorted(f for f in files if "-train." in f):
+        with open(path, "rb") as f:
+            texts += [example_proto.decode_example(r)["text"][0] for r in tfrecord.iter_records(f, path=path)]
+    mb = sum(map(len, texts)) / 1e6
+    tok_path = tokenizer.train_bpe(texts[:20000], args.vocab, str(root / "tokenizer.json"))
+    tok = tokenizer.load(tok_path)
+    print(f"{len(texts):,} documents, {mb:.1f} MB of text (train split), a BPE of {args.vocab} ids")
+
+    started = time.perf_counter()
+    ids = 0
+    for first in range(0, len(texts), BATCH):
+        ids += sum(len(i) for i in tok.encode_batch(texts[first:first + BATCH]))
+    bare = time.perf_counter() - started
+    print(f"{'bare encode_batch':<28} {mb / bare:>8.2f} MB/s {len(texts) / bare:>10,.0f} docs/s ({ids:,} ids)")
+
+    for workers in (int(w) for w in args.workers.split(",")):
+        out = root / f"out-{workers}"
+        shutil.rmtree(out, ignore_errors=True)
+        config = ConvertConfig(input=str(root / "raw" / "text-train.tfrecord-*"), output=str(out),
+                               tokenizer=tok_path, text_key="text")
+        started = time.perf_counter()
+        outcome = run_conversion(config, [f"--direct_num_workers={workers}"])
+        seconds = time.perf_counter() - started
+        assert outcome.ok and outcome.manifest.total_records == len(texts)
+        print(f"{f'convert --tokenizer, {workers} worker(s)':<28} {mb / seconds:>8.2f} MB/s "
+              f"{len(texts) / seconds:>10,.0f} docs/s   ours / bare: {bare / seconds:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Token counts: how many token ids each document of a source holds, the one column packing needs (Megatron's indexed
+datasets keep the same "sizes" array).
+
+A pre-tokenized dataset (`python -m pipelines convert --tokenizer ...`) has them beside its shards: each shard's
+`.counts` file holds one little-endian uint32 per record, memory-mapped here, so a corpus of a billion documents
+costs no start-up time and at most 4 bytes a document of page cache. For text tokenised at load time they are
+counted once (reading, decoding and tokenising on every core) and cached beside the loader's index, keyed by the
+source's index key and the tokenizer's `cache_key`, so a restart reads them back instead of tokenising again.
+
+    counts = TokenCounts.of_files(source.paths, source.lengths)   # pre-tokenized shards
+    counts(np.array([3, 17]))                                      # token ids of records 3 and 17
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from dataset_format import storage
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".counts"
+DTYPE = np.dtype("<u4")
+_COUNT_READ = 16384  # records per task of the counting pass
+
+
+class TokenCounts:
+    """Token ids per record, for global record indices of a source (its shards end to end)."""
+
+    def __init__(self, columns: list[np.ndarray], identity: str):
+        self._columns = columns
+        self._starts = np.concatenate([[0], np.cumsum([len(c) for c in columns])]).astype(np.int64)
+        self.identity = identity  # what the loader's state key holds of them
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __call__(self, records: np.ndarray) -> np.ndarray:
+        records = np.asarray(records, np.int64)
+        if len(self._columns) == 1:
+            return self._columns[0][records].astype(np.int64)
+        shard = np.searchsorted(self._starts, records, side="right") - 1
+        out = np.empty(len(records), np.int64)
+        order = np.argsort(shard, kind="stable")
+        bounds = np.searchsorted(shard[order], np.arange(len(self._columns) + 1))
+        for s in np.flatnonzero(np.diff(bounds)):
+            at = order[bounds[s]:bounds[s + 1]]
+            out[at] = self._columns[s][records[at] - self._starts[s]]
+        return out
+
+    @classmethod
+    def of_files(cls, shard_paths: tuple[str, ...], lengths: tuple[int, ...]) -> TokenCounts:
+        """The `.counts` files beside pre-tokenized shards, each checked to hold one count per record."""
+        columns = []
+        for path, n in zip(shard_paths, lengths):
+            counts_path = path + SUFFIX
+            columns.append(_open_column(counts_path, n))
+        digest = hashlib.sha256("\n".join(shard_paths).encode()).hexdigest()[:16]
+        return cls(columns, f"files:{digest}")
+
+    @classmethod
+    def counted(cls, source, index_key: str, cache_key: str | None, count: Callable[[np.ndarray], np.ndarray],
+                directory: str) -> TokenCounts:
+        """Counts from `count(records)` over every record, in parallel; cached in `directory` when `cache_key`
+        names the tokenizer (without it they are counted at every start: the tokenizer's identity is unknown)."""
+        path = None
+        if cache_key is not None:
+            name = hashlib.sha256(f"{index_key}\n{cache_key}".encode()).hexdigest()[:32]
+            path = os.path.join(directory, f"{name}{SUFFIX}")
+            if os.path.exists(path):
+                try:
+                    column = _open_column(path, len(source))
+                except ValueError as e:
+                    log.warning("packing: the cached token counts %s are damaged (%s); counting again", path, e)
+                else:
+                    log.info("packing: token counts of %d examples from the cache %s", len(source), path)
+                    return cls([column], f"counted:{cache_key}")
+        started, n = time.monotonic(), len(source)
+        counts = np.empty(n, DTYPE)
+        spans = [(first, min(n, first + _COUNT_READ)) for first in range(0, n, _COUNT_READ)]
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="counting") as pool:
+            for (first, end), got in zip(spans, pool.map(lambda s: count(np.arange(*s)), spans)):
+                if np.any(got > np.iinfo(DTYPE).max):
+                    raise ValueError(f"a document of {int(got.max())} tokens (between records {first} and {end}) "
+                                     "is too long to count in uint32; split such documents before packing")
+                counts[first:end] = got
+        log.info("packing: counted the tokens of %d examples (%d ids) in %.1f s%s", n, int(counts.sum(dtype=np.int64)),
+                 time.monotonic() - started, f", cached at {path}" if path else
+                 "; pass Packing(cache_key=...) naming the tokenizer to count them only once")
+        if path is not None:
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".counts-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(counts.tobytes())
+            os.replace(tmp, path)
+        return cls([counts], f"counted:{cache_key}")
+
+
+def _open_column(path: str, records: int) -> np.ndarray:
+    """A counts file, memory-mapped when local; its size must be one count per record."""
+    if storage.is_remote(path):
+        data = storage.read_bytes(path)
+        if data is None:
+            raise FileNotFoundError(f"{path} is missing: a pre-tokenized shard's token counts; re-run the conversion "
+                                    "(it rewrites missing files)")
+        size = len(data)
+    else:
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} is missing: a pre-tokenized shard's token counts; re-run the conversion "
+                                    "(it rewrites missing files)") from None
+        data = None
+    if size != records * DTYPE.itemsize:
+        raise ValueError(f"{path} is {size} bytes but its shard has {records} records ({records * DTYPE.itemsize} "
+                         "bytes of counts); the file is damaged or from another conversion: re-run the conversion")
+    if records == 0:
+        return np.zeros(0, DTYPE)
+    if data is not None:
+        return np.frombuffer(data, DTYPE)
+    return np.memmap(path, DTYPE, mode="r", shape=(records,))

@@ -1,0 +1,158 @@
+"""Tokenising at conversion time: each record's text becomes its token ids, stored compactly, with a count column.
+
+`python -m pipelines convert --tokenizer PATH --text-key KEY` writes, for each shard, records that are the token ids
+of one document each (little-endian, the narrowest unsigned type the vocabulary fits: uint16 for up to 65,536 ids)
+and a `.counts` file beside it (one little-endian uint32 per record: the ids in it), which the loader memory-maps to
+pack without reading the corpus (loader/counts.py). The manifest's `tokens` section names the tokenizer (its file's
+SHA-256), the vocabulary size, the id type and the text key; a shard is converted again when any of them changes.
+
+Texts are tokenised a batch at a time through the tokenizer library's batch call, which runs in native threads on
+every core (Hugging Face `tokenizers`' encode_batch, SentencePiece's num_threads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from dataset_format import storage
+from dataset_format.example_proto import decode_example
+from dataset_format.manifest import token_dtype
+
+BATCH = 2048  # texts per batch call of the tokenizer
+COUNTS_SUFFIX = ".counts"  # beside each shard; loader/counts.py reads it
+
+
+class TextKeyError(ValueError):
+    """A record without the text feature to tokenise: names the shard, the record and the keys it has."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizeSpec:
+    """How a conversion tokenises: pickled to every worker, which loads the tokenizer once."""
+
+    tokenizer: str  # a Hugging Face tokenizer.json or a SentencePiece .model (local or gs://)
+    text_key: str
+    sha256: str
+    vocab_size: int
+    add_bos: bool | None = None  # None: as the tokenizer does by default
+    add_eos: bool = False
+
+    @classmethod
+    def of(cls, tokenizer: str, text_key: str, add_bos: bool | None = None, add_eos: bool = False) -> TokenizeSpec:
+        """Reads the tokenizer once (its hash and vocabulary): a missing or unreadable file fails here, at launch."""
+        data = storage.read_bytes(tokenizer)
+        if data is None:
+            raise FileNotFoundError(f"--tokenizer {tokenizer}: no such file; pass a Hugging Face tokenizer.json or a "
+                                    "SentencePiece .model")
+        spec = cls(tokenizer, text_key, hashlib.sha256(data).hexdigest(), 0, add_bos, add_eos)
+        return dataclasses.replace(spec, vocab_size=int(spec.load().vocab_size))
+
+    @property
+    def dtype(self) -> str:
+        return token_dtype(self.vocab_size)
+
+    @property
+    def identity(self) -> str:
+        """What a shard's manifest entry records of the tokenisation; a change converts the shard again."""
+        return f"sha256:{self.sha256[:16]} key:{self.text_key} bos:{self.add_bos} eos:{self.add_eos}"
+
+    def manifest(self) -> dict:
+        """The manifest's `tokens` section."""
+        return {"dtype": self.dtype, "vocab_size": self.vocab_size, "tokenizer": storage.basename(self.tokenizer),
+                "tokenizer_sha256": self.sha256, "text_key": self.text_key, "add_bos": self.add_bos,
+                "add_eos": self.add_eos, "counts": COUNTS_SUFFIX}
+
+    def load(self):
+        """The tokenizer (a local copy first when it is on gs://)."""
+        from dataset_format import tokenizer as tokenizers  # noqa: PLC0415 - its libraries: the [convert] install
+
+        path = self.tokenizer
+        if storage.is_remote(path):
+            suffix = os.path.splitext(path)[1]
+            fd, local = tempfile.mkstemp(prefix="tokenizer-", suffix=suffix)
+            os.close(fd)
+            storage.download(path, local)
+            path = local
+        options = {} if self.add_bos is None else {"add_bos": self.add_bos}
+        if self.add_eos:
+            options["add_eos"] = True
+        return tokenizers.load(path, **options)
+
+
+@functools.lru_cache(maxsize=4)
+def _spec(tokenizer: str, text_key: str, add_bos: bool | None, add_eos: bool) -> TokenizeSpec:
+    return TokenizeSpec.of(tokenizer, text_key, add_bos, add_eos)
+
+
+def spec_for(config) -> TokenizeSpec | None:
+    """The conversion's tokenisation (read once per process), or None when it copies records."""
+    if config.tokenizer is None:
+        return None
+    return _spec(config.tokenizer, config.text_key, config.add_bos, config.add_eos)
+
+
+class Tokenize:
+    """Records (serialized tf.Examples) in, token-id records out, a batch at a time; `counts` collects the lengths."""
+
+    def __init__(self, spec: TokenizeSpec, source: str):
+        self._spec, self._source = spec, source
+        self._tokenizer = spec.load()
+        self._dtype = np.dtype(spec.dtype)
+        self.counts: list[np.ndarray] = []
+        self._seen = 0
+
+    def _text(self, record: bytes, index: int) -> bytes:
+        try:
+            features = decode_example(record)
+        except Exception as e:  # noqa: BLE001 - named with the record
+            raise TextKeyError(f"{self._source}: record {index} is not a tf.Example ({type(e).__name__}: {e}); "
+                               "--tokenizer reads the text of tf.Example records") from e
+        value = features.get(self._spec.text_key)
+        if value is None:
+            raise TextKeyError(f"{self._source}: record {index} has no feature {self._spec.text_key!r} (it has "
+                               f"{sorted(features)}); pass its text feature as --text-key")
+        if isinstance(value, (list, tuple, np.ndarray)):
+            if len(value) != 1:
+                raise TextKeyError(f"{self._source}: record {index}'s {self._spec.text_key!r} holds {len(value)} "
+                                   "values, not one text; pass a feature holding one string as --text-key")
+            value = value[0]
+        if not isinstance(value, (bytes, str, np.bytes_)):
+            raise TextKeyError(f"{self._source}: record {index}'s {self._spec.text_key!r} is not text "
+                               f"({type(value).__name__}); pass a bytes feature as --text-key")
+        return value
+
+    def __call__(self, records: Iterable[bytes]) -> Iterator[bytes]:
+        batch: list[bytes] = []
+        for record in records:
+            batch.append(record)
+            if len(batch) == BATCH:
+                yield from self._encode(batch)
+                batch = []
+        if batch:
+            yield from self._encode(batch)
+
+    def _encode(self, records: list[bytes]) -> Iterator[bytes]:
+        texts = [self._text(r, self._seen + i) for i, r in enumerate(records)]
+        ids = self._tokenizer.encode_batch(texts)
+        top = max((int(i.max()) for i in ids if len(i)), default=0)
+        if top >= self._spec.vocab_size:
+            raise ValueError(f"{self._tokenizer_name}: produced id {top}, outside its vocabulary of "
+                             f"{self._spec.vocab_size}; the tokenizer file is inconsistent")
+        self.counts.append(np.fromiter((len(i) for i in ids), np.uint32, len(ids)))
+        self._seen += len(records)
+        for i in ids:
+            yield np.asarray(i).astype(self._dtype, copy=False).tobytes()
+
+    @property
+    def _tokenizer_name(self) -> str:
+        return self._spec.tokenizer
+
+    def counts_bytes(self) -> bytes:
+        return np.concatenate(self.counts).astype("<u4").tobytes() if self.counts else b""

@@ -1,0 +1,95 @@
+"""Tokenising at conversion time (pipelines/tokens.py): records become token ids, with a count column beside each
+shard, and the loader packs them with no tokenize function."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import loader
+from dataset_format import example_proto
+from pipelines import ConvertConfig, run_conversion
+from tests.conftest import write_tfrecord_shards
+from dataset_format import tokenizer as tokenizers
+
+TEXTS = [f"def f{i}(x):\n    return x * {i} + {i % 7}  # line {i}".encode() * (1 + i % 5) for i in range(120)]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokenize")
+    records = [example_proto.encode_example({"text": t, "id": [i]}) for i, t in enumerate(TEXTS)]
+    write_tfrecord_shards(root / "raw", [records[:50], records[50:90], records[90:]])
+    tok = tokenizers.train_bpe(TEXTS, 300, str(root / "tokenizer.json"))
+    return root, tok
+
+
+def _convert(root, out, tok, **options):
+    config = ConvertConfig(input=str(root / "raw" / "*.tfrecord"), output=str(out), tokenizer=tok, text_key="text",
+                           **options)
+    return run_conversion(config, ["--direct_num_workers=1"])
+
+
+@pytest.fixture(scope="module")
+def converted(corpus):
+    root, tok = corpus
+    _convert(root, root / "out", tok)
+    return root / "out", tok
+
+
+def test_every_record_holds_the_tokenizers_ids_for_its_text(converted):
+    out, tok = converted
+    manifest = json.loads((out / "manifest.json").read_text())
+    tokens = manifest["tokens"]
+    assert tokens["dtype"] == "<u2" and tokens["vocab_size"] == 300 and tokens["text_key"] == "text"
+    expected = tokenizers.load(tok).encode_batch(TEXTS)
+    got = [b["tokens"][0] for b in loader.load(str(out), batch_size=1, shuffle=False, num_epochs=1)]
+    assert len(got) == len(TEXTS)
+    assert all(np.array_equal(g, e) for g, e in zip(got, expected))
+    assert got[0].dtype == np.dtype("<u2") and got[0][0] == 1  # the BOS train_bpe's post-processor adds
+    counts = np.concatenate([np.fromfile(out / (s["path"] + ".counts"), "<u4") for s in manifest["shards"]])
+    assert counts.tolist() == [len(e) for e in expected]
+
+
+def test_packing_a_pretokenized_dataset_needs_no_tokenize_and_packs_every_target_once(converted):
+    out, tok = converted
+    expected = tokenizers.load(tok).encode_batch(TEXTS)
+    batches = loader.load(str(out), batch_size=1, packing=loader.Packing(seq_len=64), num_epochs=1, seed=3)
+    seen = []
+    for batch in batches:
+        seen += batch["targets"][batch["segment_ids"] > 0].tolist()
+    assert sorted(seen) == sorted(t for ids in expected for t in ids[1:].tolist())
+    assert batches.counts.identity.startswith("files:")
+
+
+def test_a_rerun_converts_nothing_and_a_new_tokenisation_converts_everything(corpus, tmp_path):
+    root, tok = corpus
+    first = _convert(root, tmp_path / "out", tok)
+    again = _convert(root, tmp_path / "out", tok)
+    assert first.ok and again.ok and again.converted == 0
+    eos = _convert(root, tmp_path / "out", tok, add_eos=True)
+    assert eos.converted == 3
+    got = next(iter(loader.load(str(tmp_path / "out"), batch_size=1, shuffle=False, num_epochs=1)))["tokens"][0]
+    assert got[0] == 1 and got[-1] == 2  # BOS ... EOS
+
+
+def test_a_record_without_the_text_key_fails_its_shard_naming_the_record_and_the_keys(corpus, tmp_path):
+    root, tok = corpus
+    config = ConvertConfig(input=str(root / "raw" / "*.tfrecord"), output=str(tmp_path / "out"), tokenizer=tok,
+                           text_key="body")
+    outcome = run_conversion(config, ["--direct_num_workers=1"])
+    assert not outcome.ok
+    errors = [f["error"] for f in json.loads((tmp_path / "out" / "manifest.json").read_text())["failed"]]
+    assert len(errors) == 3 and all(e.endswith("record 0 has no feature 'body' (it has ['id', 'text']); pass its "
+                                                "text feature as --text-key") for e in errors)
+    assert not any(name.endswith(".counts") for name in os.listdir(tmp_path / "out"))
+
+
+def test_packing_text_without_tokens_says_how_to_convert(corpus, tmp_path):
+    root, _ = corpus
+    run_conversion(ConvertConfig(input=str(root / "raw" / "*.tfrecord"), output=str(tmp_path / "plain")),
+                   ["--direct_num_workers=1"])
+    with pytest.raises(ValueError, match=r"is not one: convert the text with `python -m pipelines convert "
+                                         r"--tokenizer PATH --text-key KEY`"):
+        loader.load(str(tmp_path / "plain"), batch_size=2, packing=loader.Packing(seq_len=64))
