@@ -86,7 +86,7 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
 def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_dataflow: bool, plan: Plan) -> Outcome:
     _remove_dead_temp_files(config.output)
     log.info("plan: %s", plan.describe())
-    options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks))
+    options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks), tokenize=config.tokenizer is not None)
     template = dataflow.template_location(options)
     record_bytes = 0
     # A job description is always written when asked for (a Flex Template launcher waits for one),
@@ -133,12 +133,14 @@ def _remove_dead_temp_files(output: str) -> None:
         log.info("removed %d shard-list file(s) left by an interrupted run", staged)
 
 
-def pipeline_options(beam_args: list[str], *, num_tasks: int) -> PipelineOptions:
+def pipeline_options(beam_args: list[str], *, num_tasks: int, tokenize: bool = False) -> PipelineOptions:
     """Beam options as given; on Dataflow, our package shipped to the workers (`pipelines.dataflow`);
-    on the DirectRunner, one worker process per core by default.
+    on the DirectRunner, one worker process per core by default, one when tokenising.
 
     The ArrayRecord writer holds the GIL, so threads do not convert two shards at once;
-    processes do (see docs/benchmarks.md for the measurements behind this default).
+    processes do (see docs/benchmarks.md for the measurements behind this default). A tokenising conversion is
+    bound by the tokenizer, whose batch call already runs on every core: a second process only contends with it
+    (0.59x a bare loop of the tokenizer with two, 0.81x with one: benchmarks/tokenize_bench.py).
     """
     options = PipelineOptions(beam_args)
     if dataflow.is_dataflow(options):
@@ -147,7 +149,7 @@ def pipeline_options(beam_args: list[str], *, num_tasks: int) -> PipelineOptions
     direct = options.view_as(DirectOptions)
     chosen = any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in beam_args)
     if runner in (None, "DirectRunner", "direct") and not chosen:
-        workers = min(num_tasks, os.cpu_count() or 1)
+        workers = 1 if tokenize else min(num_tasks, os.cpu_count() or 1)
         if workers > 1:
             direct.direct_num_workers = workers
             direct.direct_running_mode = "multi_processing"
