@@ -8,6 +8,7 @@ Examples that share one layout is decoded straight into those columns (`loader.e
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 from collections.abc import Callable, Sequence
@@ -181,6 +182,37 @@ def make_decoder(decode: str | Decoder | None, features_dir: str | None,
                              "none: use decode='example', a function, or None for raw bytes")
         return TfdsDecoder(features_dir, features, encoded)
     raise ValueError(f"decode={decode!r} is not one of 'auto', 'example', 'tfds', None or a function")
+
+
+class ComponentDecoder:
+    """A mixture whose components' records decode differently (a TFDS dataset beside tf.Example corpora): record i
+    of the mixture's source goes to the decoder of the component holding it (`decoder_at`)."""
+
+    def __init__(self, decoders: Sequence[Decoder], lengths: Sequence[int]):
+        self._decoders = list(decoders)
+        self._ends = np.cumsum(lengths).tolist()
+
+    def at(self, index: int) -> Decoder:
+        return self._decoders[bisect.bisect_right(self._ends, int(index))]
+
+    def __call__(self, record: bytes):
+        raise TypeError("a mixture's records decode by component: call decoder_at(decoder, index)(record)")
+
+
+def decoder_at(decoder: Decoder, index: int) -> Decoder:
+    """The decoder of global record `index`: `decoder` itself, or its component's for a ComponentDecoder."""
+    return decoder.at(index) if isinstance(decoder, ComponentDecoder) else decoder
+
+
+def source_decoder(decode: str | Decoder | None, source, features: tuple[str, ...] | None = None,
+                   encoded: tuple[str, ...] = ()) -> Decoder | None:
+    """make_decoder for `source` (a ShardedSource): one decoder per component when a mixture's components decode
+    differently (decode='auto': a TFDS component through its features.json, the others as tf.Examples)."""
+    dirs = source.component_features
+    if dirs is None or decode != "auto":
+        return make_decoder(decode, source.features_dir, features, encoded, source.tokens_dtype)
+    return ComponentDecoder([make_decoder(decode, d, features, encoded, source.tokens_dtype) for d in dirs],
+                            source.component_lengths)
 
 
 def collate(items: Sequence[Any]) -> Any:

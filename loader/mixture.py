@@ -276,11 +276,13 @@ def concatenate(sources: Mapping[str, ShardedSource]) -> ShardedSource:
     if len(set(tokens.values())) > 1:
         raise ValueError(f"the mixture's components hold different records (token id types, None: not pre-tokenized: "
                          f"{tokens}); mix pre-tokenized datasets of one tokenizer, or text datasets")
+    alike = len({features_text(p.features_dir) for p in parts}) == 1
     return ShardedSource(tuple(path for p in parts for path in p.paths), tuple(n for p in parts for n in p.lengths),
-                         "mixture", parts[0].features_dir,
+                         "mixture", parts[0].features_dir if alike else None,
                          tuple(b for p in parts for b in p.shard_bytes) if known else None,
                          tuple(v for p in parts for v in p.shard_versions) if versions else None,
-                         parts[0].tokens_dtype)
+                         parts[0].tokens_dtype, None if alike else tuple(p.features_dir for p in parts),
+                         None if alike else tuple(len(p) for p in parts))
 
 
 def check_weights(names: tuple[str, ...], weights: Mapping[str, float] | None) -> dict[str, int]:

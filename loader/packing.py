@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from loader import _pack
+from loader.decode import decoder_at
 from loader.permutation import Permutation
 
 log = logging.getLogger(__name__)
@@ -312,7 +313,7 @@ class PackedLoader:
 
     def _decoded(self, record: bytes, index: int):
         try:
-            return self._decoder(record)[self._feature]
+            return decoder_at(self._decoder, index)(record)[self._feature]
         except Exception as e:  # noqa: BLE001 - re-raised with the shard and record named
             raise ValueError(f"{self.source.where(index)} does not decode ({type(e).__name__}: {e}); check decode= "
                              "and Packing.feature") from e

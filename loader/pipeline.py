@@ -38,7 +38,7 @@ import grain
 import numpy as np
 
 from loader.batches import BatchPlan
-from loader.decode import Decoder, collate, make_decoder
+from loader.decode import Decoder, collate, decoder_at, source_decoder
 from loader import mixture
 from loader.device import DevicePrefetcher
 from loader.packing import PackedLoader, Packing
@@ -247,7 +247,7 @@ class _ReadGroup:
 
     def _decode(self, record: bytes, index: int):
         try:
-            return self._decoder(record)
+            return decoder_at(self._decoder, index)(record)
         except Exception as e:  # noqa: BLE001 - re-raised with the shard and record named
             raise ValueError(f"{self._where(index)} does not decode ({type(e).__name__}: {e}); pass decode=None for "
                              "raw bytes, or another decode=") from e
@@ -301,8 +301,8 @@ class Loader:
             self.plan = BatchPlan(len(self.source), config.batch_size, config.seed, config.shuffle, config.num_epochs,
                                   config.drop_remainder, shard_index, shard_count)
         map_fn = config.map_fn or config.random_map_fn
-        self._decoder = make_decoder(config.decode, self.source.features_dir, config.features,
-                                     tuple(getattr(map_fn, "encoded_features", ())), self.source.tokens_dtype)
+        self._decoder = source_decoder(config.decode, self.source, config.features,
+                                       tuple(getattr(map_fn, "encoded_features", ())))
         # Batches per read: ~records_per_read records, at most ~64 MB of (compressed) data.
         per_batch = self.plan.per_host
         by_bytes = max(1, (64 << 20) // max(1, per_batch * self.source.mean_record_bytes))
@@ -524,10 +524,6 @@ def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_cou
             resolved[name] = _resolved(source, config)
         except (ValueError, FileNotFoundError) as e:
             raise type(e)(f"mixture component {name!r}: {e}") from None
-    features = {name: s.features_dir for name, s in resolved.items()}
-    if len(set(features.values())) > 1 and len({mixture.features_text(d) for d in features.values()}) > 1:
-        raise ValueError(f"the mixture's components have different TFDS features ({features}); the loader decodes "
-                         "them alike, so mix datasets with the same features, or convert them to tf.Examples")
     epochs = config.num_epochs
     if isinstance(epochs, Mapping):
         unknown = sorted(set(epochs) - set(names))
@@ -572,7 +568,7 @@ def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> dict:
                          "is not one: convert the text with `python -m pipelines convert --tokenizer PATH --text-key "
                          "KEY`, or pass Packing(feature=..., tokenize=...)")
     feature = packing.feature or "tokens"
-    decoder = make_decoder(config.decode, src.features_dir, (feature,), tokens_dtype=src.tokens_dtype)
+    decoder = source_decoder(config.decode, src, (feature,))
     if packing.tokenized and src.tokens_dtype is not None:
         return {"decoder": decoder, "counts": TokenCounts.of_files(src.paths, src.lengths)}
     return {"decoder": decoder, "index_key": index.source_key(src), "cache_dir": index.default_dir()}

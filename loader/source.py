@@ -35,6 +35,10 @@ class ShardedSource:
     # may have (locally its inode, change and modification times; on gs://, the object's generation).
     shard_versions: tuple[int, ...] | None = None
     tokens_dtype: str | None = None  # a pre-tokenized dataset: its records are token ids of this type (loader/counts.py)
+    # A mixture of components whose records decode differently (a TFDS dataset beside tf.Example corpora): each
+    # component's features directory (None: tf.Examples) and records; its decoder decodes each record as its own.
+    component_features: tuple[str | None, ...] | None = None
+    component_lengths: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if sum(self.lengths) == 0:

@@ -380,3 +380,28 @@ def test_a_packed_mixture_is_endless(packed_corpora):
         packed(packed_corpora, ["long", "short"], [1, 1], num_epochs=1)
     with pytest.raises(TypeError, match="endless"):
         len(packed(packed_corpora, ["long", "short"], [1, 1]))
+
+
+def test_a_tfds_dataset_and_a_tfrecord_corpus_mix_each_decoded_as_its_own(tfds_digits_array_record, tmp_path):
+    """TFDS digits (PNG images, decoded through its features.json) beside tf.Examples of the same feature names (64
+    int64 pixels): each record decodes as its own component's; a mix of them was refused."""
+    from pipelines import ConvertConfig, run_conversion
+    from tests.conftest import write_tfrecord_shards
+
+    examples = [example_proto.encode_example({"image": np.full(64, 100 + i), "label": [i % 10]}) for i in range(40)]
+    write_tfrecord_shards(tmp_path / "raw", [examples])
+    run_conversion(ConvertConfig(input=str(tmp_path / "raw" / "*.tfrecord"), output=str(tmp_path / "ex")),
+                   ["--direct_num_workers=1"])
+    mixed = loader.load({"tfds": str(tfds_digits_array_record), "ex": str(tmp_path / "ex")},
+                        weights={"tfds": 1, "ex": 1}, batch_size=4, features=["image"], seed=0)
+    it = iter(mixed)
+    seen = {0: 0, 1: 0}
+    for _ in range(6):
+        batch = next(it)
+        for image, component in zip(batch["image"], batch["component"].tolist()):
+            seen[component] += 1
+            if component == 0:
+                assert image.dtype == np.uint8 and image.shape == (8, 8, 1)
+            else:
+                assert image.dtype == np.int64 and image.shape == (64,) and (image >= 100).all()
+    assert seen == {0: 12, 1: 12}
