@@ -67,7 +67,7 @@ class TokenizeSpec:
 
     def manifest(self) -> dict:
         """The manifest's `tokens` section."""
-        return {"dtype": self.dtype, "vocab_size": self.vocab_size, "tokenizer": storage.basename(self.tokenizer),
+        return {"dtype": self.dtype, "vocab_size": self.vocab_size, "tokenizer": self.tokenizer,
                 "tokenizer_sha256": self.sha256, "text_key": self.text_key, "add_bos": self.add_bos,
                 "add_eos": self.add_eos, "counts": COUNTS_SUFFIX}
 

@@ -19,6 +19,7 @@ from dataset_format import storage, tfds_info
 from dataset_format.manifest import MANIFEST_NAME, ShardEntry
 from pipelines import paths, tfrecord
 from pipelines.plan import read_manifest
+from pipelines.tokens import COUNTS_SUFFIX, Tokenize, TokenizeSpec
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,17 @@ def verify(output: str, *, deep: bool = False) -> VerifyResult:
     for failure in manifest.failed:
         result.problems.append(f"{failure['source']}: failed to convert: {failure['error']}")
     sizes = storage.list_sizes(output)  # one listing for all shards (one request on gs://)
+    spec = None
+    if manifest.tokens is not None and deep:
+        spec, problem = _tokenize_spec(manifest.tokens)
+        if problem:
+            result.problems.append(problem)
+            deep = False
     for i, entry in enumerate(manifest.shards):
         path = storage.join(output, entry.path)
-        problem = _check_shard(path, entry, sizes.get(entry.path)) or (_compare_records(path, entry) if deep else None)
+        problem = _check_shard(path, entry, sizes.get(entry.path)) or (
+            _check_counts(path, entry, sizes.get(entry.path + COUNTS_SUFFIX)) if manifest.tokens else None) or (
+            _compare_records(path, entry, spec) if deep else None)
         if problem:
             result.problems.append(problem)
         result.shards += 1
@@ -74,15 +83,43 @@ def _check_shard(path: str, entry: ShardEntry, size: int | None) -> str | None:
     return None
 
 
-def _compare_records(path: str, entry: ShardEntry) -> str | None:
+def _tokenize_spec(tokens: dict) -> tuple[TokenizeSpec | None, str | None]:
+    """The conversion's tokenisation, from the manifest, with its tokenizer file checked to be the one it used."""
+    path = tokens.get("tokenizer", "")
+    try:
+        spec = TokenizeSpec.of(path, tokens["text_key"], tokens.get("add_bos"), bool(tokens.get("add_eos")))
+    except (OSError, ValueError) as e:
+        return None, f"cannot compare tokenised records: the tokenizer {path} does not load ({e})"
+    if spec.sha256 != tokens.get("tokenizer_sha256"):
+        return None, (f"cannot compare tokenised records: {path} is not the tokenizer the conversion used (its "
+                      "SHA-256 differs); re-run the conversion with it, or verify without --deep")
+    return spec, None
+
+
+def _check_counts(path: str, entry: ShardEntry, size: int | None) -> str | None:
+    """A pre-tokenized shard's counts file: there, one uint32 per record."""
+    if size is None:
+        return f"{path}{COUNTS_SUFFIX}: the shard's token counts are missing; re-run the conversion with --force"
+    if size != 4 * entry.records:
+        return (f"{path}{COUNTS_SUFFIX}: {size} bytes for {entry.records} records (4 a record); the file is damaged, "
+                "re-run the conversion with --force")
+    return None
+
+
+def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = None) -> str | None:
+    """Every record against its source's (tokenised by `spec` when the dataset is pre-tokenized, and then its
+    counts against the records' ids)."""
     if not storage.exists(entry.source):
         return f"{path}: its source {entry.source} no longer exists, cannot compare records"
     reader = ArrayRecordReader(path, "readahead_buffer_size:16M")
     skipped: list = []
+    tokens = Tokenize(spec, entry.source) if spec is not None else None
     try:
         with paths.open_source(entry.source) as f:
             expected = tfrecord.iter_records(f, path=entry.source,
                                              on_corrupt=skipped.append if entry.skipped_corrupt else None)
+            if tokens is not None:
+                expected = tokens(expected)
             for start in range(0, entry.records, _BATCH):
                 got = reader.read(start, min(start + _BATCH, entry.records))
                 wanted = list(itertools.islice(expected, len(got)))
@@ -95,6 +132,10 @@ def _compare_records(path: str, entry: ShardEntry) -> str | None:
                                 f"{entry.source} (sha256 {_digest(have)} vs {_digest(want)}); re-run with --force")
             if next(expected, None) is not None:
                 return f"{path}: {entry.source} has more records than the {entry.records} converted; re-run"
+        if tokens is not None:
+            counts = storage.read_bytes(path + COUNTS_SUFFIX)
+            if counts != tokens.counts_bytes():
+                return f"{path}{COUNTS_SUFFIX}: the token counts differ from the records' ids; re-run with --force"
     except tfrecord.CorruptRecordError as e:
         return f"{path}: cannot compare, the source is corrupt: {e}"
     finally:

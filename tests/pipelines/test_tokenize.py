@@ -93,3 +93,23 @@ def test_packing_text_without_tokens_says_how_to_convert(corpus, tmp_path):
     with pytest.raises(ValueError, match=r"is not one: convert the text with `python -m pipelines convert "
                                          r"--tokenizer PATH --text-key KEY`"):
         loader.load(str(tmp_path / "plain"), batch_size=2, packing=loader.Packing(seq_len=64))
+
+
+def test_verify_deep_tokenises_the_sources_again_and_checks_the_counts(corpus, tmp_path):
+    from pipelines.verify import verify
+
+    root, tok = corpus
+    _convert(root, tmp_path / "out", tok)
+    result = verify(str(tmp_path / "out"), deep=True)
+    assert result.ok and result.records == len(TEXTS), result.problems
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    counts = tmp_path / "out" / (manifest["shards"][1]["path"] + ".counts")
+    damaged = bytearray(counts.read_bytes())
+    damaged[0] ^= 1
+    counts.write_bytes(bytes(damaged))
+    assert verify(str(tmp_path / "out"), deep=True).problems == [
+        f"{tmp_path / 'out' / manifest['shards'][1]['path']}.counts: the token counts differ from the records' ids; "
+        "re-run with --force"]
+    counts.write_bytes(bytes(damaged[:-4]))
+    assert verify(str(tmp_path / "out")).problems[0].endswith("bytes for 40 records (4 a record); the file is "
+                                                              "damaged, re-run the conversion with --force")
