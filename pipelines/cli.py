@@ -85,11 +85,28 @@ def convert_main(argv: list[str]) -> int:
     _flag(p, "no_wait", "on Dataflow, return once the job is submitted (the job writes the manifest last)")
     _flag(p, "break_lock", "take over the output's lease from a run known to be dead (OUT/.lease.json)")
     args, beam_args = p.parse_known_args(argv)
+    unknown = unknown_beam_flags(beam_args)
+    if unknown:  # Beam would drop them with a warning: a misspelled --tokenizer would convert untokenised
+        p.error(f"unrecognized arguments: {' '.join(unknown)} (neither a flag of convert, listed by --help, nor a Beam "
+                "pipeline option)")
     from pipelines.run import run_conversion
 
     outcome = run_conversion(_config(args), beam_args, wait=not args.no_wait, break_lock=args.break_lock)
     print(outcome.summary())
     return 0 if outcome.ok else 1
+
+
+def unknown_beam_flags(beam_args: list[str]) -> list[str]:
+    """The flags in `beam_args` that no Beam pipeline options class declares (Beam itself only warns and drops
+    them)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    classes = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
+    for cls in classes.values():
+        cls._add_argparse_args(parser)  # noqa: SLF001 - how PipelineOptions.get_all_options builds the same parser
+    _, unknown = parser.parse_known_args(beam_args)
+    return [a for a in unknown if a.startswith("-")]
 
 
 def plan_main(argv: list[str]) -> int:

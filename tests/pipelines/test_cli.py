@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
 
 
@@ -63,3 +65,17 @@ def test_output_of_another_kind_is_refused(tmp_path, tfds_digits):
     _one_line_error(run_cli("convert", "--input", str(tfds_digits), "--output", str(out)),
                     "would mix datasets")
     assert json.loads((out / "manifest.json").read_text())["kind"] == "tfrecord"
+
+
+def test_an_unknown_flag_of_convert_is_an_error_naming_it(tmp_path, capsys):
+    """Beam drops flags it does not know with a warning: a misspelled --tokenizer converted untokenised, exit 0."""
+    from pipelines import cli as pipelines_cli
+
+    with pytest.raises(SystemExit) as e:
+        pipelines_cli.main(["convert", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                            "--tokeniser", "t.json", "--direct_num_workers=1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: unrecognized arguments: --tokeniser (neither a flag of convert, listed by --help, nor a Beam "
+        "pipeline option)")
+    assert not (tmp_path / "out").exists()
