@@ -53,9 +53,9 @@ class PackedMixtureLoader(PackedLoader):
 
     def __init__(self, names: tuple[str, ...], source, reader, *, decoder, packing: Packing, plan: MixturePlan,
                  prefetch: int = 2, sharding=None, device_prefetch: int = 2, counts=None, index_key: str = "",
-                 cache_dir: str = ""):
+                 cache_dir: str = "", worker_count: int = 0):
         self._setup(source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
-                    cache_dir)
+                    cache_dir, worker_count)
         self.components, self.plan = names, plan
         self._offsets = plan.offsets
         self._streams = []

@@ -29,6 +29,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -288,28 +289,11 @@ def assemble(rows: list[list[tuple]], ids: dict[int, np.ndarray], seq_len: int,
     return named
 
 
-class PackedLoader:
-    """An iterable of packed batches; each `iter()` starts at batch 0 (`set_state` resumes exactly)."""
+class TokenReader:
+    """The token ids of records: read, decoded and tokenised (in this process, or in a worker process's copy)."""
 
-    def __init__(self, source, reader, *, decoder, packing: Packing, plan_args: dict, prefetch: int = 2,
-                 sharding=None, device_prefetch: int = 2, counts=None, index_key: str = "", cache_dir: str = ""):
-        self._setup(source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
-                    cache_dir)
-        seed, shuffle = plan_args.pop("seed", 0), plan_args.pop("shuffle", True)
-        layout = Layout(self.counts, len(source), packing.seq_len, packing.fit, seed, shuffle)
-        self.plan = PackedPlan(layout, **plan_args)
-
-    def _setup(self, source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
-               cache_dir) -> None:
-        self.source, self._reader, self._decoder, self.packing = source, reader, decoder, packing
-        self._prefetch, self._sharding, self._device_prefetch = prefetch, sharding, device_prefetch
-        self._keys, self._feature = row_keys(packing.keys), packing.feature or "tokens"
-        if counts is None:
-            from loader.counts import TokenCounts
-
-            counts = TokenCounts.counted(source, index_key, packing.cache_key,
-                                         lambda records: np.array([len(t) for t in self._ids(records)]), cache_dir)
-        self.counts = counts
+    def __init__(self, source, reader, decoder, feature: str, packing: Packing):
+        self.source, self._reader, self._decoder, self._feature, self._packing = source, reader, decoder, feature, packing
 
     def _decoded(self, record: bytes, index: int):
         try:
@@ -318,14 +302,79 @@ class PackedLoader:
             raise ValueError(f"{self.source.where(index)} does not decode ({type(e).__name__}: {e}); check decode= "
                              "and Packing.feature") from e
 
-    def _ids(self, records: np.ndarray) -> list[np.ndarray]:
+    def __call__(self, records: np.ndarray) -> list[np.ndarray]:
         """The token ids of global records `records`."""
         values = [self._decoded(r, i) for r, i in zip(self._reader(records), records.tolist())]
-        if self.packing.tokenize_batch is not None:
-            return [np.asarray(ids) for ids in self.packing.tokenize_batch(values)]
-        if self.packing.tokenize is not None:
-            return [np.asarray(self.packing.tokenize(v)) for v in values]
+        packing = self._packing
+        if packing.tokenize_batch is not None:
+            return [np.asarray(ids) for ids in packing.tokenize_batch(values)]
+        if packing.tokenize is not None:
+            return [np.asarray(packing.tokenize(v)) for v in values]
         return [np.asarray(v) for v in values]
+
+
+_WORKER: TokenReader | None = None  # in a worker process: its copy
+
+
+def _worker_setup(tokens: TokenReader) -> None:
+    global _WORKER
+    _WORKER = tokens
+
+
+def _worker_ids(records: np.ndarray) -> list[np.ndarray]:
+    return _WORKER(records)
+
+
+class PackedLoader:
+    """An iterable of packed batches; each `iter()` starts at batch 0 (`set_state` resumes exactly). With
+    `worker_count`, worker processes read, decode and tokenise the records; this process lays out the rows and
+    assembles them, so the batches are the same with any number of workers."""
+
+    def __init__(self, source, reader, *, decoder, packing: Packing, plan_args: dict, prefetch: int = 2,
+                 sharding=None, device_prefetch: int = 2, counts=None, index_key: str = "", cache_dir: str = "",
+                 worker_count: int = 0):
+        self._setup(source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
+                    cache_dir, worker_count)
+        seed, shuffle = plan_args.pop("seed", 0), plan_args.pop("shuffle", True)
+        layout = Layout(self.counts, len(source), packing.seq_len, packing.fit, seed, shuffle)
+        self.plan = PackedPlan(layout, **plan_args)
+
+    def _setup(self, source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
+               cache_dir, worker_count) -> None:
+        self.source, self.packing = source, packing
+        self._prefetch, self._sharding, self._device_prefetch = prefetch, sharding, device_prefetch
+        self._keys, self._feature = row_keys(packing.keys), packing.feature or "tokens"
+        self._tokens = TokenReader(source, reader, decoder, self._feature, packing)
+        self._worker_count, self._workers, self._workers_lock = worker_count, None, threading.Lock()
+        if counts is None:
+            from loader.counts import TokenCounts
+
+            counts = TokenCounts.counted(source, index_key, packing.cache_key,
+                                         lambda records: np.array([len(t) for t in self._ids(records)]), cache_dir)
+        self.counts = counts
+
+    def _ids(self, records: np.ndarray) -> list[np.ndarray]:
+        """The token ids of global records `records`: in a worker process when there are workers."""
+        if not self._worker_count:
+            return self._tokens(records)
+        return self._worker_pool().submit(_worker_ids, records).result()
+
+    def _worker_pool(self):
+        with self._workers_lock:
+            if self._workers is None:
+                import pickle
+
+                from loader.workers import process_pool
+
+                try:
+                    pickle.dumps(self._tokens)
+                except (pickle.PicklingError, AttributeError, TypeError) as e:
+                    raise ValueError(f"worker_count={self._worker_count} sends the reader, decoder and Packing's "
+                                     f"tokenize functions to worker processes, and they do not pickle ({e}); define "
+                                     "tokenize at module level, or use worker_count=0") from None
+                self._workers = process_pool(self._worker_count, _worker_setup, (self._tokens,))
+                weakref.finalize(self, self._workers.shutdown, wait=False, cancel_futures=True)
+            return self._workers
 
     def read_ids(self, records: np.ndarray) -> dict[int, np.ndarray]:
         """{record: token ids}, each checked against its count (a count that disagrees would misplace every piece
@@ -372,7 +421,8 @@ class PackedIterator(Iterator):
         self._start(0, START)
 
     def _start(self, k: int, position) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=max(1, self._loader._prefetch), thread_name_prefix="packing")
+        self._ahead = max(1, self._loader._prefetch, self._loader._worker_count)
+        self._pool = ThreadPoolExecutor(max_workers=self._ahead, thread_name_prefix="packing")
         self._next, self._consumed, self._scheduled, self._pending = k, k, k, {}
         self._positions = {k: position}  # batch index -> where it starts, from the consumed batch on
         self._device = None
@@ -392,7 +442,7 @@ class PackedIterator(Iterator):
     def _host_next(self):
         with self._lock:
             k = self._next
-            while self._scheduled <= k + max(1, self._loader._prefetch) and self._positions.get(self._scheduled) \
+            while self._scheduled <= k + self._ahead and self._positions.get(self._scheduled) \
                     is not None:
                 job = self._job(self._scheduled, self._positions[self._scheduled])
                 if job is None:

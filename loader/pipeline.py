@@ -44,6 +44,7 @@ from loader.device import DevicePrefetcher
 from loader.packing import PackedLoader, Packing
 from loader.reader import MAX_RECORD_BYTES, BatchReader
 from loader.source import ShardedSource, resolve
+from loader.workers import exit_with_owner
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +338,7 @@ class Loader:
             _absl_flags_parsed()
             ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.config.worker_count,
                                                              per_worker_buffer_size=max(1, self.config.prefetch)),
-                                worker_init_fn=functools.partial(_exit_with_owner, os.getpid()))
+                                worker_init_fn=functools.partial(exit_with_owner, os.getpid()))
         return ds
 
     def _prefetch(self) -> int:
@@ -352,25 +353,6 @@ class Loader:
             return {}
         return {"num_records": plan.num_records, "batch_size": plan.batch_size, "seed": plan.seed,
                 "shuffle": plan.shuffle, "num_epochs": plan.num_epochs, "drop_remainder": plan.drop_remainder}
-
-
-# A worker process checks this often (seconds) whether the process that started it is still alive.
-OWNER_POLL_SECONDS = 0.5
-
-
-def _exit_with_owner(owner: int, worker_index: int, worker_count: int) -> None:
-    """Run in each grain worker process as it starts: a daemon thread ends the worker when `owner` (the process that
-    made the loader) is gone, even when it died without cleaning up (SIGKILL, the OOM killer), so orphaned workers never
-    hold memory (and their share of the host's index and page cache) past their owner. The worker's parent changes
-    when its owner dies (it is re-parented to init or a subreaper)."""
-    del worker_index, worker_count
-
-    def watch():
-        while os.getppid() == owner:
-            time.sleep(OWNER_POLL_SECONDS)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-owner", daemon=True).start()
 
 
 def _absl_flags_parsed() -> None:
@@ -540,10 +522,8 @@ def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_cou
 
 def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     """A loader of packed rows (loader/packing.py): the same source, reader, decoder and host sharding."""
-    if config.map_fn is not None or config.random_map_fn is not None or config.worker_count or \
-            not config.drop_remainder:
-        raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn=, "
-                         "worker_count= or "
+    if config.map_fn is not None or config.random_map_fn is not None or not config.drop_remainder:
+        raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn= or "
                          "drop_remainder=False (tokenise in Packing.tokenize)")
     shard_index, shard_count = _host_shard(config)
     if isinstance(source, Mapping):
@@ -553,7 +533,8 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
                      num_epochs=config.num_epochs, shard_index=shard_index, shard_count=shard_count)
     return PackedLoader(src, _reader(src, config), packing=config.packing, plan_args=plan_args,
                         prefetch=max(1, config.prefetch), sharding=config.sharding,
-                        device_prefetch=config.device_prefetch, **_packing_inputs(src, config))
+                        device_prefetch=config.device_prefetch, worker_count=config.worker_count,
+                        **_packing_inputs(src, config))
 
 
 def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> dict:
@@ -584,4 +565,5 @@ def _packed_mixture(sources: Mapping, config: LoaderConfig, shard_index: int, sh
     names, src, plan = _mixture(sources, config, shard_index, shard_count)
     return PackedMixtureLoader(names, src, _reader(src, config), packing=config.packing, plan=plan,
                                prefetch=max(1, config.prefetch), sharding=config.sharding,
-                               device_prefetch=config.device_prefetch, **_packing_inputs(src, config))
+                               device_prefetch=config.device_prefetch, worker_count=config.worker_count,
+                               **_packing_inputs(src, config))

@@ -242,3 +242,25 @@ def test_a_packed_mixture_over_many_blocks_is_pinned_and_resumes(token_data, mon
 
 # (first token of each row, component of each row) of the first 3 batches, pinned from one run.
 PINNED_MIXTURE = [([100, 200, 0], [0, 0, 1]), ([1100, 300, 500], [0, 0, 1]), ([0, 1000, 300], [0, 0, 1])]
+
+
+def flat_ids(value) -> np.ndarray:
+    """A tokenize function worker processes can import (a lambda does not pickle)."""
+    return np.asarray(value).reshape(-1)
+
+
+def test_worker_processes_give_the_same_packed_batches_and_resume(token_data):
+    def packed(workers):
+        return loader.load(token_data, batch_size=2, num_epochs=3, seed=0, worker_count=workers,
+                           packing=loader.Packing("ids", seq_len=6, tokenize=flat_ids))
+
+    alone = [b["tokens"].tolist() for b in packed(0)]
+    it = iter(packed(2))
+    with_workers = [next(it)["tokens"].tolist() for _ in range(7)]
+    state = it.get_state()
+    again = iter(packed(2))
+    again.set_state(state)
+    assert with_workers + [b["tokens"].tolist() for b in again] == alone
+    with pytest.raises(ValueError, match=r"worker_count=2 sends the reader, decoder and Packing's tokenize functions "
+                                         r"to worker processes, and they do not pickle"):
+        next(iter(_packed(token_data, worker_count=2, num_epochs=1)))

@@ -1,0 +1,46 @@
+"""Worker processes that never outlive their owner: the watchdog every worker runs (grain's, and the packed loader's
+process pool), and that pool.
+
+    pool = process_pool(2, setup, (state,))   # spawned processes; each runs setup(state) first
+    pool.submit(fn, args).result()
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+
+# A worker process checks this often (seconds) whether the process that started it is still alive.
+OWNER_POLL_SECONDS = 0.5
+
+
+def exit_with_owner(owner: int, worker_index: int = 0, worker_count: int = 0) -> None:
+    """Run in each worker process as it starts: a daemon thread ends the worker when `owner` (the process that made the
+    loader) is gone, even when it died without cleaning up (SIGKILL, the OOM killer), so orphaned workers never hold
+    memory (and their share of the host's index and page cache) past their owner. The worker's parent changes when its
+    owner dies (it is re-parented to init or a subreaper). (worker_index, worker_count: grain's initializer
+    arguments.)"""
+    del worker_index, worker_count
+
+    def watch():
+        while os.getppid() == owner:
+            time.sleep(OWNER_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-owner", daemon=True).start()
+
+
+def _start(owner: int, setup: Callable, args: tuple) -> None:
+    exit_with_owner(owner)
+    setup(*args)
+
+
+def process_pool(count: int, setup: Callable, args: tuple) -> ProcessPoolExecutor:
+    """`count` spawned worker processes (fork would copy JAX's threads), each running `setup(*args)` first and ending
+    when this process does."""
+    return ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
+                               initargs=(os.getpid(), setup, args))
