@@ -72,20 +72,27 @@ class TokenizeSpec:
                 "add_eos": self.add_eos, "counts": COUNTS_SUFFIX}
 
     def load(self):
-        """The tokenizer (a local copy first when it is on gs://)."""
-        from dataset_format import tokenizer as tokenizers  # noqa: PLC0415 - its libraries: the [convert] install
+        """The tokenizer, loaded once per process (every shard a worker converts shares it; a gs:// file is
+        downloaded once)."""
+        return _loaded(self)
 
-        path = self.tokenizer
-        if storage.is_remote(path):
-            suffix = os.path.splitext(path)[1]
-            fd, local = tempfile.mkstemp(prefix="tokenizer-", suffix=suffix)
-            os.close(fd)
-            storage.download(path, local)
-            path = local
-        options = {} if self.add_bos is None else {"add_bos": self.add_bos}
-        if self.add_eos:
-            options["add_eos"] = True
-        return tokenizers.load(path, **options)
+
+@functools.lru_cache(maxsize=4)
+def _loaded(spec: TokenizeSpec):
+    """The tokenizer of `spec` (a local copy first when it is on gs://). Both libraries encode from many threads."""
+    from dataset_format import tokenizer as tokenizers  # noqa: PLC0415 - its libraries: the [convert] install
+
+    path = spec.tokenizer
+    if storage.is_remote(path):
+        suffix = os.path.splitext(path)[1]
+        fd, local = tempfile.mkstemp(prefix="tokenizer-", suffix=suffix)
+        os.close(fd)
+        storage.download(path, local)
+        path = local
+    options = {} if spec.add_bos is None else {"add_bos": spec.add_bos}
+    if spec.add_eos:
+        options["add_eos"] = True
+    return tokenizers.load(path, **options)
 
 
 @functools.lru_cache(maxsize=4)
