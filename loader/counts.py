@@ -35,10 +35,12 @@ _COUNT_READ = 16384  # records per task of the counting pass
 class TokenCounts:
     """Token ids per record, for global record indices of a source (its shards end to end)."""
 
-    def __init__(self, columns: list[np.ndarray], identity: str):
+    def __init__(self, columns: list[np.ndarray], identity: str, paths: tuple[str, ...] = (),
+                 max_count: int | None = None):
         self._columns = columns
         self._starts = np.concatenate([[0], np.cumsum([len(c) for c in columns])]).astype(np.int64)
         self.identity = identity  # what the loader's state key holds of them
+        self._paths, self._max_count = paths, max_count  # the counts files; the most ids a record can hold
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -46,25 +48,35 @@ class TokenCounts:
     def __call__(self, records: np.ndarray) -> np.ndarray:
         records = np.asarray(records, np.int64)
         if len(self._columns) == 1:
-            return self._columns[0][records].astype(np.int64)
-        shard = np.searchsorted(self._starts, records, side="right") - 1
-        out = np.empty(len(records), np.int64)
-        order = np.argsort(shard, kind="stable")
-        bounds = np.searchsorted(shard[order], np.arange(len(self._columns) + 1))
-        for s in np.flatnonzero(np.diff(bounds)):
-            at = order[bounds[s]:bounds[s + 1]]
-            out[at] = self._columns[s][records[at] - self._starts[s]]
+            out = self._columns[0][records].astype(np.int64)
+        else:
+            shard = np.searchsorted(self._starts, records, side="right") - 1
+            out = np.empty(len(records), np.int64)
+            order = np.argsort(shard, kind="stable")
+            bounds = np.searchsorted(shard[order], np.arange(len(self._columns) + 1))
+            for s in np.flatnonzero(np.diff(bounds)):
+                at = order[bounds[s]:bounds[s + 1]]
+                out[at] = self._columns[s][records[at] - self._starts[s]]
+        if self._max_count is not None and len(out) and out.max() > self._max_count:
+            bad = int(records[np.argmax(out > self._max_count)])
+            shard = int(np.searchsorted(self._starts, bad, side="right") - 1)
+            raise ValueError(f"{self._paths[shard]}{SUFFIX} says record {bad - int(self._starts[shard])} of "
+                             f"{self._paths[shard]} holds {int(out.max()):,} token ids, more than a record can "
+                             f"(at most {self._max_count:,}: max_record_bytes over the id size); the counts file is "
+                             "damaged or from another conversion: re-run the conversion")
         return out
 
     @classmethod
-    def of_files(cls, shard_paths: tuple[str, ...], lengths: tuple[int, ...]) -> TokenCounts:
-        """The `.counts` files beside pre-tokenized shards, each checked to hold one count per record."""
+    def of_files(cls, shard_paths: tuple[str, ...], lengths: tuple[int, ...], max_count: int | None = None
+                 ) -> TokenCounts:
+        """The `.counts` files beside pre-tokenized shards, each checked to hold one count per record; a count over
+        `max_count` (more ids than a record can hold) is an error naming its file and record when it is used."""
         columns = []
         for path, n in zip(shard_paths, lengths):
             counts_path = path + SUFFIX
             columns.append(_open_column(counts_path, n))
         digest = hashlib.sha256("\n".join(shard_paths).encode()).hexdigest()[:16]
-        return cls(columns, f"files:{digest}")
+        return cls(columns, f"files:{digest}", tuple(shard_paths), max_count)
 
     @classmethod
     def counted(cls, source, index_key: str, cache_key: str | None, count: Callable[[np.ndarray], np.ndarray],

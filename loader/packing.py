@@ -99,43 +99,54 @@ def row_keys(keys: str | Mapping) -> dict[str, tuple[str, ...]]:
 
 
 class Block(NamedTuple):
-    """One block's rows: pieces (record, first target, targets) ordered by row; row r is pieces [ends[r-1], ends[r])."""
+    """One block's rows, as segments ordered by row: segment s is `records[s]` from target `starts[s]`, `lengths[s]`
+    targets, in row `first_rows[s]`; a run of a long document's full rows is one segment of `row_counts[s]` rows (row
+    first_rows[s] + j holds its targets from starts[s] + j * lengths[s]). Its size is bounded by its documents."""
 
     records: np.ndarray
     starts: np.ndarray
     lengths: np.ndarray
-    ends: np.ndarray
-
-    @property
-    def rows(self) -> int:
-        return len(self.ends)
+    first_rows: np.ndarray
+    row_counts: np.ndarray
+    rows: int
 
     def row(self, r: int) -> list[tuple[int, int, int]]:
-        first = int(self.ends[r - 1]) if r else 0
-        end = int(self.ends[r])
-        return list(zip(self.records[first:end].tolist(), self.starts[first:end].tolist(),
-                        self.lengths[first:end].tolist()))
+        if not 0 <= r < self.rows:
+            raise IndexError(f"row {r} of a block of {self.rows} rows")
+        lo, hi = np.searchsorted(self.first_rows, r, "left"), np.searchsorted(self.first_rows, r, "right")
+        if lo == hi:  # inside a run that began on an earlier row
+            lo, hi = lo - 1, lo
+        if hi - lo == 1:
+            s = int(lo)
+            n = int(self.lengths[s])
+            return [(int(self.records[s]), int(self.starts[s]) + (r - int(self.first_rows[s])) * n, n)]
+        return list(zip(self.records[lo:hi].tolist(), self.starts[lo:hi].tolist(), self.lengths[lo:hi].tolist()))
 
     def row_list(self) -> list[list[tuple[int, int, int]]]:
         return [self.row(r) for r in range(self.rows)]
 
+    @property
+    def targets(self) -> int:
+        """The real (not padding) targets of its rows."""
+        return int(np.dot(self.lengths, self.row_counts))
+
 
 def pack_block(targets: np.ndarray, seq_len: int, fit: str = "first", window: int = WINDOW
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(docs, starts, lengths, row ends) of documents with `targets` targets each, in order (loader/_pack.c)."""
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """(docs, starts, lengths, first rows, row counts, rows) of the segments of documents with `targets` targets
+    each, in order (loader/_pack.c); memory and time are bounded by the documents, whatever their targets."""
     targets = np.ascontiguousarray(targets, np.int64)
-    pieces = int(np.sum(-(-targets // seq_len)))
-    docs, starts, lengths, ends = (np.empty(max(pieces, 1), np.int64) for _ in range(4))
-    rows = _pack.pack(targets.tobytes(), seq_len, window, fit == "best", docs, starts, lengths, ends)
-    return docs[:pieces], starts[:pieces], lengths[:pieces], ends[:rows]
+    out = [np.empty(max(2 * len(targets), 1), np.int64) for _ in range(5)]
+    rows, segments = _pack.pack(targets.tobytes(), seq_len, window, fit == "best", *out)
+    return (*(a[:segments] for a in out), rows)
 
 
 def pack_rows(lengths: np.ndarray, order: np.ndarray, seq_len: int, fit: str = "first", window: int = WINDOW
               ) -> list[list[tuple]]:
     """Rows of (record, first target, targets) pieces of `order`'s examples packed together (one block)."""
     order = np.asarray(order, np.int64)
-    docs, starts, lengths_, ends = pack_block(np.asarray(lengths)[order], seq_len, fit, window)
-    return Block(order[docs], starts, lengths_, ends).row_list()
+    docs, *rest = pack_block(np.asarray(lengths)[order], seq_len, fit, window)
+    return Block(order[docs], *rest).row_list()
 
 
 class Layout:
@@ -150,6 +161,7 @@ class Layout:
         self.blocks = -(-n // self.block_size)  # per epoch
         self._rows: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
+        self.block = functools.lru_cache(maxsize=8)(self._block)  # a few blocks, per layout (not a global cache)
 
     def _records(self, epoch: int, b: int) -> np.ndarray:
         positions = np.arange(b * self.block_size, min(self.n, (b + 1) * self.block_size), dtype=np.int64)
@@ -158,19 +170,20 @@ class Layout:
     def _targets(self, records: np.ndarray) -> np.ndarray:
         return np.maximum(np.asarray(self.counts(records), np.int64) - 1, 0)
 
-    @functools.lru_cache(maxsize=8)  # noqa: B019 - a few blocks, for the layout's life
-    def block(self, epoch: int, b: int) -> Block:
+    def _block(self, epoch: int, b: int) -> Block:
+        """Block b of `epoch`, packed (`block`: the same, cached)."""
         started = time.monotonic()
         records = self._records(epoch, b)
-        docs, starts, lengths, ends = pack_block(self._targets(records), self.seq_len, self.fit)
+        docs, *rest = pack_block(self._targets(records), self.seq_len, self.fit)
+        block = Block(records[docs], *rest)
         with self._lock:
-            first, self._rows[epoch, b] = not self._rows, len(ends)
+            first, self._rows[epoch, b] = not self._rows, block.rows
         if first:
             log.info("packing %d examples into rows of %d tokens (%s fit, blocks of %d examples): block %d of epoch %d "
                      "is %d rows, %.1f%% real tokens, laid out in %.0f ms", self.n, self.seq_len, self.fit,
-                     self.block_size, b, epoch, len(ends), 100 * int(lengths.sum()) / max(1, len(ends) * self.seq_len),
+                     self.block_size, b, epoch, block.rows, 100 * block.targets / max(1, block.rows * self.seq_len),
                      1000 * (time.monotonic() - started))
-        return Block(records[docs], starts, lengths, ends)
+        return block
 
     def rows_in(self, epoch: int, b: int) -> int:
         """Rows of block b of `epoch` (counted without keeping the block when it is not at hand)."""
@@ -178,7 +191,7 @@ class Layout:
             known = self._rows.get((epoch, b))
         if known is None:
             known = _pack.pack(self._targets(self._records(epoch, b)).tobytes(), self.seq_len, WINDOW,
-                               self.fit == "best", None, None, None, None)
+                               self.fit == "best", None, None, None, None, None)
             with self._lock:
                 self._rows[epoch, b] = known
         return known
@@ -246,9 +259,8 @@ class PackedPlan:
             at = Position(epoch, 0, 0)
         return None
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - an int per epoch, for the plan's life
     def batches_in(self, epoch: int) -> int:
-        return self.layout.epoch_rows(epoch) // self.batch_size
+        return self.layout.epoch_rows(epoch) // self.batch_size  # (the layout keeps each block's row count)
 
     @property
     def num_batches(self) -> int | None:
@@ -262,7 +274,7 @@ class PackedPlan:
         real = rows = 0
         for b in range(layout.blocks):
             block = layout.block(epoch, b)
-            real += int(block.lengths.sum())
+            real += block.targets
             rows += block.rows
         return real / max(1, rows * self.seq_len)
 

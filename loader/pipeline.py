@@ -551,7 +551,8 @@ def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> dict:
     feature = packing.feature or "tokens"
     decoder = source_decoder(config.decode, src, (feature,))
     if packing.tokenized and src.tokens_dtype is not None:
-        return {"decoder": decoder, "counts": TokenCounts.of_files(src.paths, src.lengths)}
+        max_count = config.max_record_bytes // np.dtype(src.tokens_dtype).itemsize
+        return {"decoder": decoder, "counts": TokenCounts.of_files(src.paths, src.lengths, max_count)}
     return {"decoder": decoder, "index_key": index.source_key(src), "cache_dir": index.default_dir()}
 
 

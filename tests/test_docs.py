@@ -93,13 +93,14 @@ def test_every_block_runs_or_says_why_it_cannot():
 
 
 def test_each_benchmark_command_uses_flags_its_script_has():
-    """Benchmarks (benchmarks/*.py) and the fuzzer (python -m tests.loader.fuzz)."""
+    """Benchmarks (benchmarks/*.py) and the fuzzers (python -m tests.loader.fuzz, tests.loader.fuzz_counts)."""
     for page, n, _, code, _ in BLOCKS:
         for line in code.splitlines():
-            script = re.search(r"(benchmarks/\w+\.py|-m tests\.loader\.fuzz)", line)
+            script = re.search(r"(benchmarks/\w+\.py|-m tests\.loader\.fuzz\w*)", line)
             if script is None:
                 continue
-            path = "tests/loader/fuzz.py" if "fuzz" in script.group(1) else script.group(1)
+            name = script.group(1)
+            path = f"tests/loader/{name.split('.')[-1]}.py" if name.startswith("-m") else name
             source = (REPO / path).read_text()
             for flag in re.findall(r"\s(--[\w-]+)", line.split("#")[0]):
                 assert f'"{flag}"' in source, f"{page} block {n}: {script.group(1)} has no flag {flag}"

@@ -1,5 +1,6 @@
-"""The fuzz suite: the committed corpus of crafted files (tests/loader/corpus.py), a bounded mutation run in the default
-suite and a long one marked slow (tests/loader/fuzz.py). Every case loads in a child process: a crash is a finding,
+"""The fuzz suite: the committed corpus of crafted files (tests/loader/corpus.py), bounded mutation runs of shards
+(tests/loader/fuzz.py) and of pre-tokenized token counts (tests/loader/fuzz_counts.py) in the default suite, and long
+ones marked slow. Every case loads in a child process: a crash is a finding,
 not a dead test run. Run it under AddressSanitizer and UBSan with scripts/sanitize.sh."""
 
 import gzip
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.loader import corpus, fuzz
+from tests.loader import corpus, fuzz, fuzz_counts
 
 CORPUS = sorted(json.loads((corpus.DIRECTORY / corpus.EXPECTED).read_text()).items())
 
@@ -88,3 +89,26 @@ def test_the_fuzzer_would_see_a_crash(tmp_path):
     while not worker.finished:
         results += worker.poll()
     assert [(r["case"], r["outcome"]) for r in results] == [(7, "crash")]
+
+
+@pytest.fixture(scope="module")
+def counts_seed(tmp_path_factory):
+    return fuzz_counts.build(tmp_path_factory.mktemp("fuzz-counts"))
+
+
+def _assert_counts_clean(report: dict, cases: int) -> None:
+    counts = report["counts"]
+    assert report["findings"] == [], report["findings"][:10]
+    assert counts.get("rows", 0) + counts.get("error", 0) == cases, counts
+    assert counts.get("rows", 0) > 0 and counts.get("error", 0) > 0
+    assert set(report["kinds"]) == set(fuzz_counts.KINDS)
+
+
+def test_a_bounded_counts_mutation_run_finds_nothing(counts_seed):
+    """Damaged token counts: each case packs a whole epoch and checks every row's tokens against the records."""
+    _assert_counts_clean(fuzz_counts.run(range(150), seed=1, seed_dir=counts_seed), 150)
+
+
+@pytest.mark.slow
+def test_a_long_counts_mutation_run_finds_nothing(counts_seed):
+    _assert_counts_clean(fuzz_counts.run(range(3000), seed=2, seed_dir=counts_seed), 3000)

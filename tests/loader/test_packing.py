@@ -1,5 +1,7 @@
 """Packing token sequences into rows: a fixed layout, exact resume, the same global batches for any host count."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -124,6 +126,54 @@ def test_best_fit_is_pinned_and_pads_less_than_first_fit():
     lengths = np.random.default_rng(0).integers(1, 900, 200_000)
     first, best = (_plan(lengths, seq_len=1024, fit=f, num_epochs=1).efficiency() for f in ("first", "best"))
     assert best > first > 0.9
+
+
+def _reference_rows(targets, seq_len, window, best):
+    """The packing rule, one piece at a time, as loader/_pack.c's comment states it (the C code keeps a long
+    document's full pieces as one run; this keeps every piece)."""
+    rows, open_ = [], []  # open_: [row, free] of the newest `window` rows
+    for doc, total in enumerate(targets):
+        for start in range(0, total, seq_len):
+            n = min(seq_len, total - start)
+            fits = [o for o in open_ if o[1] >= n]
+            chosen = (min(fits, key=lambda o: o[1]) if best else fits[0]) if fits else None
+            if chosen is None:
+                if len(open_) == window:
+                    open_.pop(0)
+                rows.append([])
+                chosen = [len(rows) - 1, seq_len]
+                open_.append(chosen)
+            chosen[1] -= n
+            rows[chosen[0]].append((doc, start, n))
+    return rows
+
+
+@pytest.mark.parametrize("fit", ["first", "best"])
+def test_the_packer_follows_its_rule_piece_by_piece(fit):
+    """Random blocks, long documents (runs of full rows) among short ones, small windows: the C packer's rows are
+    the rule's, piece by piece."""
+    rng = np.random.default_rng(7)
+    for case in range(300):
+        seq_len, window = int(rng.integers(1, 40)), int(rng.integers(1, 6))
+        targets = rng.integers(0, 2 * seq_len, int(rng.integers(0, 60)))
+        targets[rng.random(len(targets)) < 0.15] *= int(rng.integers(2, 12))
+        expected = _reference_rows(targets.tolist(), seq_len, window, fit == "best")
+        assert pack_rows(targets, np.arange(len(targets)), seq_len, fit, window) == expected, (case, seq_len, window)
+
+
+def test_counts_of_billions_cost_no_memory_or_time():
+    """A damaged or crafted count (4e9 targets at seq_len 1) lays out in bounded memory and time: a run of rows is
+    one segment. The rows are still exact: row r of the run holds target r."""
+    from loader.packing import Layout
+
+    counts = np.array([5, 2**32 - 1, 3] * 20_000, np.uint32)  # one block
+    started = time.monotonic()
+    layout = Layout(lambda r: counts[r], len(counts), 1, shuffle=False)
+    block = layout.block(0, 0)
+    assert time.monotonic() - started < 5 and block.records.nbytes < 8 * 4 * len(counts)
+    assert block.rows == 20_000 * (4 + 2**32 - 2 + 2) == layout.epoch_rows(0)
+    assert block.row(4 + 12345) == [(1, 12345, 1)] and block.row(4 + 2**32 - 3) == [(1, 2**32 - 3, 1)]
+    assert block.row(4 + 2**32 - 2) == [(2, 0, 1)]
 
 
 def test_the_first_batch_of_a_huge_corpus_lays_out_one_block(monkeypatch):

@@ -63,6 +63,28 @@ def test_packing_a_pretokenized_dataset_needs_no_tokenize_and_packs_every_target
     assert batches.counts.identity.startswith("files:")
 
 
+@pytest.mark.parametrize("count, error", [
+    (2**32 - 1, r"train-00001-of-00003\.array_record\.counts says record 7 of .* holds 4,294,967,295 token ids, "
+                r"more than a record can \(at most 1,024: max_record_bytes"),
+    (3, r"train-00001-of-00003\.array_record: record 7 has \d+ token ids but its token count says 3; the "
+        r"counts are stale or damaged"),
+])
+def test_a_damaged_counts_file_is_an_error_naming_its_record(converted, tmp_path, count, error):
+    """A count no record can hold fails before anything is read; a plausible wrong one, when its record is read.
+    Neither lays out rows for the lie nor packs a wrong record."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(converted[0], out)
+    (path,) = out.glob("*-00001-of-00003.array_record.counts")
+    counts = np.fromfile(path, "<u4")
+    counts[7] = count
+    counts.tofile(path)
+    with pytest.raises(ValueError, match=error):
+        list(loader.load(str(out), batch_size=2, packing=loader.Packing(seq_len=1), shuffle=False, num_epochs=1,
+                         max_record_bytes=2048))
+
+
 def test_a_rerun_converts_nothing_and_a_new_tokenisation_converts_everything(corpus, tmp_path):
     root, tok = corpus
     first = _convert(root, tmp_path / "out", tok)
