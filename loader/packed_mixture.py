@@ -26,26 +26,55 @@ from loader.packing import BLOCK, START, WINDOW, Layout, PackedIterator, PackedL
 
 class RowStream:
     """A component's rows, epoch after epoch, every row kept: `row(j)` -> the pieces (record, first target, targets)
-    of row j. The rows are its Layout's blocks in order (loader/packing.py), laid out as they are reached."""
+    of row j. The rows are its Layout's blocks in order (loader/packing.py), laid out as they are reached, from the
+    stream's start or from an anchor: (i, r), its block i (epoch i // blocks, block i % blocks) begins at row r, which
+    a saved state holds so that a resume lays out nothing before it."""
 
     def __init__(self, name: str, layout: Layout):
         self._name, self._layout = name, layout
-        self._ends: list[int] = []  # rows up to the end of each block laid out so far, in stream order
         self._lock = threading.Lock()
+        self._seek(0, 0)
+
+    def _seek(self, block: int, row: int) -> None:
+        self._first_block, self._first_row = block, row
+        self._ends: list[int] = []  # rows up to the end of each block laid out from the anchor on
+        self._epoch_rows: int | None = None  # rows of the epoch being laid out, from its first block on
+
+    def anchor(self, j: int) -> tuple[int, int]:
+        """(i, r): the block holding row j and the row it begins at."""
+        with self._lock:
+            i = self._reach(j)
+            return self._first_block + i, self._first_row + (self._ends[i - 1] if i else 0)
+
+    def seek(self, block: int, row: int) -> None:
+        """Starts the stream's layout at an anchor (from a saved state) unless it has laid out past it already."""
+        with self._lock:
+            if block > self._first_block + len(self._ends):
+                self._seek(block, row)
+
+    def _reach(self, j: int) -> int:
+        """Lays out blocks until row j (j >= the anchor's row); returns its block's index from the anchor."""
+        layout = self._layout
+        if j < self._first_row:  # before the anchor (not reached by a resumed loader): lay out from the start
+            self._seek(0, 0)
+        j -= self._first_row
+        while not self._ends or self._ends[-1] <= j:
+            epoch, b = divmod(self._first_block + len(self._ends), layout.blocks)
+            rows = layout.rows_in(epoch, b)
+            self._epoch_rows = rows + (self._epoch_rows or 0) if b else rows
+            if b == layout.blocks - 1 and self._epoch_rows == 0:  # a whole epoch without rows
+                raise ValueError(f"mixture component {self._name!r} has no tokens to pack: every example has "
+                                 "fewer than 2 tokens")
+            self._ends.append((self._ends[-1] if self._ends else 0) + rows)
+        return bisect.bisect_right(self._ends, j)
 
     def row(self, j: int) -> list[tuple]:
         layout = self._layout
         with self._lock:
-            while not self._ends or self._ends[-1] <= j:
-                epoch, b = divmod(len(self._ends), layout.blocks)
-                self._ends.append((self._ends[-1] if self._ends else 0) + layout.rows_in(epoch, b))
-                if b == layout.blocks - 1 and self._ends[-1] == (self._ends[-layout.blocks - 1]
-                                                                 if len(self._ends) > layout.blocks else 0):
-                    raise ValueError(f"mixture component {self._name!r} has no tokens to pack: every example has "
-                                     "fewer than 2 tokens")
-            i = bisect.bisect_right(self._ends, j)
-            first = self._ends[i - 1] if i else 0
-        return layout.block(*divmod(i, layout.blocks)).row(j - first)
+            i = self._reach(j)
+            first = self._first_row + (self._ends[i - 1] if i else 0)
+            block = self._first_block + i
+        return layout.block(*divmod(block, layout.blocks)).row(j - first)
 
 
 class PackedMixtureLoader(PackedLoader):
@@ -100,8 +129,11 @@ class PackedMixtureIterator(PackedIterator):
         return functools.partial(self._loader.host_batch, k, self._plan), position
 
     def get_state(self) -> dict:
-        return {"next_batch": self._consumed, "packing": self._loader.state_key(),
-                "mixture": self._plan.state(self._consumed)}
+        mixture = self._plan.state(self._consumed)
+        anchors = {name: list(stream.anchor(mixture["components"][name]["rows"]))
+                   for name, stream in zip(self._loader.components, self._loader._streams)}
+        return {"next_batch": self._consumed, "packing": self._loader.state_key(), "mixture": mixture,
+                "anchors": anchors}
 
     def set_state(self, state: dict) -> None:
         if "mixture" not in state or state.get("packing") != self._loader.state_key():
@@ -109,4 +141,10 @@ class PackedMixtureIterator(PackedIterator):
                              f"{state.get('packing')!r}, this one's: {self._loader.state_key()!r})")
         self.close()
         self._plan = self._loader.plan.restored(state["mixture"], int(state["next_batch"]))
+        anchors = state.get("anchors", {})  # (block, its first row) of each component's next row
+        taken = dict(zip(self._loader.components, self._plan.counts_at(int(state["next_batch"]))))
+        for name, stream in zip(self._loader.components, self._loader._streams):
+            block, row = map(int, anchors.get(name, (0, 0)))
+            if block >= 0 and 0 <= row <= taken[name]:  # (else not a state of ours: laid out from the start)
+                stream.seek(block, row)
         self._start(int(state["next_batch"]), START)

@@ -290,6 +290,37 @@ def test_a_packed_mixture_over_many_blocks_is_pinned_and_resumes(token_data, mon
     assert [next(again)["tokens"].tolist() for _ in range(6)] == rest
 
 
+def test_a_packed_mixture_resumes_without_laying_out_the_blocks_before_its_state(token_data, monkeypatch):
+    """Blocks of 2 documents, 6 an epoch: after 40 batches (several epochs of each component) the state holds each
+    component's block; a resumed loader lays out only blocks from there on, and gives the same batches."""
+    from loader import packing
+
+    monkeypatch.setattr(packing, "BLOCK", 2)
+
+    def mixed():
+        return loader.load({"a": token_data, "b": token_data}, weights={"a": 2, "b": 1}, batch_size=3, seed=0,
+                           packing=loader.Packing("ids", seq_len=6, tokenize=lambda v: np.asarray(v).reshape(-1)))
+
+    it = iter(mixed())
+    for _ in range(40):
+        next(it)
+    state = it.get_state()
+    assert state["anchors"] == PINNED_ANCHORS
+    rest = [next(it)["tokens"].tolist() for _ in range(5)]
+    laid_out = []
+    real = packing.Layout.rows_in
+    monkeypatch.setattr(packing.Layout, "rows_in", lambda self, e, b: laid_out.append(e * self.blocks + b) or
+                        real(self, e, b))
+    again = iter(mixed())
+    again.set_state(state)
+    assert [next(again)["tokens"].tolist() for _ in range(5)] == rest
+    assert laid_out and min(laid_out) >= min(block for block, _ in state["anchors"].values())
+
+
+# Each component's (stream block, its first row) after 40 batches, pinned from one run.
+PINNED_ANCHORS = {"a": [40, 79], "b": [20, 39]}
+
+
 # (first token of each row, component of each row) of the first 3 batches, pinned from one run.
 PINNED_MIXTURE = [([100, 200, 0], [0, 0, 1]), ([1100, 300, 500], [0, 0, 1]), ([0, 1000, 300], [0, 0, 1])]
 
