@@ -160,13 +160,19 @@ class Tokenize:
 
     def _finish(self, future) -> Iterator[bytes]:
         ids = future.result()
-        top = max((int(i.max()) for i in ids if len(i)), default=0)
-        if top >= self._spec.vocab_size:
-            raise ValueError(f"{self._spec.tokenizer}: produced id {top}, outside its vocabulary of "
+        counts = np.fromiter(map(len, ids), np.int64, len(ids))
+        flat = np.concatenate(ids) if len(ids) else np.zeros(0, np.int64)  # one pass for the batch, not per record
+        if len(flat) and (int(flat.max()) >= self._spec.vocab_size or int(flat.min()) < 0):
+            bad = int(flat.max()) if int(flat.max()) >= self._spec.vocab_size else int(flat.min())
+            raise ValueError(f"{self._spec.tokenizer}: produced id {bad}, outside its vocabulary of "
                              f"{self._spec.vocab_size}; the tokenizer file is inconsistent")
-        self.counts.append(np.fromiter((len(i) for i in ids), np.uint32, len(ids)))
-        for i in ids:
-            yield np.asarray(i).astype(self._dtype, copy=False).tobytes()
+        self.counts.append(counts.astype(np.uint32))
+        data = flat.astype(self._dtype, copy=False).tobytes()
+        ends = (np.cumsum(counts) * self._dtype.itemsize).tolist()
+        start = 0
+        for end in ends:
+            yield data[start:end]
+            start = end
 
     def counts_bytes(self) -> bytes:
         return np.concatenate(self.counts).astype("<u4").tobytes() if self.counts else b""
