@@ -1,8 +1,9 @@
 """Packing at corpus scale: time to the first packed batch and memory, ours against grain's packers, in one run.
 
     .venv/bin/python benchmarks/packing_scale_bench.py --docs 1e6,1e7,1e8 [--data-dir DIR] [--seq-len 1024] [--rows 8]
+    .venv/bin/python benchmarks/packing_scale_bench.py --docs 1e6 --lengths 8-1024     # first vs best fit
 
-For each size, a pre-tokenized corpus of short documents (8-24 uint16 token ids, random: what the converter's
+For each size, a pre-tokenized corpus of short documents (8-24 uint16 token ids, or `--lengths`, random: what the converter's
 `--tokenizer` writes, made here directly since the converter is not what is measured) is written once into
 `DIR/docs-N` (ArrayRecord group_size:1 shards of 100k documents, a `.counts` file beside each, a manifest; reused by
 later runs). Each contender then runs in a fresh process:
@@ -34,11 +35,11 @@ PER_SHARD = 100_000  # documents a shard (grain reads a record of a 1M-record sh
 CONTENDERS = ("ours-first", "ours-best", "grain-first", "grain-best")
 
 
-def _write_shard(path: str, n: int, seed: int) -> tuple[int, int]:
+def _write_shard(path: str, n: int, seed: int, lengths_range: tuple[int, int] = (8, 24)) -> tuple[int, int]:
     from array_record.python.array_record_module import ArrayRecordWriter
 
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(8, 25, n)
+    lengths = rng.integers(lengths_range[0], lengths_range[1] + 1, n)
     data = rng.integers(0, 32000, int(lengths.sum()), dtype=np.uint16).astype("<u2").tobytes()
     ends = (np.cumsum(lengths) * 2).tolist()
     writer = ArrayRecordWriter(path + ".tmp", "group_size:1,uncompressed")
@@ -52,11 +53,12 @@ def _write_shard(path: str, n: int, seed: int) -> tuple[int, int]:
     return n, os.path.getsize(path)
 
 
-def make_corpus(root: Path, docs: int) -> str:
-    """`docs` documents in shards of PER_SHARD, with counts and a manifest (kept: a later run reuses them)."""
+def make_corpus(root: Path, docs: int, lengths: tuple[int, int] = (8, 24)) -> str:
+    """`docs` documents of `lengths` ids (uniform, inclusive) in shards of PER_SHARD, with counts and a manifest
+    (kept: a later run reuses them)."""
     from dataset_format.manifest import Manifest, ShardEntry
 
-    out = root / f"docs-{docs}"
+    out = root / (f"docs-{docs}" if lengths == (8, 24) else f"docs-{docs}-ids-{lengths[0]}-{lengths[1]}")
     if (out / "manifest.json").exists():
         return str(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,7 +66,8 @@ def make_corpus(root: Path, docs: int) -> str:
     names = [f"docs-{i:05d}-of-{len(sizes):05d}.array_record" for i in range(len(sizes))]
     started = time.monotonic()
     with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
-        written = list(pool.map(_write_shard, [str(out / n) for n in names], sizes, range(len(sizes))))
+        written = list(pool.map(_write_shard, [str(out / n) for n in names], sizes, range(len(sizes)),
+                                [lengths] * len(sizes)))
     print(f"wrote {docs:,} documents in {len(names)} shards ({sum(b for _, b in written) / 1e9:.1f} GB) in "
           f"{time.monotonic() - started:.0f} s", flush=True)
     entries = tuple(ShardEntry(path=name, source=f"generated:{i}", records=n, bytes=b, source_bytes=0,
@@ -147,6 +150,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--batches", type=int, default=100)
     p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--lengths", default="8-24", help="document lengths in ids, LO-HI (uniform; default 8-24: short "
+                   "documents, which every packer fills rows with; e.g. 8-1024 tells first and best fit apart)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -157,12 +162,13 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     root = Path(args.data_dir or tempfile.mkdtemp(prefix="packing-scale-"))
     contenders = args.contenders.split(",")
-    print(f"seq_len {args.seq_len}, {args.rows} rows a batch, {args.batches} batches after the first; "
+    print(f"documents of {args.lengths} ids, seq_len {args.seq_len}, {args.rows} rows a batch, {args.batches} batches "
+          "after the first; "
           f"{os.cpu_count()} cores")
     print(f"{'documents':>12} {'contender':<12} {'first batch s':>13} {'memory B/doc':>12} {'efficiency':>10} "
           f"{'tokens/s':>12}")
     for docs in (int(float(d)) for d in args.docs.split(",")):
-        data = make_corpus(root, docs)
+        data = make_corpus(root, docs, tuple(int(x) for x in args.lengths.split("-")))
         if any(c.startswith("ours") for c in contenders):
             started = time.monotonic()
             subprocess.run([sys.executable, "-c", f"import loader; from loader import index; "

@@ -17,7 +17,8 @@
    - read(fds, begins, ends, check, max_gap, max_record): the records of those chunks, coalescing nearby chunks of a
      file into one pread; a list of bytes in the order given. A record over max_record bytes raises TooLargeError.
    - decode(spans, span_begins, fds-free records...): the same over spans already in memory (gs:// range reads).
-   - plan_spans(fds, begins, ends, max_gap): the coalesced spans read() would read, for remote reads.
+   - plan_spans(fds, begins, ends, max_gap, span_of, waste): the coalesced spans read() would read, for remote reads
+     (waste: at most that many percent more bytes than the records hold).
    - decode_chunk(data, position, check, max_records): a whole simple chunk of any number of records -> (sizes
      bytes, values bytes) (the footer); footer_offsets(sizes, values, footer_offset, group): its entries' chunk
      offsets and record counts, checked.
@@ -537,24 +538,40 @@ typedef struct {
 } batch;
 
 /* Groups records (sorted by file, then begin) into spans: a record joins the previous span when it is in the same
-   file and starts at most max_gap bytes after that span's end. */
-static int plan(batch *b, int64_t max_gap) {
+   file and starts at most max_gap bytes after that span's end (max_gap -1: only a record overlapping the span, the
+   same chunk again) and, when waste >= 0, the span then reads at most waste percent more bytes than its records
+   hold (a gs:// read pays for every byte: this bounds what merging costs in bandwidth). */
+static int plan(batch *b, int64_t max_gap, int64_t waste) {
   b->spans = calloc((size_t)(b->n ? b->n : 1), sizeof(span));
   b->span_of = malloc(sizeof(int64_t) * (size_t)(b->n ? b->n : 1));
   b->chunks = calloc((size_t)(b->n ? b->n : 1), sizeof(chunk));
   if (!b->spans || !b->span_of || !b->chunks) return NO_MEMORY;
   Py_ssize_t s = -1;
+  int64_t needed = 0; /* bytes of span s that its records hold */
   for (Py_ssize_t i = 0; i < b->n; i++) {
     if (b->begins[i] < 0 || b->ends[i] < b->begins[i] || b->ends[i] > INT64_MAX / 2)
       return b->failed = i, b->why = "an index entry outside the file", CORRUPT;
-    if (s >= 0 && b->fds[i] == b->spans[s].fd && b->begins[i] >= b->spans[s].begin &&
-        b->begins[i] <= b->spans[s].end + max_gap) {
+    int join = s >= 0 && b->fds[i] == b->spans[s].fd && b->begins[i] >= b->spans[s].begin &&
+               b->begins[i] <= b->spans[s].end + max_gap;
+    int64_t adds = 0; /* the record's bytes past the span's end */
+    if (join) {
+      int64_t from = b->begins[i] > b->spans[s].end ? b->begins[i] : b->spans[s].end;
+      adds = b->ends[i] > from ? b->ends[i] - from : 0;
+      if (waste >= 0 && b->begins[i] > b->spans[s].end) { /* a gap: within the budget? (all values < 2^62) */
+        unsigned __int128 length = (unsigned __int128)(b->ends[i] - b->spans[s].begin);
+        unsigned __int128 allowed = (unsigned __int128)(needed + adds) * (unsigned __int128)(100 + waste);
+        join = length * 100 <= allowed;
+      }
+    }
+    if (join) {
       if (b->ends[i] > b->spans[s].end) b->spans[s].end = b->ends[i];
+      needed += adds;
     } else {
       s++;
       b->spans[s].fd = b->fds[i];
       b->spans[s].begin = b->begins[i];
       b->spans[s].end = b->ends[i];
+      needed = b->ends[i] - b->begins[i];
     }
     b->span_of[i] = s;
   }
@@ -800,7 +817,7 @@ static PyObject *py_read(PyObject *self, PyObject *args) {
   b.begins = a.begins.buf;
   b.ends = a.ends.buf;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = plan(&b, max_gap);
+  Py_BEGIN_ALLOW_THREADS rc = plan(&b, max_gap, -1);
   if (!rc) rc = read_spans(&b);
   Py_END_ALLOW_THREADS if (rc) {
     raise_for(&b, rc);
@@ -813,11 +830,16 @@ done:
   return out;
 }
 
-/* plan_spans(fds, begins, ends, max_gap, span_of_out) -> list[(fd, begin, end)]: the spans read() would read. */
+/* plan_spans(fds, begins, ends, max_gap, span_of_out, waste=-1) -> list[(fd, begin, end)]: the spans read() would
+   read (waste >= 0: each span reads at most waste percent more bytes than its records hold). */
 static PyObject *py_plan_spans(PyObject *self, PyObject *args) {
   PyObject *fds, *begins, *ends, *span_of;
-  long long max_gap;
-  if (!PyArg_ParseTuple(args, "OOOLO", &fds, &begins, &ends, &max_gap, &span_of)) return NULL;
+  long long max_gap, waste = -1;
+  if (!PyArg_ParseTuple(args, "OOOLO|L", &fds, &begins, &ends, &max_gap, &span_of, &waste)) return NULL;
+  if (max_gap < -1 || waste < -1 || waste > 1000000) {
+    PyErr_Format(PyExc_ValueError, "max_gap must be >= -1 and waste in [-1, 1e6] (got %lld, %lld)", max_gap, waste);
+    return NULL;
+  }
   record_args a;
   batch b = {0};
   PyObject *out = NULL;
@@ -831,7 +853,7 @@ static PyObject *py_plan_spans(PyObject *self, PyObject *args) {
   b.fds = a.fds.buf;
   b.begins = a.begins.buf;
   b.ends = a.ends.buf;
-  int rc = plan(&b, max_gap);
+  int rc = plan(&b, max_gap, waste);
   if (rc) {
     raise_for(&b, rc);
     goto done;
@@ -861,6 +883,10 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
   int check;
   long long max_gap, max_record = -1;
   if (!PyArg_ParseTuple(args, "OOOOpL|L", &buffers, &fds, &begins, &ends, &check, &max_gap, &max_record)) return NULL;
+  if (max_gap < -1) {
+    PyErr_Format(PyExc_ValueError, "max_gap must be >= -1 (got %lld)", max_gap);
+    return NULL;
+  }
   record_args a;
   batch b = {0};
   b.max_record = record_limit(max_record);
@@ -869,7 +895,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
   b.fds = a.fds.buf;
   b.begins = a.begins.buf;
   b.ends = a.ends.buf;
-  int rc = plan(&b, max_gap);
+  int rc = plan(&b, max_gap, -1);
   if (rc) {
     raise_for(&b, rc);
     goto done;
@@ -1386,7 +1412,8 @@ static PyObject *py_zstd_contexts(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"read", py_read, METH_VARARGS, "read(fds, begins, ends, check, max_gap) -> list[bytes]"},
-    {"plan_spans", py_plan_spans, METH_VARARGS, "plan_spans(fds, begins, ends, max_gap, span_of_out) -> spans"},
+    {"plan_spans", py_plan_spans, METH_VARARGS,
+     "plan_spans(fds, begins, ends, max_gap, span_of_out, waste=-1) -> spans"},
     {"decode", py_decode, METH_VARARGS, "decode(buffers, fds, begins, ends, check, max_gap) -> list[bytes]"},
     {"decode_chunk", py_decode_chunk, METH_VARARGS,
      "decode_chunk(data, position, check, max_records) -> (sizes, values)"},

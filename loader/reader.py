@@ -34,9 +34,13 @@ from loader.source import ShardedSource
 # (docs/benchmarks.md): 0 and 2 KiB alike, 4 KiB 5-15% and 8 KiB 15-40% slower, where the gaps copied cost more than
 # the syscalls saved.
 LOCAL_GAP = 2 << 10
-# On gs:// a request costs a round trip (~10-50 ms), so ranges this close are merged into one request.
-REMOTE_GAP = 1 << 20
-CACHE_BLOCK = 1 << 20  # the unit of the gs:// block cache
+# On gs:// a request costs a round trip (~10-50 ms) and every byte costs bandwidth. Two chunks' ranges are merged into
+# one request when the gap between them is at most REMOTE_GAP (what a link of ~100 MB/s moves in the ~2.5 ms a
+# request costs with 8 in flight: reading the gap is cheaper than asking again) and the merged request reads at most
+# REMOTE_WASTE percent more bytes than its records hold (so a read downloads at most 1.5x the bytes it serves: spans
+# merged by gap alone spanned whole shards of small records, 40-55x the bytes served).
+REMOTE_GAP = 256 << 10
+REMOTE_WASTE = 50
 # The largest record read by default. Every record's size is checked against it before it is allocated, so a damaged
 # or crafted chunk cannot make a read allocate what the file does not hold (a decompression bomb); real records
 # (tf.Examples, images, documents) are far smaller. loader.load(max_record_bytes=) raises it.
@@ -208,44 +212,52 @@ class BatchReader:
 
 
 class _RemoteSpans:
-    """The chunk spans of gs:// shards, read as range requests in parallel, through an optional LRU block cache."""
+    """The chunks of gs:// shards, read as range requests in parallel (nearby chunks merged within REMOTE_GAP and the
+    REMOTE_WASTE budget), through an optional cache of chunks (`cache_bytes`; a chunk in it is not downloaded again)."""
 
     def __init__(self, paths: tuple[str, ...], cache_bytes: int):
         self._paths = paths
         self._pool = concurrent.futures.ThreadPoolExecutor(storage.PARALLEL_REQUESTS)
-        self._cache = _BlockCache(cache_bytes) if cache_bytes else None
-        self.requests = 0  # range requests made (the tests count them)
+        self._cache = _ChunkCache(cache_bytes) if cache_bytes else None
+        # records asked for, the bytes of their chunks, and the range requests and bytes planned to read them
+        # (benchmarks/gcs_read_bench.py, the tests)
+        self.requests = self.downloaded = self.records = self.served = 0
 
     def read(self, shards: np.ndarray, begins: np.ndarray, ends: np.ndarray, check: bool,
              max_record: int) -> list[bytes]:
-        span_of = np.empty(len(shards), dtype=np.int64)
-        spans = _riegeli.plan_spans(shards, begins, ends, REMOTE_GAP, span_of)
-        buffers = list(self._pool.map(lambda s: self._span(*s), spans))
-        return _riegeli.decode(buffers, shards, begins, ends, check, REMOTE_GAP, max_record)
+        chunk_of = np.empty(len(shards), dtype=np.int64)
+        chunks = _riegeli.plan_spans(shards, begins, ends, -1, chunk_of)  # each distinct chunk once, in file order
+        data: list = [self._cache.get(c) for c in chunks] if self._cache else [None] * len(chunks)
+        missing = [i for i, d in enumerate(data) if d is None]
+        requests = []
+        if missing:
+            m_shards, m_begins, m_ends = (np.array([chunks[i][k] for i in missing], np.int64) for k in range(3))
+            request_of = np.empty(len(missing), dtype=np.int64)
+            requests = _riegeli.plan_spans(m_shards, m_begins, m_ends, REMOTE_GAP, request_of, REMOTE_WASTE)
+        with _COUNT_LOCK:  # counted as planned (a read cut short by its iterator's close still counts whole)
+            self.records += len(shards)
+            self.served += sum(end - begin for _, begin, end in chunks)
+            self.requests += len(requests)
+            self.downloaded += sum(end - begin for _, begin, end in requests)
+        if missing:
+            got = list(self._pool.map(lambda r: self._fetch(*r), requests))
+            for j, i in enumerate(missing):
+                shard, begin, end = chunks[i]
+                at = requests[request_of[j]][1]
+                data[i] = got[request_of[j]][begin - at:end - at]
+                if self._cache is not None:
+                    self._cache.put(chunks[i], data[i])
+        return _riegeli.decode(data, shards, begins, ends, check, -1, max_record)
 
-    def _span(self, shard: int, begin: int, end: int) -> bytes:
-        if self._cache is None:
-            return self._fetch(shard, begin, end)
-        first, last = begin // CACHE_BLOCK, (end - 1) // CACHE_BLOCK
-        blocks = {b: self._cache.get((shard, b)) for b in range(first, last + 1)}
-        missing = [b for b, data in blocks.items() if data is None]
-        if missing:  # one request for the missing run (blocks past the file's end come back short)
-            lo, hi = missing[0] * CACHE_BLOCK, (missing[-1] + 1) * CACHE_BLOCK
-            data = self._fetch(shard, lo, hi, allow_short=True)
-            for b in range(missing[0], missing[-1] + 1):
-                part = data[(b - missing[0]) * CACHE_BLOCK:(b - missing[0] + 1) * CACHE_BLOCK]
-                blocks[b] = part
-                self._cache.put((shard, b), part)
-        joined = b"".join(blocks[b] for b in range(first, last + 1))
-        return joined[begin - first * CACHE_BLOCK:end - first * CACHE_BLOCK]
-
-    def _fetch(self, shard: int, begin: int, end: int, allow_short: bool = False) -> bytes:
-        self.requests += 1
-        return storage.read_range(self._paths[shard], begin, end, exact=not allow_short)
+    def _fetch(self, shard: int, begin: int, end: int) -> bytes:
+        return storage.read_range(self._paths[shard], begin, end)
 
 
-class _BlockCache:
-    """At most `capacity` bytes of blocks, the least recently used evicted first. Thread-safe."""
+_COUNT_LOCK = threading.Lock()
+
+
+class _ChunkCache:
+    """At most `capacity` bytes of chunks, the least recently used evicted first. Thread-safe."""
 
     def __init__(self, capacity: int):
         self._capacity = capacity

@@ -110,13 +110,25 @@ class FaultFront(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, latency: float = 0.0, bandwidth: float | None = None):
         super().__init__(("127.0.0.1", 0), _Forward)
         self.upstream = urllib.parse.urlsplit(upstream)
         self.faults: list[tuple[str, int]] = []  # (text in the path, status), consumed in order
         self.failed: list[tuple[int, str]] = []
         self.seen: list[tuple[str, str, str | None]] = []  # every request: (method, path, Range header)
         self.lock = threading.Lock()
+        # A shaped link (benchmarks): each answer waits `latency` seconds, and the answers share `bandwidth` bytes/s.
+        self.latency, self.bandwidth, self._link_free = latency, bandwidth, 0.0
+        self.bytes_out = 0  # bytes of GET answers' bodies
+
+    def shape(self, size: int, started: float) -> None:
+        """Holds an answer of `size` bytes until the shaped link would have delivered it."""
+        done = started + self.latency
+        if self.bandwidth:
+            with self.lock:
+                self._link_free = max(self._link_free, time.monotonic()) + size / self.bandwidth
+                done = max(done, self._link_free)
+        time.sleep(max(0.0, done - time.monotonic()))
 
     def fail_next(self, status: int, times: int = 1, where: str = "") -> None:
         with self.lock:
@@ -130,6 +142,7 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         pass
 
     def _handle(self):
+        started = time.monotonic()
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         server: FaultFront = self.server
         with server.lock:
@@ -151,6 +164,10 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         conn.request(self.command, self.path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
+        if self.command == "GET":
+            with server.lock:
+                server.bytes_out += len(data)
+        server.shape(len(data), started)
         self.send_response(response.status)
         for key, value in response.getheaders():
             if key.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -164,9 +181,9 @@ class _Forward(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def fault_front(upstream: str):
+def fault_front(upstream: str, latency: float = 0.0, bandwidth: float | None = None):
     """A running FaultFront before `upstream` (the emulator's endpoint); point STORAGE_EMULATOR_HOST at its `url`."""
-    front = FaultFront(upstream)
+    front = FaultFront(upstream, latency, bandwidth)
     threading.Thread(target=front.serve_forever, daemon=True).start()
     try:
         yield front

@@ -295,7 +295,11 @@ def _upload(client, bucket, directory, prefix="ds"):
 
 
 @pytest.mark.gcs
-def test_a_read_group_of_one_shard_is_one_range_request(faulty_gcs, gcs_bucket, converted, all_records):
+def test_remote_reads_merge_near_chunks_and_download_at_most_half_again_what_they_serve(faulty_gcs, gcs_bucket,
+                                                                                     converted, all_records):
+    """A whole shard's records: one range request. Records scattered over the shards: one request per run of
+    chunks whose gaps stay within the budget, never more than 1.5x the bytes of the chunks served (a merge by gap
+    alone read whole shards)."""
     bucket, front = faulty_gcs
     remote = _upload(gcs_bucket[1], bucket, converted)
     reader = BatchReader(resolve(remote))
@@ -304,9 +308,17 @@ def test_a_read_group_of_one_shard_is_one_range_request(faulty_gcs, gcs_bucket, 
     ranges = [r for method, path, r in front.seen if method == "GET"]
     assert len(ranges) == 1 and ranges[0].startswith("bytes="), front.seen
     front.seen.clear()
+    spans = reader._remote_reader
+    spans.requests = spans.downloaded = 0
     indices = np.random.default_rng(0).integers(0, len(all_records), 64)
     assert reader(indices) == [all_records[i] for i in indices]
-    assert len([s for s in front.seen if s[0] == "GET"]) <= 4  # at most one per non-empty shard
+    distinct = np.unique(indices)
+    shards = np.searchsorted(reader._starts, distinct, side="right") - 1
+    begins, ends = reader._index.locate(shards, distinct - reader._starts[shards])
+    served = int((ends - begins).sum())
+    gets = [s for s in front.seen if s[0] == "GET"]
+    assert spans.requests == len(gets) and 5 <= len(gets) < len(distinct)  # merged, but not a shard a request
+    assert served <= spans.downloaded <= 1.5 * served
 
 
 @pytest.mark.gcs
@@ -315,6 +327,11 @@ def test_a_bucket_larger_than_the_cache_gives_the_local_batches_for_two_epochs(g
     remote = _upload(client, bucket, converted)
     options = dict(batch_size=8, seed=5, num_epochs=2, decode=None)
     local = list(loader.load(str(converted), **options))
-    cached = loader.load(remote, cache_bytes=1 << 20, **options)  # one 1 MiB block: smaller than the 5 shards
+    cached = loader.load(remote, cache_bytes=1 << 15, **options)  # 32 KiB of chunks: smaller than the 5 shards
     assert list(cached) == local
-    assert cached._reader._remote_reader._cache._size <= 1 << 20
+    assert 0 < cached._reader._remote_reader._cache._size <= 1 << 15
+    whole = loader.load(remote, cache_bytes=64 << 20, **{**options, "num_epochs": 1})  # room for every chunk
+    assert list(whole) == local[:len(local) // 2]
+    spans = whole._reader._remote_reader
+    before = spans.requests
+    assert list(whole) == local[:len(local) // 2] and spans.requests == before > 0  # the second pass: no requests

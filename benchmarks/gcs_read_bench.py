@@ -1,0 +1,141 @@
+"""Reading gs:// through a shaped link: bytes downloaded per byte served, requests and records/s, ours against the
+link's bounds, in one run.
+
+    .venv/bin/python benchmarks/gcs_read_bench.py [--record-kb 1,100] [--latency-ms 20] [--mbps 400] [--batches 20]
+
+A local GCS emulator (tests/emulator.py) sits behind a front that holds each answer `--latency-ms` and shares
+`--mbps` MB/s among them (a shaped link; it also counts the bytes of every answer). For each record size, 8 shards
+of random records (ArrayRecord group_size:1, uncompressed: what bytes are served is what is stored) totalling
+`--dataset-mb` are uploaded, then read in a shuffled order, `--batches` batches of `--batch-size`:
+`loader.load("gs://.../*.array_record", batch_size=B, seed=0, decode=None)` (with `--cache-mb`: a chunk cache
+smaller than the dataset), with the loader's rule for merging chunks into one range request (a gap of at most
+REMOTE_GAP and at most REMOTE_WASTE percent more bytes than the chunks hold) and, as the anchor, a rule that merges by
+gap alone (1 MiB: what a local-disk coalescer does, scaled to a request's cost). Reported, for the records the loader's reader read (its prefetch included): records/s, requests, bytes the link
+carried / bytes of those records' chunks (the loader's rule: at most 1.5x; the front's count checked against the
+reader's), and the link's bound on records/s: min(requests in flight / latency x records a request, bandwidth / record
+size). The emulator is a Python HTTP server: at small records it, not the link, sets the pace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def write_shards(directory: Path, record_bytes: int, total: int, shards: int = 8) -> list[Path]:
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    rng = np.random.default_rng(record_bytes)
+    per = max(1, total // record_bytes // shards)
+    paths = []
+    for s in range(shards):
+        path = directory / f"data-{s:05d}-of-{shards:05d}.array_record"
+        writer = ArrayRecordWriter(str(path), "group_size:1,uncompressed")
+        for _ in range(per):
+            writer.write(rng.bytes(record_bytes))
+        writer.close()
+        paths.append(path)
+    return paths
+
+
+def measure(read_batches, front, spans) -> dict:
+    """Runs `read_batches` and counts what the link carried and what the loader's reader served."""
+    front.seen.clear()
+    front.bytes_out = 0
+    spans.requests = spans.downloaded = spans.records = spans.served = 0
+    started = time.perf_counter()
+    read_batches()
+    seconds = time.perf_counter() - started
+    deadline = time.monotonic() + 60  # reads the iterator's close left in flight land on the link
+    while front.bytes_out < spans.downloaded and time.monotonic() < deadline:
+        time.sleep(0.1)
+    gets = sum(1 for method, _, _ in front.seen if method == "GET")  # retried requests included
+    return {"records_per_s": spans.records / seconds, "requests": gets, "records": spans.records,
+            "ratio": front.bytes_out / max(1, spans.served), "seconds": seconds}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--record-kb", default="1,100", help="record sizes in KB, comma-separated")
+    p.add_argument("--dataset-mb", type=float, default=64)
+    p.add_argument("--latency-ms", type=float, default=20)
+    p.add_argument("--mbps", type=float, default=400, help="the link's bandwidth, MB/s (0: none)")
+    p.add_argument("--batches", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=256, help="records a batch, for records up to 10 KB")
+    p.add_argument("--image-batch-size", type=int, default=32, help="records a batch, for larger records")
+    p.add_argument("--cache-mb", type=float, default=0, help="ours: a chunk cache of this many MB (0: none)")
+    args = p.parse_args()
+
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests import emulator
+
+    root = Path(tempfile.mkdtemp(prefix="gcs-read-bench-"))
+    (root / "gcloud").mkdir()
+    with emulator.running(root / "gcloud") as env:
+        upstream = env["STORAGE_EMULATOR_HOST"]
+        with emulator.fault_front(upstream, args.latency_ms / 1000, args.mbps * 1e6 or None) as front:
+            url = f"http://127.0.0.1:{front.server_address[1]}"
+            os.environ["STORAGE_EMULATOR_HOST"] = url
+            os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = url  # array_record's C++ client
+            os.environ["LOADER_INDEX_DIR"] = str(root / "index")
+            from google.cloud import storage
+
+            import loader
+            from dataset_format.storage import PARALLEL_REQUESTS
+            from loader import reader
+
+            client = storage.Client(project="test")
+            client.create_bucket("bench")
+            print(f"link: {args.latency_ms:g} ms a request, {args.mbps:g} MB/s shared; {args.batches} batches of "
+                  f"{args.batch_size} records in a shuffled order; {os.cpu_count()} cores")
+            print("| records | merge rule | records/s | requests | bytes downloaded / bytes served | link bound, records/s |")
+            print("| --- | --- | ---: | ---: | ---: | ---: |")
+            for kb in (float(k) for k in args.record_kb.split(",")):
+                size = int(kb * 1000)
+                local = root / f"kb-{kb:g}"
+                local.mkdir()
+                paths = write_shards(local, size, int(args.dataset_mb * 1e6))
+                saved, front.latency, front.bandwidth = (front.latency, front.bandwidth), 0.0, None
+                for path in paths:
+                    client.bucket("bench").blob(f"kb-{kb:g}/{path.name}").upload_from_filename(str(path))
+                front.latency, front.bandwidth = saved
+                pattern = f"gs://bench/kb-{kb:g}/*.array_record"
+                batch_size = args.batch_size if size <= 10_000 else args.image_batch_size
+                batches = min(args.batches, len(loader.resolve(pattern)) // batch_size)
+                options = dict(batch_size=batch_size, seed=0, decode=None, num_epochs=1)
+
+                def read_ours():
+                    it = iter(ours)
+                    try:
+                        for _ in range(batches):
+                            next(it)
+                    finally:
+                        it.close()  # its prefetch stops before the link does
+
+                for rule, gap, waste in (("merge by gap alone (1 MiB)", 1 << 20, -1),
+                                         ("ours: gap and 50% budget", reader.REMOTE_GAP, reader.REMOTE_WASTE)):
+                    ours = loader.load(pattern, cache_bytes=int(args.cache_mb * 1e6), **options)
+                    saved_rule = reader.REMOTE_GAP, reader.REMOTE_WASTE
+                    reader.REMOTE_GAP, reader.REMOTE_WASTE = gap, waste
+                    try:
+                        r = measure(read_ours, front, ours._reader._remote_reader)
+                    finally:
+                        reader.REMOTE_GAP, reader.REMOTE_WASTE = saved_rule
+                    per_request = r["records"] / max(1, r["requests"])
+                    bound = PARALLEL_REQUESTS / (args.latency_ms / 1000) * per_request if args.latency_ms else \
+                        float("inf")
+                    if args.mbps:
+                        bound = min(bound, args.mbps * 1e6 / size)
+                    print(f"| {kb:g} KB x {r['records']:,} | {rule} | {r['records_per_s']:,.0f} | "
+                          f"{r['requests']:,} | {r['ratio']:.2f}x | {bound:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
