@@ -209,13 +209,8 @@ class Child:
             if check and kind not in FORGED and got != self.records[codec]:
                 result["outcome"] = "wrong"
                 result["detail"] = f"{len(got)} records, {sum(a != b for a, b in zip(got, self.records[codec]))} differ"
-        except (ValueError, OSError) as e:
-            named = NAME in str(e)
-            result["outcome"] = "error" if named else "unnamed"
-            result["detail"] = f"{type(e).__name__}: {e}"[:300]
-        except Exception as e:  # noqa: BLE001 - any other exception type is a finding
-            result["outcome"] = "unnamed"
-            result["detail"] = f"{type(e).__name__}: {e}"[:300]
+        except Exception as e:  # noqa: BLE001 - judged: a named ValueError/OSError, or a finding
+            result["outcome"], result["detail"] = error_outcome(e, (ValueError, OSError), NAME in str(e))
         finally:
             path.unlink()
             directory.rmdir()
@@ -228,6 +223,11 @@ class Child:
             result["outcome"] = "memory"
             result["detail"] = f"peak RSS grew by {(peak - self.baseline_kb) // 1024} MB"
         return result
+
+
+def error_outcome(e: BaseException, expected: tuple[type, ...], named: bool) -> tuple[str, str]:
+    """(outcome, detail) of a case that raised: "error" for an expected type naming the file, else "unnamed"."""
+    return ("error" if isinstance(e, expected) and named else "unnamed"), f"{type(e).__name__}: {e}"[:300]
 
 
 def child_main(seeds: str, seed: int, kinds: list[str], cases: list[int]) -> None:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.loader.fuzz import error_outcome
+
 REPO = Path(__file__).resolve().parents[2]
 KINDS = ("extreme", "near", "random", "swap", "zero_all", "truncate", "extend")
 EXTREMES = (0, 1, 2, 2**16, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1)
@@ -71,9 +73,10 @@ def mutate(counts: list[np.ndarray], rng: np.random.Generator, kind: str) -> lis
         out[s] = np.concatenate([column, rng.integers(0, 2**32, int(rng.integers(1, 4)), dtype=np.uint32)])
     elif kind == "zero_all":
         column[:] = 0
-    elif kind == "swap" and len(column) > 1:
-        i, j = rng.choice(len(column), 2, replace=False)
-        column[[i, j]] = column[[j, i]]
+    elif kind == "swap":
+        if len(column) > 1:  # (a one-record shard has nothing to swap: the case is the seed's counts)
+            i, j = rng.choice(len(column), 2, replace=False)
+            column[[i, j]] = column[[j, i]]
     elif len(column):
         for _ in range(int(rng.integers(1, 4))):
             i = int(rng.integers(0, len(column)))
@@ -118,13 +121,9 @@ class Child:
             result["outcome"] = "wrong" if wrong else "rows"
             if wrong:
                 result["detail"] = wrong
-        except ValueError as e:
-            named = any(p.name in str(e) for p in self.shards)
-            result["outcome"] = "error" if named else "unnamed"
-            result["detail"] = f"{type(e).__name__}: {e}"[:300]
-        except Exception as e:  # noqa: BLE001 - any other exception type is a finding
-            result["outcome"] = "unnamed"
-            result["detail"] = f"{type(e).__name__}: {e}"[:300]
+        except Exception as e:  # noqa: BLE001 - judged: a ValueError naming a shard, or a finding
+            result["outcome"], result["detail"] = error_outcome(e, (ValueError,),
+                                                                any(p.name in str(e) for p in self.shards))
         finally:
             for path, column in zip(self.shards, self.counts):
                 _replace(f"{path}.counts", column)
