@@ -99,28 +99,31 @@ def main(argv: list[str] | None = None) -> int:
     from dataset_format import logs
 
     logs.setup()
-    p = argparse.ArgumentParser(prog="python -m loader")
+    p = argparse.ArgumentParser(prog="python -m loader", description="Look at, time and stage converted datasets "
+                                "(loading itself is loader.load; its options: docs/loading.md).")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("stage", help="copy a gs:// dataset to local disk")
-    s.add_argument("source")
-    s.add_argument("local_dir")
-    s.add_argument("--parallelism", type=int, default=8)
+    s = sub.add_parser("stage", help="copy a gs:// dataset to local disk (checked against its manifest, resumable)")
+    s.add_argument("source", help="gs:// dataset: a converted directory or a TFDS array_record directory")
+    s.add_argument("local_dir", help="where the copy goes (a directory with a manifest there is complete)")
+    s.add_argument("--parallelism", type=int, default=8, help="files copied at once (default 8)")
     s.set_defaults(fn=stage_main, decode="auto")
+    helps = {"inspect": "print a dataset's shards, records, features and a first record",
+             "bench": "time loader.load on a dataset: the first batch, records/s after a start window, peak memory"}
     for name, fn in (("inspect", inspect_main), ("bench", bench_main)):
-        s = sub.add_parser(name)
+        s = sub.add_parser(name, help=helps[name])
         s.add_argument("source", help="a converted directory, a TFDS array_record directory, or a glob")
         s.add_argument("--split", default=None, help="TFDS split (default train)")
         s.add_argument("--decode", default="auto", help="auto, example, tfds or none")
         s.set_defaults(fn=fn)
         if name == "bench":
-            s.add_argument("--batch_size", "--batch-size", type=int, default=256)
+            s.add_argument("--batch_size", "--batch-size", type=int, default=256, help="records a batch (default 256)")
             s.add_argument("--start", type=int, default=100, help="batches timed first (the start window)")
             s.add_argument("--batches", type=int, default=500, help="batches timed after the start window")
-            s.add_argument("--workers", type=int, default=0)
+            s.add_argument("--workers", type=int, default=0, help="loader worker processes (default 0)")
             s.add_argument("--threads", type=int, default=0, help="reading/decoding threads (default: the loader's)")
             s.add_argument("--image", default=None, metavar="FEATURE",
                            help="time the image path: decode FEATURE's JPEG/PNG bytes, random-resized crop, flip")
-            s.add_argument("--image_size", "--image-size", type=int, default=224)
+            s.add_argument("--image_size", "--image-size", type=int, default=224, help="--image's crop size (default 224)")
     args = p.parse_args(argv)
     if args.decode == "none":
         args.decode = None

@@ -14,12 +14,16 @@ PREEMPTED = 128 + signal.SIGTERM
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer", description="Train a JAX model on converted data.")
+    from dataset_format.config_help import keys_help
+    from trainer.config import TrainConfig
+
+    p = argparse.ArgumentParser(prog="python -m trainer", description="Train a JAX model on converted data.",
+                                epilog=f"keys (key=value, or in the --config file):\n{keys_help(TrainConfig)}",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="a JSON file of config keys (command-line key=value pairs override it)")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=out/train steps=500 strategy=mirrored")
     args = p.parse_args(argv)
     from dataset_format import logs
-    from trainer.config import TrainConfig
 
     logs.setup()
     try:

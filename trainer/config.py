@@ -24,45 +24,46 @@ SIZED_MODELS = ("transformer_lm",)
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     data: str  # anything loader.load takes, or a mixture NAME=PATH,NAME=PATH (a {name: path} in a config file)
-    workdir: str
+    workdir: str  # where checkpoints and metrics go
     eval_data: str | None = None  # a path, or NAME=PATH,...: then eval_<name>_loss per component too
     weights: str | None = None  # a mixture's weights NAME=W,NAME=W (a {name: weight} in a config file)
     task: str = "classification"  # or package.module:attr, your own (trainer/tasks.py)
     model: str = "cnn"  # mlp, cnn, transformer, resnet18, resnet50, or package.module:attr naming a flax.linen.Module
     mode: str = "train"  # or evaluate: the sidecar evaluator (trainer/evaluator.py; also TF_CONFIG type "evaluator")
+    # default, one_device, mirrored, central_storage, fsdp, multi_worker, tpu or parameter_server (docs/training.md)
     strategy: str = "default"
     device: str | None = None  # for one_device, e.g. "cpu:0" or "gpu:1"
     # multi_worker: explicit cluster (else TF_CONFIG, else JAX's auto-detection on TPU VMs, Slurm, GKE, ...)
     coordinator_address: str | None = None  # host:port of process 0
-    num_processes: int | None = None
-    process_id: int | None = None
+    num_processes: int | None = None  # multi_worker: processes in the job
+    process_id: int | None = None  # multi_worker: this process's index, 0 .. num_processes - 1
     # parameter_server (trainer/parameter_server.py): Ray actors on this machine, or on a Ray cluster
     num_workers: int = 2
-    num_ps: int = 1
+    num_ps: int = 1  # parameter_server: ps tasks holding the variables
     ps_min_shard_bytes: int = 256 << 10  # a variable is split across ps tasks in shards of at least this size
     ray_address: str | None = None  # join this Ray cluster (else TF_CONFIG's chief, else a local one)
     # evaluate: stop after evaluating step `steps`, or after this many seconds without a new checkpoint
     eval_timeout: float = 3600.0
-    steps: int = 1000
+    steps: int = 1000  # optimizer updates to run (evaluate: the last step to wait for)
     batch_size: int = 128  # global
     learning_rate: float = 1e-3  # the peak, after warmup
     # The optimizer (trainer/optim.py) and the step's precision and accumulation, as MaxText/big_vision users expect.
     optimizer: str = "adam"  # adam, adamw, sgd, adafactor
     schedule: str = "constant"  # constant, cosine, linear: decay to learning_rate * end_lr_fraction at `steps`
     warmup_steps: int = 0  # linear warmup from 0
-    end_lr_fraction: float = 0.0
+    end_lr_fraction: float = 0.0  # cosine/linear: the learning rate at `steps`, as a fraction of the peak
     weight_decay: float = 0.0  # adamw: decoupled; sgd: added to the gradient; adafactor: its decay rate
     momentum: float = 0.9  # sgd
     grad_clip: float = 0.0  # clip gradients to this global norm (0: off)
     grad_accum_steps: int = 1  # split each batch into this many micro-batches, one update (less device memory)
     dtype: str = "float32"  # compute dtype: bfloat16 computes in bf16, parameters and optimizer state stay float32
-    seed: int = 0
+    seed: int = 0  # parameters' initialisation, data order and augmentation
     num_classes: int | None = None  # classification: default the TFDS ClassLabel's; needed for other data
-    image_key: str = "image"
+    image_key: str = "image"  # classification: the image feature
     # classification of encoded images (JPEG/PNG bytes, e.g. ImageNet-layout `image/encoded`, or a TFDS Image):
     # decode and Inception-crop + flip to image_size x image_size for training, resize + central crop for eval
     image_size: int | None = None
-    label_key: str = "label"
+    label_key: str = "label"  # classification: the integer label feature
     text_key: str = "text"  # lm: the token-sequence feature (int64 ids, or text read as UTF-8 bytes)
     seq_len: int = 256  # lm: tokens per row
     vocab_size: int | None = None  # lm over int64 ids (byte-level text: 258; with a tokenizer: its vocabulary)
@@ -71,7 +72,7 @@ class TrainConfig:
     # tokenizer has none), false: none; unset: as the tokenizer does (SentencePiece: BOS, no EOS; tokenizer.json:
     # what its post-processor adds)
     add_bos: bool | None = None
-    add_eos: bool | None = None
+    add_eos: bool | None = None  # as add_bos, for one EOS at each text's end
     # model=transformer_lm's size (MaxText: emb_dim, num_decoder_layers, num_query_heads, mlp_dim = mlp_ratio * width)
     width: int = 128  # d_model: each token's features (a multiple of heads)
     depth: int = 2  # Transformer blocks
@@ -79,9 +80,9 @@ class TrainConfig:
     mlp_ratio: int = 4  # each block's MLP has mlp_ratio * width hidden units
     packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/packing.py); eval pads
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
-    log_every: int = 50
-    eval_every: int = 250
-    checkpoint_every: int = 250
+    log_every: int = 50  # steps between log lines and metrics
+    eval_every: int = 250  # steps between evaluations of eval_data
+    checkpoint_every: int = 250  # steps between checkpoints (also one at the end and at SIGTERM)
     data_workers: int = 0  # loader worker processes for `data` (0: threads in this process)
     # 0: stream batches from the loader. N > 0: read N batches once, keep them on the devices and cycle
     # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.

@@ -2,6 +2,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -32,3 +34,14 @@ def test_errors_are_one_line(tmp_path):
     proc = _run("inspect", str(tmp_path / "missing-*.array_record"))
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: no files match") and "Traceback" not in proc.stderr
+
+
+def test_help_describes_every_command(capsys):
+    from loader.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for command, words in (("stage", "copy a gs:// dataset"), ("inspect", "print a dataset's shards"),
+                           ("bench", "time loader.load")):
+        assert f"    {command}" in out and words in out, (command, out)

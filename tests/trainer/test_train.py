@@ -151,6 +151,26 @@ def test_bad_config_is_one_line(tmp_path):
     assert proc.returncode == 2 and "strategy='tpu_pod' is not one of" in proc.stderr
 
 
+def test_help_lists_every_key_with_its_default_and_description(capsys):
+    """`python -m trainer --help` is read from TrainConfig's own fields and comments, so it cannot drift."""
+    import dataclasses
+
+    from dataset_format.config_help import descriptions
+    from trainer.__main__ import main
+    from trainer.config import TrainConfig
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    described = descriptions(TrainConfig)
+    for field in dataclasses.fields(TrainConfig):
+        default = "(required)" if field.default is dataclasses.MISSING else f"= {field.default!r}"
+        assert f"  {field.name}: {field.type} {default}" in out, field.name
+        assert described[field.name], f"TrainConfig.{field.name} has no comment to describe it in --help"
+    assert "      optimizer updates to run" in out and "  steps: int = 1000\n" in out
+
+
 def test_in_memory_batches_train_on_the_loaders_first_batches_cycled(digits, tmp_path):
     """in_memory_batches=2 (the benchmark's input-bound limit): steps 1-2 see the loader's batches 1-2,
     exactly as a streaming run does; step 3 sees batch 1 again, where a streaming run sees batch 3."""
