@@ -118,9 +118,28 @@ def read_footer(path: str, size: int) -> Footer:
         if isinstance(metadata.get(2), int) and metadata[2] != len(counts):
             raise ValueError(f"{len(counts)} footer entries, not the {metadata[2]} chunks of its metadata")
     except (ValueError, _riegeli.CorruptError, _riegeli.UnsupportedError) as e:
+        if _is_tfrecord(path, size):
+            raise ValueError(f"{path} is a TFRecord file, not ArrayRecord: convert it first (python -m pipelines "
+                             f"convert --input {path} --output DIR), then load DIR") from None
         raise ValueError(f"{path} is not a whole ArrayRecord file ({_reason(e)}); it is truncated or damaged: re-run "
                          "the conversion or restage the data") from e
     return Footer(offsets, counts, footer_offset, options, _fallback_reason(settings, total == len(counts)))
+
+
+def _is_tfrecord(path: str, size: int) -> bool:
+    """Whether the file begins with a TFRecord frame: a length that fits the file, and its masked CRC-32C."""
+    if size < 16:
+        return False
+    try:
+        import google_crc32c  # (google-cloud-storage's dependency)
+
+        head = storage.read_range(path, 0, 12)
+    except (ImportError, OSError):
+        return False
+    length, crc = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
+    value = google_crc32c.value(head[:8])
+    masked = (((value >> 15) | (value << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    return masked == crc and 16 + length <= size
 
 
 def _settings(options: str) -> dict[str, str]:

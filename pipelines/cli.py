@@ -7,8 +7,9 @@
     python -m pipelines status --output gs://b/ar      # how far a running conversion has got
     python -m pipelines make-demo --output data/ --num-shards 4 [--kind text|digits-jpeg|photos]
 
-Unknown flags of `convert` are Beam pipeline options and pass through unchanged
-(`--runner DataflowRunner --project P --region R --temp_location gs://...`: see dataflow/README.md).
+Other flags of `convert` are Beam pipeline options and pass through unchanged
+(`--runner DataflowRunner --project P --region R --temp_location gs://...`: see dataflow/README.md); a flag that is
+neither ours nor Beam's is an error naming it.
 `plan` says what `convert` would do (a scheduled refresh launches no job when it finds nothing).
 Boolean flags also take a value (`--prune=true`), as Flex Template launches pass them.
 """

@@ -36,6 +36,15 @@ def test_tfrecord_tfds_directory_is_refused_with_the_fix(tfds_digits):
 
 
 @pytest.mark.gcs
+def test_tfrecord_shards_given_as_arrayrecord_are_named_with_the_convert_command(tmp_path):
+    write_tfrecord_shards(tmp_path, [synthetic_records(0, 3)])
+    (shard,) = tmp_path.glob("*.tfrecord")
+    renamed = shard.rename(tmp_path / "train-00000.array_record")  # a TFRecord under an ArrayRecord name
+    with pytest.raises(ValueError, match=rf"{renamed} is a TFRecord file, not ArrayRecord: convert it first \(python -m "
+                                         rf"pipelines convert --input {renamed} --output DIR\)"):
+        loader.load(str(tmp_path / "*.array_record"), batch_size=1)
+
+
 def test_gcs_source_reads_directly(tmp_path, gcs_bucket):
     bucket, client = gcs_bucket
     contents = [synthetic_records(i, n) for i, n in enumerate([20, 13])]
