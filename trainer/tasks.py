@@ -59,6 +59,22 @@ class Task(Protocol):
     #     """On the host, per decoded record (only the task's features), before batching: e.g. tokenise, pad."""
     # def weights(self, batch) -> jax.Array:
     #     """What each example counts for in the averages, shape [batch] (default 1 each; lm: its tokens)."""
+    # def check(self, batch: dict[str, np.ndarray]) -> None:
+    #     """On the host, the first training batch (this host's rows), before step 1: raise ValueError naming the
+    #     key, the values and the fix for data the task cannot train on (e.g. labels outside 0..num_classes-1)."""
+
+
+def check(task: Task, batch: dict[str, Any]) -> None:
+    """The task's check of a batch (its `check`, when it has one), on this host's rows."""
+    if hasattr(task, "check"):
+        task.check({k: _local(v) for k, v in batch.items() if k in task.features})
+
+
+def _local(array) -> np.ndarray:
+    """This host's rows of a batch array (a global jax.Array spans hosts: only its addressable shards are here)."""
+    if isinstance(array, jax.Array) and not array.is_fully_addressable:
+        return np.concatenate([np.asarray(s.data).reshape(-1, *array.shape[1:]) for s in array.addressable_shards])
+    return np.asarray(array)
 
 
 def weights(task: Task, batch) -> jax.Array:
@@ -117,6 +133,23 @@ class Classification:
 
     def inputs(self, batch):
         return images_to_float(batch[self.image_key])
+
+    def check(self, batch: dict[str, np.ndarray]) -> None:
+        """Labels outside 0..num_classes-1 train silently wrong (their one-hot is all zeros): refused before step 1."""
+        labels = np.asarray(batch[self.label_key])
+        if not labels.size or not np.issubdtype(labels.dtype, np.integer):
+            if labels.size:
+                raise ValueError(f"label_key={self.label_key!r} holds {labels.dtype} values, not integer class ids; "
+                                 "set label_key= to the integer label feature")
+            return
+        low, high = int(labels.min()), int(labels.max())
+        if low >= 0 and high < self.num_classes:
+            return
+        hint = (f"1-based labels? subtract 1 from {self.label_key!r}, or set num_classes={high + 1}"
+                if low >= 1 and high == self.num_classes else f"set num_classes={high + 1} or fix the labels"
+                if low >= 0 else "class ids must not be negative")
+        raise ValueError(f"label_key={self.label_key!r} holds values {low}..{high} in the first batch, outside "
+                         f"0..{self.num_classes - 1} (num_classes={self.num_classes}): {hint}")
 
     def losses(self, outputs, batch):
         return optax.softmax_cross_entropy_with_integer_labels(outputs, batch[self.label_key].astype(jnp.int32))

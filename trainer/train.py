@@ -20,7 +20,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from trainer import accelerators
+from trainer import accelerators, tasks
 from trainer import strategy as strategies
 from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter
@@ -135,6 +135,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             t = time.perf_counter()
             batch = fetch()
             waited = time.perf_counter() - t
+            if step == start + 1:  # data the task cannot train on: one line before step 1, not a silent run
+                tasks.check(program.task, batch)
             host_wait += waited  # all time blocked on input, also while step - 1 still runs
             if not losses or losses[-1].is_ready():  # no step running: the devices may have idled this long
                 data_wait += waited

@@ -151,6 +151,27 @@ def test_bad_config_is_one_line(tmp_path):
     assert proc.returncode == 2 and "strategy='tpu_pod' is not one of" in proc.stderr
 
 
+def test_labels_outside_num_classes_are_one_line_before_step_1(digits, tmp_path):
+    """Digits' labels are 0..9: num_classes=9 would train with the 9s' one-hot all zeros, silently."""
+    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "num_classes=9", "steps=5")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last == ("error: label_key='label' holds values 0..9 in the first batch, outside "
+                                             "0..8 (num_classes=9): set num_classes=10 or fix the labels"), last
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_the_label_check_names_1_based_labels():
+    from trainer.tasks import Classification
+
+    task = Classification("image", "label", 10, None)
+    task.check({"label": np.arange(10)})  # 0..9: fine
+    with pytest.raises(ValueError, match=r"holds values 1\.\.10 in the first batch, outside 0\.\.9 \(num_classes=10\): "
+                                         r"1-based labels\? subtract 1 from 'label', or set num_classes=11"):
+        task.check({"label": np.arange(1, 11)})
+    with pytest.raises(ValueError, match="class ids must not be negative"):
+        task.check({"label": np.array([-1, 3])})
+
+
 def test_help_lists_every_key_with_its_default_and_description(capsys):
     """`python -m trainer --help` is read from TrainConfig's own fields and comments, so it cannot drift."""
     import dataclasses
