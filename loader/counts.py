@@ -58,10 +58,11 @@ class TokenCounts:
                 at = order[bounds[s]:bounds[s + 1]]
                 out[at] = self._columns[s][records[at] - self._starts[s]]
         if self._max_count is not None and len(out) and out.max() > self._max_count:
-            bad = int(records[np.argmax(out > self._max_count)])
+            at = int(np.argmax(out > self._max_count))
+            bad = int(records[at])
             shard = int(np.searchsorted(self._starts, bad, side="right") - 1)
             raise ValueError(f"{self._paths[shard]}{SUFFIX} says record {bad - int(self._starts[shard])} of "
-                             f"{self._paths[shard]} holds {int(out.max()):,} token ids, more than a record can "
+                             f"{self._paths[shard]} holds {int(out[at]):,} token ids, more than a record can "
                              f"(at most {self._max_count:,}: max_record_bytes over the id size); the counts file is "
                              "damaged or from another conversion: re-run the conversion")
         return out
