@@ -1,7 +1,8 @@
 """Reading gs:// through a shaped link: bytes downloaded per byte served, requests and records/s, ours against the
 link's bounds, in one run.
 
-    .venv/bin/python benchmarks/gcs_read_bench.py [--record-kb 1,100] [--latency-ms 20] [--mbps 400] [--batches 20]
+    .venv/bin/python benchmarks/gcs_read_bench.py [--record-kb 1,100] [--latency-ms 20,50] [--mbps 400] [--batches 20]
+                                                  [--grain]
 
 A local GCS emulator (tests/emulator.py) sits behind a front that holds each answer `--latency-ms` and shares
 `--mbps` MB/s among them (a shaped link; it also counts the bytes of every answer). For each record size, 8 shards
@@ -59,16 +60,33 @@ def measure(read_batches, front, spans) -> dict:
             "ratio": front.bytes_out / max(1, spans.served), "seconds": seconds}
 
 
+def read_grain(pattern_paths: list[str], records: int, batch_size: int, threads: int) -> dict:
+    """grain's ArrayRecordDataSource on the same gs:// shards (array_record's reader makes the range requests), read
+    as MaxText reads it: `MapDataset.source(source).shuffle(seed).to_iter_dataset()`, `threads` reading threads."""
+    import grain
+
+    source = grain.sources.ArrayRecordDataSource(pattern_paths)
+    ds = grain.MapDataset.source(source).shuffle(seed=0).batch(batch_size, batch_fn=list)
+    it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)))
+    started = time.perf_counter()
+    got = 0
+    while got < records:
+        got += len(next(it))
+    return {"records": got, "seconds": time.perf_counter() - started}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--record-kb", default="1,100", help="record sizes in KB, comma-separated")
     p.add_argument("--dataset-mb", type=float, default=64)
-    p.add_argument("--latency-ms", type=float, default=20)
+    p.add_argument("--latency-ms", default="20", help="latencies a request, ms, comma-separated")
     p.add_argument("--mbps", type=float, default=400, help="the link's bandwidth, MB/s (0: none)")
     p.add_argument("--batches", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=256, help="records a batch, for records up to 10 KB")
     p.add_argument("--image-batch-size", type=int, default=32, help="records a batch, for larger records")
     p.add_argument("--cache-mb", type=float, default=0, help="ours: a chunk cache of this many MB (0: none)")
+    p.add_argument("--grain", action="store_true", help="also grain's ArrayRecordDataSource on the same link")
+    p.add_argument("--grain-threads", type=int, default=16, help="grain's reading threads (its default: 16)")
     args = p.parse_args()
 
     import sys
@@ -78,9 +96,10 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="gcs-read-bench-"))
     (root / "gcloud").mkdir()
+    latencies = [float(ms) / 1000 for ms in args.latency_ms.split(",")]
     with emulator.running(root / "gcloud") as env:
         upstream = env["STORAGE_EMULATOR_HOST"]
-        with emulator.fault_front(upstream, args.latency_ms / 1000, args.mbps * 1e6 or None) as front:
+        with emulator.fault_front(upstream, 0.0, args.mbps * 1e6 or None) as front:
             url = f"http://127.0.0.1:{front.server_address[1]}"
             os.environ["STORAGE_EMULATOR_HOST"] = url
             os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = url  # array_record's C++ client
@@ -93,19 +112,22 @@ def main() -> None:
 
             client = storage.Client(project="test")
             client.create_bucket("bench")
-            print(f"link: {args.latency_ms:g} ms a request, {args.mbps:g} MB/s shared; {args.batches} batches of "
-                  f"{args.batch_size} records in a shuffled order; {os.cpu_count()} cores")
-            print("| records | merge rule | records/s | requests | bytes downloaded / bytes served | link bound, records/s |")
-            print("| --- | --- | ---: | ---: | ---: | ---: |")
+            print(f"link: {args.mbps:g} MB/s shared, the latency a request as given; {args.batches} batches in a "
+                  f"shuffled order; {os.cpu_count()} cores")
+            print("| latency | records | reader | records/s | requests | bytes downloaded / bytes served | "
+                  "link bound, records/s |")
+            print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
             for kb in (float(k) for k in args.record_kb.split(",")):
                 size = int(kb * 1000)
                 local = root / f"kb-{kb:g}"
                 local.mkdir()
                 paths = write_shards(local, size, int(args.dataset_mb * 1e6))
-                saved, front.latency, front.bandwidth = (front.latency, front.bandwidth), 0.0, None
+                saved, front.bandwidth = front.bandwidth, None
                 for path in paths:
                     client.bucket("bench").blob(f"kb-{kb:g}/{path.name}").upload_from_filename(str(path))
-                front.latency, front.bandwidth = saved
+                front.bandwidth = saved
+                # the front answers the shards' reads from these local copies (the emulator is slower than the link)
+                front.serve_files({f"bench/kb-{kb:g}/{path.name}": path for path in paths})
                 pattern = f"gs://bench/kb-{kb:g}/*.array_record"
                 batch_size = args.batch_size if size <= 10_000 else args.image_batch_size
                 batches = min(args.batches, len(loader.resolve(pattern)) // batch_size)
@@ -119,22 +141,37 @@ def main() -> None:
                     finally:
                         it.close()  # its prefetch stops before the link does
 
-                for rule, gap, waste in (("merge by gap alone (1 MiB)", 1 << 20, -1),
-                                         ("ours: gap and 50% budget", reader.REMOTE_GAP, reader.REMOTE_WASTE)):
-                    ours = loader.load(pattern, cache_bytes=int(args.cache_mb * 1e6), **options)
-                    saved_rule = reader.REMOTE_GAP, reader.REMOTE_WASTE
-                    reader.REMOTE_GAP, reader.REMOTE_WASTE = gap, waste
-                    try:
-                        r = measure(read_ours, front, ours._reader._remote_reader)
-                    finally:
-                        reader.REMOTE_GAP, reader.REMOTE_WASTE = saved_rule
-                    per_request = r["records"] / max(1, r["requests"])
-                    bound = PARALLEL_REQUESTS / (args.latency_ms / 1000) * per_request if args.latency_ms else \
-                        float("inf")
-                    if args.mbps:
-                        bound = min(bound, args.mbps * 1e6 / size)
-                    print(f"| {kb:g} KB x {r['records']:,} | {rule} | {r['records_per_s']:,.0f} | "
-                          f"{r['requests']:,} | {r['ratio']:.2f}x | {bound:,.0f} |", flush=True)
+                for latency in latencies:
+                    front.latency = latency
+
+                    def bound(records_per_request: float, in_flight: int) -> float:
+                        b = in_flight / latency * records_per_request if latency else float("inf")
+                        return min(b, args.mbps * 1e6 / size) if args.mbps else b
+
+                    for rule, gap, waste in (("ours, merged by gap alone (1 MiB)", 1 << 20, -1),
+                                             ("ours: gap and 50% budget", reader.REMOTE_GAP, reader.REMOTE_WASTE)):
+                        ours = loader.load(pattern, cache_bytes=int(args.cache_mb * 1e6), **options)
+                        saved_rule = reader.REMOTE_GAP, reader.REMOTE_WASTE
+                        reader.REMOTE_GAP, reader.REMOTE_WASTE = gap, waste
+                        try:
+                            r = measure(read_ours, front, ours._reader._remote_reader)
+                        finally:
+                            reader.REMOTE_GAP, reader.REMOTE_WASTE = saved_rule
+                        per_request = r["records"] / max(1, r["requests"])
+                        print(f"| {latency * 1000:g} ms | {kb:g} KB x {r['records']:,} | {rule} | "
+                              f"{r['records_per_s']:,.0f} | {r['requests']:,} | {r['ratio']:.2f}x | "
+                              f"{bound(per_request, PARALLEL_REQUESTS):,.0f} |", flush=True)
+                    if args.grain:
+                        front.seen.clear()
+                        front.bytes_out = 0
+                        g = read_grain([f"gs://bench/kb-{kb:g}/{path.name}" for path in paths],
+                                       batches * batch_size, batch_size, args.grain_threads)
+                        gets = sum(1 for method, _, _ in front.seen if method == "GET")
+                        served = g["records"] * size
+                        print(f"| {latency * 1000:g} ms | {kb:g} KB x {g['records']:,} | grain ArrayRecordDataSource, "
+                              f"{args.grain_threads} threads | {g['records'] / g['seconds']:,.0f} | {gets:,} | "
+                              f"{front.bytes_out / served:.2f}x | "
+                              f"{bound(g['records'] / max(1, gets), args.grain_threads):,.0f} |", flush=True)
 
 
 if __name__ == "__main__":

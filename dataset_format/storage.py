@@ -25,6 +25,8 @@ import logging
 import os
 import re
 import shutil
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -35,6 +37,9 @@ RETRY_SECONDS = 120.0
 PARALLEL_REQUESTS = 32  # concurrent Cloud Storage requests one process makes (its connection pool holds as many)
 _READ_BUFFER = 1 << 20
 _GLOB_CHARS = re.compile(r"[*?\[]")
+# Set when the interpreter starts to exit: a ranged read waiting to retry gives up at once instead of holding the
+# exit (its thread is joined) for up to RETRY_SECONDS; a loader closed with reads in flight exits promptly.
+_EXITING = threading.Event()
 
 
 def is_remote(path: str) -> bool:
@@ -77,6 +82,9 @@ def _client_for(pid: int, emulator: str | None):  # one per process (forked work
     from google.cloud import storage as gcs
 
     client = gcs.Client()
+    # Runs when the interpreter exits, before it joins the thread pools that may be waiting to retry (the hooks run
+    # newest first; concurrent.futures registered its join when it was imported, before this).
+    threading._register_atexit(_EXITING.set)
     # requests keeps 10 connections a host by default: more threads than that open and drop a connection a request
     adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=PARALLEL_REQUESTS)
     client._http.mount("https://", adapter)
@@ -94,6 +102,24 @@ def _retry():
 
     return Retry(predicate=_should_retry, initial=0.25, maximum=16.0, multiplier=2.0, timeout=RETRY_SECONDS,
                  on_error=on_error)
+
+
+def _retrying(call):
+    """`call()`, retried as `_retry()` retries, except that the waits end when the interpreter exits (the loader's
+    reads: a closed loader's reads in flight must not hold its process's exit)."""
+    from google.cloud.storage.retry import _should_retry
+
+    delay, deadline = 0.25, time.monotonic() + RETRY_SECONDS
+    while True:
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - what is transient is retried, the rest raised
+            if not _should_retry(e) or time.monotonic() + delay > deadline or _EXITING.is_set():
+                raise
+            log.warning("Cloud Storage: %s; retrying", str(e).splitlines()[0] if str(e) else type(e).__name__)
+            if _EXITING.wait(delay):
+                raise
+            delay = min(16.0, delay * 2)
 
 
 @contextlib.contextmanager
@@ -238,7 +264,8 @@ def read_range(path: str, start: int, end: int, *, exact: bool = True) -> bytes:
             data = f.read(end - start)
     else:
         with _gcs_errors(path):
-            data = _blob(path).download_as_bytes(start=start, end=end - 1, checksum=None, retry=_retry())
+            blob = _blob(path)
+            data = _retrying(lambda: blob.download_as_bytes(start=start, end=end - 1, checksum=None, retry=None))
     if exact and len(data) != end - start:
         raise OSError(f"{path}: read {len(data)} bytes at {start}, expected {end - start}; the file is shorter than "
                       "its index says (truncated or replaced): re-run the conversion or restage the data")

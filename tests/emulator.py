@@ -8,6 +8,7 @@ import http.client
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -106,9 +107,15 @@ def seed(data_dir: Path, bucket: str, objects: dict[str, bytes | tuple[bytes, di
 
 class FaultFront(http.server.ThreadingHTTPServer):
     """An HTTP front on 127.0.0.1 that forwards to the emulator and answers the next requests whose path contains a
-    given text with a given status instead (`fail_next`); `failed` lists what it answered so, `seen` every request."""
+    given text with a given status instead (`fail_next`); `failed` lists what it answered so, `seen` every request.
+
+    `serve_files` lets it answer media reads (`?alt=media`, with or without a Range) of given objects itself, from
+    local copies of their bytes: the emulator, a Python server that copies every answer through its JSON metadata
+    layer, moves ~40-50 MB/s on 2 cores and mishandles suffix ranges (`bytes=-N` answered with the whole object),
+    which array_record's C++ client sends; served here, the link's shaping sets the pace."""
 
     daemon_threads = True
+    request_queue_size = 1024  # hundreds of connections may open at once
 
     def __init__(self, upstream: str, latency: float = 0.0, bandwidth: float | None = None):
         super().__init__(("127.0.0.1", 0), _Forward)
@@ -120,6 +127,13 @@ class FaultFront(http.server.ThreadingHTTPServer):
         # A shaped link (benchmarks): each answer waits `latency` seconds, and the answers share `bandwidth` bytes/s.
         self.latency, self.bandwidth, self._link_free = latency, bandwidth, 0.0
         self.bytes_out = 0  # bytes of GET answers' bodies
+        self.files: dict[tuple[str, str], Path] = {}
+
+    def serve_files(self, files: dict[str, Path]) -> None:
+        """Answers media reads of the objects `files` names ({"bucket/object": local copy}) from the copies."""
+        for key, path in files.items():
+            bucket, _, name = key.partition("/")
+            self.files[bucket, name] = Path(path)
 
     def shape(self, size: int, started: float) -> None:
         """Holds an answer of `size` bytes until the shaped link would have delivered it."""
@@ -129,6 +143,14 @@ class FaultFront(http.server.ThreadingHTTPServer):
                 self._link_free = max(self._link_free, time.monotonic()) + size / self.bandwidth
                 done = max(done, self._link_free)
         time.sleep(max(0.0, done - time.monotonic()))
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that drops its connection mid-answer (array_record's does, after an open-ended range) is not
+        an error of the front's."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
+            super().handle_error(request, client_address)
 
     def fail_next(self, status: int, times: int = 1, where: str = "") -> None:
         with self.lock:
@@ -159,6 +181,10 @@ class _Forward(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(payload)
             return
+        local = self._local_file() if self.command == "GET" and server.files else None
+        if local is not None:
+            self._serve(local, started)
+            return
         conn = http.client.HTTPConnection(server.upstream.hostname, server.upstream.port, timeout=30)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
         conn.request(self.command, self.path, body=body, headers=headers)
@@ -177,7 +203,65 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
         conn.close()
 
+    def _local_file(self) -> Path | None:
+        split = urllib.parse.urlsplit(self.path)
+        match = _MEDIA.fullmatch(split.path)
+        if not match or "media" not in urllib.parse.parse_qs(split.query).get("alt", []):
+            return None
+        return self.server.files.get((match[1], urllib.parse.unquote(match[2])))
+
+    def _serve(self, path: Path, started: float) -> None:
+        """A media read as Cloud Storage answers it: 200 and the object, or 206 and the range asked (`a-b`, `a-` or
+        the suffix `-n`), or 416 for a range that starts past the end."""
+        size = path.stat().st_size
+        begin, end, status = 0, size, 200
+        asked = self.headers.get("Range")
+        if asked:
+            match = re.fullmatch(r"bytes=(\d*)-(\d*)", asked.strip())
+            if not match or not (match[1] or match[2]):
+                self.send_error(400, f"bad Range {asked!r}")
+                return
+            if match[1]:
+                begin = int(match[1])
+                end = min(size, int(match[2]) + 1) if match[2] else size
+            else:
+                begin = max(0, size - int(match[2]))
+            if begin >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            status = 206
+        self.send_response(status)
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {begin}-{end - 1}/{size}")
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(end - begin))
+        server: FaultFront = self.server
+        with open(path, "rb") as f:
+            f.seek(begin)
+            # in pieces, each held until the shaped link would have carried it, and counted once sent: a client
+            # that reads an open-ended range (`bytes=N-`) and drops the connection pays for what it took
+            first = True
+            while begin < end:
+                piece = f.read(min(_PIECE, end - begin))
+                server.shape(len(piece), started if first else float("-inf"))
+                if first:
+                    self.end_headers()
+                    first = False
+                self.wfile.write(piece)
+                with server.lock:
+                    server.bytes_out += len(piece)
+                begin += len(piece)
+        if first:
+            self.end_headers()
+
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+
+
+_PIECE = 256 << 10
+_MEDIA = re.compile(r"(?:/download)?/storage/v1/b/([^/]+)/o/(.+)")
 
 
 @contextlib.contextmanager

@@ -335,3 +335,51 @@ def test_a_bucket_larger_than_the_cache_gives_the_local_batches_for_two_epochs(g
     spans = whole._reader._remote_reader
     before = spans.requests
     assert list(whole) == local[:len(local) // 2] and spans.requests == before > 0  # the second pass: no requests
+
+
+_EXIT_WHILE_RETRYING = """
+import sys, threading, time
+import loader
+it = iter(loader.load(sys.argv[1], batch_size=4, seed=0, decode=None, num_epochs=None, prefetch=4))
+next(it)
+print("read", flush=True)
+sys.stdin.readline()  # from here every request fails with a 503: the reads in flight wait to retry
+
+
+def take():
+    for _ in it:
+        pass
+
+
+threading.Thread(target=take, daemon=True).start()
+time.sleep(2)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.gcs
+def test_a_process_exits_promptly_while_its_remote_reads_wait_to_retry(faulty_gcs, gcs_bucket, gcs_emulator,
+                                                                        converted):
+    """Reads that wait to retry (a 503, backing off for up to RETRY_SECONDS) end when the interpreter exits: their
+    threads, joined at exit, held the process for up to two minutes."""
+    import subprocess
+    import sys
+
+    bucket, front = faulty_gcs
+    remote = _upload(gcs_bucket[1], bucket, converted)
+    proc = subprocess.Popen([sys.executable, "-c", _EXIT_WHILE_RETRYING, remote], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **gcs_emulator})
+    try:
+        assert proc.stdout.readline() == "read\n"
+        front.fail_next(503, times=100_000, where="alt=media")
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "exiting\n"
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=90)
+        took = time.monotonic() - started
+    finally:
+        proc.kill()
+    assert "retrying" in err and len(front.failed) > 0, err  # reads were waiting to retry when it exited
+    assert proc.returncode == 0 and took < 10, (took, err[-2000:])

@@ -24,7 +24,8 @@ def _committed(out) -> dict[str, int]:
     return {n: (out / n).stat().st_mtime_ns for n in names}
 
 
-@pytest.mark.parametrize("point, committed_before", [("first-shard", 0), ("commit:3", 3), ("manifest", SHARDS)])
+@pytest.mark.parametrize("point, committed_before", [pytest.param("first-shard", 0, marks=pytest.mark.slow),
+                                                     ("commit:3", 3), ("manifest", SHARDS)])
 def test_a_killed_conversion_resumes_without_redoing_committed_shards(job, point, committed_before):
     out = job / "out"
     assert killed_run(job, point) == -signal.SIGKILL
@@ -68,7 +69,7 @@ def test_a_record_of_another_source_version_is_not_trusted(job):
 
 
 @pytest.mark.gcs
-@pytest.mark.parametrize("point", ["commit:3", "manifest"])
+@pytest.mark.parametrize("point", ["commit:3", pytest.param("manifest", marks=pytest.mark.slow)])
 def test_a_killed_conversion_to_gcs_resumes_without_redoing_committed_shards(job, gcs_bucket, gcs_emulator, point):
     bucket, client = gcs_bucket
     output = f"gs://{bucket}/out"

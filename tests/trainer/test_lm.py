@@ -59,6 +59,7 @@ def _train_and_compare(stdlib_text, workdir, seq_len: int, steps: int) -> tuple[
     return json.loads(proc.stdout)["summary"], unigram_bits_per_byte(t[:seq_len] for b in test for t in b["text"])
 
 
+@pytest.mark.slow
 def test_the_lm_beats_the_unigram_entropy_of_the_eval_bytes(stdlib_text, tmp_path):
     summary, unigram = _train_and_compare(stdlib_text, tmp_path, seq_len=128, steps=200)
     assert summary["eval_bits_per_byte"] < unigram - 0.75, (summary["eval_bits_per_byte"], unigram)
@@ -74,6 +75,7 @@ def test_the_lm_on_whole_passages_beats_the_unigram_entropy_by_far(stdlib_text, 
     assert summary["eval_bits_per_byte"] < unigram - 1.5, (summary["eval_bits_per_byte"], unigram)
 
 
+@pytest.mark.slow
 def test_lm_mirrored_over_8_devices_matches_one_device(stdlib_text, tmp_path):
     common = (f"data={stdlib_text['train']}", "task=lm", "model=transformer_lm", "seq_len=64", "batch_size=16",
               "steps=8", "log_every=1", "eval_every=100", "checkpoint_every=100", "learning_rate=0.003")

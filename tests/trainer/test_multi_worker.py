@@ -22,7 +22,7 @@ def _losses(workdir):
     return [json.loads(line)["loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("launch", ["flags", "tf_config"])
+@pytest.mark.parametrize("launch", ["flags", pytest.param("tf_config", marks=pytest.mark.slow)])
 @pytest.mark.timeout(300)
 def test_two_processes_agree_with_one(digits, tmp_path, launch):
     common = (f"data={digits['train']}", f"eval_data={digits['test']}", "model=mlp", "steps=15", "log_every=1",

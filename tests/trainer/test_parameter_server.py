@@ -79,6 +79,7 @@ def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
     assert records[-1]["workers_replaced"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_coordinator_killed_then_rerun_resumes_from_its_checkpoint(digits, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}

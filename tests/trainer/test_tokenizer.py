@@ -59,7 +59,8 @@ def test_a_trained_tokenizer_round_trips_the_text_and_starts_with_bos(tokenizers
     assert one.tolist() == ids[0].tolist() == task.tokenize_batch([texts[0]])[0].tolist()
 
 
-@pytest.mark.parametrize("kind, packing", [("bpe", "true"), ("sentencepiece", "false")])
+@pytest.mark.parametrize("kind, packing", [("bpe", "true"),
+                                           pytest.param("sentencepiece", "false", marks=pytest.mark.slow)])
 def test_the_lm_trains_with_a_tokenizer(stdlib_text, tokenizers, tmp_path, kind, packing):  # noqa: F811
     proc = run_trainer(f"data={stdlib_text['train']}", f"eval_data={stdlib_text['test']}", f"workdir={tmp_path}",
                        "task=lm", "model=transformer_lm", f"tokenizer={tokenizers[kind]}", f"packing={packing}",
