@@ -44,35 +44,69 @@ def write_shards(directory: Path, record_bytes: int, total: int, shards: int = 8
     return paths
 
 
-def measure(read_batches, front, spans) -> dict:
+class Front:
+    """tests/emulator.py's shaped front, in a process of its own: its threads do not share this process's interpreter
+    lock with the readers measured."""
+
+    def __init__(self, upstream: str):
+        import subprocess
+        import sys
+
+        script = Path(__file__).resolve().parents[1] / "tests" / "emulator.py"
+        self._proc = subprocess.Popen([sys.executable, str(script), "front", upstream], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+        self.url = f"http://127.0.0.1:{int(self._proc.stdout.readline())}"
+
+    def call(self, what: str, payload: dict | None = None) -> dict:
+        import json
+        import urllib.request
+
+        data = None if payload is None else json.dumps(payload).encode()
+        with urllib.request.urlopen(urllib.request.Request(f"{self.url}/__front/{what}", data=data)) as answer:
+            return json.loads(answer.read())
+
+    def quiet(self, seconds: float = 60) -> dict:
+        """The counts once no request has been in flight for 0.3 s (a closed iterator's reads in flight landed)."""
+        deadline, calm = time.monotonic() + seconds, 0
+        while time.monotonic() < deadline and calm < 3:
+            stats = self.call("stats")
+            calm = calm + 1 if stats["active"] == 0 else 0
+            time.sleep(0.1)
+        return self.call("stats")
+
+    def close(self) -> None:
+        self._proc.stdin.close()  # the front exits when its stdin closes
+        self._proc.wait(timeout=30)
+
+
+def measure(read_batches, front: Front, spans) -> dict:
     """Runs `read_batches` and counts what the link carried and what the loader's reader served."""
-    front.seen.clear()
-    front.bytes_out = 0
+    front.quiet()
+    front.call("reset", {})
     spans.requests = spans.downloaded = spans.records = spans.served = 0
     started = time.perf_counter()
     read_batches()
     seconds = time.perf_counter() - started
-    deadline = time.monotonic() + 60  # reads the iterator's close left in flight land on the link
-    while front.bytes_out < spans.downloaded and time.monotonic() < deadline:
-        time.sleep(0.1)
-    gets = sum(1 for method, _, _ in front.seen if method == "GET")  # retried requests included
-    return {"records_per_s": spans.records / seconds, "requests": gets, "records": spans.records,
-            "ratio": front.bytes_out / max(1, spans.served), "seconds": seconds}
+    stats = front.quiet()
+    return {"records_per_s": spans.records / seconds, "requests": stats["gets"], "records": spans.records,
+            "ratio": stats["bytes_out"] / max(1, spans.served), "seconds": seconds}
 
 
-def read_grain(pattern_paths: list[str], records: int, batch_size: int, threads: int) -> dict:
+def read_grain(paths: list[str], records: int, threads: int) -> dict:
     """grain's ArrayRecordDataSource on the same gs:// shards (array_record's reader makes the range requests), read
-    as MaxText reads it: `MapDataset.source(source).shuffle(seed).to_iter_dataset()`, `threads` reading threads."""
+    as MaxText reads it: `MapDataset.source(source).shuffle(seed).to_iter_dataset()`, `threads` reading threads
+    (read-ahead: 2 records a thread)."""
     import grain
 
-    source = grain.sources.ArrayRecordDataSource(pattern_paths)
-    ds = grain.MapDataset.source(source).shuffle(seed=0).batch(batch_size, batch_fn=list)
+    source = grain.sources.ArrayRecordDataSource(paths)
+    ds = grain.MapDataset.source(source).shuffle(seed=0)
     it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)))
     started = time.perf_counter()
-    got = 0
-    while got < records:
-        got += len(next(it))
-    return {"records": got, "seconds": time.perf_counter() - started}
+    for _ in range(records):
+        next(it)
+    seconds = time.perf_counter() - started
+    it.close()
+    return {"records": records, "seconds": seconds}
 
 
 def main() -> None:
@@ -85,6 +119,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=256, help="records a batch, for records up to 10 KB")
     p.add_argument("--image-batch-size", type=int, default=32, help="records a batch, for larger records")
     p.add_argument("--cache-mb", type=float, default=0, help="ours: a chunk cache of this many MB (0: none)")
+    p.add_argument("--in-flight", type=int, default=0,
+                   help="ours: range requests in flight a process (default: dataset_format.storage.PARALLEL_REQUESTS)")
     p.add_argument("--grain", action="store_true", help="also grain's ArrayRecordDataSource on the same link")
     p.add_argument("--grain-threads", type=int, default=16, help="grain's reading threads (its default: 16)")
     args = p.parse_args()
@@ -97,18 +133,21 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="gcs-read-bench-"))
     (root / "gcloud").mkdir()
     latencies = [float(ms) / 1000 for ms in args.latency_ms.split(",")]
+    bandwidth = args.mbps * 1e6 or None
     with emulator.running(root / "gcloud") as env:
-        upstream = env["STORAGE_EMULATOR_HOST"]
-        with emulator.fault_front(upstream, 0.0, args.mbps * 1e6 or None) as front:
-            url = f"http://127.0.0.1:{front.server_address[1]}"
-            os.environ["STORAGE_EMULATOR_HOST"] = url
-            os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = url  # array_record's C++ client
+        front = Front(env["STORAGE_EMULATOR_HOST"])
+        try:
+            os.environ["STORAGE_EMULATOR_HOST"] = front.url
+            os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = front.url  # array_record's C++ client
             os.environ["LOADER_INDEX_DIR"] = str(root / "index")
             from google.cloud import storage
 
             import loader
-            from dataset_format.storage import PARALLEL_REQUESTS
+            from dataset_format import storage as our_storage
             from loader import reader
+
+            if args.in_flight:
+                our_storage.PARALLEL_REQUESTS = args.in_flight
 
             client = storage.Client(project="test")
             client.create_bucket("bench")
@@ -122,12 +161,11 @@ def main() -> None:
                 local = root / f"kb-{kb:g}"
                 local.mkdir()
                 paths = write_shards(local, size, int(args.dataset_mb * 1e6))
-                saved, front.bandwidth = front.bandwidth, None
+                front.call("config", {"latency": 0.0, "bandwidth": None})
                 for path in paths:
                     client.bucket("bench").blob(f"kb-{kb:g}/{path.name}").upload_from_filename(str(path))
-                front.bandwidth = saved
                 # the front answers the shards' reads from these local copies (the emulator is slower than the link)
-                front.serve_files({f"bench/kb-{kb:g}/{path.name}": path for path in paths})
+                front.call("config", {"files": {f"bench/kb-{kb:g}/{path.name}": str(path) for path in paths}})
                 pattern = f"gs://bench/kb-{kb:g}/*.array_record"
                 batch_size = args.batch_size if size <= 10_000 else args.image_batch_size
                 batches = min(args.batches, len(loader.resolve(pattern)) // batch_size)
@@ -142,7 +180,7 @@ def main() -> None:
                         it.close()  # its prefetch stops before the link does
 
                 for latency in latencies:
-                    front.latency = latency
+                    front.call("config", {"latency": latency, "bandwidth": bandwidth})
 
                     def bound(records_per_request: float, in_flight: int) -> float:
                         b = in_flight / latency * records_per_request if latency else float("inf")
@@ -160,18 +198,19 @@ def main() -> None:
                         per_request = r["records"] / max(1, r["requests"])
                         print(f"| {latency * 1000:g} ms | {kb:g} KB x {r['records']:,} | {rule} | "
                               f"{r['records_per_s']:,.0f} | {r['requests']:,} | {r['ratio']:.2f}x | "
-                              f"{bound(per_request, PARALLEL_REQUESTS):,.0f} |", flush=True)
+                              f"{bound(per_request, our_storage.PARALLEL_REQUESTS):,.0f} |", flush=True)
                     if args.grain:
-                        front.seen.clear()
-                        front.bytes_out = 0
+                        front.quiet()
+                        front.call("reset", {})
                         g = read_grain([f"gs://bench/kb-{kb:g}/{path.name}" for path in paths],
-                                       batches * batch_size, batch_size, args.grain_threads)
-                        gets = sum(1 for method, _, _ in front.seen if method == "GET")
-                        served = g["records"] * size
+                                       batches * batch_size, args.grain_threads)
+                        stats = front.quiet()
                         print(f"| {latency * 1000:g} ms | {kb:g} KB x {g['records']:,} | grain ArrayRecordDataSource, "
-                              f"{args.grain_threads} threads | {g['records'] / g['seconds']:,.0f} | {gets:,} | "
-                              f"{front.bytes_out / served:.2f}x | "
-                              f"{bound(g['records'] / max(1, gets), args.grain_threads):,.0f} |", flush=True)
+                              f"{args.grain_threads} threads | {g['records'] / g['seconds']:,.0f} | {stats['gets']:,} | "
+                              f"{stats['bytes_out'] / (g['records'] * size):.2f}x | "
+                              f"{bound(g['records'] / max(1, stats['gets']), args.grain_threads):,.0f} |", flush=True)
+        finally:
+            front.close()
 
 
 if __name__ == "__main__":

@@ -128,6 +128,7 @@ class FaultFront(http.server.ThreadingHTTPServer):
         self.latency, self.bandwidth, self._link_free = latency, bandwidth, 0.0
         self.bytes_out = 0  # bytes of GET answers' bodies
         self.files: dict[tuple[str, str], Path] = {}
+        self.active = 0  # requests being answered
 
     def serve_files(self, files: dict[str, Path]) -> None:
         """Answers media reads of the objects `files` names ({"bucket/object": local copy}) from the copies."""
@@ -153,12 +154,17 @@ class FaultFront(http.server.ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
     def fail_next(self, status: int, times: int = 1, where: str = "") -> None:
+        """The next `times` requests whose path contains `where` are answered with `status`; status 0: answered in
+        full, but their body stops halfway and the connection drops."""
         with self.lock:
             self.faults += [(where, status)] * times
 
 
 class _Forward(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # headers and body go out in separate writes: with Nagle's algorithm the body waits for the client's delayed ACK
+    # of the headers (~40 ms on Linux), a latency of the front's own on every small answer
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):
         pass
@@ -167,13 +173,50 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         started = time.monotonic()
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         server: FaultFront = self.server
+        if self.path.startswith("/__front/"):
+            self._control(body)
+            return
+        with server.lock:
+            server.active += 1
+        try:
+            self._answer(body, started)
+        finally:
+            with server.lock:
+                server.active -= 1
+
+    def _control(self, body: bytes) -> None:
+        """The front run in a process of its own (`python tests/emulator.py front UPSTREAM`): POST /__front/config
+        {"latency", "bandwidth", "files"} sets the link and the files it serves; POST /__front/reset clears its
+        counts; GET /__front/stats gives {"bytes_out", "gets", "active"} (requests being answered)."""
+        server: FaultFront = self.server
+        if self.path == "/__front/config":
+            config = json.loads(body)
+            server.latency = config.get("latency", server.latency)
+            server.bandwidth = config.get("bandwidth", server.bandwidth)
+            server.serve_files({k: Path(v) for k, v in config.get("files", {}).items()})
+        elif self.path == "/__front/reset":
+            with server.lock:
+                server.seen.clear()
+                server.bytes_out = 0
+        with server.lock:
+            answer = json.dumps({"bytes_out": server.bytes_out, "active": server.active,
+                                 "gets": sum(1 for method, _, _ in server.seen if method == "GET")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def _answer(self, body: bytes, started: float) -> None:
+        server: FaultFront = self.server
         with server.lock:
             server.seen.append((self.command, self.path, self.headers.get("Range")))
             fault = next((f for f in server.faults if f[0] in self.path), None)
             if fault:
                 server.faults.remove(fault)
                 server.failed.append((fault[1], f"{self.command} {self.path}"))
-        if fault:
+        cut = bool(fault) and fault[1] == 0  # status 0: the answer's body stops halfway, the connection dropped
+        if fault and not cut:
             payload = b'{"error": {"code": %d, "message": "injected"}}' % fault[1]
             self.send_response(fault[1])
             self.send_header("Content-Type", "application/json")
@@ -200,7 +243,8 @@ class _Forward(http.server.BaseHTTPRequestHandler):
                 self.send_header(key, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self.wfile.write(data[:len(data) // 2] if cut else data)
+        self.close_connection = cut
         conn.close()
 
     def _local_file(self) -> Path | None:
@@ -274,3 +318,22 @@ def fault_front(upstream: str, latency: float = 0.0, bandwidth: float | None = N
     finally:
         front.shutdown()
         front.server_close()
+
+
+def main(argv: list[str]) -> None:
+    """`python tests/emulator.py front UPSTREAM`: a FaultFront in a process of its own (a benchmark's client threads
+    then do not share an interpreter lock with it); prints its port, serves until its stdin closes (its owner gone)."""
+    import sys
+
+    if len(argv) != 2 or argv[0] != "front":
+        sys.exit("usage: python tests/emulator.py front UPSTREAM")
+    front = FaultFront(argv[1])
+    threading.Thread(target=front.serve_forever, daemon=True).start()
+    print(front.server_address[1], flush=True)
+    sys.stdin.read()
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

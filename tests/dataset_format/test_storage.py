@@ -69,6 +69,23 @@ def test_transient_errors_are_retried_with_backoff(faulty_gcs, status, caplog):
     assert storage.read_text(f"gs://{bucket}/n.json") == "again"
 
 
+@pytest.mark.parametrize("fault", [503, 0])
+def test_a_range_read_cut_off_or_refused_is_retried_and_exact(faulty_gcs, fault, caplog):
+    """The loader's ranged reads (`read_range`): a 503, or an answer whose body stops halfway (the connection
+    dropped), is retried, and the bytes returned are exactly the range's."""
+    bucket, front = faulty_gcs
+    data = bytes(range(256)) * 400
+    storage.write_bytes(f"gs://{bucket}/shard", data)
+    front.fail_next(fault, times=2, where="/shard?")
+    with caplog.at_level(logging.WARNING, logger="dataset_format.storage"):
+        assert storage.read_range(f"gs://{bucket}/shard", 1000, 90_000) == data[1000:90_000]
+    assert [s for s, _ in front.failed] == [fault, fault]
+    assert len([r for r in caplog.records if "retrying" in r.getMessage()]) == 2
+    with pytest.raises(OSError, match="shorter than its index says"):
+        storage.read_range(f"gs://{bucket}/shard", len(data) - 10, len(data) + 10)
+    assert storage.read_range(f"gs://{bucket}/shard", len(data) + 5, len(data) + 10, exact=False) == b""
+
+
 def test_403_is_one_line_naming_bucket_and_object(faulty_gcs):
     bucket, front = faulty_gcs
     front.fail_next(403, where="m.json")
