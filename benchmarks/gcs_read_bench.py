@@ -1,20 +1,24 @@
-"""Reading gs:// through a shaped link: bytes downloaded per byte served, requests and records/s, ours against the
-link's bounds, in one run.
+"""Reading gs:// through a shaped link: records/s, requests, and bytes downloaded per byte served, ours against the
+link's bounds and grain's ArrayRecordDataSource, in one run.
 
-    .venv/bin/python benchmarks/gcs_read_bench.py [--record-kb 1,100] [--latency-ms 20,50] [--mbps 400] [--batches 20]
-                                                  [--grain]
+    .venv/bin/python benchmarks/gcs_read_bench.py [--record-kb 1,100] [--dataset-mb 32] [--latency-ms 20,50]
+                                                  [--mbps 400] [--cache-mb 8] [--grain]
 
-A local GCS emulator (tests/emulator.py) sits behind a front that holds each answer `--latency-ms` and shares
-`--mbps` MB/s among them (a shaped link; it also counts the bytes of every answer). For each record size, 8 shards
-of random records (ArrayRecord group_size:1, uncompressed: what bytes are served is what is stored) totalling
-`--dataset-mb` are uploaded, then read in a shuffled order, `--batches` batches of `--batch-size`:
-`loader.load("gs://.../*.array_record", batch_size=B, seed=0, decode=None)` (with `--cache-mb`: a chunk cache
-smaller than the dataset), with the loader's rule for merging chunks into one range request (a gap of at most
-REMOTE_GAP and at most REMOTE_WASTE percent more bytes than the chunks hold) and, as the anchor, a rule that merges by
-gap alone (1 MiB: what a local-disk coalescer does, scaled to a request's cost). Reported, for the records the loader's reader read (its prefetch included): records/s, requests, bytes the link
-carried / bytes of those records' chunks (the loader's rule: at most 1.5x; the front's count checked against the
-reader's), and the link's bound on records/s: min(requests in flight / latency x records a request, bandwidth / record
-size). The emulator is a Python HTTP server: at small records it, not the link, sets the pace.
+A local GCS emulator (tests/emulator.py) holds the objects; a front in its own process (tests/emulator.py's
+FaultFront) answers their reads from local copies, holding each answer `--latency-ms` and sharing `--mbps` MB/s among
+them (a shaped link; it counts the bytes it sends). For each record size, 8 shards of random records (ArrayRecord
+group_size:1, uncompressed) totalling `--dataset-mb` are uploaded, then, at each latency:
+- ours: `loader.load("gs://.../*.array_record", batch_size=B, seed=0, decode=None, cache_bytes=--cache-mb)`, one epoch
+  in a shuffled order (or `--batches`), with the loader's rule for merging chunks into one range request (a gap of at
+  most REMOTE_GAP and at most REMOTE_WASTE percent more bytes than the chunks hold) and, as the anchor, merging by gap
+  alone (1 MiB: what a local-disk coalescer does, scaled to a request's cost);
+- grain (`--grain`): `grain.sources.ArrayRecordDataSource` on the same objects (array_record's C++ client makes the
+  requests), read as MaxText reads it, `MapDataset.source(s).shuffle(seed).to_iter_dataset()` with 16 threads,
+  `--grain-records` records (its rate is steady).
+Reported: records/s handed out, GET requests, bytes the front sent / bytes of the records' chunks (ours: the chunks
+its reads asked for, read-ahead included; grain: the records read), and the link's bound on records/s: min(requests
+in flight / latency x records a request, bandwidth / record size). Client and front share the host's cores: where
+records/s stays under the bound, the Python HTTP client's CPU (~1.5 ms a request here) sets the pace.
 """
 
 from __future__ import annotations
@@ -85,10 +89,10 @@ def measure(read_batches, front: Front, spans) -> dict:
     front.call("reset", {})
     spans.requests = spans.downloaded = spans.records = spans.served = 0
     started = time.perf_counter()
-    read_batches()
+    handed = read_batches()
     seconds = time.perf_counter() - started
     stats = front.quiet()
-    return {"records_per_s": spans.records / seconds, "requests": stats["gets"], "records": spans.records,
+    return {"records_per_s": handed / seconds, "requests": stats["gets"], "records": spans.records,
             "ratio": stats["bytes_out"] / max(1, spans.served), "seconds": seconds}
 
 
@@ -115,12 +119,13 @@ def main() -> None:
     p.add_argument("--dataset-mb", type=float, default=64)
     p.add_argument("--latency-ms", default="20", help="latencies a request, ms, comma-separated")
     p.add_argument("--mbps", type=float, default=400, help="the link's bandwidth, MB/s (0: none)")
-    p.add_argument("--batches", type=int, default=20)
+    p.add_argument("--batches", type=int, default=0, help="ours: batches read (0: an epoch)")
+    p.add_argument("--grain-records", type=int, default=2560, help="grain: records read (its rate is steady)")
     p.add_argument("--batch-size", type=int, default=256, help="records a batch, for records up to 10 KB")
     p.add_argument("--image-batch-size", type=int, default=32, help="records a batch, for larger records")
     p.add_argument("--cache-mb", type=float, default=0, help="ours: a chunk cache of this many MB (0: none)")
     p.add_argument("--in-flight", type=int, default=0,
-                   help="ours: range requests in flight a process (default: dataset_format.storage.PARALLEL_REQUESTS)")
+                   help="ours: range requests in flight a process (default: loader.remote.IN_FLIGHT)")
     p.add_argument("--grain", action="store_true", help="also grain's ArrayRecordDataSource on the same link")
     p.add_argument("--grain-threads", type=int, default=16, help="grain's reading threads (its default: 16)")
     args = p.parse_args()
@@ -143,11 +148,10 @@ def main() -> None:
             from google.cloud import storage
 
             import loader
-            from dataset_format import storage as our_storage
-            from loader import reader
+            from loader import reader, remote
 
             if args.in_flight:
-                our_storage.PARALLEL_REQUESTS = args.in_flight
+                remote.IN_FLIGHT = args.in_flight
 
             client = storage.Client(project="test")
             client.create_bucket("bench")
@@ -168,14 +172,14 @@ def main() -> None:
                 front.call("config", {"files": {f"bench/kb-{kb:g}/{path.name}": str(path) for path in paths}})
                 pattern = f"gs://bench/kb-{kb:g}/*.array_record"
                 batch_size = args.batch_size if size <= 10_000 else args.image_batch_size
-                batches = min(args.batches, len(loader.resolve(pattern)) // batch_size)
+                epoch = len(loader.resolve(pattern)) // batch_size
+                batches = min(args.batches, epoch) if args.batches else epoch
                 options = dict(batch_size=batch_size, seed=0, decode=None, num_epochs=1)
 
-                def read_ours():
+                def read_ours() -> int:
                     it = iter(ours)
                     try:
-                        for _ in range(batches):
-                            next(it)
+                        return sum(len(next(it)) for _ in range(batches))
                     finally:
                         it.close()  # its prefetch stops before the link does
 
@@ -198,12 +202,12 @@ def main() -> None:
                         per_request = r["records"] / max(1, r["requests"])
                         print(f"| {latency * 1000:g} ms | {kb:g} KB x {r['records']:,} | {rule} | "
                               f"{r['records_per_s']:,.0f} | {r['requests']:,} | {r['ratio']:.2f}x | "
-                              f"{bound(per_request, our_storage.PARALLEL_REQUESTS):,.0f} |", flush=True)
+                              f"{bound(per_request, remote.IN_FLIGHT):,.0f} |", flush=True)
                     if args.grain:
                         front.quiet()
                         front.call("reset", {})
                         g = read_grain([f"gs://bench/kb-{kb:g}/{path.name}" for path in paths],
-                                       batches * batch_size, args.grain_threads)
+                                       min(args.grain_records, epoch * batch_size), args.grain_threads)
                         stats = front.quiet()
                         print(f"| {latency * 1000:g} ms | {kb:g} KB x {g['records']:,} | grain ArrayRecordDataSource, "
                               f"{args.grain_threads} threads | {g['records'] / g['seconds']:,.0f} | {stats['gets']:,} | "

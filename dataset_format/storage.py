@@ -265,10 +265,31 @@ def read_range(path: str, start: int, end: int, *, exact: bool = True) -> bytes:
     else:
         with _gcs_errors(path):
             data = _retrying(lambda: _get_range(path, start, end))
-    if exact and len(data) != end - start:
+    if exact:
+        check_length(path, start, end, data)
+    return data
+
+
+def check_length(path: str, start: int, end: int, data: bytes) -> None:
+    """Raises OSError unless `data` is all of bytes [start, end) of `path` (fewer: the file ends sooner)."""
+    if len(data) != end - start:
         raise OSError(f"{path}: read {len(data)} bytes at {start}, expected {end - start}; the file is shorter than "
                       "its index says (truncated or replaced): re-run the conversion or restage the data")
-    return data
+
+
+def media_url(path: str) -> str:
+    """The URL that downloads a gs:// object's bytes (a GET, with a Range for part of them)."""
+    return _media_url(path, os.getpid())
+
+
+def credentials():
+    """The credentials this process's Cloud Storage client uses (for requests made without it)."""
+    return _client()._credentials
+
+
+def exiting() -> bool:
+    """Whether the interpreter has started to exit (a wait to retry should end)."""
+    return _EXITING.is_set()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -282,7 +303,7 @@ def _get_range(path: str, start: int, end: int) -> bytes:
     request, which sets the pace of a loader reading gs:// (benchmarks/gcs_read_bench.py)."""
     from google.api_core import exceptions
 
-    response = _client()._http.get(_media_url(path, os.getpid()), timeout=(20, 120), stream=True,
+    response = _client()._http.get(media_url(path), timeout=(20, 120), stream=True,
                                    headers={"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
     try:
         if response.status_code == 416:  # the range starts past the end: the object is shorter

@@ -79,7 +79,7 @@ class LoaderConfig:
     records_per_read: int = 32768
     allow_incomplete: bool = False
     check_hashes: bool = True  # check riegeli's chunk hashes: a damaged byte is an error naming shard and record
-    cache_bytes: int = 0  # gs:// sources: keep up to this many bytes of recently read blocks in memory
+    cache_bytes: int = 0  # gs:// sources: keep up to this many bytes of chunks in memory (the first read)
     # A larger record is an error, checked before it is allocated; a read group may decode to this much, or 1,024 times
     # its stored bytes when that is more (loader/_riegeli.c: decompression bombs).
     max_record_bytes: int = MAX_RECORD_BYTES

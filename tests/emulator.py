@@ -25,6 +25,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The emulator's server answers one connection at a time with the socket module's default backlog of 5: more
+# connections at once (the loader's reads) had their SYNs dropped and waited ~1 s to resend them. A deeper backlog
+# queues them instead.
+_START = (
+    "import http.server, sys\n"
+    "http.server.HTTPServer.request_queue_size = 1024\n"
+    "from gcp_storage_emulator.__main__ import main\n"
+    "sys.argv[0] = 'gcp-storage-emulator'\n"
+    "sys.exit(main())\n"
+)
+
+
 @contextlib.contextmanager
 def running(config_dir: Path, data_dir: Path | None = None):
     """Starts the emulator, sets its client environment in this process (Beam's GCS filesystem and
@@ -33,9 +45,8 @@ def running(config_dir: Path, data_dir: Path | None = None):
     `data_dir` (its `.cloudstorage/.meta` and object files, read again at the next start: see `seed`)."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    exe = Path(sys.executable).with_name("gcp-storage-emulator")
     store = ["--in-memory"] if data_dir is None else []
-    proc = subprocess.Popen([str(exe), "start", "--host", "127.0.0.1", "--port", str(port), *store],
+    proc = subprocess.Popen([sys.executable, "-c", _START, "start", "--host", "127.0.0.1", "--port", str(port), *store],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "STORAGE_BASE": str(data_dir or config_dir)})
     creds = config_dir / "credentials.json"

@@ -180,6 +180,7 @@ class Worker:
         self._batches = iter(program.load_train(batch_size=config.batch_size * n, shard_index=index, shard_count=n))
         if loader_state is not None:
             self._batches.set_state(loader_state)
+        self._task, self._checked = program.task, False
         clip = optax.clip_by_global_norm(config.grad_clip) if config.grad_clip else None
 
         def gradients(flat, batch):
@@ -202,6 +203,11 @@ class Worker:
         versions = [v for v, _ in pulled]
         flat = assemble([values for _, values in pulled], self.shards)
         batch = next(self._batches)
+        if not self._checked:  # data the task cannot train on: one line before its first step, not a silent run
+            from trainer import tasks
+
+            tasks.check(self._task, batch)
+            self._checked = True
         loss, grads = self._gradients(flat, batch)
         parts = split({k: np.asarray(v) for k, v in grads.items()}, self.shards, len(self.servers))
         staleness = ray.get([ps.push.remote(part, v) for ps, part, v in zip(self.servers, parts, versions)])
@@ -260,6 +266,10 @@ class Coordinator:
             w, step_id = self._inflight.pop(ref)
             try:
                 result = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:
+                if isinstance(e.cause, ValueError):  # bad data or settings: the cause, as one line, not a retry
+                    raise e.cause from None
+                raise
             except ray.exceptions.RayActorError as e:
                 self._failures[w] += 1
                 if self._failures[w] > MAX_CONSECUTIVE_FAILURES:
