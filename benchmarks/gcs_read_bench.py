@@ -17,8 +17,8 @@ group_size:1, uncompressed) totalling `--dataset-mb` are uploaded, then, at each
   `--grain-records` records (its rate is steady).
 Reported: records/s handed out, GET requests, bytes the front sent / bytes of the records' chunks (ours: the chunks
 its reads asked for, read-ahead included; grain: the records read), and the link's bound on records/s: min(requests
-in flight / latency x records a request, bandwidth / record size). Client and front share the host's cores: where
-records/s stays under the bound, the Python HTTP client's CPU (~1.5 ms a request here) sets the pace.
+in flight / latency x records a request, bandwidth / record size), and the cores the front's process used meanwhile
+(it shares the host with the reader: on a small host, it and the reader's CPU set the pace before the link does).
 """
 
 from __future__ import annotations
@@ -86,13 +86,16 @@ class Front:
 def measure(read_batches, front: Front, spans) -> dict:
     """Runs `read_batches` and counts what the link carried and what the loader's reader served."""
     front.quiet()
-    front.call("reset", {})
+    cpu = front.call("reset", {})["cpu"]
     spans.requests = spans.downloaded = spans.records = spans.served = 0
     started = time.perf_counter()
     handed = read_batches()
     seconds = time.perf_counter() - started
+    stats = front.call("stats")
+    front_cores = (stats["cpu"] - cpu) / seconds
     stats = front.quiet()
     return {"records_per_s": handed / seconds, "requests": stats["gets"], "records": spans.records,
+            "front_cores": front_cores,
             "ratio": stats["bytes_out"] / max(1, spans.served), "seconds": seconds}
 
 
@@ -155,11 +158,12 @@ def main() -> None:
 
             client = storage.Client(project="test")
             client.create_bucket("bench")
-            print(f"link: {args.mbps:g} MB/s shared, the latency a request as given; {args.batches} batches in a "
-                  f"shuffled order; {os.cpu_count()} cores")
+            read = f"{args.batches} batches" if args.batches else "an epoch"
+            print(f"link: {args.mbps:g} MB/s shared, the latency a request as given; ours reads {read} in a shuffled "
+                  f"order; {os.cpu_count()} cores")
             print("| latency | records | reader | records/s | requests | bytes downloaded / bytes served | "
-                  "link bound, records/s |")
-            print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
+                  "link bound, records/s | front's CPU, cores |")
+            print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
             for kb in (float(k) for k in args.record_kb.split(",")):
                 size = int(kb * 1000)
                 local = root / f"kb-{kb:g}"
@@ -202,17 +206,20 @@ def main() -> None:
                         per_request = r["records"] / max(1, r["requests"])
                         print(f"| {latency * 1000:g} ms | {kb:g} KB x {r['records']:,} | {rule} | "
                               f"{r['records_per_s']:,.0f} | {r['requests']:,} | {r['ratio']:.2f}x | "
-                              f"{bound(per_request, remote.IN_FLIGHT):,.0f} |", flush=True)
+                              f"{bound(per_request, remote.IN_FLIGHT):,.0f} | {r['front_cores']:.2f} |", flush=True)
                     if args.grain:
                         front.quiet()
-                        front.call("reset", {})
+                        cpu = front.call("reset", {})["cpu"]
                         g = read_grain([f"gs://bench/kb-{kb:g}/{path.name}" for path in paths],
                                        min(args.grain_records, epoch * batch_size), args.grain_threads)
+                        stats = front.call("stats")
+                        front_cores = (stats["cpu"] - cpu) / g["seconds"]
                         stats = front.quiet()
                         print(f"| {latency * 1000:g} ms | {kb:g} KB x {g['records']:,} | grain ArrayRecordDataSource, "
                               f"{args.grain_threads} threads | {g['records'] / g['seconds']:,.0f} | {stats['gets']:,} | "
                               f"{stats['bytes_out'] / (g['records'] * size):.2f}x | "
-                              f"{bound(g['records'] / max(1, stats['gets']), args.grain_threads):,.0f} |", flush=True)
+                              f"{bound(g['records'] / max(1, stats['gets']), args.grain_threads):,.0f} | "
+                              f"{front_cores:.2f} |", flush=True)
         finally:
             front.close()
 

@@ -198,7 +198,8 @@ class _Forward(http.server.BaseHTTPRequestHandler):
     def _control(self, body: bytes) -> None:
         """The front run in a process of its own (`python tests/emulator.py front UPSTREAM`): POST /__front/config
         {"latency", "bandwidth", "files"} sets the link and the files it serves; POST /__front/reset clears its
-        counts; GET /__front/stats gives {"bytes_out", "gets", "active"} (requests being answered)."""
+        counts; GET /__front/stats gives {"bytes_out", "gets", "active"} (requests being answered) and "cpu" (the CPU
+        seconds of its process)."""
         server: FaultFront = self.server
         if self.path == "/__front/config":
             config = json.loads(body)
@@ -210,7 +211,7 @@ class _Forward(http.server.BaseHTTPRequestHandler):
                 server.seen.clear()
                 server.bytes_out = 0
         with server.lock:
-            answer = json.dumps({"bytes_out": server.bytes_out, "active": server.active,
+            answer = json.dumps({"bytes_out": server.bytes_out, "active": server.active, "cpu": time.process_time(),
                                  "gets": sum(1 for method, _, _ in server.seen if method == "GET")}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
