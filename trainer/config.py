@@ -84,6 +84,7 @@ class TrainConfig:
     eval_every: int = 250  # steps between evaluations of eval_data
     checkpoint_every: int = 250  # steps between checkpoints (also one at the end and at SIGTERM)
     data_workers: int = 0  # loader worker processes for `data` (0: threads in this process)
+    allow_incomplete: bool = False  # train on the shards that converted when a conversion's manifest lists failures
     # 0: stream batches from the loader. N > 0: read N batches once, keep them on the devices and cycle
     # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.
     in_memory_batches: int = 0

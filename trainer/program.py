@@ -53,7 +53,7 @@ class Program:
             raise ValueError(f"packing=true needs a task that packs token sequences (task=lm); task={config.task!r} "
                              "does not")
         model = models.make(config.model, {**task.model_kwargs(), **config.model_size})
-        return cls(config, task, model, _sample(data, split, task), split)
+        return cls(config, task, model, _sample(data, split, task, config.allow_incomplete), split)
 
     # --- parameters, model state and optimizer ------------------------------------------------
     def init_variables(self) -> dict[str, Any]:
@@ -88,7 +88,7 @@ class Program:
                      {"features": self.task.features, "random_map_fn": augment} if augment is not None else
                      {"features": self.task.features, "map_fn": _preprocess(self.task)})
         options = dict(batch_size=c.batch_size, seed=c.seed, split=self.train_split, worker_count=c.data_workers,
-                       **task_args)
+                       allow_incomplete=c.allow_incomplete, **task_args)
         if isinstance(c.data_source, dict):  # TFDS components default to their train split
             options.update(split=c.split, weights=c.data_weights)
         return loader.load(c.data_source, **{**options, **kwargs})
@@ -183,6 +183,7 @@ class Program:
         config, task = self.config, self.task
         batches = loader.load(data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
                               drop_remainder=False, split=source_split(data, "test"),
+                              allow_incomplete=config.allow_incomplete,
                               features=task.features, map_fn=_preprocess(task))
         per_process = config.batch_size // jax.process_count()
         totals: dict[str, float] = {}
@@ -229,10 +230,11 @@ def _feature_specs(data: str) -> dict[str, dict]:
     return tfds_info.feature_specs(features) if features else {}
 
 
-def _sample(data: str, split: str | None, task) -> dict[str, np.ndarray]:
+def _sample(data: str, split: str | None, task, allow_incomplete: bool) -> dict[str, np.ndarray]:
     """The first record as the task sees it, a batch of one (all features are decoded once, to name them if one
     is missing)."""
-    one = dict(batch_size=1, shuffle=False, split=split, shard_index=0, shard_count=1)
+    one = dict(batch_size=1, shuffle=False, split=split, shard_index=0, shard_count=1,
+               allow_incomplete=allow_incomplete)
     record = next(iter(loader.load(data, **one)))
     missing = [f for f in task.features if f not in record]
     if missing:

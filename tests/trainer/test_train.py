@@ -151,6 +151,26 @@ def test_bad_config_is_one_line(tmp_path):
     assert proc.returncode == 2 and "strategy='tpu_pod' is not one of" in proc.stderr
 
 
+def test_an_incomplete_conversion_is_refused_unless_allow_incomplete(digits, tmp_path):
+    """A manifest that lists a failed shard: one line naming it and both ways on; allow_incomplete=true trains on the
+    shards that converted."""
+    data = tmp_path / "train"
+    shutil.copytree(digits["train"], data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["failed"] = [{"source": "/data/digits-train-00003-of-00004.tfrecord", "error": "DataLossError: corrupted"}]
+    manifest["complete"] = False
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    args = (f"data={data}", f"workdir={tmp_path / 'run'}", "model=mlp", "num_classes=10", "steps=2", "log_every=1")
+    refused = run_trainer(*args)
+    last = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2 and "the conversion is incomplete (1 shard(s) failed, e.g. /data/digits-train-" \
+        "00003-of-00004.tfrecord)" in last and last.endswith("(python -m trainer: allow_incomplete=true) to load the "
+                                                             "shards that converted"), last
+    allowed = run_trainer(*args, "allow_incomplete=true")
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert [r["step"] for r in _metrics(tmp_path / "run")] == [1, 2]
+
+
 def test_labels_outside_num_classes_are_one_line_before_step_1(digits, tmp_path):
     """Digits' labels are 0..9: num_classes=9 would train with the 9s' one-hot all zeros, silently."""
     proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "num_classes=9", "steps=5")
