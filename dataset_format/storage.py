@@ -54,6 +54,12 @@ def join(directory: str, name: str) -> str:
     return directory.rstrip("/") + "/" + name if is_remote(directory) else os.path.join(directory, name)
 
 
+def makedirs(directory: str) -> None:
+    """Creates a local directory and its parents (gs:// has no directories: nothing to do)."""
+    if not is_remote(directory):
+        os.makedirs(directory, exist_ok=True)
+
+
 def has_glob(path: str) -> bool:
     return bool(_GLOB_CHARS.search(path))
 

@@ -28,9 +28,21 @@ def free_port() -> int:
 # The emulator's server answers one connection at a time with the socket module's default backlog of 5: more
 # connections at once (the loader's reads) had their SYNs dropped and waited ~1 s to resend them. A deeper backlog
 # queues them instead.
+# Its media downloads also lack the x-goog-generation header Cloud Storage sends: tensorstore (orbax's array writer)
+# then reads generation 0 and orbax's second checkpoint fails ("Malformed StorageGeneration"). The wrapper adds it.
 _START = (
     "import http.server, sys\n"
     "http.server.HTTPServer.request_queue_size = 1024\n"
+    "from gcp_storage_emulator.handlers import objects\n"
+    "_download = objects.download\n"
+    "def download(request, response, storage, *args, **kwargs):\n"
+    "    _download(request, response, storage, *args, **kwargs)\n"
+    "    try:\n"
+    "        obj = storage.get_file_obj(request.params['bucket_name'], request.params['object_id'])\n"
+    "        response['x-goog-generation'] = str(obj['generation'])\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "objects.download = download\n"
     "from gcp_storage_emulator.__main__ import main\n"
     "sys.argv[0] = 'gcp-storage-emulator'\n"
     "sys.exit(main())\n"
@@ -54,6 +66,10 @@ def running(config_dir: Path, data_dir: Path | None = None):
                                  "refresh_token": "test", "token": "test-token",
                                  "expiry": "2099-01-01T00:00:00Z"}))
     env = {"STORAGE_EMULATOR_HOST": endpoint, "CLOUD_STORAGE_EMULATOR_ENDPOINT": endpoint,
+           # orbax: tensorstore writes the arrays, etils.epath (through fsspec/gcsfs, not TensorFlow's GCS client,
+           # which cannot be pointed at an emulator) the rest; gcsfs's bucket-type probe waits ~60 s on an emulator
+           "TENSORSTORE_GCS_HTTP_URL": endpoint, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
+           "EPATH_USE_TF": "false", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
            "NO_GCE_CHECK": "true", "GOOGLE_CLOUD_PROJECT": "test", "CLOUDSDK_CONFIG": str(config_dir),
            "GOOGLE_APPLICATION_CREDENTIALS": str(creds)}
     deadline = time.monotonic() + 30

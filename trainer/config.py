@@ -12,6 +12,8 @@ import re
 import types
 import typing
 
+from dataset_format import storage
+
 STRATEGIES = ("default", "one_device", "mirrored", "central_storage", "fsdp", "multi_worker", "tpu", "parameter_server")
 MODES = ("train", "evaluate")
 OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
@@ -117,8 +119,10 @@ class TrainConfig:
 
     @property
     def checkpoint_dir(self) -> str:
-        """WORKDIR/checkpoints, absolute (as orbax wants it): the trainers write it, the evaluator reads it."""
-        return os.path.abspath(os.path.join(self.workdir, "checkpoints"))
+        """WORKDIR/checkpoints, absolute (as orbax wants it; a gs:// workdir as it is): the trainers write it, the
+        evaluator reads it."""
+        directory = storage.join(self.workdir, "checkpoints")
+        return directory if storage.is_remote(directory) else os.path.abspath(directory)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes",

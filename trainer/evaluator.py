@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from dataset_format import storage
 from trainer import accelerators, metrics as metrics_lib, strategy as strategies
 from trainer.config import TrainConfig
 from trainer.program import Program
@@ -38,7 +39,7 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     strategy = strategies.make(config.strategy if config.strategy in _LOCAL_STRATEGIES else "mirrored",
                                device=config.device)
     checkpoints = config.checkpoint_dir
-    eval_dir = os.path.join(config.workdir, "eval")
+    eval_dir = storage.join(config.workdir, "eval")
     done = [r["step"] for r in metrics_lib.read(eval_dir)]
     last = max(done, default=0)
     if last >= config.steps:
@@ -50,7 +51,7 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
         abstract["model_state"] = jax.tree.map(on_devices, program.abstract_model_state())
     log.info("evaluator: watching %s for checkpoints after step %d, until step %d (eval_timeout=%gs); results in %s",
              checkpoints, last, config.steps, config.eval_timeout, eval_dir)
-    os.makedirs(checkpoints, exist_ok=True)  # the trainer may not have started yet
+    storage.makedirs(checkpoints)  # the trainer may not have started yet
     writer = metrics_lib.MetricsWriter(eval_dir, last, tensorboard_dir=eval_dir)
     record: dict[str, Any] = {}
     evaluated = skipped = 0
@@ -79,7 +80,7 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
 def restore_params(checkpoints: str, step: int, abstract: dict) -> dict | None:
     """{"params": ..., and "model_state" when `abstract` has it} of checkpoint `step` (a partial restore: no
     optimizer state is read), or None when the checkpoint was deleted (max_to_keep) before or while it was read."""
-    path = os.path.join(checkpoints, str(step), "state")
+    path = storage.join(storage.join(checkpoints, str(step)), "state")
     try:
         with ocp.PyTreeCheckpointer() as checkpointer:
             restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
@@ -87,7 +88,7 @@ def restore_params(checkpoints: str, step: int, abstract: dict) -> dict | None:
                 partial_restore=True))
         return restored
     except Exception:  # noqa: BLE001 - whatever the storage layer raised, it only matters if the files are still there
-        if os.path.exists(path):
+        if storage.exists(storage.join(path, "_METADATA")) if storage.is_remote(path) else os.path.exists(path):
             raise
         log.warning("evaluator: checkpoint %d was deleted (max_to_keep) before it could be read; skipped", step)
         return None

@@ -1,5 +1,7 @@
 """Where a run's numbers go: DIR/metrics.jsonl (one JSON record per line), TensorBoard (DIR/tensorboard when
-tensorboardX is installed) and nothing else. The training loops write WORKDIR, the evaluator WORKDIR/eval."""
+tensorboardX is installed) and nothing else. The training loops write WORKDIR, the evaluator WORKDIR/eval. DIR may
+be gs://: Cloud Storage has no appends, so there the file is rewritten whole at each record (one small object write
+a `log_every`; readers see every record up to the last, never a torn line)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,11 @@ import logging
 import math
 import os
 
+from dataset_format import storage
+
 log = logging.getLogger(__name__)
+
+NAME = "metrics.jsonl"
 
 
 class MetricsWriter:
@@ -16,29 +22,40 @@ class MetricsWriter:
     of later steps (logged before the restart, repeated now)."""
 
     def __init__(self, directory: str, start: int = 0, *, tensorboard_dir: str | None = None):
-        os.makedirs(directory, exist_ok=True)
-        self.path = os.path.join(directory, "metrics.jsonl")
-        self._truncate_after(start)
-        self._file = open(self.path, "a")
-        self._tb = _tensorboard(tensorboard_dir or os.path.join(directory, "tensorboard"))
+        storage.makedirs(directory)
+        self.path = storage.join(directory, NAME)
+        self._remote = storage.is_remote(self.path)
+        self._lines = self._kept_until(start)
+        self._file = None if self._remote else open(self.path, "a")
+        self._tb = _tensorboard(tensorboard_dir or storage.join(directory, "tensorboard"))
 
-    def _truncate_after(self, start: int) -> None:
-        if not os.path.exists(self.path):
-            return
-        with open(self.path) as f:
-            lines = f.read().splitlines()
-        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= start]
+    def _kept_until(self, start: int) -> list[str]:
+        """The records up to step `start` (the file rewritten without the later ones); on gs:// they are kept to
+        rewrite the object with each new record."""
+        text = storage.read_text(self.path)
+        if text is None:
+            return []
+        lines = [line for line in text.splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= start]
         if len(kept) < len(lines):
             log.info("%s: dropped %d record(s) after step %d (logged before the restart, repeated now)", self.path,
                      len(lines) - len(kept), start)
-            with open(self.path + ".tmp", "w") as f:
-                f.writelines(line + "\n" for line in kept)
-            os.replace(self.path + ".tmp", self.path)
+            if self._remote:
+                storage.write_text(self.path, "".join(line + "\n" for line in kept))
+            else:
+                with open(self.path + ".tmp", "w") as f:
+                    f.writelines(line + "\n" for line in kept)
+                os.replace(self.path + ".tmp", self.path)
+        return kept if self._remote else []
 
     def write(self, record: dict) -> None:
-        self._file.write(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None)
-                                     for k, v in record.items()}) + "\n")
-        self._file.flush()
+        line = json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in record.items()})
+        if self._remote:
+            self._lines.append(line)
+            storage.write_text(self.path, "".join(x + "\n" for x in self._lines))
+        else:
+            self._file.write(line + "\n")
+            self._file.flush()
         if self._tb:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -46,18 +63,16 @@ class MetricsWriter:
             self._tb.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb:
             self._tb.close()
 
 
 def read(directory: str) -> list[dict]:
     """The records of DIR/metrics.jsonl ([] when there is none)."""
-    path = os.path.join(directory, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    text = storage.read_text(storage.join(directory, NAME))
+    return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
 
 
 def _tensorboard(directory: str):

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
+from dataset_format import storage
 from trainer import accelerators, tasks
 from trainer import strategy as strategies
 from trainer.config import TrainConfig
@@ -56,7 +57,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     if config.strategy == "tpu" and _on_multi_host_tpu() and not jax.distributed.is_initialized():
         jax.distributed.initialize()  # a multi-host TPU slice: JAX finds the cluster from the TPU metadata
     accelerators.warn_if_unused()  # (after jax.distributed.initialize: it must come before JAX picks a backend)
-    os.makedirs(config.workdir, exist_ok=True)
+    storage.makedirs(config.workdir)
     strategy = strategies.make(config.strategy, device=config.device)
     chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints
     replicas = strategy.num_replicas_in_sync
