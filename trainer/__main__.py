@@ -1,6 +1,7 @@
 """`python -m trainer [--config FILE] key=value ...`: see trainer/config.py for the keys.
 
-Exit status: 0 when the run finished its steps; 2 for a bad setting or bad data (one line on stderr); PREEMPTED (143,
+Exit status: 0 when the run finished its steps; 2 for a bad setting or bad data (one line on stderr); 1 for any
+other failure (its traceback, then its cause as the last line); PREEMPTED (143,
 128 + SIGTERM, the convention for a process ended by SIGTERM) when a SIGTERM stopped it after saving a checkpoint, so
 a scheduler that restarts failed jobs (Kubernetes `restartPolicy: OnFailure`, JobSet, Slurm `--requeue`) restarts it
 and it resumes from that checkpoint."""
@@ -38,6 +39,13 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad data, strategy or hardware: say what, not where
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - the traceback for the record, then the cause as the last line (a
+        # traceback through grain ends in its note on the frames it removed, not in the error)
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+        return 1
     print(json.dumps({"summary": summary, "workdir": config.workdir}, indent=1))
     return PREEMPTED if summary.get("preempted") else 0
 

@@ -171,6 +171,24 @@ def test_an_incomplete_conversion_is_refused_unless_allow_incomplete(digits, tmp
     assert [r["step"] for r in _metrics(tmp_path / "run")] == [1, 2]
 
 
+def test_a_shard_damaged_during_training_ends_the_run_with_the_shard_as_the_last_line(digits, tmp_path):
+    """A chunk damaged after the run started (its first batch read): the failure's last line names the shard and the
+    fix, not grain's note on the frames it removed."""
+    from loader.source import resolve
+
+    data = tmp_path / "train"
+    shutil.copytree(digits["train"], data)
+    shard = resolve(str(data)).paths[-1]
+    raw = bytearray(open(shard, "rb").read())
+    raw[len(raw) // 2] ^= 0xFF  # in a chunk's data, far from the first records
+    open(shard, "wb").write(bytes(raw))
+    proc = run_trainer(f"data={data}", f"workdir={tmp_path / 'run'}", "model=mlp", "num_classes=10", "steps=200",
+                       "batch_size=32", "log_every=100")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith(f"error: OSError: {shard}: record ") and \
+        "the shard is corrupt: re-run the conversion" in last, proc.stderr[-3000:]
+
+
 def test_labels_outside_num_classes_are_one_line_before_step_1(digits, tmp_path):
     """Digits' labels are 0..9: num_classes=9 would train with the 9s' one-hot all zeros, silently."""
     proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "num_classes=9", "steps=5")
