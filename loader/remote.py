@@ -81,7 +81,8 @@ class _Loop:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=IN_FLIGHT, ttl_dns_cache=300),
-                timeout=aiohttp.ClientTimeout(total=_TIMEOUT_SECONDS), auto_decompress=False)
+                timeout=aiohttp.ClientTimeout(total=_TIMEOUT_SECONDS), auto_decompress=False,
+                trust_env=True)  # HTTPS_PROXY and NO_PROXY, as google-cloud-storage's requests honours them
             self._gate = asyncio.Semaphore(IN_FLIGHT)
         return await asyncio.gather(*(self._one(url, path, start, end, headers) for url, path, start, end in requests))
 
