@@ -4,9 +4,9 @@ link's bounds and grain's ArrayRecordDataSource, in one run.
     .venv/bin/python benchmarks/gcs_read_bench.py [--record-kb 1,100] [--dataset-mb 32] [--latency-ms 20,50]
                                                   [--mbps 400] [--cache-mb 8] [--grain]
 
-A local GCS emulator (tests/emulator.py) holds the objects; a front in its own process (tests/emulator.py's
-FaultFront) answers their reads from local copies, holding each answer `--latency-ms` and sharing `--mbps` MB/s among
-them (a shaped link; it counts the bytes it sends). For each record size, 8 shards of random records (ArrayRecord
+A local GCS emulator (tests/emulator.py) holds the objects; a shaped link in its own process (tests/shaped_link.py,
+aiohttp) answers their reads from local copies, holding each answer `--latency-ms` and sharing `--mbps` MB/s among
+them (it counts the bytes it sends). For each record size, 8 shards of random records (ArrayRecord
 group_size:1, uncompressed) totalling `--dataset-mb` are uploaded, then, at each latency:
 - ours: `loader.load("gs://.../*.array_record", batch_size=B, seed=0, decode=None, cache_bytes=--cache-mb)`, one epoch
   in a shuffled order (or `--batches`), with the loader's rule for merging chunks into one range request (a gap of at
@@ -17,8 +17,8 @@ group_size:1, uncompressed) totalling `--dataset-mb` are uploaded, then, at each
   `--grain-records` records (its rate is steady).
 Reported: records/s handed out, GET requests, bytes the front sent / bytes of the records' chunks (ours: the chunks
 its reads asked for, read-ahead included; grain: the records read), and the link's bound on records/s: min(requests
-in flight / latency x records a request, bandwidth / record size), and the cores the front's process used meanwhile
-(it shares the host with the reader: on a small host, it and the reader's CPU set the pace before the link does).
+in flight / latency x records a request, bandwidth / record size), and the cores the reader's process and the link's
+used meanwhile (they share the host: on a small one, their CPU sets the pace before the link does).
 """
 
 from __future__ import annotations
@@ -49,15 +49,14 @@ def write_shards(directory: Path, record_bytes: int, total: int, shards: int = 8
 
 
 class Front:
-    """tests/emulator.py's shaped front, in a process of its own: its threads do not share this process's interpreter
-    lock with the readers measured."""
+    """The shaped link (tests/shaped_link.py), a process of its own before the emulator."""
 
     def __init__(self, upstream: str):
         import subprocess
         import sys
 
-        script = Path(__file__).resolve().parents[1] / "tests" / "emulator.py"
-        self._proc = subprocess.Popen([sys.executable, str(script), "front", upstream], stdin=subprocess.PIPE,
+        script = Path(__file__).resolve().parents[1] / "tests" / "shaped_link.py"
+        self._proc = subprocess.Popen([sys.executable, str(script), upstream], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{int(self._proc.stdout.readline())}"
 
@@ -66,7 +65,7 @@ class Front:
         import urllib.request
 
         data = None if payload is None else json.dumps(payload).encode()
-        with urllib.request.urlopen(urllib.request.Request(f"{self.url}/__front/{what}", data=data)) as answer:
+        with urllib.request.urlopen(urllib.request.Request(f"{self.url}/__link/{what}", data=data)) as answer:
             return json.loads(answer.read())
 
     def quiet(self, seconds: float = 60) -> dict:
@@ -88,14 +87,15 @@ def measure(read_batches, front: Front, spans) -> dict:
     front.quiet()
     cpu = front.call("reset", {})["cpu"]
     spans.requests = spans.downloaded = spans.records = spans.served = 0
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     handed = read_batches()
     seconds = time.perf_counter() - started
+    reader_cores = (time.process_time() - cpu_started) / seconds
     stats = front.call("stats")
     front_cores = (stats["cpu"] - cpu) / seconds
     stats = front.quiet()
     return {"records_per_s": handed / seconds, "requests": stats["gets"], "records": spans.records,
-            "front_cores": front_cores,
+            "front_cores": front_cores, "reader_cores": reader_cores,
             "ratio": stats["bytes_out"] / max(1, spans.served), "seconds": seconds}
 
 
@@ -108,12 +108,13 @@ def read_grain(paths: list[str], records: int, threads: int) -> dict:
     source = grain.sources.ArrayRecordDataSource(paths)
     ds = grain.MapDataset.source(source).shuffle(seed=0)
     it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)))
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for _ in range(records):
         next(it)
     seconds = time.perf_counter() - started
+    reader_cores = (time.process_time() - cpu_started) / seconds
     it.close()
-    return {"records": records, "seconds": seconds}
+    return {"records": records, "seconds": seconds, "reader_cores": reader_cores}
 
 
 def main() -> None:
@@ -162,8 +163,8 @@ def main() -> None:
             print(f"link: {args.mbps:g} MB/s shared, the latency a request as given; ours reads {read} in a shuffled "
                   f"order; {os.cpu_count()} cores")
             print("| latency | records | reader | records/s | requests | bytes downloaded / bytes served | "
-                  "link bound, records/s | front's CPU, cores |")
-            print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+                  "link bound, records/s | reader's CPU, cores | link's CPU, cores |")
+            print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
             for kb in (float(k) for k in args.record_kb.split(",")):
                 size = int(kb * 1000)
                 local = root / f"kb-{kb:g}"
@@ -206,7 +207,8 @@ def main() -> None:
                         per_request = r["records"] / max(1, r["requests"])
                         print(f"| {latency * 1000:g} ms | {kb:g} KB x {r['records']:,} | {rule} | "
                               f"{r['records_per_s']:,.0f} | {r['requests']:,} | {r['ratio']:.2f}x | "
-                              f"{bound(per_request, remote.IN_FLIGHT):,.0f} | {r['front_cores']:.2f} |", flush=True)
+                              f"{bound(per_request, remote.IN_FLIGHT):,.0f} | {r['reader_cores']:.2f} | "
+                              f"{r['front_cores']:.2f} |", flush=True)
                     if args.grain:
                         front.quiet()
                         cpu = front.call("reset", {})["cpu"]
@@ -219,7 +221,7 @@ def main() -> None:
                               f"{args.grain_threads} threads | {g['records'] / g['seconds']:,.0f} | {stats['gets']:,} | "
                               f"{stats['bytes_out'] / (g['records'] * size):.2f}x | "
                               f"{bound(g['records'] / max(1, stats['gets']), args.grain_threads):,.0f} | "
-                              f"{front_cores:.2f} |", flush=True)
+                              f"{g['reader_cores']:.2f} | {front_cores:.2f} |", flush=True)
         finally:
             front.close()
 

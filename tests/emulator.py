@@ -1,5 +1,5 @@
 """A local GCS emulator (gcp-storage-emulator) and the environment its clients need: for the tests' fixture and for
-benchmarks that measure against gs:// (benchmarks/plan_bench.py --gcs)."""
+benchmarks that measure against gs:// (benchmarks/plan_bench.py --gcs, benchmarks/gcs_read_bench.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import http.client
 import http.server
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -135,46 +134,21 @@ def seed(data_dir: Path, bucket: str, objects: dict[str, bytes | tuple[bytes, di
 class FaultFront(http.server.ThreadingHTTPServer):
     """An HTTP front on 127.0.0.1 that forwards to the emulator and answers the next requests whose path contains a
     given text with a given status instead (`fail_next`); `failed` lists what it answered so, `seen` every request.
-
-    `serve_files` lets it answer media reads (`?alt=media`, with or without a Range) of given objects itself, from
-    local copies of their bytes: the emulator, a Python server that copies every answer through its JSON metadata
-    layer, moves ~40-50 MB/s on 2 cores and mishandles suffix ranges (`bytes=-N` answered with the whole object),
-    which array_record's C++ client sends; served here, the link's shaping sets the pace."""
+    (Benchmarks shape the link with tests/shaped_link.py.)"""
 
     daemon_threads = True
-    request_queue_size = 1024  # hundreds of connections may open at once
+    request_queue_size = 1024  # many connections may open at once (the loader's reads)
 
-    def __init__(self, upstream: str, latency: float = 0.0, bandwidth: float | None = None):
+    def __init__(self, upstream: str):
         super().__init__(("127.0.0.1", 0), _Forward)
         self.upstream = urllib.parse.urlsplit(upstream)
         self.faults: list[tuple[str, int]] = []  # (text in the path, status), consumed in order
         self.failed: list[tuple[int, str]] = []
         self.seen: list[tuple[str, str, str | None]] = []  # every request: (method, path, Range header)
         self.lock = threading.Lock()
-        # A shaped link (benchmarks): each answer waits `latency` seconds, and the answers share `bandwidth` bytes/s.
-        self.latency, self.bandwidth, self._link_free = latency, bandwidth, 0.0
-        self.bytes_out = 0  # bytes of GET answers' bodies
-        self.files: dict[tuple[str, str], Path] = {}
-        self.active = 0  # requests being answered
-
-    def serve_files(self, files: dict[str, Path]) -> None:
-        """Answers media reads of the objects `files` names ({"bucket/object": local copy}) from the copies."""
-        for key, path in files.items():
-            bucket, _, name = key.partition("/")
-            self.files[bucket, name] = Path(path)
-
-    def shape(self, size: int, started: float) -> None:
-        """Holds an answer of `size` bytes until the shaped link would have delivered it."""
-        done = started + self.latency
-        if self.bandwidth:
-            with self.lock:
-                self._link_free = max(self._link_free, time.monotonic()) + size / self.bandwidth
-                done = max(done, self._link_free)
-        time.sleep(max(0.0, done - time.monotonic()))
 
     def handle_error(self, request, client_address) -> None:
-        """A client that drops its connection mid-answer (array_record's does, after an open-ended range) is not
-        an error of the front's."""
+        """A client that drops its connection mid-answer is not an error of the front's."""
         import sys
 
         if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
@@ -197,45 +171,7 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         pass
 
     def _handle(self):
-        started = time.monotonic()
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        server: FaultFront = self.server
-        if self.path.startswith("/__front/"):
-            self._control(body)
-            return
-        with server.lock:
-            server.active += 1
-        try:
-            self._answer(body, started)
-        finally:
-            with server.lock:
-                server.active -= 1
-
-    def _control(self, body: bytes) -> None:
-        """The front run in a process of its own (`python tests/emulator.py front UPSTREAM`): POST /__front/config
-        {"latency", "bandwidth", "files"} sets the link and the files it serves; POST /__front/reset clears its
-        counts; GET /__front/stats gives {"bytes_out", "gets", "active"} (requests being answered) and "cpu" (the CPU
-        seconds of its process)."""
-        server: FaultFront = self.server
-        if self.path == "/__front/config":
-            config = json.loads(body)
-            server.latency = config.get("latency", server.latency)
-            server.bandwidth = config.get("bandwidth", server.bandwidth)
-            server.serve_files({k: Path(v) for k, v in config.get("files", {}).items()})
-        elif self.path == "/__front/reset":
-            with server.lock:
-                server.seen.clear()
-                server.bytes_out = 0
-        with server.lock:
-            answer = json.dumps({"bytes_out": server.bytes_out, "active": server.active, "cpu": time.process_time(),
-                                 "gets": sum(1 for method, _, _ in server.seen if method == "GET")}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def _answer(self, body: bytes, started: float) -> None:
         server: FaultFront = self.server
         with server.lock:
             server.seen.append((self.command, self.path, self.headers.get("Range")))
@@ -252,19 +188,11 @@ class _Forward(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(payload)
             return
-        local = self._local_file() if self.command == "GET" and server.files else None
-        if local is not None:
-            self._serve(local, started)
-            return
         conn = http.client.HTTPConnection(server.upstream.hostname, server.upstream.port, timeout=30)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
         conn.request(self.command, self.path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
-        if self.command == "GET":
-            with server.lock:
-                server.bytes_out += len(data)
-        server.shape(len(data), started)
         self.send_response(response.status)
         for key, value in response.getheaders():
             if key.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -275,93 +203,16 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         self.close_connection = cut
         conn.close()
 
-    def _local_file(self) -> Path | None:
-        split = urllib.parse.urlsplit(self.path)
-        match = _MEDIA.fullmatch(split.path)
-        if not match or "media" not in urllib.parse.parse_qs(split.query).get("alt", []):
-            return None
-        return self.server.files.get((match[1], urllib.parse.unquote(match[2])))
-
-    def _serve(self, path: Path, started: float) -> None:
-        """A media read as Cloud Storage answers it: 200 and the object, or 206 and the range asked (`a-b`, `a-` or
-        the suffix `-n`), or 416 for a range that starts past the end."""
-        size = path.stat().st_size
-        begin, end, status = 0, size, 200
-        asked = self.headers.get("Range")
-        if asked:
-            match = re.fullmatch(r"bytes=(\d*)-(\d*)", asked.strip())
-            if not match or not (match[1] or match[2]):
-                self.send_error(400, f"bad Range {asked!r}")
-                return
-            if match[1]:
-                begin = int(match[1])
-                end = min(size, int(match[2]) + 1) if match[2] else size
-            else:
-                begin = max(0, size - int(match[2]))
-            if begin >= size:
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{size}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            status = 206
-        self.send_response(status)
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {begin}-{end - 1}/{size}")
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(end - begin))
-        server: FaultFront = self.server
-        with open(path, "rb") as f:
-            f.seek(begin)
-            # in pieces, each held until the shaped link would have carried it, and counted once sent: a client
-            # that reads an open-ended range (`bytes=N-`) and drops the connection pays for what it took
-            first = True
-            while begin < end:
-                piece = f.read(min(_PIECE, end - begin))
-                server.shape(len(piece), started if first else float("-inf"))
-                if first:
-                    self.end_headers()
-                    first = False
-                self.wfile.write(piece)
-                with server.lock:
-                    server.bytes_out += len(piece)
-                begin += len(piece)
-        if first:
-            self.end_headers()
-
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
 
 
-_PIECE = 256 << 10
-_MEDIA = re.compile(r"(?:/download)?/storage/v1/b/([^/]+)/o/(.+)")
-
-
 @contextlib.contextmanager
-def fault_front(upstream: str, latency: float = 0.0, bandwidth: float | None = None):
+def fault_front(upstream: str):
     """A running FaultFront before `upstream` (the emulator's endpoint); point STORAGE_EMULATOR_HOST at its `url`."""
-    front = FaultFront(upstream, latency, bandwidth)
+    front = FaultFront(upstream)
     threading.Thread(target=front.serve_forever, daemon=True).start()
     try:
         yield front
     finally:
         front.shutdown()
         front.server_close()
-
-
-def main(argv: list[str]) -> None:
-    """`python tests/emulator.py front UPSTREAM`: a FaultFront in a process of its own (a benchmark's client threads
-    then do not share an interpreter lock with it); prints its port, serves until its stdin closes (its owner gone)."""
-    import sys
-
-    if len(argv) != 2 or argv[0] != "front":
-        sys.exit("usage: python tests/emulator.py front UPSTREAM")
-    front = FaultFront(argv[1])
-    threading.Thread(target=front.serve_forever, daemon=True).start()
-    print(front.server_address[1], flush=True)
-    sys.stdin.read()
-
-
-if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])
