@@ -120,7 +120,8 @@ def read_grain(paths: list[str], records: int, threads: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--record-kb", default="1,100", help="record sizes in KB, comma-separated")
-    p.add_argument("--dataset-mb", type=float, default=64)
+    p.add_argument("--dataset-mb", default="96",
+                   help="the dataset's size in MB for each record size, comma-separated (one value: for all)")
     p.add_argument("--latency-ms", default="20", help="latencies a request, ms, comma-separated")
     p.add_argument("--mbps", type=float, default=400, help="the link's bandwidth, MB/s (0: none)")
     p.add_argument("--batches", type=int, default=0, help="ours: batches read (0: an epoch)")
@@ -165,11 +166,13 @@ def main() -> None:
             print("| latency | records | reader | records/s | requests | bytes downloaded / bytes served | "
                   "link bound, records/s | reader's CPU, cores | link's CPU, cores |")
             print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-            for kb in (float(k) for k in args.record_kb.split(",")):
+            sizes = [float(k) for k in args.record_kb.split(",")]
+            dataset_mb = [float(mb) for mb in args.dataset_mb.split(",")]
+            for kb, mb in zip(sizes, dataset_mb * len(sizes) if len(dataset_mb) == 1 else dataset_mb):
                 size = int(kb * 1000)
                 local = root / f"kb-{kb:g}"
                 local.mkdir()
-                paths = write_shards(local, size, int(args.dataset_mb * 1e6))
+                paths = write_shards(local, size, int(mb * 1e6))
                 front.call("config", {"latency": 0.0, "bandwidth": None})
                 for path in paths:
                     client.bucket("bench").blob(f"kb-{kb:g}/{path.name}").upload_from_filename(str(path))
