@@ -69,7 +69,7 @@ def test_a_record_of_another_source_version_is_not_trusted(job):
 
 
 @pytest.mark.gcs
-@pytest.mark.parametrize("point", ["commit:3", pytest.param("manifest", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("point", [pytest.param("commit:3", marks=pytest.mark.slow), "manifest"])
 def test_a_killed_conversion_to_gcs_resumes_without_redoing_committed_shards(job, gcs_bucket, gcs_emulator, point):
     bucket, client = gcs_bucket
     output = f"gs://{bucket}/out"

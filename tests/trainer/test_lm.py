@@ -136,6 +136,7 @@ def test_packing_the_demo_text_wastes_under_ten_percent(stdlib_text):
     assert batches.plan.efficiency(0) >= 0.90
 
 
+@pytest.mark.slow
 def test_packed_training_resumes_exactly(stdlib_text, tmp_path):
     """A packed run stopped at step 6 and resumed matches a straight run of 10 steps."""
     common = (f"data={stdlib_text['train']}", "task=lm", "model=transformer_lm", "seq_len=128", "packing=true",

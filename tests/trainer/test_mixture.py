@@ -12,6 +12,7 @@ def _metrics(workdir):
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_mixture_trains_reports_rows_per_component_and_takes_new_weights_on_resume(digits, tmp_path):
     common = (f"data=a={digits['train']},b={digits['test']}", f"eval_data=a={digits['test']},b={digits['train']}",
               f"workdir={tmp_path}", "model=mlp", "num_classes=10", "batch_size=32", "log_every=10",

@@ -35,6 +35,7 @@ def test_the_loader_decodes_only_the_features_asked_for(rich_tfds):
         loader.load(str(rich_tfds), batch_size=4, features="image")
 
 
+@pytest.mark.slow
 def test_a_tfds_dataset_with_text_tensor_and_sequence_features_trains(rich_tfds, tmp_path):
     """num_classes comes from the ClassLabel; mirrored over 8 devices matches one device."""
     common = (f"data={rich_tfds}", f"eval_data={rich_tfds}", "task=classification", "model=mlp", "steps=20",

@@ -55,7 +55,7 @@ def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
     assert summary["final_step"] == 30 and summary["eval_accuracy"] == pytest.approx(records[-1]["eval_accuracy"])
 
 
-@pytest.mark.parametrize("strategy", ["mirrored", "fsdp"])
+@pytest.mark.parametrize("strategy", ["mirrored", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_eight_devices_match_one_device(digits, tmp_path, strategy):
     one = run_trainer(*_common(digits, tmp_path / "one", "model=mlp", "steps=20", "log_every=1", "strategy=default"))
     many = run_trainer(*_common(digits, tmp_path / "many", "model=mlp", "steps=20", "log_every=1",
@@ -230,6 +230,7 @@ def test_help_lists_every_key_with_its_default_and_description(capsys):
     assert "      optimizer updates to run" in out and "  steps: int = 1000\n" in out
 
 
+@pytest.mark.slow
 def test_in_memory_batches_train_on_the_loaders_first_batches_cycled(digits, tmp_path):
     """in_memory_batches=2 (the benchmark's input-bound limit): steps 1-2 see the loader's batches 1-2,
     exactly as a streaming run does; step 3 sees batch 1 again, where a streaming run sees batch 3."""
