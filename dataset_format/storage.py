@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -37,8 +36,8 @@ RETRY_SECONDS = 120.0
 PARALLEL_REQUESTS = 32  # concurrent Cloud Storage requests one process makes (its connection pool holds as many)
 _READ_BUFFER = 1 << 20
 _GLOB_CHARS = re.compile(r"[*?\[]")
-# Set when the interpreter starts to exit: a ranged read waiting to retry gives up at once instead of holding the
-# exit (its thread is joined) for up to RETRY_SECONDS; a loader closed with reads in flight exits promptly.
+# Set when the interpreter starts to exit: the loader's ranged reads (loader/remote.py) waiting to retry give up at
+# once instead of holding the exit for up to RETRY_SECONDS; a loader closed with reads in flight exits promptly.
 _EXITING = threading.Event()
 
 
@@ -108,24 +107,6 @@ def _retry():
 
     return Retry(predicate=_should_retry, initial=0.25, maximum=16.0, multiplier=2.0, timeout=RETRY_SECONDS,
                  on_error=on_error)
-
-
-def _retrying(call):
-    """`call()`, retried as `_retry()` retries, except that the waits end when the interpreter exits (the loader's
-    reads: a closed loader's reads in flight must not hold its process's exit)."""
-    from google.cloud.storage.retry import _should_retry
-
-    delay, deadline = 0.25, time.monotonic() + RETRY_SECONDS
-    while True:
-        try:
-            return call()
-        except Exception as e:  # noqa: BLE001 - what is transient is retried, the rest raised
-            if not _should_retry(e) or time.monotonic() + delay > deadline or _EXITING.is_set():
-                raise
-            log.warning("Cloud Storage: %s; retrying", str(e).splitlines()[0] if str(e) else type(e).__name__)
-            if _EXITING.wait(delay):
-                raise
-            delay = min(16.0, delay * 2)
 
 
 @contextlib.contextmanager
@@ -270,7 +251,7 @@ def read_range(path: str, start: int, end: int, *, exact: bool = True) -> bytes:
             data = f.read(end - start)
     else:
         with _gcs_errors(path):
-            data = _retrying(lambda: _get_range(path, start, end))
+            data = _blob(path).download_as_bytes(start=start, end=end - 1, checksum=None, retry=_retry())
     if exact:
         check_length(path, start, end, data)
     return data
@@ -301,28 +282,6 @@ def exiting() -> bool:
 @functools.lru_cache(maxsize=4096)
 def _media_url(path: str, pid: int) -> str:
     return _blob(path)._get_download_url(_client())
-
-
-def _get_range(path: str, start: int, end: int) -> bytes:
-    """Bytes [start, end) of a gs:// object: one GET through the client's authorized session, its body read whole.
-    `Blob.download_as_bytes` reads a body in 8 KiB pieces through google-resumable-media: about twice the CPU a
-    request, which sets the pace of a loader reading gs:// (benchmarks/gcs_read_bench.py)."""
-    from google.api_core import exceptions
-
-    response = _client()._http.get(media_url(path), timeout=(20, 120), stream=True,
-                                   headers={"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
-    try:
-        if response.status_code == 416:  # the range starts past the end: the object is shorter
-            return b""
-        if response.status_code not in (200, 206):
-            response.content  # noqa: B018 - the error's message is in the body
-            raise exceptions.from_http_response(response)
-        data = response.raw.read(decode_content=True)
-    finally:
-        response.close()
-    if response.status_code == 200:  # the whole object: the server ignored the range
-        data = data[start:end]
-    return data
 
 
 def read_text(path: str) -> str | None:
