@@ -249,6 +249,7 @@ def _sample(data: str, split: str | None, task, allow_incomplete: bool) -> dict[
                 if name == getattr(task, "image_key", None) else ""
             kind = type(value[0]).__name__ if isinstance(value, list) and value else type(value).__name__
             raise ValueError(f"feature {name!r} of {data} holds {kind} values, not numbers the model can take{hint}")
+    tasks.check(task, sample)  # shapes and values the task cannot train on: named before the model is built
     return sample
 
 

@@ -60,8 +60,9 @@ class Task(Protocol):
     # def weights(self, batch) -> jax.Array:
     #     """What each example counts for in the averages, shape [batch] (default 1 each; lm: its tokens)."""
     # def check(self, batch: dict[str, np.ndarray]) -> None:
-    #     """On the host, the first training batch (this host's rows), before step 1: raise ValueError naming the
-    #     key, the values and the fix for data the task cannot train on (e.g. labels outside 0..num_classes-1)."""
+    #     """On the host, the first record (a batch of one, before the model is built) and the first training batch
+    #     (this host's rows, before step 1): raise ValueError naming the key, the values and the fix for data the
+    #     task cannot train on (e.g. labels outside 0..num_classes-1, a label feature that holds images)."""
 
 
 def check(task: Task, batch: dict[str, Any]) -> None:
@@ -135,8 +136,16 @@ class Classification:
         return images_to_float(batch[self.image_key])
 
     def check(self, batch: dict[str, np.ndarray]) -> None:
-        """Labels outside 0..num_classes-1 train silently wrong (their one-hot is all zeros): refused before step 1."""
-        labels = np.asarray(batch[self.label_key])
+        """Refused before the model is built (on the first record) and before step 1 (on the first batch): an input
+        with no dimensions per example, a label that is not one integer per example, and labels outside
+        0..num_classes-1 (they train silently wrong: their one-hot is all zeros)."""
+        inputs, labels = np.asarray(batch[self.image_key]), np.asarray(batch[self.label_key])
+        if inputs.ndim < 2:
+            raise ValueError(f"image_key={self.image_key!r} holds one number per example, not an image or a vector; "
+                             "set image_key= to the image (or feature-vector) feature")
+        if labels.ndim > 1:
+            raise ValueError(f"label_key={self.label_key!r} holds arrays of shape {labels.shape[1:]} per example, "
+                             "not one class id; set label_key= to the integer label feature")
         if not labels.size or not np.issubdtype(labels.dtype, np.integer):
             if labels.size:
                 raise ValueError(f"label_key={self.label_key!r} holds {labels.dtype} values, not integer class ids; "
@@ -148,7 +157,7 @@ class Classification:
         hint = (f"1-based labels? subtract 1 from {self.label_key!r}, or set num_classes={high + 1}"
                 if low >= 1 and high == self.num_classes else f"set num_classes={high + 1} or fix the labels"
                 if low >= 0 else "class ids must not be negative")
-        raise ValueError(f"label_key={self.label_key!r} holds values {low}..{high} in the first batch, outside "
+        raise ValueError(f"label_key={self.label_key!r} holds values {low}..{high}, outside "
                          f"0..{self.num_classes - 1} (num_classes={self.num_classes}): {hint}")
 
     def losses(self, outputs, batch):

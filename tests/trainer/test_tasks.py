@@ -104,6 +104,8 @@ def test_a_model_by_import_path_from_outside_the_project_trains_digits(digits, t
     (("model=mlp", "task=mynets.nets:small"), "error: task='mynets.nets:small' cannot be called as small(config, specs) "
                                               "(small() takes 1 positional argument but 2 were given)"),
     (("model=mlp", "task=regression"), "error: task='regression' is not one of ['classification', 'lm']"),
+    (("model=cnn", "image_key=label"), "error: image_key='label' holds one number per example, not an image or a "
+                                       "vector; set image_key= to the image (or feature-vector) feature"),
 ])
 def test_bad_models_and_tasks_are_one_line_and_exit_2(rich_tfds, tmp_path, overrides, message):
     (tmp_path / "user" / "mynets").mkdir(parents=True)

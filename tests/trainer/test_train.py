@@ -193,7 +193,7 @@ def test_labels_outside_num_classes_are_one_line_before_step_1(digits, tmp_path)
     """Digits' labels are 0..9: num_classes=9 would train with the 9s' one-hot all zeros, silently."""
     proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "num_classes=9", "steps=5")
     last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 2 and last == ("error: label_key='label' holds values 0..9 in the first batch, outside "
+    assert proc.returncode == 2 and last == ("error: label_key='label' holds values 0..9, outside "
                                              "0..8 (num_classes=9): set num_classes=10 or fix the labels"), last
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
@@ -202,12 +202,31 @@ def test_the_label_check_names_1_based_labels():
     from trainer.tasks import Classification
 
     task = Classification("image", "label", 10, None)
-    task.check({"label": np.arange(10)})  # 0..9: fine
-    with pytest.raises(ValueError, match=r"holds values 1\.\.10 in the first batch, outside 0\.\.9 \(num_classes=10\): "
+    images = np.zeros((10, 8, 8), np.uint8)
+    task.check({"image": images, "label": np.arange(10)})  # 0..9: fine
+    with pytest.raises(ValueError, match=r"holds values 1\.\.10, outside 0\.\.9 \(num_classes=10\): "
                                          r"1-based labels\? subtract 1 from 'label', or set num_classes=11"):
-        task.check({"label": np.arange(1, 11)})
+        task.check({"image": images, "label": np.arange(1, 11)})
     with pytest.raises(ValueError, match="class ids must not be negative"):
-        task.check({"label": np.array([-1, 3])})
+        task.check({"image": images[:2], "label": np.array([-1, 3])})
+
+
+@pytest.mark.parametrize("image, label, message", [
+    (np.arange(4), np.arange(4), "image_key='image' holds one number per example, not an image or a vector; set "
+                                 "image_key= to the image (or feature-vector) feature"),
+    (np.zeros((4, 8, 8)), np.zeros((4, 8, 8, 1), np.uint8), "label_key='label' holds arrays of shape (8, 8, 1) per "
+                                                             "example, not one class id; set label_key= to the integer "
+                                                             "label feature"),
+    (np.zeros((4, 3)), np.zeros(4, np.float32), "label_key='label' holds float32 values, not integer class ids; set "
+                                                "label_key= to the integer label feature"),
+])
+def test_the_task_check_names_features_of_the_wrong_shape_or_dtype(image, label, message):
+    from trainer.tasks import Classification
+
+    Classification("image", "label", 10, None).check({"image": np.zeros((4, 3)), "label": np.arange(4)})
+    with pytest.raises(ValueError) as e:
+        Classification("image", "label", 10, None).check({"image": image, "label": label})
+    assert str(e.value) == message
 
 
 def test_help_lists_every_key_with_its_default_and_description(capsys):
