@@ -7,14 +7,13 @@
     state = it.get_state()            # small, JSON-serialisable
     it.set_state(state)               # continues with bitwise-identical batches
 
-The grain chain. Reads are batched (nearby records of a shard come in one read: loader/reader.py), so
-batching comes first and each element is a group of consecutive global batches:
+Reads are batched (nearby records of a shard come in one read: loader/reader.py), so batching comes first: the plan
+cuts the epochs into read groups of consecutive global batches, and an executor (loader/executors) computes them:
 
-    MapDataset.range(num_groups)             reading schedule from the start batch: 1, 4, 16, ... G batches
-      .map(read_group)                       per batch k: exact permutation of (seed, epoch), this host's
-                                             rows; one gather of the group's records; decode (~4k records a call), map_fn, collate
-      .to_iter_dataset(ReadOptions)          thread prefetch
-      .mp_prefetch(...)                      worker processes, when asked for
+    read_group(g)            reading schedule from the start batch: 1, 4, 16, ... G batches a group; per batch k: the
+                             exact permutation of (seed, epoch), this host's rows; one gather of the group's records;
+                             decode (~4k records a call), map_fn, collate
+    executor.map(read_group) in order, computed ahead: this process's threads (grain), or worker processes
     then the iterator hands the group's batches out one by one (and, with sharding=, onto devices).
 """
 
@@ -24,9 +23,7 @@ import atexit
 import bisect
 import collections
 import dataclasses
-import functools
 import logging
-import os
 import sys
 import threading
 import time
@@ -34,7 +31,6 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import grain
 import numpy as np
 
 from loader.batches import BatchPlan
@@ -44,7 +40,8 @@ from loader.device import DevicePrefetcher
 from loader.packing import PackedLoader, Packing
 from loader.reader import MAX_RECORD_BYTES, BatchReader
 from loader.source import ShardedSource, resolve
-from loader.workers import exit_with_owner
+from loader.executors.processes import Processes
+from loader.executors.threads import Threads
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +68,7 @@ class LoaderConfig:
     random_map_fn: Callable[[Any, np.random.Generator], Any] | None = None
     split: str | None = None  # for TFDS sources; default "train"
     weights: Mapping[str, float] | None = None  # a mixture's weight per component (loader/mixture.py)
-    worker_count: int = 0  # grain worker processes (0: none, reads run in this process)
+    worker_count: int = 0  # worker processes (0: none, reads run in this process); one that dies is replaced
     num_threads: int = 2  # prefetch threads per process (reads and decompression release the GIL)
     prefetch: int = 2  # reads (groups of batches) ahead; raised to num_threads, 0: none
     # Batches are read in groups of about this many records: more records a group put more of them close together
@@ -155,7 +152,7 @@ class _ReadGroup:
 
     def __init__(self, plan: BatchPlan, source: ShardedSource, reader: BatchReader, decoder: Decoder | None, map_fn,
                  start: int, max_batches: int, pack: bool = False, random_map_fn=None):
-        """`pack`: hand raw batches over as arrays (see _pack), for grain's worker processes."""
+        """`pack`: hand raw batches over as arrays (see _pack), for worker processes."""
         self._plan = plan
         self._pack = pack and decoder is None and map_fn is None and random_map_fn is None
         self._source = source
@@ -211,6 +208,12 @@ class _ReadGroup:
                 batches.append(self._labelled(batch, positions[len(batches)]))
         return batches
 
+    def describe(self, g: int) -> str:
+        """Group `g`'s batches and records, for errors."""
+        first, end = self.first_batch(int(g)), self.first_batch(int(g) + 1)
+        indices = self._plan.indices_at(np.concatenate(self._plan.host_positions_range(first, end)))
+        return f"batches {first}-{end - 1} ({len(indices)} records: {self._source.where_all(indices)})"
+
     def _labelled(self, batch, positions: np.ndarray):
         """A mixture's decoded batch gains mixture.COMPONENT_KEY: each row's component (its index in the mixture)."""
         if not isinstance(self._plan, mixture.MixturePlan) or not isinstance(batch, dict):
@@ -262,9 +265,9 @@ class _ReadGroup:
 
 
 def _pack(records: list[bytes], counts: list[int]) -> dict:
-    """Raw batches as arrays: the records' bytes end to end, where each ends, and the records per batch. grain's
-    worker processes hand NumPy arrays to the main process through shared memory, but pickle a list of bytes
-    through a pipe, which cost more than a second worker gained (docs/benchmarks.md, "a middle band")."""
+    """Raw batches as arrays: the records' bytes end to end, where each ends, and the records per batch. Worker
+    processes send results through a pipe, pickled: a few arrays pickle in a few copies, a list of thousands of
+    small bytes objects one object at a time."""
     ends = np.cumsum(np.fromiter(map(len, records), dtype=np.int64, count=len(records)))
     return {"records": np.frombuffer(b"".join(records), dtype=np.uint8), "ends": ends,
             "counts": np.asarray(counts, dtype=np.int64)}
@@ -323,23 +326,18 @@ class Loader:
     def __iter__(self) -> LoaderIterator:
         return LoaderIterator(self)
 
-    def _dataset(self, start: int, plan=None) -> grain.IterDataset:
-        """Groups of batches from global batch `start` on (each element: a list of batches)."""
+    def _groups(self, start: int, plan=None):
+        """Groups of batches from global batch `start` on (each element: a list of batches), computed by the
+        loader's executor (loader/executors)."""
         read_group = _ReadGroup(plan or self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
                                 self.batches_per_read, pack=self.config.worker_count > 0,
                                 random_map_fn=self.config.random_map_fn)
-        ds = (
-            grain.MapDataset.range(read_group.num_groups())
-            .map(read_group)
-            .to_iter_dataset(grain.ReadOptions(num_threads=self.num_threads,
-                                               prefetch_buffer_size=self._prefetch()))
-        )
         if self.config.worker_count:
-            _absl_flags_parsed()
-            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.config.worker_count,
-                                                             per_worker_buffer_size=max(1, self.config.prefetch)),
-                                worker_init_fn=functools.partial(exit_with_owner, os.getpid()))
-        return ds
+            executor = Processes(self.config.worker_count, per_worker=max(self.num_threads, self.config.prefetch),
+                                 describe=read_group.describe)
+        else:
+            executor = Threads(self.num_threads, self._prefetch())
+        return executor.map(read_group, read_group.num_groups())
 
     def _prefetch(self) -> int:
         """Groups read ahead: 0 reads on demand; otherwise at least one per thread (fewer would idle threads)."""
@@ -355,17 +353,8 @@ class Loader:
                 "shuffle": plan.shuffle, "num_epochs": plan.num_epochs, "drop_remainder": plan.drop_remainder}
 
 
-def _absl_flags_parsed() -> None:
-    """grain's worker processes read absl flags; outside `absl.app.run` nobody parsed them.
-    Mark them parsed with their defaults (a caller's own parsing, if any, already happened)."""
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
-
-
 class _HostBatches:
-    """Hands out, one by one, the batches of the groups the grain iterator yields."""
+    """Hands out, one by one, the batches of the groups the executor yields."""
 
     def __init__(self, groups: Iterator):
         self._groups = groups
@@ -380,8 +369,8 @@ class _HostBatches:
         return self._pending.popleft()
 
     def close(self) -> None:
-        """Stops grain's prefetch threads and worker processes. grain's iterators close again when collected,
-        which fails once the interpreter has torn its modules down: drop them now, while it has not."""
+        """Stops the executor's threads or worker processes. grain's iterators close again when collected, which
+        fails once the interpreter has torn its modules down: drop them now, while it has not."""
         self._pending.clear()
         if self._groups is not None:
             self._groups.close()
@@ -422,7 +411,7 @@ class LoaderIterator(Iterator):
 
     def _restart(self, start: int) -> None:
         self.close()
-        self._host = _HostBatches(iter(self._loader._dataset(start, self._plan)))
+        self._host = _HostBatches(self._loader._groups(start, self._plan))
         sharding = self._loader.config.sharding
         if sharding is not None:
             self._prefetcher = DevicePrefetcher(self._host.next, sharding, self._loader.config.device_prefetch)

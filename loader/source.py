@@ -69,6 +69,29 @@ class ShardedSource:
         shard = int(np.searchsorted(starts, index, side="right") - 1)
         return f"{self.paths[shard]}: record {int(index - starts[shard])}"
 
+    def where_all(self, indices: np.ndarray, shards_shown: int = 3, numbers_shown: int = 12) -> str:
+        """'SHARD: records 3, 7-9; SHARD: records ...' for global records `indices`, for errors (a few shards and
+        numbers, then how many more)."""
+        starts = self.starts
+        indices = np.unique(np.asarray(indices, dtype=np.int64))
+        of_shard = np.searchsorted(starts, indices, side="right") - 1
+        parts = []
+        shards = np.unique(of_shard)
+        for shard in shards[:shards_shown]:
+            local = (indices[of_shard == shard] - starts[shard]).tolist()
+            runs: list[list[int]] = []
+            for i in local:
+                if runs and i == runs[-1][1] + 1:
+                    runs[-1][1] = i
+                else:
+                    runs.append([i, i])
+            named = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:numbers_shown])
+            more = f" and {len(runs) - numbers_shown} more" if len(runs) > numbers_shown else ""
+            parts.append(f"{self.paths[shard]}: record{'s' if len(local) > 1 else ''} {named}{more}")
+        if len(shards) > shards_shown:
+            parts.append(f"and records of {len(shards) - shards_shown} more shards")
+        return "; ".join(parts)
+
 
 def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:
     if _is_dir(source):

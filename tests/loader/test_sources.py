@@ -76,3 +76,13 @@ def test_every_kind_of_source_knows_its_shard_sizes_and_versions(converted):
         assert len(set(source.shard_versions)) == len(source.paths)
     mixed = _mix(np.array([1, 1]), np.array([2, 2]), np.array([3, 4]))  # one inode apart
     assert mixed[0] != mixed[1]
+
+
+def test_where_all_names_shards_and_runs_of_records():
+    from loader.source import ShardedSource
+
+    source = ShardedSource(("a", "b", "c", "d", "e"), (10, 10, 10, 10, 10), "glob")
+    assert source.where_all(np.array([12, 3, 4, 5, 7, 49, 25, 33, 38, 4])) == \
+        "a: records 3-5, 7; b: record 2; c: record 5; and records of 2 more shards"
+    assert source.where_all(np.arange(0, 20, 2), numbers_shown=3) == \
+        "a: records 0, 2, 4 and 2 more; b: records 0, 2, 4 and 2 more"

@@ -1,0 +1,67 @@
+"""Local worker processes that heal (loader/executors/processes.py): a worker killed mid-epoch is replaced and the
+batches are those of a run without workers; a record that kills every worker that reads it is one clear error."""
+
+import logging
+import multiprocessing
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import loader
+
+OPTIONS = dict(batch_size=8, seed=3, decode=None, num_epochs=2, records_per_read=16)
+
+
+def _slow(record: bytes) -> bytes:
+    time.sleep(0.003)  # keeps the workers busy: a worker killed at any moment holds groups in progress
+    return record
+
+
+def _poisoned(record: bytes) -> bytes:
+    if record == b"2:50" and multiprocessing.parent_process() is not None:  # in a worker: a crash in native code
+        os.kill(os.getpid(), signal.SIGKILL)
+    return record
+
+
+def _rows(batches) -> list[list[bytes]]:
+    return [[bytes(r) for r in np.asarray(b, dtype=object)] for b in batches]
+
+
+def _workers() -> list:
+    return [p for p in multiprocessing.active_children() if p.name.startswith("loader-worker")]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_mid_epoch_is_replaced_and_the_batches_are_the_same(converted, caplog):
+    expected = _rows(loader.load(str(converted), map_fn=_slow, **OPTIONS))
+    assert len(expected) == 64  # 2 epochs of 257 records, batches of 8
+    it = iter(loader.load(str(converted), map_fn=_slow, worker_count=2, **OPTIONS))
+    got = _rows([next(it) for _ in range(5)])
+    victims = _workers()
+    assert len(victims) == 2
+    with caplog.at_level(logging.WARNING, logger="loader.executors.processes"):
+        os.kill(victims[0].pid, signal.SIGKILL)
+        got += _rows(it)
+    assert got == expected
+    assert re.search(r"loader worker \d \(pid \d+\) ended \(signal SIGKILL\) with [1-9]\d* group\(s\) in progress; "
+                     r"started another", caplog.text), caplog.text
+    it.close()
+    assert _workers() == []
+
+
+@pytest.mark.timeout(120)
+def test_a_record_that_kills_every_worker_is_one_error_naming_its_group(converted):
+    it = iter(loader.load(str(converted), map_fn=_poisoned, worker_count=2, **{**OPTIONS, "shuffle": False}))
+    with pytest.raises(ValueError) as e:
+        list(it)
+    message = str(e.value)
+    # without shuffling, record 2:50 is global record 37 + 50 = 87; groups: batch 0, then 2 batches each
+    assert re.match(r"a loader worker process ended 3 times while computing batches 9-10 \(16 records: \S+"
+                    r"/train-00002-of-00005\.array_record: records 35-50\) \(the last: signal SIGKILL\): a record "
+                    r"there crashes the decoder or map function", message), message
+    assert message.endswith("run with worker_count=0 to see the error, or give the host more memory")
+    assert _workers() == []
