@@ -18,17 +18,23 @@ from concurrent.futures import ProcessPoolExecutor
 OWNER_POLL_SECONDS = 0.5
 
 
-def exit_with_owner(owner: int, worker_index: int = 0, worker_count: int = 0) -> None:
+def exit_with_owner(owner: int, worker_index: int = 0, worker_count: int = 0,
+                    before_exit: Callable[[], None] | None = None) -> None:
     """Run in each worker process as it starts: a daemon thread ends the worker when `owner` (the process that made the
     loader) is gone, even when it died without cleaning up (SIGKILL, the OOM killer), so orphaned workers never hold
     memory (and their share of the host's index and page cache) past their owner. The worker's parent changes when its
     owner dies (it is re-parented to init or a subreaper). (worker_index, worker_count: grain's initializer
-    arguments.)"""
+    arguments; before_exit: run first, e.g. to remove files only the owner would have removed.)"""
     del worker_index, worker_count
 
     def watch():
         while os.getppid() == owner:
             time.sleep(OWNER_POLL_SECONDS)
+        if before_exit is not None:
+            try:
+                before_exit()
+            finally:
+                os._exit(1)
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-owner", daemon=True).start()

@@ -2,9 +2,15 @@
 SIGKILL) is replaced and the groups it held are computed again, so the batches are those of an undisturbed run.
 
 Each worker is a spawned process (fork would copy JAX's threads) that gets the group function once, pickled with
-cloudpickle, and computes up to `per_worker` groups at once on as many threads; results come back through its pipe
-in the order they finish, and this process hands them out in group order. At most `count * per_worker` groups are
-computed ahead of the caller (their results wait here until taken).
+cloudpickle, and computes up to `per_worker` groups at once on as many threads; results come back in the order they
+finish, and this process hands them out in group order. At most `count * per_worker` groups are computed ahead of
+the caller (their results wait here until taken).
+
+A result's NumPy arrays travel out of band (pickle protocol 5): the worker copies them into one file in /dev/shm and
+sends the rest through its pipe; this process maps the file, removes its name at once and hands out arrays that
+view the mapping (no copy; the memory goes with the last array). Small results, and results when /dev/shm lacks
+room, go through the pipe. Files a dead worker left are removed when it is replaced, when the iterator closes, and
+by the workers themselves when their owner dies.
 
 A group whose worker died is computed again alone in a worker (nothing else is sent there meanwhile), so a record
 that kills every worker that reads it is found: after MAX_DEATHS deaths with the same group the iterator raises a
@@ -16,13 +22,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import glob
+import itertools
 import logging
+import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
 import signal
 import threading
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -44,15 +55,72 @@ class Processes:
         return _Groups(fn, num_groups, self)
 
 
-def _serve(conn, payload: bytes, owner: int, threads: int) -> None:
+SHM = "/dev/shm"
+SHM_MIN_BYTES = 1 << 20  # results with fewer bytes of arrays go through the pipe
+
+
+def _pack(value: Any, prefix: str, serial: int) -> tuple:
+    """`value` for the pipe: ("pipe", pickle) or ("shm", pickle without its arrays, file name, [(offset, size)])."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    views = [b.raw() for b in buffers]
+    size = sum(v.nbytes for v in views)
+    if size < SHM_MIN_BYTES or not os.path.isdir(SHM) or _free(SHM) < 2 * size:
+        return ("pipe", pickle.dumps(value, protocol=5))
+    name = f"{prefix}-{os.getpid()}-{serial}"
+    fd = os.open(os.path.join(SHM, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mapped:
+            places, at = [], 0
+            for v in views:
+                mapped[at:at + v.nbytes] = v
+                places.append((at, v.nbytes))
+                at += v.nbytes
+    finally:
+        os.close(fd)
+    return ("shm", data, name, places)
+
+
+def _unpack(packed: tuple) -> Any:
+    if packed[0] == "pipe":
+        return pickle.loads(packed[1])
+    _, data, name, places = packed
+    path = os.path.join(SHM, name)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        mapped = mmap.mmap(fd, places[-1][0] + places[-1][1])
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    view = memoryview(mapped)
+    return pickle.loads(data, buffers=[view[at:at + size] for at, size in places])
+
+
+def _free(path: str) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _sweep(pattern: str) -> None:
+    """Removes the /dev/shm files matching `pattern` (results nobody will take)."""
+    for path in glob.glob(os.path.join(SHM, pattern)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _serve(conn, payload: bytes, owner: int, threads: int, prefix: str) -> None:
     """A worker: computes the groups it is sent, `threads` at once, and sends back (group, ok, result or error)."""
-    exit_with_owner(owner)
+    exit_with_owner(owner, before_exit=functools.partial(_sweep, f"{prefix}-*"))
     fn = pickle.loads(payload)
     lock = threading.Lock()
+    serials = itertools.count()
 
     def run(g: int) -> None:
         try:
-            message = (g, True, fn(g))
+            message = (g, True, _pack(fn(g), prefix, next(serials)))
         except BaseException as e:  # noqa: BLE001 - handed to the owner, which raises it where the batch is taken
             message = (g, False, _portable(e))
         with lock:
@@ -80,10 +148,10 @@ def _portable(error: BaseException) -> BaseException:
 
 
 class _Worker:
-    def __init__(self, payload: bytes, threads: int, number: int):
+    def __init__(self, payload: bytes, threads: int, number: int, prefix: str):
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, payload, os.getpid(), threads), daemon=True,
+        self.process = context.Process(target=_serve, args=(child, payload, os.getpid(), threads, prefix), daemon=True,
                                        name=f"loader-worker-{number}")
         self.process.start()
         child.close()
@@ -123,6 +191,7 @@ class _Groups:
                              f"processes, and they do not pickle ({type(e).__name__}: {e}); use worker_count=0, "
                              "or functions and objects that pickle") from None
         self._spec = spec
+        self._prefix = f"loader-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this iterator's /dev/shm files
         self._n = num_groups
         self._window = spec.count * spec.per_worker
         self._started = 0  # workers started, replacements included (names them in logs)
@@ -136,7 +205,7 @@ class _Groups:
 
     def _start(self) -> _Worker:
         self._started += 1
-        return _Worker(self._payload, self._spec.per_worker, self._started)
+        return _Worker(self._payload, self._spec.per_worker, self._started, self._prefix)
 
     def __iter__(self):
         return self
@@ -189,7 +258,7 @@ class _Groups:
                     g, ok, value = worker.conn.recv()
                     worker.groups.discard(g)
                     worker.alone = False
-                    self._done[g] = (ok, value)
+                    self._done[g] = (ok, _unpack(value) if ok else value)
             except (EOFError, OSError, pickle.UnpicklingError):
                 pass
             if not worker.process.is_alive() or worker.conn.closed:
@@ -198,6 +267,7 @@ class _Groups:
     def _replace(self, worker: _Worker) -> None:
         how = worker.how_it_ended()
         worker.stop()
+        _sweep(f"{self._prefix}-{worker.process.pid}-*")  # a result it wrote and never sent
         lost = sorted(worker.groups)
         for g in lost:
             self._deaths[g] += 1
@@ -219,6 +289,7 @@ class _Groups:
         for w in self._workers:
             w.stop()
         self._done.clear()
+        _sweep(f"{self._prefix}-*")
 
     def __del__(self):
         if not getattr(self, "_closed", True):

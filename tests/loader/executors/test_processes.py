@@ -65,3 +65,19 @@ def test_a_record_that_kills_every_worker_is_one_error_naming_its_group(converte
                     r"there crashes the decoder or map function", message), message
     assert message.endswith("run with worker_count=0 to see the error, or give the host more memory")
     assert _workers() == []
+
+
+def test_results_arrays_travel_through_one_shm_file_that_is_gone_once_taken():
+    from loader.executors import processes
+
+    value = [{"image": np.arange(3 << 20, dtype=np.uint8).reshape(3, -1), "label": np.arange(3)}, b"raw", "text"]
+    packed = processes._pack(value, "loader-test", 0)
+    assert packed[0] == "shm" and os.path.exists(f"/dev/shm/loader-test-{os.getpid()}-0")
+    got = processes._unpack(packed)
+    assert not os.path.exists(f"/dev/shm/loader-test-{os.getpid()}-0")
+    np.testing.assert_array_equal(got[0]["image"], value[0]["image"])
+    np.testing.assert_array_equal(got[0]["label"], value[0]["label"])
+    assert got[1:] == [b"raw", "text"]
+    got[0]["image"][0, 0] = 7  # writable, as a batch from threads is
+    small = processes._pack({"label": np.arange(3)}, "loader-test", 1)
+    assert small[0] == "pipe" and processes._unpack(small)["label"].tolist() == [0, 1, 2]
