@@ -19,7 +19,8 @@ crop (8-100% of the area, aspect 3:4-4:3) resized to 224, flipped at random, wit
 - bare loop: one thread decoding and cropping the records (already in memory) in a Python loop: the rate times the
   cores is what perfect scaling would reach;
 - ours: `loader.load(dir, random_map_fn=images.RandomResizedCrop("image/encoded", 224))`, threads = cores, no
-  worker processes; and "ours, workers" with one grain worker process a core.
+  worker processes; "ours, workers" with one worker process a core; "ours, Ray actors" with one Ray actor a core,
+  on a Ray node the contender starts on its cores (the batches come back through Ray's object store).
 
 Each contender runs in its own process, pinned to the first K cores (`sched_setaffinity`) for each K in `--cores`.
 Reported: images/s over `--batches` batches after `--skip` (steady state), images/s per core, and ratios to
@@ -111,6 +112,17 @@ from loader import images
 batches = iter(loader.load(OUT, batch_size=BATCH, seed=0, worker_count=CORES,
                            random_map_fn=images.RandomResizedCrop("image/encoded", size=SIZE)))
 """,
+    "ours, Ray actors": """
+import ray, loader
+from loader import images
+# A Ray node started by this process (on its cores): its actors are separate processes, the batches come back
+# through the object store.
+ray.init(num_cpus=CORES, include_dashboard=False, object_store_memory=2 << 30, logging_level="ERROR")
+batches = iter(loader.load(OUT, batch_size=BATCH, seed=0, worker_count=CORES, ray_address="local",
+                           random_map_fn=images.RandomResizedCrop("image/encoded", size=SIZE)))
+def cleanup():
+    ray.shutdown()
+""",
 }
 
 RUNNER = """
@@ -130,6 +142,7 @@ for _ in range({batches}):
     n += count(next(batches))
 print(json.dumps({{"images_per_s": n / (time.perf_counter() - t0)}}))
 sys.stdout.flush()
+globals().get("cleanup", lambda: None)()  # processes of its own session (a Ray node) end with it
 os.killpg(0, 9)  # this process and every worker it started (a stock grain worker outlives an os._exit)
 """
 

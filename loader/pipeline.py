@@ -41,6 +41,7 @@ from loader.packing import PackedLoader, Packing
 from loader.reader import MAX_RECORD_BYTES, BatchReader
 from loader.source import ShardedSource, resolve
 from loader.executors.processes import Processes
+from loader.executors.ray_actors import RayActors
 from loader.executors.threads import Threads
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,10 @@ class LoaderConfig:
     split: str | None = None  # for TFDS sources; default "train"
     weights: Mapping[str, float] | None = None  # a mixture's weight per component (loader/mixture.py)
     worker_count: int = 0  # worker processes (0: none, reads run in this process); one that dies is replaced
+    # Run the workers as Ray actors on the cluster at this address ("auto", "host:port", "ray://host:10001") instead
+    # of local processes; each needs 1 CPU and ray_resources (e.g. {"data_cpu": 1}, a resource only CPU nodes offer).
+    ray_address: str | None = None
+    ray_resources: Mapping[str, float] | None = None
     num_threads: int = 2  # prefetch threads per process (reads and decompression release the GIL)
     prefetch: int = 2  # reads (groups of batches) ahead; raised to num_threads, 0: none
     # Batches are read in groups of about this many records: more records a group put more of them close together
@@ -99,6 +104,11 @@ class LoaderConfig:
             if isinstance(self.features, str) or not self.features:
                 raise ValueError(f"features must be a non-empty list of feature names (got features={self.features!r})")
             object.__setattr__(self, "features", tuple(self.features))
+        if self.ray_address is not None and self.worker_count < 1:
+            raise ValueError(f"ray_address={self.ray_address!r} runs worker_count workers on the Ray cluster: pass "
+                             "worker_count=N (N >= 1)")
+        if self.ray_resources is not None and self.ray_address is None:
+            raise ValueError("ray_resources= places Ray actors: pass ray_address= too")
         if self.map_fn is not None and self.random_map_fn is not None:
             raise ValueError("pass map_fn= or random_map_fn=, not both (random_map_fn can do what map_fn does; its "
                              "rng argument may go unused)")
@@ -332,9 +342,12 @@ class Loader:
         read_group = _ReadGroup(plan or self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
                                 self.batches_per_read, pack=self.config.worker_count > 0,
                                 random_map_fn=self.config.random_map_fn)
-        if self.config.worker_count:
-            executor = Processes(self.config.worker_count, per_worker=max(self.num_threads, self.config.prefetch),
-                                 describe=read_group.describe)
+        c = self.config
+        per_worker = max(self.num_threads, c.prefetch)
+        if c.ray_address is not None:
+            executor = RayActors(c.ray_address, c.worker_count, per_worker, c.ray_resources, read_group.describe)
+        elif c.worker_count:
+            executor = Processes(c.worker_count, per_worker=per_worker, describe=read_group.describe)
         else:
             executor = Threads(self.num_threads, self._prefetch())
         return executor.map(read_group, read_group.num_groups())
@@ -420,6 +433,14 @@ class LoaderIterator(Iterator):
         batch = self._host.next() if self._prefetcher is None else self._prefetcher.get()
         self._next += 1
         return batch
+
+    def resize_workers(self, count: int) -> None:
+        """With worker_count= (local processes or Ray actors): `count` workers from now on (more start at once; fewer
+        stop taking read groups and stop once theirs are done). The batches stay the same."""
+        groups = getattr(self._host, "_groups", None)
+        if not hasattr(groups, "resize"):
+            raise ValueError("resize_workers() needs a loader with worker_count >= 1 (this one reads on threads)")
+        groups.resize(count)
 
     def close(self) -> None:
         """Stops the device-prefetch thread and grain's prefetch threads and worker processes (also done when the

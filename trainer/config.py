@@ -86,6 +86,8 @@ class TrainConfig:
     eval_every: int = 250  # steps between evaluations of eval_data
     checkpoint_every: int = 250  # steps between checkpoints (also one at the end and at SIGTERM)
     data_workers: int = 0  # loader worker processes for `data` (0: threads in this process)
+    data_ray_address: str | None = None  # run the data_workers as Ray actors on this Ray cluster (docs/ray-workers.md)
+    data_ray_resource: str | None = None  # with data_ray_address: a custom resource (1 an actor) that places them
     allow_incomplete: bool = False  # train on the shards that converted when a conversion's manifest lists failures
     # 0: stream batches from the loader. N > 0: read N batches once, keep them on the devices and cycle
     # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.
@@ -137,6 +139,12 @@ class TrainConfig:
         for name in ("data_workers", "in_memory_batches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
+        if self.data_ray_address is not None and self.data_workers < 1:
+            raise ValueError(f"data_ray_address={self.data_ray_address} runs data_workers Ray actors: pass "
+                             "data_workers=N (N >= 1)")
+        if self.data_ray_resource is not None and self.data_ray_address is None:
+            raise ValueError(f"data_ray_resource={self.data_ray_resource} places the data actors on a Ray cluster: "
+                             "pass data_ray_address= too")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0 (got learning_rate={self.learning_rate})")
         for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("dtype", DTYPES), ("mode", MODES)):

@@ -12,20 +12,16 @@ view the mapping (no copy; the memory goes with the last array). Small results, 
 room, go through the pipe. Files a dead worker left are removed when it is replaced, when the iterator closes, and
 by the workers themselves when their owner dies.
 
-A group whose worker died is computed again alone in a worker (nothing else is sent there meanwhile), so a record
-that kills every worker that reads it is found: after MAX_DEATHS deaths with the same group the iterator raises a
-ValueError naming the group's shards and records, instead of replacing workers forever. Workers end with their
-owner (loader/workers.py `exit_with_owner`) and when the iterator is closed.
+Replacing workers, computing groups again and naming a group that kills its workers: loader/executors/schedule.py.
+Workers end with their owner (loader/workers.py `exit_with_owner`) and when the iterator is closed.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import glob
 import itertools
-import logging
 import mmap
 import multiprocessing
 import multiprocessing.connection
@@ -38,11 +34,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from loader.executors.schedule import Died, Result, Scheduled, Worker
 from loader.workers import exit_with_owner
-
-log = logging.getLogger(__name__)
-
-MAX_DEATHS = 3  # a group that this many of its workers died computing is an error, not retried again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,17 +140,18 @@ def _portable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-class _Worker:
+class _Process(Worker):
     def __init__(self, payload: bytes, threads: int, number: int, prefix: str):
+        super().__init__(number)
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, payload, os.getpid(), threads, prefix), daemon=True,
                                        name=f"loader-worker-{number}")
         self.process.start()
         child.close()
-        self.number = number
-        self.groups: set[int] = set()  # sent, not yet answered
-        self.alone = False  # computing a group a worker died with: nothing else is sent here until it answers
+
+    def label(self) -> str:
+        return f"worker {self.number} (pid {self.process.pid})"
 
     def how_it_ended(self) -> str:
         self.process.join(timeout=1)
@@ -178,8 +172,8 @@ class _Worker:
         self.conn.close()
 
 
-class _Groups:
-    """The groups of one iterator, in order."""
+class _Groups(Scheduled):
+    """The groups of one iterator, in order, from local worker processes."""
 
     def __init__(self, fn: Callable[[int], Any], num_groups: int, spec: Processes):
         import cloudpickle  # grain's own workers pickle with it: lambdas and local functions travel
@@ -190,107 +184,35 @@ class _Groups:
             raise ValueError(f"worker_count={spec.count} sends the reader, decoder and map functions to worker "
                              f"processes, and they do not pickle ({type(e).__name__}: {e}); use worker_count=0, "
                              "or functions and objects that pickle") from None
-        self._spec = spec
         self._prefix = f"loader-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this iterator's /dev/shm files
-        self._n = num_groups
-        self._window = spec.count * spec.per_worker
-        self._started = 0  # workers started, replacements included (names them in logs)
-        self._workers = [self._start() for _ in range(spec.count)]
-        self._new = 0  # the next group never sent
-        self._again: collections.deque[int] = collections.deque()  # groups a worker died with, to compute again
-        self._deaths: collections.Counter = collections.Counter()
-        self._done: dict[int, tuple[bool, Any]] = {}
-        self._next = 0  # the next group to hand out
-        self._closed = False
+        self._threads = spec.per_worker
+        super().__init__(num_groups, spec.count, spec.per_worker, spec.describe)
 
-    def _start(self) -> _Worker:
-        self._started += 1
-        return _Worker(self._payload, self._spec.per_worker, self._started, self._prefix)
+    def _start(self, number: int) -> _Process:
+        return _Process(self._payload, self._threads, number, self._prefix)
 
-    def __iter__(self):
-        return self
+    def _send(self, worker: _Process, group: int) -> None:
+        worker.conn.send(group)
 
-    def __next__(self):
-        if self._closed or self._next >= self._n:
-            raise StopIteration
-        try:
-            while self._next not in self._done:
-                self._send()
-                self._receive()
-        except BaseException:
-            self.close()
-            raise
-        ok, value = self._done.pop(self._next)
-        self._next += 1
-        if not ok:
-            self.close()
-            raise value
-        return value
-
-    def _send(self) -> None:
-        """Sends groups to workers with room: again-groups each alone to an idle worker first, then new groups
-        within the window."""
-        while self._again:
-            idle = [w for w in self._workers if not w.groups]
-            if not idle:
-                return  # nothing new either: an again-group waits for the first idle worker
-            g = self._again.popleft()
-            idle[0].groups.add(g)
-            idle[0].alone = True
-            idle[0].conn.send(g)
-        while self._new < min(self._n, self._next + self._window):
-            room = [w for w in self._workers if not w.alone and len(w.groups) < self._spec.per_worker]
-            if not room:
-                return
-            worker = min(room, key=lambda w: len(w.groups))
-            worker.groups.add(self._new)
-            worker.conn.send(self._new)
-            self._new += 1
-
-    def _receive(self) -> None:
-        """Waits for a result or a worker's end, and takes what came."""
+    def _wait(self) -> list:
         handles = {}
         for w in self._workers:
             handles[w.conn] = handles[w.process.sentinel] = w
+        events = []
         for worker in {id(handles[h]): handles[h] for h in multiprocessing.connection.wait(list(handles))}.values():
             try:
                 while worker.conn.poll():  # results it sent before it ended count
                     g, ok, value = worker.conn.recv()
-                    worker.groups.discard(g)
-                    worker.alone = False
-                    self._done[g] = (ok, _unpack(value) if ok else value)
+                    events.append(Result(worker, g, ok, _unpack(value) if ok else value))
             except (EOFError, OSError, pickle.UnpicklingError):
                 pass
             if not worker.process.is_alive() or worker.conn.closed:
-                self._replace(worker)
+                events.append(Died(worker, worker.how_it_ended()))
+        return events
 
-    def _replace(self, worker: _Worker) -> None:
-        how = worker.how_it_ended()
+    def _stop(self, worker: _Process) -> None:
         worker.stop()
         _sweep(f"{self._prefix}-{worker.process.pid}-*")  # a result it wrote and never sent
-        lost = sorted(worker.groups)
-        for g in lost:
-            self._deaths[g] += 1
-            if self._deaths[g] >= MAX_DEATHS:
-                raise ValueError(f"a loader worker process ended {self._deaths[g]} times while computing "
-                                 f"{self._spec.describe(g)} (the last: {how}): a record there crashes the decoder "
-                                 "or map function, or needs more memory than the worker has; run with worker_count=0 "
-                                 "to see the error, or give the host more memory")
-        self._workers[self._workers.index(worker)] = self._start()
-        self._again.extend(lost)
-        log.warning("loader worker %d (pid %s) ended (%s) with %d group(s) in progress; started another, which "
-                    "computes them again", worker.number, worker.process.pid, how, len(lost))
 
-    def close(self) -> None:
-        """Stops every worker (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        for w in self._workers:
-            w.stop()
-        self._done.clear()
+    def _stopped_all(self) -> None:
         _sweep(f"{self._prefix}-*")
-
-    def __del__(self):
-        if not getattr(self, "_closed", True):
-            self.close()

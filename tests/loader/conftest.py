@@ -39,3 +39,16 @@ def rotten_copy(converted, tmp_path):
     data[100:2000] = os.urandom(1900)  # records' chunks near the start of the file: same size, bad content
     shard.write_bytes(bytes(data))
     return broken
+
+
+@pytest.fixture(scope="session")
+def photos(tmp_path_factory):
+    """48 ImageNet-layout JPEG records (real photos) in 3 TFRecord shards, converted by the real pipeline."""
+    from pipelines import ConvertConfig, run_conversion
+    from pipelines.demo import write_photo_tfrecords
+
+    root = tmp_path_factory.mktemp("photos")
+    write_photo_tfrecords(str(root / "in"), 48, num_shards=3)
+    assert run_conversion(ConvertConfig(input=str(root / "in" / "*"), output=str(root / "out")),
+                          ["--direct_num_workers=1"]).ok
+    return root / "out"

@@ -41,19 +41,6 @@ WHOLE = ["cmyk.jpg"]
 
 
 @pytest.fixture(scope="session")
-def photos(tmp_path_factory):
-    """48 ImageNet-layout JPEG records (real photos) in 3 TFRecord shards, converted by the real pipeline."""
-    from pipelines import ConvertConfig, run_conversion
-    from pipelines.demo import write_photo_tfrecords
-
-    root = tmp_path_factory.mktemp("photos")
-    write_photo_tfrecords(str(root / "in"), 48, num_shards=3)
-    assert run_conversion(ConvertConfig(input=str(root / "in" / "*"), output=str(root / "out")),
-                          ["--direct_num_workers=1"]).ok
-    return root / "out"
-
-
-@pytest.fixture(scope="session")
 def jpeg():
     from pipelines.demo import photo_jpegs
 

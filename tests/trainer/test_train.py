@@ -261,3 +261,15 @@ def test_in_memory_batches_train_on_the_loaders_first_batches_cycled(digits, tmp
     a, b = [r["loss"] for r in _metrics(tmp_path / "streamed")], [r["loss"] for r in _metrics(tmp_path / "cached")]
     assert a[:2] == b[:2] and a[2] != b[2]
     assert _metrics(tmp_path / "cached")[-1]["data_wait_fraction"] < 0.05  # no input on the step path
+
+
+def test_data_workers_on_ray_need_their_partner_keys():
+    from trainer.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"data_ray_address=auto runs data_workers Ray actors: pass data_workers=N"):
+        TrainConfig(data="x", workdir="w", data_ray_address="auto")
+    with pytest.raises(ValueError, match="data_ray_resource=data_cpu places the data actors on a Ray cluster: pass "
+                                         "data_ray_address= too"):
+        TrainConfig(data="x", workdir="w", data_workers=2, data_ray_resource="data_cpu")
+    config = TrainConfig(data="x", workdir="w", data_workers=2, data_ray_address="auto", data_ray_resource="data_cpu")
+    assert (config.data_ray_address, config.data_ray_resource) == ("auto", "data_cpu")

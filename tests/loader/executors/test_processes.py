@@ -43,12 +43,12 @@ def test_a_worker_killed_mid_epoch_is_replaced_and_the_batches_are_the_same(conv
     got = _rows([next(it) for _ in range(5)])
     victims = _workers()
     assert len(victims) == 2
-    with caplog.at_level(logging.WARNING, logger="loader.executors.processes"):
+    with caplog.at_level(logging.WARNING, logger="loader.executors.schedule"):
         os.kill(victims[0].pid, signal.SIGKILL)
         got += _rows(it)
     assert got == expected
     assert re.search(r"loader worker \d \(pid \d+\) ended \(signal SIGKILL\) with [1-9]\d* group\(s\) in progress; "
-                     r"started another", caplog.text), caplog.text
+                     r"another computes them again", caplog.text), caplog.text
     it.close()
     assert _workers() == []
 
@@ -60,10 +60,10 @@ def test_a_record_that_kills_every_worker_is_one_error_naming_its_group(converte
         list(it)
     message = str(e.value)
     # without shuffling, record 2:50 is global record 37 + 50 = 87; groups: batch 0, then 2 batches each
-    assert re.match(r"a loader worker process ended 3 times while computing batches 9-10 \(16 records: \S+"
+    assert re.match(r"a loader worker ended 3 times while computing batches 9-10 \(16 records: \S+"
                     r"/train-00002-of-00005\.array_record: records 35-50\) \(the last: signal SIGKILL\): a record "
                     r"there crashes the decoder or map function", message), message
-    assert message.endswith("run with worker_count=0 to see the error, or give the host more memory")
+    assert message.endswith("run with worker_count=0 to see the error, or give the workers more memory")
     assert _workers() == []
 
 

@@ -1,0 +1,127 @@
+"""Read groups on Ray actors, anywhere in a Ray cluster: preprocessing on CPU nodes beside the accelerator hosts.
+
+    loader.load(src, batch_size=256, worker_count=16, ray_address="auto", ray_resources={"data_cpu": 1}, ...)
+
+Each of `count` actors (1 CPU each, plus `resources`: a custom resource only CPU nodes offer places them there) gets
+the group function once (through Ray's object store) and computes up to `per_worker` groups at once. Results come
+back through the object store: a result's NumPy arrays are read in place, without a copy, on this host (they are
+read-only). A group is a pure function of its index, so an actor that dies (its node preempted, the OOM killer) is
+replaced and its groups are computed again, and the batches are those of the local loader; the iterator's
+`resize_workers(n)` adds or retires actors while iterating, with the same batches (loader/executors/schedule.py).
+
+The actors are this process's: Ray ends them when it ends (they never outlive their owner), and `close()` kills
+them. Ray is connected to on first use (`ray.init(address=...)`) and left connected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from loader.executors.schedule import Died, Result, Scheduled, Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RayActors:
+    address: str  # "auto", "host:port" or "ray://host:10001"
+    count: int  # actors
+    per_worker: int = 2  # groups each actor computes at once
+    resources: Mapping[str, float] | None = None  # custom resources each actor needs, beside its CPU
+    describe: Callable[[int], str] = str
+
+    def map(self, fn: Callable[[int], Any], num_groups: int) -> _ActorGroups:
+        return _ActorGroups(fn, num_groups, self)
+
+
+class _GroupActor:
+    """One actor: computes groups of the function it was made with."""
+
+    def __init__(self, fn: Callable[[int], Any]):
+        self._fn = fn
+
+    def run(self, g: int) -> Any:
+        return self._fn(g)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("ray_address= runs the loader's workers on a Ray cluster, and Ray is not installed: "
+                         "pip install 'ray>=2.60'") from None
+    return ray
+
+
+class _Actor(Worker):
+    def __init__(self, number: int, handle):
+        super().__init__(number)
+        self.handle = handle
+        self.refs: dict = {}  # ObjectRef -> group
+
+    def label(self) -> str:
+        return f"Ray actor {self.number}"
+
+
+class _ActorGroups(Scheduled):
+    """The groups of one iterator, in order, from Ray actors."""
+
+    def __init__(self, fn: Callable[[int], Any], num_groups: int, spec: RayActors):
+        ray = _ray()
+        if not ray.is_initialized():
+            log.info("connecting to the Ray cluster at %s", spec.address)
+            ray.init(address=spec.address, logging_level=logging.WARNING)
+        self._spec = spec
+        self._class = ray.remote(_GroupActor).options(num_cpus=1, resources=dict(spec.resources or {}),
+                                                       max_concurrency=spec.per_worker, max_restarts=0)
+        try:
+            self._fn = ray.put(fn)
+        except Exception as e:  # noqa: BLE001 - whatever does not pickle, named
+            raise ValueError(f"ray_address= sends the reader, decoder and map functions to Ray actors, and they do "
+                             f"not pickle ({type(e).__name__}: {e}); use functions and objects that pickle") from None
+        self._pending: dict = {}  # ObjectRef -> actor
+        super().__init__(num_groups, spec.count, spec.per_worker, spec.describe)
+
+    def _start(self, number: int) -> _Actor:
+        return _Actor(number, self._class.remote(self._fn))
+
+    def _send(self, worker: _Actor, group: int) -> None:
+        ref = worker.handle.run.remote(group)
+        worker.refs[ref] = group
+        self._pending[ref] = worker
+
+    def _wait(self) -> list:
+        ray = _ray()
+        ready, _ = ray.wait(list(self._pending), num_returns=1)
+        ready += ray.wait([r for r in self._pending if r not in ready], num_returns=len(self._pending) - len(ready),
+                          timeout=0)[0]
+        events, died = [], set()
+        for ref in ready:
+            worker = self._pending.pop(ref, None)
+            if worker is None or id(worker) in died:
+                continue
+            group = worker.refs.pop(ref)
+            try:
+                events.append(Result(worker, group, True, ray.get(ref)))
+            except ray.exceptions.RayActorError as e:
+                worker.refs[ref] = group  # still its: computed again by another
+                died.add(id(worker))
+                events.append(Died(worker, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+            except ray.exceptions.RayTaskError as e:  # the function raised: its own error, where the batch is taken
+                events.append(Result(worker, group, False, e.cause if e.cause is not None else e))
+        return events
+
+    def _stop(self, worker: _Actor) -> None:
+        for ref in worker.refs:
+            self._pending.pop(ref, None)
+        try:
+            _ray().kill(worker.handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass

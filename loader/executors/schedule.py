@@ -1,0 +1,177 @@
+"""What every executor with workers does alike: groups handed out in order, a bounded window computed ahead, workers
+that die replaced and their groups computed again (each alone in a worker, so a record that kills every worker
+that reads it is found and named), and the worker count changed while iterating.
+
+An executor's workers (local processes, Ray actors) subclass `Worker`; its iterator subclasses `Scheduled` and
+says how to start a worker, send it a group, wait for what happened and stop it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAX_DEATHS = 3  # a group that this many of its workers died computing is an error, not retried again
+
+
+class Worker:
+    def __init__(self, number: int):
+        self.number = number  # 1, 2, ... in the order started (replacements included): names it in logs
+        self.groups: set[int] = set()  # sent, not yet answered
+        self.alone = False  # computing a group a worker died with: nothing else is sent here until it answers
+        self.retiring = False  # the worker count went down: nothing more is sent; stopped once idle
+
+    def label(self) -> str:
+        return f"worker {self.number}"
+
+
+# What `Scheduled._wait` reports: a worker's answer, or a worker's end.
+Result = collections.namedtuple("Result", "worker group ok value")
+Died = collections.namedtuple("Died", "worker how")
+
+
+class Scheduled:
+    """fn(0), ..., fn(num_groups - 1) in order, computed by `count` workers, `per_worker` groups each at once."""
+
+    def __init__(self, num_groups: int, count: int, per_worker: int, describe: Callable[[int], str]):
+        self._n = num_groups
+        self._per_worker = per_worker
+        self._describe = describe
+        self._started = 0
+        self._workers: list[Worker] = []
+        self._new = 0  # the next group never sent
+        self._again: collections.deque[int] = collections.deque()  # groups a worker died with, to compute again
+        self._deaths: collections.Counter = collections.Counter()
+        self._done: dict[int, tuple[bool, Any]] = {}
+        self._next = 0  # the next group to hand out
+        self._closed = False
+        self.resize(count)
+
+    # --- what an executor says ---------------------------------------------------------------
+    def _start(self, number: int) -> Worker:
+        raise NotImplementedError
+
+    def _send(self, worker: Worker, group: int) -> None:
+        raise NotImplementedError
+
+    def _wait(self) -> list:
+        """Blocks until something happened: a list of Result and Died."""
+        raise NotImplementedError
+
+    def _stop(self, worker: Worker) -> None:
+        raise NotImplementedError
+
+    def _stopped_all(self) -> None:
+        """After close: anything the executor keeps beside its workers."""
+
+    # --- the schedule -------------------------------------------------------------------------
+    @property
+    def worker_count(self) -> int:
+        return sum(not w.retiring for w in self._workers)
+
+    def resize(self, count: int) -> None:
+        """Workers from now on: more start at once; fewer stop taking groups, and stop once their groups are done.
+        The groups, and so the batches, stay the same."""
+        if count < 1:
+            raise ValueError(f"a worker count must be >= 1 (got {count})")
+        active = [w for w in self._workers if not w.retiring]
+        for w in active[count:]:
+            w.retiring = True
+        for _ in range(count - len(active)):
+            self._started += 1
+            self._workers.append(self._start(self._started))
+        self._retire_idle()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._closed or self._next >= self._n:
+            raise StopIteration
+        try:
+            while self._next not in self._done:
+                self._dispatch()
+                for event in self._wait():
+                    if isinstance(event, Died):
+                        self._replace(event.worker, event.how)
+                    elif event.worker in self._workers:
+                        event.worker.groups.discard(event.group)
+                        event.worker.alone = False
+                        self._done[event.group] = (event.ok, event.value)
+                self._retire_idle()
+        except BaseException:
+            self.close()
+            raise
+        ok, value = self._done.pop(self._next)
+        self._next += 1
+        if not ok:
+            self.close()
+            raise value
+        return value
+
+    def _dispatch(self) -> None:
+        """Sends groups to workers with room: again-groups each alone to an idle worker first, then new groups
+        within the window."""
+        active = [w for w in self._workers if not w.retiring]
+        while self._again:
+            idle = [w for w in active if not w.groups]
+            if not idle:
+                return  # nothing new either: an again-group waits for the first idle worker
+            g = self._again.popleft()
+            idle[0].groups.add(g)
+            idle[0].alone = True
+            self._send(idle[0], g)
+        window = len(active) * self._per_worker
+        while self._new < min(self._n, self._next + window):
+            room = [w for w in active if not w.alone and len(w.groups) < self._per_worker]
+            if not room:
+                return
+            worker = min(room, key=lambda w: len(w.groups))
+            worker.groups.add(self._new)
+            self._send(worker, self._new)
+            self._new += 1
+
+    def _retire_idle(self) -> None:
+        for w in [w for w in self._workers if w.retiring and not w.groups]:
+            self._workers.remove(w)
+            self._stop(w)
+
+    def _replace(self, worker: Worker, how: str) -> None:
+        if worker not in self._workers:
+            return
+        self._stop(worker)
+        lost = sorted(worker.groups)
+        for g in lost:
+            self._deaths[g] += 1
+            if self._deaths[g] >= MAX_DEATHS:
+                raise ValueError(f"a loader worker ended {self._deaths[g]} times while computing "
+                                 f"{self._describe(g)} (the last: {how}): a record there crashes the decoder or map "
+                                 "function, or needs more memory than the worker has; run with worker_count=0 to see "
+                                 "the error, or give the workers more memory")
+        index = self._workers.index(worker)
+        if worker.retiring:
+            self._workers.pop(index)
+        else:
+            self._started += 1
+            self._workers[index] = self._start(self._started)
+        self._again.extend(lost)
+        log.warning("loader %s ended (%s) with %d group(s) in progress; %s", worker.label(), how, len(lost),
+                    "another computes them again" if lost else "started another")
+
+    def close(self) -> None:
+        """Stops every worker (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for w in self._workers:
+            self._stop(w)
+        self._done.clear()
+        self._stopped_all()
+
+    def __del__(self):
+        if not getattr(self, "_closed", True):
+            self.close()

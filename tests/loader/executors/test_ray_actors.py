@@ -1,0 +1,133 @@
+"""The loader's workers as Ray actors on a local two-node Ray cluster (ray.cluster_utils.Cluster): the batches are
+bitwise those of the local loader, through an actor killed mid-epoch, a resume, and workers added and removed while
+iterating; a record that kills every actor that reads it is one clear error."""
+
+import logging
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import loader
+from loader import images
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node with no data resource and a second node offering `data_cpu`: the actors go there."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 100 << 20,
+                                                             "include_dashboard": False})
+    cluster.add_node(num_cpus=3, resources={"data_cpu": 3}, object_store_memory=100 << 20)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _crops(photos, **options):
+    return loader.load(str(photos), batch_size=8, seed=2, num_epochs=2, records_per_read=16,
+                       random_map_fn=images.RandomResizedCrop("image/encoded", size=32), **options)
+
+
+def _remote(cluster, count=2):
+    return dict(worker_count=count, ray_address=cluster.address, ray_resources={"data_cpu": 1})
+
+
+def _same(got, expected):
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert sorted(a) == sorted(b)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def _actor_pids() -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"ray::_GroupActor" in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.fixture(scope="module")
+def local_crops(photos):
+    return list(_crops(photos))  # 2 epochs of 48 records: 12 batches
+
+
+@pytest.mark.timeout(300)
+def test_remote_crops_are_the_local_ones_through_a_killed_actor_a_resume_and_resizing(cluster, photos, local_crops,
+                                                                                   caplog):
+    it = iter(_crops(photos, **_remote(cluster)))
+    got = [next(it) for _ in range(3)]
+    pids = _actor_pids()
+    assert len(pids) == 2, pids
+    with caplog.at_level(logging.WARNING, logger="loader.executors.schedule"):
+        os.kill(pids[0], signal.SIGKILL)
+        got += [next(it) for _ in range(3)]
+    it.resize_workers(3)  # a node joined
+    got += [next(it) for _ in range(2)]
+    it.resize_workers(1)  # nodes left
+    state = it.get_state()
+    got += list(it)
+    _same(got, local_crops)
+    assert re.search(r"loader Ray actor \d ended \(\w+", caplog.text), caplog.text
+
+    resumed = iter(_crops(photos, **_remote(cluster)))
+    resumed.set_state(state)
+    _same(list(resumed), local_crops[8:])
+    resumed.close()
+    it.close()
+    deadline = time.monotonic() + 30
+    while _actor_pids() and time.monotonic() < deadline:  # killed by close()
+        time.sleep(0.2)
+    assert _actor_pids() == []
+
+
+def test_a_remote_mixture_is_the_local_one(cluster, converted, photos):
+    sources = {"text": str(converted), "photos": str(photos)}
+    options = dict(batch_size=8, seed=1, num_epochs=1, decode=None, weights={"text": 3, "photos": 1})
+    _same_raw = [list(b) for b in loader.load(sources, **options)]
+    remote = [list(b) for b in loader.load(sources, **options, **_remote(cluster))]
+    assert remote == _same_raw and len(remote) >= 4
+
+
+class _Poison:
+    """Kills the process it runs in at one record, except in the process that made it (the test's)."""
+
+    def __init__(self):
+        self.owner = os.getpid()
+
+    def __call__(self, record: bytes) -> bytes:
+        if record == b"2:50" and os.getpid() != self.owner:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return record
+
+
+@pytest.mark.timeout(300)
+def test_a_record_that_kills_every_actor_is_one_error_naming_its_group(cluster, converted):
+    it = iter(loader.load(str(converted), batch_size=8, seed=3, decode=None, num_epochs=1, records_per_read=16,
+                          shuffle=False, map_fn=_Poison(), **_remote(cluster)))
+    with pytest.raises(ValueError, match=r"a loader worker ended 3 times while computing batches 9-10 \(16 records: "
+                                         r"\S+/train-00002-of-00005\.array_record: records 35-50\) \(the last: "):
+        list(it)
+
+
+def test_ray_options_need_their_partners(photos):
+    with pytest.raises(ValueError, match=r"ray_address='auto' runs worker_count workers on the Ray cluster: pass "
+                                         r"worker_count=N"):
+        loader.load(str(photos), batch_size=8, ray_address="auto")
+    with pytest.raises(ValueError, match="ray_resources= places Ray actors: pass ray_address= too"):
+        loader.load(str(photos), batch_size=8, worker_count=1, ray_resources={"data_cpu": 1})
