@@ -20,11 +20,14 @@ crop (8-100% of the area, aspect 3:4-4:3) resized to 224, flipped at random, wit
   cores is what perfect scaling would reach;
 - ours: `loader.load(dir, random_map_fn=images.RandomResizedCrop("image/encoded", 224))`, threads = cores, no
   worker processes; "ours, workers" with one worker process a core; "ours, Ray actors" with one Ray actor a core,
-  on a Ray node the contender starts on its cores (the batches come back through Ray's object store).
+  on a Ray node the contender starts on its cores (the batches come back through Ray's object store); and "ours, 1
+  core + Ray actors on the rest": this process on the first core, a Ray node with actors on the others (compare
+  with "ours" on 1 core: what workers elsewhere add when the host's own cores are taken).
 
 Each contender runs in its own process, pinned to the first K cores (`sched_setaffinity`) for each K in `--cores`.
-Reported: images/s over `--batches` batches after `--skip` (steady state), images/s per core, and ratios to
-tf.data, grain stock and the bare loop x cores. Results: docs/benchmarks.md.
+Reported: images/s over `--batches` batches after `--skip` (steady state), images/s per core, ratios to
+tf.data, grain stock and the bare loop x cores, and the CPU the contender's own process spent a batch (with
+workers: taking the batches from them, the transport's cost on the training host). Results: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -123,6 +126,19 @@ batches = iter(loader.load(OUT, batch_size=BATCH, seed=0, worker_count=CORES, ra
 def cleanup():
     ray.shutdown()
 """,
+    "ours, 1 core + Ray actors on the rest": """
+import os, ray, loader
+from loader import images
+# The trainer's process on the first core, a Ray node (its actors) on the others: what workers on other machines
+# add to a host whose own cores are busy. Compare with "ours" on 1 core.
+os.sched_setaffinity(0, set(range(1, CORES)))
+ray.init(num_cpus=CORES - 1, include_dashboard=False, object_store_memory=2 << 30, logging_level="ERROR")
+os.sched_setaffinity(0, {0})
+batches = iter(loader.load(OUT, batch_size=BATCH, seed=0, worker_count=CORES - 1, ray_address="local",
+                           random_map_fn=images.RandomResizedCrop("image/encoded", size=SIZE)))
+def cleanup():
+    ray.shutdown()
+""",
 }
 
 RUNNER = """
@@ -137,10 +153,11 @@ def count(batch):
     return len(first)
 for _ in range({skip}):
     count(next(batches))
-t0, n = time.perf_counter(), 0
+t0, c0, n = time.perf_counter(), time.process_time(), 0
 for _ in range({batches}):
     n += count(next(batches))
-print(json.dumps({{"images_per_s": n / (time.perf_counter() - t0)}}))
+print(json.dumps({{"images_per_s": n / (time.perf_counter() - t0),
+                  "main_cpu_ms_per_batch": (time.process_time() - c0) / {batches} * 1e3}}))
 sys.stdout.flush()
 globals().get("cleanup", lambda: None)()  # processes of its own session (a Ray node) end with it
 os.killpg(0, 9)  # this process and every worker it started (a stock grain worker outlives an os._exit)
@@ -230,27 +247,38 @@ def main() -> None:
         rates = run(DECODERS.format(out=str(out)))
         print("decode alone, one thread: " + ", ".join(f"{k} {v:,.0f} img/s" for k, v in rates.items()))
     results: dict[tuple[str, int], float] = {}
+    main_cpu: dict[tuple[str, int], float] = {}  # CPU of the contender's own process (its threads), ms a batch
     for cores in args.cores:
         for name in args.contenders:
+            if name.endswith("on the rest") and cores < 2:
+                continue  # it needs a core beside the first
             code = RUNNER.format(cores=cores, size=SIZE, batch=BATCH, out=str(out), shards=shards, tfrecords=tfrecords,
                                  code=CONTENDERS[name], skip=args.skip, batches=args.batches)
-            results[name, cores] = run(code)["images_per_s"]
+            measured = run(code)
+            results[name, cores] = measured["images_per_s"]
+            main_cpu[name, cores] = measured["main_cpu_ms_per_batch"]
             print(f"  {cores} core(s)  {name:14s} {results[name, cores]:8,.0f} img/s  "
                   f"({results[name, cores] / cores:,.0f} per core)", flush=True)
-    print("\n| cores | contender | images/s | per core | ours / it |")
-    print("|---|---|---|---|---|")
+    print("\n| cores | contender | images/s | per core | ours / it | main process CPU, ms a batch |")
+    print("|---|---|---|---|---|---|")
     for cores in args.cores:
         ours = results.get(("ours", cores))
         for name in args.contenders:
+            if (name, cores) not in results:
+                continue
             rate = results[name, cores]
             ceiling = rate * cores if name == "bare loop" else rate
             ratio = f"{ours / ceiling:.2f}x" if ours and name != "ours" else ""
             label = f"{name} x {cores} cores" if name == "bare loop" and cores > 1 else name
-            print(f"| {cores} | {label} | {ceiling:,.0f} | {ceiling / cores:,.0f} | {ratio} |")
+            print(f"| {cores} | {label} | {ceiling:,.0f} | {ceiling / cores:,.0f} | {ratio} | "
+                  f"{main_cpu[name, cores]:,.0f} |")
     if len(args.cores) > 1 and ("ours", args.cores[0]) in results:
         lo, hi = args.cores[0], args.cores[-1]
         for name in args.contenders:
-            print(f"scaling {lo} -> {hi} cores, {name}: {results[name, hi] / results[name, lo]:.2f}x")
+            if (name, lo) in results and (name, hi) in results:
+                print(f"scaling {lo} -> {hi} cores, {name}: {results[name, hi] / results[name, lo]:.2f}x")
+            elif (name, hi) in results and ("ours", lo) in results:
+                print(f"{name} ({hi} cores) against ours on {lo}: {results[name, hi] / results['ours', lo]:.2f}x")
 
 
 def _cpu() -> str:

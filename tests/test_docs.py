@@ -65,7 +65,7 @@ def test_no_page_narrates_the_projects_development():
 
 
 SKIP_REASONS = ("needs Google Cloud", "needs an accelerator VM", "needs several accelerator hosts",
-                "needs gcsfuse and a bucket",
+                "needs gcsfuse and a bucket", "needs a Ray cluster of several machines",
                 "a benchmark: minutes to hours; tests/test_docs.py checks its flags",
                 "a fuzzing campaign: minutes; tests/test_docs.py checks its flags",
                 "builds a virtual environment per install: 3 minutes with a warm pip cache",
