@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/venv.sh
-exec .venv/bin/python -m pytest -m "not slow" "$@"
+exec .venv/bin/python -m pytest -m "not slow" --durations=25 "$@"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.trainer.conftest import run_trainer
+from tests.trainer.conftest import run_trainer, trainer_here
 
 
 def _common(digits, workdir):
@@ -72,7 +72,7 @@ def test_a_checkpoint_deleted_before_it_is_read_is_skipped(digits, tmp_path):
 
 
 def test_mode_evaluate_needs_eval_data(tmp_path):
-    proc = run_trainer(f"data={tmp_path}", f"workdir={tmp_path}", "mode=evaluate")
+    proc = trainer_here(f"data={tmp_path}", f"workdir={tmp_path}", "mode=evaluate")
     assert proc.returncode == 2
     assert "mode=evaluate needs eval_data=" in proc.stderr
 

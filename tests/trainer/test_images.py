@@ -8,7 +8,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from pipelines.demo import write_digits_jpeg_tfrecords
-from tests.trainer.conftest import convert_splits, run_trainer
+from tests.trainer.conftest import convert_splits, run_trainer, trainer_here
 
 IMAGENET_KEYS = ("image_key=image/encoded", "label_key=image/class/label", "num_classes=10")
 
@@ -89,7 +89,7 @@ def test_batchnorm_statistics_train_checkpoint_and_match_across_device_counts(di
 
 
 def test_encoded_images_without_image_size_say_what_to_set(digits_jpeg, tmp_path):
-    proc = run_trainer(f"data={digits_jpeg['train']}", f"workdir={tmp_path}", *IMAGENET_KEYS, "model=cnn", "steps=2")
+    proc = trainer_here(f"data={digits_jpeg['train']}", f"workdir={tmp_path}", *IMAGENET_KEYS, "model=cnn", "steps=2")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: feature 'image/encoded' of {digits_jpeg['train']} holds bytes values, not numbers the model can "

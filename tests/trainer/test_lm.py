@@ -9,7 +9,7 @@ import loader
 from pipelines.demo import stdlib_passages, unigram_bits_per_byte, write_text_tfrecords
 from trainer import TrainConfig
 from trainer.tasks import BOS, BYTE_OFFSET, LanguageModel
-from tests.trainer.conftest import convert_splits, run_trainer
+from tests.trainer.conftest import convert_splits, run_trainer, trainer_here
 
 
 @pytest.fixture(scope="session")
@@ -102,8 +102,8 @@ def test_lm_over_an_int64_sequence_feature_trains(rich_tfds, tmp_path):
                             "['image', 'label', 'text', 'tokens', 'vec'] (set text_key=)"),
 ])
 def test_lm_over_the_wrong_feature_is_one_line(rich_tfds, tmp_path, overrides, message):
-    proc = run_trainer(f"data={rich_tfds}", f"workdir={tmp_path}", "task=lm", "model=transformer_lm", "steps=1",
-                       *overrides)
+    proc = trainer_here(f"data={rich_tfds}", f"workdir={tmp_path}", "task=lm", "model=transformer_lm", "steps=1",
+                        *overrides)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.trainer.conftest import run_trainer
+from tests.trainer.conftest import run_trainer, trainer_here
 from tests.trainer.test_lm import stdlib_text  # noqa: F401 - the fixture
 
 
@@ -39,15 +39,15 @@ def test_a_mixture_trains_reports_rows_per_component_and_takes_new_weights_on_re
     ((), "error: a mixture of ['a', 'b'] needs weights="),
 ])
 def test_bad_mixture_settings_are_one_line_and_exit_2(digits, tmp_path, overrides, message):
-    proc = run_trainer(f"data=a={digits['train']},b={digits['test']}", f"workdir={tmp_path}", "model=mlp",
-                       "num_classes=10", "steps=1", *overrides)
+    proc = trainer_here(f"data=a={digits['train']},b={digits['test']}", f"workdir={tmp_path}", "model=mlp",
+                        "num_classes=10", "steps=1", *overrides)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
 def test_an_empty_component_is_one_line(digits, tmp_path):
     (tmp_path / "empty").mkdir()
-    proc = run_trainer(f"data=a={digits['train']},b={tmp_path / 'empty'}", "weights=a=1,b=1",
-                       f"workdir={tmp_path / 'w'}", "model=mlp", "num_classes=10", "steps=1")
+    proc = trainer_here(f"data=a={digits['train']},b={tmp_path / 'empty'}", "weights=a=1,b=1",
+                        f"workdir={tmp_path / 'w'}", "model=mlp", "num_classes=10", "steps=1")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"error: mixture component 'b': {tmp_path / 'empty'} has neither manifest.json" in proc.stderr
 

@@ -13,7 +13,7 @@ from trainer import TrainConfig
 from trainer.models import TransformerLM
 from trainer.program import Program
 from tests.conftest import REPO
-from tests.trainer.conftest import run_trainer
+from tests.trainer.conftest import run_trainer, trainer_here
 from tests.trainer.test_lm import stdlib_text  # noqa: F401 - the fixture
 
 
@@ -77,8 +77,8 @@ def test_a_bad_size_is_one_line_naming_the_key(overrides, message):
 
 
 def test_a_bad_size_stops_the_trainer_before_it_reads_data(tmp_path):
-    proc = run_trainer("data=/nonexistent", f"workdir={tmp_path}", "task=lm", "model=transformer_lm", "width=96",
-                       "heads=5")
+    proc = trainer_here("data=/nonexistent", f"workdir={tmp_path}", "task=lm", "model=transformer_lm", "width=96",
+                        "heads=5")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == ("error: width=96 is not divisible by heads=5 (each head gets "
                                                     "width / heads features); use heads=4 or width=100")

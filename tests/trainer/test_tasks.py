@@ -9,7 +9,7 @@ import pytest
 import loader
 from dataset_format import tfds_info
 from tests.conftest import REPO
-from tests.trainer.conftest import run_trainer
+from tests.trainer.conftest import run_trainer, trainer_here
 
 
 def _losses(workdir):
@@ -111,8 +111,8 @@ def test_bad_models_and_tasks_are_one_line_and_exit_2(rich_tfds, tmp_path, overr
     (tmp_path / "user" / "mynets").mkdir(parents=True)
     (tmp_path / "user" / "mynets" / "__init__.py").write_text("")
     (tmp_path / "user" / "mynets" / "nets.py").write_text(textwrap.dedent(NETS))
-    proc = run_trainer(f"data={rich_tfds}", f"workdir={tmp_path / 'run'}", "steps=1", *overrides,
-                       extra_env={"PYTHONPATH": f"{REPO}:{tmp_path / 'user'}"})
+    proc = trainer_here(f"data={rich_tfds}", f"workdir={tmp_path / 'run'}", "steps=1", *overrides,
+                        path=tmp_path / "user")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr
     if "label_key=digit" in overrides:
@@ -120,7 +120,7 @@ def test_bad_models_and_tasks_are_one_line_and_exit_2(rich_tfds, tmp_path, overr
 
 
 def test_custom_examples_without_metadata_need_num_classes(digits, tmp_path):
-    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "steps=1")
+    proc = trainer_here(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "steps=1")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "the data has no ClassLabel metadata for 'label' (not a TFDS dataset, or another feature type): pass " \
            "num_classes=N" in proc.stderr

@@ -13,7 +13,7 @@ from pipelines.demo import stdlib_passages
 from trainer import TrainConfig, tokenizer
 from trainer.tasks import LanguageModel
 from tests.conftest import REPO
-from tests.trainer.conftest import run_trainer
+from tests.trainer.conftest import run_trainer, trainer_here
 from tests.trainer.test_lm import stdlib_text  # noqa: F401 - the fixture
 
 VOCAB = 512
@@ -83,8 +83,8 @@ def test_a_bad_tokenizer_is_one_line(stdlib_text, tmp_path, name, content, messa
     path = tmp_path / name
     if content is not None:
         path.write_bytes(content)
-    proc = run_trainer(f"data={stdlib_text['train']}", f"workdir={tmp_path / 'w'}", "task=lm", "model=transformer_lm",
-                       f"tokenizer={path}", "steps=1")
+    proc = trainer_here(f"data={stdlib_text['train']}", f"workdir={tmp_path / 'w'}", "task=lm",
+                        "model=transformer_lm", f"tokenizer={path}", "steps=1")
     assert proc.returncode == 2 and f"error: tokenizer={path} {message}" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 

@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from tests.trainer.conftest import run_trainer
+from tests.trainer.conftest import run_trainer, trainer_here
 
 
 def _metrics(workdir):
@@ -143,11 +143,11 @@ def test_strategy_without_its_hardware_says_what_was_found(digits, tmp_path):
 
 
 def test_bad_config_is_one_line(tmp_path):
-    proc = run_trainer("data=x", f"workdir={tmp_path}", "stepz=3")
+    proc = trainer_here("data=x", f"workdir={tmp_path}", "stepz=3")
     assert proc.returncode == 2 and "unknown config key(s) ['stepz']" in proc.stderr
-    proc = run_trainer("data=x", f"workdir={tmp_path}", "steps=many")
+    proc = trainer_here("data=x", f"workdir={tmp_path}", "steps=many")
     assert proc.returncode == 2 and "steps='many' is not a valid int" in proc.stderr
-    proc = run_trainer("data=x", f"workdir={tmp_path}", "strategy=tpu_pod")
+    proc = trainer_here("data=x", f"workdir={tmp_path}", "strategy=tpu_pod")
     assert proc.returncode == 2 and "strategy='tpu_pod' is not one of" in proc.stderr
 
 
