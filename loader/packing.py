@@ -366,10 +366,31 @@ class PackedLoader:
         self.counts = counts
 
     def _ids(self, records: np.ndarray) -> list[np.ndarray]:
-        """The token ids of global records `records`: in a worker process when there are workers."""
+        """The token ids of global records `records`: in a worker process when there are workers. A worker that
+        dies breaks the pool: a new pool computes the records again (the same ids), up to MAX_DEATHS times."""
         if not self._worker_count:
             return self._tokens(records)
-        return self._worker_pool().submit(_worker_ids, records).result()
+        from concurrent.futures.process import BrokenProcessPool
+
+        from loader.executors.schedule import MAX_DEATHS
+
+        for attempt in range(1, MAX_DEATHS + 1):
+            pool = self._worker_pool()
+            try:
+                return pool.submit(_worker_ids, records).result()
+            except BrokenProcessPool as e:
+                with self._workers_lock:
+                    if self._workers is pool:  # the first thread to see it replaces it
+                        self._workers = None
+                        pool.shutdown(wait=False, cancel_futures=True)
+                if attempt == MAX_DEATHS:
+                    raise ValueError(f"a loader worker process ended {attempt} times while reading and tokenising "
+                                     f"{len(records)} records ({self.source.where_all(records)}): a record there "
+                                     "crashes the decoder or tokenize function, or needs more memory than the worker "
+                                     "has; run with worker_count=0 to see the error") from e
+                log.warning("a loader worker process ended (%s) while reading %d records; new workers compute "
+                            "them again", e, len(records))
+        raise AssertionError("unreachable")
 
     def _worker_pool(self):
         with self._workers_lock:

@@ -1,5 +1,7 @@
 """Packing token sequences into rows: a fixed layout, exact resume, the same global batches for any host count."""
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -328,6 +330,36 @@ PINNED_MIXTURE = [([100, 200, 0], [0, 0, 1]), ([1100, 300, 500], [0, 0, 1]), ([0
 def flat_ids(value) -> np.ndarray:
     """A tokenize function worker processes can import (a lambda does not pickle)."""
     return np.asarray(value).reshape(-1)
+
+
+class KillOnce:
+    """A tokenize function that SIGKILLs the worker process it runs in at record `target`, once (a marker file says
+    it did), or every time with `always`."""
+
+    def __init__(self, marker: str, target: int, always: bool = False):
+        self.marker, self.target, self.always, self.owner = marker, target, always, os.getpid()
+
+    def __call__(self, value) -> np.ndarray:
+        ids = np.asarray(value).reshape(-1)
+        if os.getpid() != self.owner and len(ids) and ids[0] == self.target * 100 and \
+                (self.always or not os.path.exists(self.marker)):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return ids
+
+
+def test_a_packing_worker_killed_is_replaced_and_the_batches_are_the_same(token_data, tmp_path):
+    def packed(tokenize, workers=2):
+        return loader.load(token_data, batch_size=2, num_epochs=3, seed=0, worker_count=workers,
+                           packing=loader.Packing("ids", seq_len=6, tokenize=tokenize))
+
+    alone = [b["tokens"].tolist() for b in packed(flat_ids, workers=0)]
+    killed = [b["tokens"].tolist() for b in packed(KillOnce(str(tmp_path / "killed"), target=7))]
+    assert (tmp_path / "killed").exists() and killed == alone
+    with pytest.raises(ValueError, match=r"a loader worker process ended 3 times while reading and tokenising \d+ "
+                                         r"records \(.*train-00001-of-00002\.array_record: records? [^)]*\): a record "
+                                         r"there crashes the decoder or tokenize function"):
+        list(packed(KillOnce(str(tmp_path / "always"), target=7, always=True)))
 
 
 def test_worker_processes_give_the_same_packed_batches_and_resume(token_data):
