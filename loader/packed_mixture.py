@@ -82,9 +82,9 @@ class PackedMixtureLoader(PackedLoader):
 
     def __init__(self, names: tuple[str, ...], source, reader, *, decoder, packing: Packing, plan: MixturePlan,
                  prefetch: int = 2, sharding=None, device_prefetch: int = 2, counts=None, index_key: str = "",
-                 cache_dir: str = "", worker_count: int = 0):
+                 cache_dir: str = "", worker_count: int = 0, ray_address: str | None = None, ray_resources=None):
         self._setup(source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
-                    cache_dir, worker_count)
+                    cache_dir, worker_count, ray_address, ray_resources)
         self.components, self.plan = names, plan
         self._offsets = plan.offsets
         self._streams = []

@@ -325,17 +325,6 @@ class TokenReader:
         return [np.asarray(v) for v in values]
 
 
-_WORKER: TokenReader | None = None  # in a worker process: its copy
-
-
-def _worker_setup(tokens: TokenReader) -> None:
-    global _WORKER
-    _WORKER = tokens
-
-
-def _worker_ids(records: np.ndarray) -> list[np.ndarray]:
-    return _WORKER(records)
-
 
 class PackedLoader:
     """An iterable of packed batches; each `iter()` starts at batch 0 (`set_state` resumes exactly). With
@@ -344,20 +333,21 @@ class PackedLoader:
 
     def __init__(self, source, reader, *, decoder, packing: Packing, plan_args: dict, prefetch: int = 2,
                  sharding=None, device_prefetch: int = 2, counts=None, index_key: str = "", cache_dir: str = "",
-                 worker_count: int = 0):
+                 worker_count: int = 0, ray_address: str | None = None, ray_resources=None):
         self._setup(source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
-                    cache_dir, worker_count)
+                    cache_dir, worker_count, ray_address, ray_resources)
         seed, shuffle = plan_args.pop("seed", 0), plan_args.pop("shuffle", True)
         layout = Layout(self.counts, len(source), packing.seq_len, packing.fit, seed, shuffle)
         self.plan = PackedPlan(layout, **plan_args)
 
     def _setup(self, source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
-               cache_dir, worker_count) -> None:
+               cache_dir, worker_count, ray_address=None, ray_resources=None) -> None:
         self.source, self.packing = source, packing
         self._prefetch, self._sharding, self._device_prefetch = prefetch, sharding, device_prefetch
         self._keys, self._feature = row_keys(packing.keys), packing.feature or "tokens"
         self._tokens = TokenReader(source, reader, decoder, self._feature, packing)
         self._worker_count, self._workers, self._workers_lock = worker_count, None, threading.Lock()
+        self._ray_address, self._ray_resources = ray_address, ray_resources
         if counts is None:
             from loader.counts import TokenCounts
 
@@ -366,38 +356,25 @@ class PackedLoader:
         self.counts = counts
 
     def _ids(self, records: np.ndarray) -> list[np.ndarray]:
-        """The token ids of global records `records`: in a worker process when there are workers. A worker that
-        dies breaks the pool: a new pool computes the records again (the same ids), up to MAX_DEATHS times."""
+        """The token ids of global records `records`: in a worker when there are workers (a worker that dies is
+        replaced and the call made again: loader/executors)."""
         if not self._worker_count:
             return self._tokens(records)
-        from concurrent.futures.process import BrokenProcessPool
+        from loader.executors.schedule import WorkersDied
 
-        from loader.executors.schedule import MAX_DEATHS
+        try:
+            return self._calls()(records)
+        except WorkersDied as e:
+            raise ValueError(f"a loader worker ended {e.deaths} times while reading and tokenising {len(records)} "
+                             f"records ({self.source.where_all(records)}) (the last: {e.how}): a record there crashes "
+                             "the decoder or tokenize function, or needs more memory than the worker has; run with "
+                             "worker_count=0 to see the error") from None
 
-        for attempt in range(1, MAX_DEATHS + 1):
-            pool = self._worker_pool()
-            try:
-                return pool.submit(_worker_ids, records).result()
-            except BrokenProcessPool as e:
-                with self._workers_lock:
-                    if self._workers is pool:  # the first thread to see it replaces it
-                        self._workers = None
-                        pool.shutdown(wait=False, cancel_futures=True)
-                if attempt == MAX_DEATHS:
-                    raise ValueError(f"a loader worker process ended {attempt} times while reading and tokenising "
-                                     f"{len(records)} records ({self.source.where_all(records)}): a record there "
-                                     "crashes the decoder or tokenize function, or needs more memory than the worker "
-                                     "has; run with worker_count=0 to see the error") from e
-                log.warning("a loader worker process ended (%s) while reading %d records; new workers compute "
-                            "them again", e, len(records))
-        raise AssertionError("unreachable")
-
-    def _worker_pool(self):
+    def _calls(self):
+        """The workers: local processes, or Ray actors with ray_address."""
         with self._workers_lock:
             if self._workers is None:
                 import pickle
-
-                from loader.workers import process_pool
 
                 try:
                     pickle.dumps(self._tokens)
@@ -405,8 +382,16 @@ class PackedLoader:
                     raise ValueError(f"worker_count={self._worker_count} sends the reader, decoder and Packing's "
                                      f"tokenize functions to worker processes, and they do not pickle ({e}); define "
                                      "tokenize at module level, or use worker_count=0") from None
-                self._workers = process_pool(self._worker_count, _worker_setup, (self._tokens,))
-                weakref.finalize(self, self._workers.shutdown, wait=False, cancel_futures=True)
+                if self._ray_address is not None:
+                    from loader.executors.ray_actors import ActorCalls
+
+                    self._workers = ActorCalls(self._ray_address, self._worker_count, self._tokens,
+                                               self._ray_resources)
+                else:
+                    from loader.executors.processes import ProcessCalls
+
+                    self._workers = ProcessCalls(self._worker_count, self._tokens)
+                weakref.finalize(self, self._workers.close)
             return self._workers
 
     def read_ids(self, records: np.ndarray) -> dict[int, np.ndarray]:

@@ -544,6 +544,7 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     return PackedLoader(src, _reader(src, config), packing=config.packing, plan_args=plan_args,
                         prefetch=max(1, config.prefetch), sharding=config.sharding,
                         device_prefetch=config.device_prefetch, worker_count=config.worker_count,
+                        ray_address=config.ray_address, ray_resources=config.ray_resources,
                         **_packing_inputs(src, config))
 
 
@@ -577,4 +578,5 @@ def _packed_mixture(sources: Mapping, config: LoaderConfig, shard_index: int, sh
     return PackedMixtureLoader(names, src, _reader(src, config), packing=config.packing, plan=plan,
                                prefetch=max(1, config.prefetch), sharding=config.sharding,
                                device_prefetch=config.device_prefetch, worker_count=config.worker_count,
+                               ray_address=config.ray_address, ray_resources=config.ray_resources,
                                **_packing_inputs(src, config))

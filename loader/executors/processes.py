@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import glob
 import itertools
+import logging
 import mmap
 import multiprocessing
 import multiprocessing.connection
@@ -34,8 +35,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from loader.executors.schedule import Died, Result, Scheduled, Worker
-from loader.workers import exit_with_owner
+from loader.executors.schedule import MAX_DEATHS, Died, Result, Scheduled, Worker, WorkersDied
+from loader.workers import exit_with_owner, process_pool
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,3 +219,55 @@ class _Groups(Scheduled):
 
     def _stopped_all(self) -> None:
         _sweep(f"{self._prefix}-*")
+
+
+_HELD: Any = None  # a ProcessCalls worker's object
+
+
+def _hold(obj: Any) -> None:
+    global _HELD
+    _HELD = obj
+
+
+def _call_held(*args) -> Any:
+    return _HELD(*args)
+
+
+class ProcessCalls:
+    """`obj(*args)` in one of `count` worker processes that each hold a copy of `obj` (pickled once a worker);
+    thread-safe. A worker that dies breaks the pool: a new pool makes the call again, and a call that has ended
+    MAX_DEATHS pools raises WorkersDied."""
+
+    def __init__(self, count: int, obj: Any):
+        self._count, self._obj = count, obj
+        self._pool = None
+        self._lock = threading.Lock()
+
+    def _current(self):
+        with self._lock:
+            if self._pool is None:
+                self._pool = process_pool(self._count, _hold, (self._obj,))
+            return self._pool
+
+    def __call__(self, *args) -> Any:
+        from concurrent.futures.process import BrokenProcessPool
+
+        for deaths in range(1, MAX_DEATHS + 1):
+            pool = self._current()
+            try:
+                return pool.submit(_call_held, *args).result()
+            except BrokenProcessPool as e:
+                with self._lock:
+                    if self._pool is pool:  # the first thread to see it replaces it
+                        self._pool = None
+                        pool.shutdown(wait=False, cancel_futures=True)
+                if deaths == MAX_DEATHS:
+                    raise WorkersDied(deaths, str(e)) from e
+                log.warning("a loader worker process ended (%s); new workers make its calls again", e)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None

@@ -16,12 +16,14 @@ them. Ray is connected to on first use (`ray.init(address=...)`) and left connec
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from loader.executors.schedule import Died, Result, Scheduled, Worker
+from loader.executors.schedule import MAX_DEATHS, Died, Result, Scheduled, Worker, WorkersDied
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,24 @@ class _GroupActor:
         return os.getpid()
 
 
+STALL_SECONDS = 60  # a wait this long for the actors is logged (an actor the cluster cannot place waits for ever)
+
+
+def _stalled(waiting: int, resources) -> None:
+    need = ", ".join(f"{k}: 1" if v == 1 else f"{k}: {v}" for k, v in {"CPU": 1, **dict(resources or {})}.items())
+    log.warning("waited %ds for the loader's Ray actors (%d calls in progress); an actor the cluster cannot place "
+                "waits until it can: each needs {%s} free (ray status shows what is), and an earlier loader's actors "
+                "hold theirs until it is closed or collected", STALL_SECONDS, waiting, need)
+
+
+def _connect(address: str):
+    ray = _ray()
+    if not ray.is_initialized():
+        log.info("connecting to the Ray cluster at %s", address)
+        ray.init(address=address, logging_level=logging.WARNING)
+    return ray
+
+
 def _ray():
     try:
         import ray
@@ -74,10 +94,7 @@ class _ActorGroups(Scheduled):
     """The groups of one iterator, in order, from Ray actors."""
 
     def __init__(self, fn: Callable[[int], Any], num_groups: int, spec: RayActors):
-        ray = _ray()
-        if not ray.is_initialized():
-            log.info("connecting to the Ray cluster at %s", spec.address)
-            ray.init(address=spec.address, logging_level=logging.WARNING)
+        ray = _connect(spec.address)
         self._spec = spec
         self._class = ray.remote(_GroupActor).options(num_cpus=1, resources=dict(spec.resources or {}),
                                                        max_concurrency=spec.per_worker, max_restarts=0)
@@ -99,7 +116,11 @@ class _ActorGroups(Scheduled):
 
     def _wait(self) -> list:
         ray = _ray()
-        ready, _ = ray.wait(list(self._pending), num_returns=1)
+        ready: list = []
+        while not ready:
+            ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=STALL_SECONDS)
+            if not ready:
+                _stalled(len(self._pending), self._spec.resources)
         ready += ray.wait([r for r in self._pending if r not in ready], num_returns=len(self._pending) - len(ready),
                           timeout=0)[0]
         events, died = [], set()
@@ -125,3 +146,65 @@ class _ActorGroups(Scheduled):
             _ray().kill(worker.handle, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
+
+
+class _Holder:
+    """An actor holding an object: `call(*args)` is obj(*args)."""
+
+    def __init__(self, obj: Any):
+        self._obj = obj
+
+    def call(self, *args) -> Any:
+        return self._obj(*args)
+
+
+class ActorCalls:
+    """`obj(*args)` on one of `count` Ray actors that each hold `obj`, in turn; thread-safe. An actor that dies is
+    replaced and the call made again; a call that has ended MAX_DEATHS actors raises WorkersDied."""
+
+    def __init__(self, address: str, count: int, obj: Any, resources: Mapping[str, float] | None = None,
+                 per_worker: int = 2):
+        ray = _connect(address)
+        self._resources = resources
+        self._class = ray.remote(_Holder).options(num_cpus=1, resources=dict(resources or {}),
+                                                  max_concurrency=per_worker, max_restarts=0)
+        self._obj = ray.put(obj)
+        self._actors = [self._class.remote(self._obj) for _ in range(count)]
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    def __call__(self, *args) -> Any:
+        ray = _ray()
+        for deaths in range(1, MAX_DEATHS + 1):
+            with self._lock:
+                i = next(self._turn) % len(self._actors)
+                actor = self._actors[i]
+            ref = actor.call.remote(*args)
+            try:
+                while True:
+                    try:
+                        return ray.get(ref, timeout=STALL_SECONDS)
+                    except ray.exceptions.GetTimeoutError:
+                        _stalled(1, self._resources)
+            except ray.exceptions.RayActorError as e:
+                how = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                with self._lock:
+                    if self._actors[i] is actor:  # the first thread to see it replaces it
+                        ray.kill(actor, no_restart=True)
+                        self._actors[i] = self._class.remote(self._obj)
+                if deaths == MAX_DEATHS:
+                    raise WorkersDied(deaths, how) from e
+                log.warning("loader Ray actor ended (%s); another makes its call again", how)
+            except ray.exceptions.RayTaskError as e:  # obj raised: its own error
+                raise (e.cause if e.cause is not None else e) from None
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        ray = _ray()
+        with self._lock:
+            for actor in self._actors:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            self._actors = []

@@ -3,7 +3,9 @@ that die replaced and their groups computed again (each alone in a worker, so a 
 that reads it is found and named), and the worker count changed while iterating.
 
 An executor's workers (local processes, Ray actors) subclass `Worker`; its iterator subclasses `Scheduled` and
-says how to start a worker, send it a group, wait for what happened and stop it.
+says how to start a worker, send it a group, wait for what happened and stop it. Calls-style executors (packing's:
+`obj(*args)` on any worker, loader/executors/processes.py `ProcessCalls`, ray_actors.py `ActorCalls`) retry a call
+whose worker died the same way and raise WorkersDied after MAX_DEATHS.
 """
 
 from __future__ import annotations
@@ -16,6 +18,14 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MAX_DEATHS = 3  # a group that this many of its workers died computing is an error, not retried again
+
+
+class WorkersDied(Exception):
+    """A call whose worker died MAX_DEATHS times (calls-style executors: the caller names what it was computing)."""
+
+    def __init__(self, deaths: int, how: str):
+        super().__init__(f"{deaths} workers ended (the last: {how})")
+        self.deaths, self.how = deaths, how
 
 
 class Worker:

@@ -52,3 +52,32 @@ def photos(tmp_path_factory):
     assert run_conversion(ConvertConfig(input=str(root / "in" / "*"), output=str(root / "out")),
                           ["--direct_num_workers=1"]).ok
     return root / "out"
+
+
+LENGTHS = [5, 3, 9, 2, 4, 7, 1, 6, 8, 2, 3, 5]  # targets per example; example i's ids are 100*i + 0..n
+
+
+def token_ids(i: int):
+    import numpy as np
+
+    return 100 * i + np.arange(LENGTHS[i] + 1)
+
+
+def flat_ids(value):
+    """A tokenize function worker processes can import (a lambda does not pickle)."""
+    import numpy as np
+
+    return np.asarray(value).reshape(-1)
+
+
+@pytest.fixture(scope="session")
+def token_data(tmp_path_factory):
+    """12 examples of int64 token ids (`ids`: 100*i + 0..LENGTHS[i]) in 2 shards, converted."""
+    from dataset_format import example_proto
+
+    root = tmp_path_factory.mktemp("tokens")
+    records = [example_proto.encode_example({"ids": token_ids(i)}) for i in range(len(LENGTHS))]
+    write_tfrecord_shards(root / "raw", [records[:5], records[5:]])
+    run_conversion(ConvertConfig(input=str(root / "raw" / "*.tfrecord"), output=str(root / "out")),
+                   ["--direct_num_workers=1"])
+    return str(root / "out")

@@ -8,27 +8,9 @@ import numpy as np
 import pytest
 
 import loader
-from dataset_format import example_proto
 from loader.packing import START, assemble, pack_rows
-from pipelines import ConvertConfig, run_conversion
-from tests.conftest import write_tfrecord_shards
-
-LENGTHS = [5, 3, 9, 2, 4, 7, 1, 6, 8, 2, 3, 5]  # targets per example; example i's ids are 100*i + 0..n
-
-
-def _ids(i: int) -> np.ndarray:
-    return 100 * i + np.arange(LENGTHS[i] + 1)
-
-
-@pytest.fixture(scope="module")
-def token_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tokens")
-    records = [example_proto.encode_example({"ids": _ids(i)}) for i in range(len(LENGTHS))]
-    write_tfrecord_shards(root / "raw", [records[:5], records[5:]])
-    run_conversion(ConvertConfig(input=str(root / "raw" / "*.tfrecord"), output=str(root / "out")),
-                   ["--direct_num_workers=1"])
-    return str(root / "out")
-
+from tests.loader.conftest import LENGTHS, flat_ids
+from tests.loader.conftest import token_ids as _ids
 
 def _packed(data, seq_len=6, keys="default", **options):
     packing = loader.Packing("ids", seq_len=seq_len, tokenize=lambda v: np.asarray(v).reshape(-1), keys=keys)
@@ -327,11 +309,6 @@ PINNED_ANCHORS = {"a": [40, 79], "b": [20, 39]}
 PINNED_MIXTURE = [([100, 200, 0], [0, 0, 1]), ([1100, 300, 500], [0, 0, 1]), ([0, 1000, 300], [0, 0, 1])]
 
 
-def flat_ids(value) -> np.ndarray:
-    """A tokenize function worker processes can import (a lambda does not pickle)."""
-    return np.asarray(value).reshape(-1)
-
-
 class KillOnce:
     """A tokenize function that SIGKILLs the worker process it runs in at record `target`, once (a marker file says
     it did), or every time with `always`."""
@@ -356,10 +333,10 @@ def test_a_packing_worker_killed_is_replaced_and_the_batches_are_the_same(token_
     alone = [b["tokens"].tolist() for b in packed(flat_ids, workers=0)]
     killed = [b["tokens"].tolist() for b in packed(KillOnce(str(tmp_path / "killed"), target=7))]
     assert (tmp_path / "killed").exists() and killed == alone
-    with pytest.raises(ValueError, match=r"a loader worker process ended 3 times while reading and tokenising \d+ "
-                                         r"records \(.*train-00001-of-00002\.array_record: records? [^)]*\): a record "
-                                         r"there crashes the decoder or tokenize function"):
-        list(packed(KillOnce(str(tmp_path / "always"), target=7, always=True)))
+    with pytest.raises(ValueError, match=r"a loader worker ended 3 times while reading and tokenising \d+ records "
+                                         r"\(.*train-00001-of-00002\.array_record: records? [^)]*\) \(the last: .*\): a "
+                                         r"record there crashes the decoder or tokenize function"):
+        list(packed(KillOnce(str(tmp_path / "always"), target=7, always=True), workers=1))
 
 
 def test_worker_processes_give_the_same_packed_batches_and_resume(token_data):

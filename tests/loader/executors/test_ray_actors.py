@@ -25,7 +25,7 @@ def cluster():
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 100 << 20,
                                                              "include_dashboard": False})
-    cluster.add_node(num_cpus=3, resources={"data_cpu": 3}, object_store_memory=100 << 20)
+    cluster.add_node(num_cpus=8, resources={"data_cpu": 8}, object_store_memory=100 << 20)  # logical CPUs
     cluster.wait_for_nodes()
     try:
         yield cluster
@@ -102,6 +102,25 @@ def test_a_remote_mixture_is_the_local_one(cluster, converted, photos):
     _same_raw = [list(b) for b in loader.load(sources, **options)]
     remote = [list(b) for b in loader.load(sources, **options, **_remote(cluster))]
     assert remote == _same_raw and len(remote) >= 4
+
+
+def test_a_remote_packed_mixture_is_the_local_one_and_resumes(cluster, token_data):
+    from tests.loader.conftest import flat_ids
+
+    def mixed(**options):
+        return loader.load({"a": token_data, "b": token_data}, weights={"a": 2, "b": 1}, batch_size=3, seed=0,
+                           packing=loader.Packing("ids", seq_len=6, tokenize=flat_ids), **options)
+
+    local = iter(mixed())
+    expected = [next(local)["tokens"].tolist() for _ in range(12)]
+    it = iter(mixed(**_remote(cluster)))
+    got = [next(it)["tokens"].tolist() for _ in range(5)]
+    state = it.get_state()
+    it.close()
+    resumed = iter(mixed(**_remote(cluster)))
+    resumed.set_state(state)
+    assert got + [next(resumed)["tokens"].tolist() for _ in range(7)] == expected
+    resumed.close()
 
 
 class _Poison:
