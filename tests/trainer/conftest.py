@@ -1,3 +1,4 @@
+import logging
 import os
 import subprocess
 import sys
@@ -53,6 +54,9 @@ def trainer_here(*overrides: str, path: Path | None = None) -> subprocess.Comple
     out, err = io.StringIO(), io.StringIO()
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(logs, "setup", lambda *a, **k: None))  # keeps pytest's log capture
+        # No root handlers while it runs: an earlier test's in-process CLI may have left one on a stream that is
+        # closed now ("--- Logging error ---"); warnings go to logging's last resort, this stderr, as in a process.
+        stack.enter_context(mock.patch.object(logging.getLogger(), "handlers", []))
         stack.enter_context(mock.patch.dict(os.environ, {"TF_CONFIG": ""}))
         if path is not None:
             stack.enter_context(mock.patch.object(sys, "path", [str(path), *sys.path]))
