@@ -1,5 +1,5 @@
-"""Worker processes that never outlive their owner: the watchdog every worker runs (grain's, and the packed loader's
-process pool), and that pool.
+"""Worker processes that never outlive their owner: the watchdog every worker runs (the loader's worker processes,
+loader/executors/processes.py), and a process pool for calls.
 
     pool = process_pool(2, setup, (state,))   # spawned processes; each runs setup(state) first
     pool.submit(fn, args).result()
@@ -18,14 +18,12 @@ from concurrent.futures import ProcessPoolExecutor
 OWNER_POLL_SECONDS = 0.5
 
 
-def exit_with_owner(owner: int, worker_index: int = 0, worker_count: int = 0,
-                    before_exit: Callable[[], None] | None = None) -> None:
+def exit_with_owner(owner: int, before_exit: Callable[[], None] | None = None) -> None:
     """Run in each worker process as it starts: a daemon thread ends the worker when `owner` (the process that made the
     loader) is gone, even when it died without cleaning up (SIGKILL, the OOM killer), so orphaned workers never hold
     memory (and their share of the host's index and page cache) past their owner. The worker's parent changes when its
-    owner dies (it is re-parented to init or a subreaper). (worker_index, worker_count: grain's initializer
-    arguments; before_exit: run first, e.g. to remove files only the owner would have removed.)"""
-    del worker_index, worker_count
+    owner dies (it is re-parented to init or a subreaper). `before_exit` runs first, e.g. to remove files only the
+    owner would have removed."""
 
     def watch():
         while os.getppid() == owner:
