@@ -10,7 +10,8 @@ A result's NumPy arrays travel out of band (pickle protocol 5): the worker copie
 sends the rest through its pipe; this process maps the file, removes its name at once and hands out arrays that
 view the mapping (no copy; the memory goes with the last array). Small results, and results when /dev/shm lacks
 room, go through the pipe. Files a dead worker left are removed when it is replaced, when the iterator closes, and
-by the workers themselves when their owner dies.
+by the workers themselves when their owner dies; files of an owner killed with its workers, by the next iterator
+that starts workers on the host.
 
 Replacing workers, computing groups again and naming a group that kills its workers: loader/executors/schedule.py.
 Workers end with their owner (loader/workers.py `exit_with_owner`) and when the iterator is closed.
@@ -107,6 +108,18 @@ def _sweep(pattern: str) -> None:
             pass
 
 
+def _sweep_orphans() -> None:
+    """Removes /dev/shm result files whose owner process is gone: left when the owner and its workers were killed
+    together (SIGKILL to the process group, a container's OOM kill), so no one was left to remove them."""
+    for path in glob.glob(os.path.join(SHM, "loader-*-*")):
+        owner = os.path.basename(path).split("-")[1]
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 def _serve(conn, payload: bytes, owner: int, threads: int, prefix: str) -> None:
     """A worker: computes the groups it is sent, `threads` at once, and sends back (group, ok, result or error)."""
     exit_with_owner(owner, before_exit=functools.partial(_sweep, f"{prefix}-*"))
@@ -187,6 +200,7 @@ class _Groups(Scheduled):
             raise ValueError(f"worker_count={spec.count} sends the reader, decoder and map functions to worker "
                              f"processes, and they do not pickle ({type(e).__name__}: {e}); use worker_count=0, "
                              "or functions and objects that pickle") from None
+        _sweep_orphans()
         self._prefix = f"loader-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this iterator's /dev/shm files
         self._threads = spec.per_worker
         super().__init__(num_groups, spec.count, spec.per_worker, spec.describe)

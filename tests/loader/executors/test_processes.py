@@ -81,3 +81,24 @@ def test_results_arrays_travel_through_one_shm_file_that_is_gone_once_taken():
     got[0]["image"][0, 0] = 7  # writable, as a batch from threads is
     small = processes._pack({"label": np.arange(3)}, "loader-test", 1)
     assert small[0] == "pipe" and processes._unpack(small)["label"].tolist() == [0, 1, 2]
+
+
+def test_result_files_of_an_owner_killed_with_its_workers_are_removed_by_the_next_iterator(converted):
+    """SIGKILL to a whole process group leaves nobody to remove results in flight: the next iterator does."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = f"/dev/shm/loader-{int(dead.stdout)}-0123456789ab-1-0"
+    open(orphan, "wb").close()
+    mine = f"/dev/shm/loader-{os.getpid()}-0123456789ab-1-0"  # a live owner's: kept
+    open(mine, "wb").close()
+    try:
+        it = iter(loader.load(str(converted), worker_count=1, **OPTIONS))
+        next(it)
+        it.close()
+        assert not os.path.exists(orphan) and os.path.exists(mine)
+    finally:
+        for path in (orphan, mine):
+            if os.path.exists(path):
+                os.unlink(path)
