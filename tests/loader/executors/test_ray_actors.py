@@ -34,9 +34,20 @@ def cluster():
         cluster.shutdown()
 
 
+class _SlowCrop:
+    """The crop, 10 ms a record: keeps the actors busy, so one killed at any moment holds groups in progress."""
+
+    def __init__(self):
+        self.crop = images.RandomResizedCrop("image/encoded", size=32)
+
+    def __call__(self, record, rng):
+        time.sleep(0.01)
+        return self.crop(record, rng)
+
+
 def _crops(photos, **options):
     return loader.load(str(photos), batch_size=8, seed=2, num_epochs=2, records_per_read=16,
-                       random_map_fn=images.RandomResizedCrop("image/encoded", size=32), **options)
+                       random_map_fn=_SlowCrop(), **options)
 
 
 def _remote(cluster, count=2):
