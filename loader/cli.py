@@ -2,7 +2,7 @@
 
     python -m loader inspect out/                    # counts, shards, feature spec, a sample
     python -m loader inspect ~/tfds/mnist/3.0.1 --split test
-    python -m loader bench out/ --batch_size 256     # examples/s on your own data
+    python -m loader bench out/ --batch_size 256     # examples/s on your own data, and which stage bounds it
     python -m loader bench imagenet/ --image image/encoded --threads 8   # images/s: decode + random crop + flip
     python -m loader stage gs://bucket/ds /local/ds  # copy to local disk (resumable, size-checked)
 """
@@ -55,6 +55,7 @@ def bench_main(args) -> int:
     import resource
 
     import loader
+    from loader.executors.tuned import loader_cores
 
     options = {}
     unit = "examples"
@@ -72,18 +73,34 @@ def bench_main(args) -> int:
     first = time.perf_counter() - started
     rates = []
     for batches in (args.start, args.batches):
+        it.stage_times(reset=True)
         t = time.perf_counter()
         for _ in range(batches):
             next(it)
         rates.append(batches * args.batch_size / max(time.perf_counter() - t, 1e-9))
+    elapsed = time.perf_counter() - t
+    setting = it.worker_setting()
+    report = it.stage_times().report(elapsed, compute_cores=loader_cores(), setting=setting)
     it.close()  # also ends the worker processes, whose peak RSS is then counted below
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     workers = f", the largest worker {worker_mb:,.0f} MB" if args.workers and worker_mb else ""
+    chosen = f" ({setting})" if args.workers == "auto" else ""
     print(f"first batch {first:.2f} s; {rates[1]:,.0f} {unit}/s over {args.batches} batches of {args.batch_size} "
           f"after a start window of {args.start} ({rates[0]:,.0f}/s); peak RSS {peak_mb:,.0f} MB{workers} "
-          f"(decode={args.decode}, workers={args.workers}, threads={args.threads or 'default'}, globally shuffled)")
+          f"(decode={args.decode}, workers={args.workers}{chosen}, threads={args.threads or 'default'}, "
+          f"globally shuffled)")
+    print("\n".join(f"  {line}" for line in report.lines()[1:]))
     return 0
+
+
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers takes a number of worker processes or auto (got {value!r})")
 
 
 def stage_main(args) -> int:
@@ -119,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--batch_size", "--batch-size", type=int, default=256, help="records a batch (default 256)")
             s.add_argument("--start", type=int, default=100, help="batches timed first (the start window)")
             s.add_argument("--batches", type=int, default=500, help="batches timed after the start window")
-            s.add_argument("--workers", type=int, default=0, help="loader worker processes (default 0)")
+            s.add_argument("--workers", type=_workers, default=0,
+                           help="loader worker processes, or auto (tuned as it runs; default 0: threads here)")
             s.add_argument("--threads", type=int, default=0, help="reading/decoding threads (default: the loader's)")
             s.add_argument("--image", default=None, metavar="FEATURE",
                            help="time the image path: decode FEATURE's JPEG/PNG bytes, random-resized crop, flip")

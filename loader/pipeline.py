@@ -24,6 +24,7 @@ import bisect
 import collections
 import dataclasses
 import logging
+import os
 import sys
 import threading
 import time
@@ -40,9 +41,11 @@ from loader.device import DevicePrefetcher
 from loader.packing import PackedLoader, Packing
 from loader.reader import MAX_RECORD_BYTES, BatchReader
 from loader.source import ShardedSource, resolve
+from loader.stages import Group, StageTimes, Stopwatch
 from loader.executors.processes import Processes
 from loader.executors.ray_actors import RayActors
 from loader.executors.threads import Threads
+from loader.executors.tuned import Tuned
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,9 @@ class LoaderConfig:
     random_map_fn: Callable[[Any, np.random.Generator], Any] | None = None
     split: str | None = None  # for TFDS sources; default "train"
     weights: Mapping[str, float] | None = None  # a mixture's weight per component (loader/mixture.py)
-    worker_count: int = 0  # worker processes (0: none, reads run in this process); one that dies is replaced
+    # Worker processes (0: none, reads run on this process's threads; one that dies is replaced), or "auto": this
+    # process's threads and/or worker processes, as the rate measured with each favours (loader/executors/tuning.py).
+    worker_count: int | str = 0
     # Run the workers as Ray actors on the cluster at this address ("auto", "host:port", "ray://host:10001") instead
     # of local processes; each needs 1 CPU and ray_resources (e.g. {"data_cpu": 1}, a resource only CPU nodes offer).
     ray_address: str | None = None
@@ -89,7 +94,15 @@ class LoaderConfig:
     device_prefetch: int = 2  # batches in flight to the devices when sharding is set
 
     def __post_init__(self):
-        for name in ("worker_count", "prefetch", "device_prefetch"):
+        if isinstance(self.worker_count, bool) or not isinstance(self.worker_count, (int, np.integer)):
+            if self.worker_count != "auto":
+                raise ValueError(f"worker_count must be a number of worker processes or 'auto' (got "
+                                 f"worker_count={self.worker_count!r})")
+            if self.ray_address is not None:
+                raise ValueError(f"worker_count='auto' tunes this host's workers; with ray_address="
+                                 f"{self.ray_address!r} pass the number of Ray actors (worker_count=N), and resize "
+                                 "them with the iterator's resize_workers(n)")
+        for name in ("prefetch", "device_prefetch") + (("worker_count",) if self.worker_count != "auto" else ()):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
         if self.records_per_read < 1:
@@ -104,7 +117,7 @@ class LoaderConfig:
             if isinstance(self.features, str) or not self.features:
                 raise ValueError(f"features must be a non-empty list of feature names (got features={self.features!r})")
             object.__setattr__(self, "features", tuple(self.features))
-        if self.ray_address is not None and self.worker_count < 1:
+        if self.ray_address is not None and self.worker_count == 0:
             raise ValueError(f"ray_address={self.ray_address!r} runs worker_count workers on the Ray cluster: pass "
                              "worker_count=N (N >= 1)")
         if self.ray_resources is not None and self.ray_address is None:
@@ -162,9 +175,10 @@ class _ReadGroup:
 
     def __init__(self, plan: BatchPlan, source: ShardedSource, reader: BatchReader, decoder: Decoder | None, map_fn,
                  start: int, max_batches: int, pack: bool = False, random_map_fn=None):
-        """`pack`: hand raw batches over as arrays (see _pack), for worker processes."""
+        """`pack`: hand raw batches over as arrays (see _pack) when computed in another process (a worker)."""
         self._plan = plan
         self._pack = pack and decoder is None and map_fn is None and random_map_fn is None
+        self._owner = os.getpid()
         self._source = source
         self._reader = reader
         self._decoder = decoder
@@ -194,29 +208,36 @@ class _ReadGroup:
             return bisect.bisect_left(self._ramp_offsets, remaining)
         return len(self._ramp_offsets) - 1 + -(-(remaining - ramp_total) // self._max)
 
-    def __call__(self, g: int) -> list:
+    def __call__(self, g: int) -> Group:
+        """Group g's batches, with what each stage cost (loader/stages.py)."""
+        clock = Stopwatch()
+        clock.stage("plan")
         first, end = self.first_batch(int(g)), self.first_batch(int(g) + 1)
         positions = self._plan.host_positions_range(first, end)
         per_batch = np.split(self._plan.indices_at(np.concatenate(positions)),
                              np.cumsum([len(p) for p in positions])[:-1])
+        clock.stage("read")
         records = self._reader(np.concatenate(per_batch))
-        if self._pack:
-            return _pack(records, [len(rows) for rows in per_batch])
+        if self._pack and os.getpid() != self._owner:  # raw records leaving this process: a few arrays
+            clock.stage("pack")
+            return clock.group(_pack(records, [len(rows) for rows in per_batch]), len(records))
         batches, at = [], 0
         for run in _runs_of_batches(per_batch, DECODE_RECORDS):
             run_records = records[at:at + sum(map(len, run))]
             at += len(run_records)
+            clock.stage("decode")
             columns = self._decode_run(run_records)
             offset = 0
             for rows in run:
                 part = slice(offset, offset + len(rows))
                 offset += len(rows)
                 if columns is not None and len(rows):
+                    clock.stage("collate")
                     batch = {key: column[part] for key, column in columns.items()}
                 else:
-                    batch = self._finish(run_records[part], rows, positions[len(batches)])
+                    batch = self._finish(run_records[part], rows, positions[len(batches)], clock)
                 batches.append(self._labelled(batch, positions[len(batches)]))
-        return batches
+        return clock.group(batches, len(records))
 
     def describe(self, g: int) -> str:
         """Group `g`'s batches and records, for errors."""
@@ -243,17 +264,20 @@ class _ReadGroup:
         except Exception:  # noqa: BLE001 - decode record by record, which names the bad record
             return None
 
-    def _finish(self, records: list[bytes], indices: np.ndarray, positions: np.ndarray):
+    def _finish(self, records: list[bytes], indices: np.ndarray, positions: np.ndarray, clock: Stopwatch):
         if not records:  # this host's share of a short last batch (drop_remainder=False) can be empty
             return []
         if self._decoder is None and self._map_fn is None and self._random_map_fn is None:
             return records
+        clock.stage("decode")
         items = [self._decode(r, i) for r, i in zip(records, indices)] if self._decoder else records
+        clock.stage("map")
         if self._map_fn is not None:
             items = [self._mapped(self._map_fn, i, item) for item, i in zip(items, indices)]
         if self._random_map_fn is not None:
             items = [self._mapped(self._random_map_fn, i, item, rng)
                      for item, i, rng in zip(items, indices, self._plan.record_rngs(positions, indices))]
+        clock.stage("collate")
         return collate(items)
 
     def _where(self, index: int) -> str:
@@ -340,11 +364,13 @@ class Loader:
         """Groups of batches from global batch `start` on (each element: a list of batches), computed by the
         loader's executor (loader/executors)."""
         read_group = _ReadGroup(plan or self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
-                                self.batches_per_read, pack=self.config.worker_count > 0,
+                                self.batches_per_read, pack=self.config.worker_count != 0,
                                 random_map_fn=self.config.random_map_fn)
         c = self.config
         per_worker = max(self.num_threads, c.prefetch)
-        if c.ray_address is not None:
+        if c.worker_count == "auto":
+            executor = Tuned(per_worker, read_group.describe)
+        elif c.ray_address is not None:
             executor = RayActors(c.ray_address, c.worker_count, per_worker, c.ray_resources, read_group.describe)
         elif c.worker_count:
             executor = Processes(c.worker_count, per_worker=per_worker, describe=read_group.describe)
@@ -372,13 +398,17 @@ class _HostBatches:
     def __init__(self, groups: Iterator):
         self._groups = groups
         self._pending: collections.deque = collections.deque()
+        self.times = StageTimes()
 
     def next(self):
         if self._groups is None:
             raise ValueError("this loader iterator was closed; set_state() (or a new iter()) starts reading again")
         if not self._pending:
+            cpu, wall = time.thread_time(), time.perf_counter()
             group = next(self._groups)  # StopIteration at the end
-            self._pending.extend(_unpack(group) if isinstance(group, dict) else group)
+            batches = group.batches
+            self._pending.extend(_unpack(batches) if isinstance(batches, dict) else batches)
+            self.times.add(group, time.thread_time() - cpu, time.perf_counter() - wall)
         return self._pending.popleft()
 
     def close(self) -> None:
@@ -434,9 +464,32 @@ class LoaderIterator(Iterator):
         self._next += 1
         return batch
 
+    def stage_times(self, reset: bool = False) -> StageTimes:
+        """What the groups handed out so far cost, stage by stage (loader/stages.py); `.report()` says which stage
+        bounds the rate. Counted from the last (re)start (iter(), set_state()), or the last call with reset=True,
+        which starts new totals."""
+        times = self._host.times
+        if reset:
+            self._host.times = StageTimes()
+        return times
+
+    def worker_setting(self) -> str:
+        """Where groups are computed now: "threads here", "2 worker processes", ... (worker_count="auto" changes
+        it as it measures)."""
+        groups = getattr(self._host, "_groups", None)
+        if hasattr(groups, "setting"):
+            return str(groups.setting())
+        if not hasattr(groups, "worker_count"):
+            return "threads here"
+        n = groups.worker_count
+        if self._loader.config.ray_address is not None:
+            return f"{n} Ray actor{'s' if n != 1 else ''}"
+        return f"{n} worker process{'es' if n != 1 else ''}"
+
     def resize_workers(self, count: int) -> None:
         """With worker_count= (local processes or Ray actors): `count` workers from now on (more start at once; fewer
-        stop taking read groups and stop once theirs are done). The batches stay the same."""
+        stop taking read groups and stop once theirs are done). The batches stay the same. With
+        worker_count="auto": `count` worker processes from now on, tuned no more."""
         groups = getattr(self._host, "_groups", None)
         if not hasattr(groups, "resize"):
             raise ValueError("resize_workers() needs a loader with worker_count >= 1 (this one reads on threads)")
@@ -536,6 +589,8 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
         raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn= or "
                          "drop_remainder=False (tokenise in Packing.tokenize)")
     shard_index, shard_count = _host_shard(config)
+    if config.worker_count == "auto":
+        config = dataclasses.replace(config, worker_count=_packing_workers(config.packing))
     if isinstance(source, Mapping):
         return _packed_mixture(source, config, shard_index, shard_count)
     src = _resolved(source, config)
@@ -546,6 +601,14 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
                         device_prefetch=config.device_prefetch, worker_count=config.worker_count,
                         ray_address=config.ray_address, ray_resources=config.ray_resources,
                         **_packing_inputs(src, config))
+
+
+def _packing_workers(packing: Packing) -> int:
+    """worker_count="auto" for packing: tokenising takes a worker a core but one (this process lays the rows out);
+    a pre-tokenized dataset is read on threads (its records need no work beyond the read)."""
+    from loader.executors.tuned import loader_cores
+
+    return max(0, loader_cores() - 1) if packing.tokenize is not None or packing.tokenize_batch is not None else 0
 
 
 def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> dict:

@@ -85,7 +85,8 @@ class TrainConfig:
     log_every: int = 50  # steps between log lines and metrics
     eval_every: int = 250  # steps between evaluations of eval_data
     checkpoint_every: int = 250  # steps between checkpoints (also one at the end and at SIGTERM)
-    data_workers: int = 0  # loader worker processes for `data` (0: threads in this process)
+    # loader worker processes for `data` (0: threads in this process; auto: threads and/or processes as measured)
+    data_workers: int | str = 0
     data_ray_address: str | None = None  # run the data_workers as Ray actors on this Ray cluster (docs/ray-workers.md)
     data_ray_resource: str | None = None  # with data_ray_address: a custom resource (1 an actor) that places them
     allow_incomplete: bool = False  # train on the shards that converted when a conversion's manifest lists failures
@@ -136,8 +137,14 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
         if self.eval_timeout <= 0:
             raise ValueError(f"eval_timeout must be > 0 seconds (got eval_timeout={self.eval_timeout})")
+        if isinstance(self.data_workers, str) and self.data_workers != "auto":
+            raise ValueError(f"data_workers must be a number of worker processes or auto (got "
+                             f"data_workers={self.data_workers})")
+        if self.data_workers == "auto" and self.data_ray_address is not None:
+            raise ValueError(f"data_workers=auto tunes this host's workers; with data_ray_address="
+                             f"{self.data_ray_address} pass the number of Ray actors (data_workers=N)")
         for name in ("data_workers", "in_memory_batches"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) != "auto" and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
         if self.data_ray_address is not None and self.data_workers < 1:
             raise ValueError(f"data_ray_address={self.data_ray_address} runs data_workers Ray actors: pass "

@@ -217,14 +217,20 @@ class _Groups(Scheduled):
             handles[w.conn] = handles[w.process.sentinel] = w
         events = []
         for worker in {id(handles[h]): handles[h] for h in multiprocessing.connection.wait(list(handles))}.values():
-            try:
-                while worker.conn.poll():  # results it sent before it ended count
-                    g, ok, value = worker.conn.recv()
-                    events.append(Result(worker, g, ok, _unpack(value) if ok else value))
-            except (EOFError, OSError, pickle.UnpicklingError):
-                pass
-            if not worker.process.is_alive() or worker.conn.closed:
-                events.append(Died(worker, worker.how_it_ended()))
+            events += self._events(worker)
+        return events
+
+    def _events(self, worker: _Process) -> list:
+        """What `worker` sent, and its end if it ended."""
+        events = []
+        try:
+            while worker.conn.poll():  # results it sent before it ended count
+                g, ok, value = worker.conn.recv()
+                events.append(Result(worker, g, ok, _unpack(value) if ok else value))
+        except (EOFError, OSError, pickle.UnpicklingError):
+            pass
+        if not worker.process.is_alive() or worker.conn.closed:
+            events.append(Died(worker, worker.how_it_ended()))
         return events
 
     def _stop(self, worker: _Process) -> None:

@@ -35,6 +35,11 @@ class Worker:
         self.alone = False  # computing a group a worker died with: nothing else is sent here until it answers
         self.retiring = False  # the worker count went down: nothing more is sent; stopped once idle
 
+    @property
+    def isolated(self) -> bool:
+        """Whether a group that ended a worker may be computed here again (not in the caller's own process)."""
+        return True
+
     def label(self) -> str:
         return f"worker {self.number}"
 
@@ -59,7 +64,8 @@ class Scheduled:
         self._done: dict[int, tuple[bool, Any]] = {}
         self._next = 0  # the next group to hand out
         self._closed = False
-        self.resize(count)
+        if count:  # 0: the subclass starts its workers itself
+            self.resize(count)
 
     # --- what an executor says ---------------------------------------------------------------
     def _start(self, number: int) -> Worker:
@@ -121,14 +127,18 @@ class Scheduled:
         if not ok:
             self.close()
             raise value
+        self._handed(self._next - 1, value)
         return value
+
+    def _handed(self, group: int, value: Any) -> None:
+        """After group `group` is handed to the caller (a tuner measures here)."""
 
     def _dispatch(self) -> None:
         """Sends groups to workers with room: again-groups each alone to an idle worker first, then new groups
         within the window."""
         active = [w for w in self._workers if not w.retiring]
         while self._again:
-            idle = [w for w in active if not w.groups]
+            idle = [w for w in active if not w.groups and w.isolated]
             if not idle:
                 return  # nothing new either: an again-group waits for the first idle worker
             g = self._again.popleft()

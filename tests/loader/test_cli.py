@@ -20,6 +20,18 @@ def test_inspect_and_bench(converted):
     assert bench.returncode == 0, bench.stderr
     assert "examples/s over 5 batches of 16 after a start window of 3 (" in bench.stdout
     assert "worker" not in bench.stdout.split("(decode=")[0]
+    lines = bench.stdout.splitlines()
+    assert lines[1].startswith("  CPU per 1,000 records (ms): plan ") and "read " in lines[1], bench.stdout
+    assert lines[2].startswith("  the caller: ") and lines[3].startswith("  bound by "), bench.stdout
+
+
+def test_bench_auto_says_what_it_chose(converted):
+    bench = _run("bench", str(converted), "--batch_size", "16", "--start", "3", "--batches", "5", "--decode", "none",
+                 "--workers", "auto")
+    assert bench.returncode == 0, bench.stderr
+    assert "workers=auto (threads here" in bench.stdout, bench.stdout  # a few batches: the first setting
+    bad = _run("bench", str(converted), "--workers", "many")
+    assert bad.returncode == 2 and "--workers takes a number of worker processes or auto (got 'many')" in bad.stderr
 
 
 def test_bench_with_worker_processes_reports_their_memory(converted):

@@ -273,3 +273,16 @@ def test_data_workers_on_ray_need_their_partner_keys():
         TrainConfig(data="x", workdir="w", data_workers=2, data_ray_resource="data_cpu")
     config = TrainConfig(data="x", workdir="w", data_workers=2, data_ray_address="auto", data_ray_resource="data_cpu")
     assert (config.data_ray_address, config.data_ray_resource) == ("auto", "data_cpu")
+
+
+def test_data_workers_auto_from_the_command_line():
+    from trainer.config import TrainConfig
+
+    assert TrainConfig.from_args(["data=x", "workdir=w", "data_workers=auto"]).data_workers == "auto"
+    assert TrainConfig.from_args(["data=x", "workdir=w", "data_workers=3"]).data_workers == 3
+    with pytest.raises(ValueError, match="data_workers must be a number of worker processes or auto "
+                                         r"\(got data_workers=many\)"):
+        TrainConfig.from_args(["data=x", "workdir=w", "data_workers=many"])
+    with pytest.raises(ValueError, match="data_workers=auto tunes this host's workers; with data_ray_address=auto "
+                                         r"pass the number of Ray actors \(data_workers=N\)"):
+        TrainConfig(data="x", workdir="w", data_workers="auto", data_ray_address="auto")

@@ -1,0 +1,205 @@
+"""`worker_count="auto"`: read groups computed by this process's threads and/or local worker processes, in the mix
+the rate measured with each favours (loader/executors/tuning.py chooses; this applies its choice).
+
+All of it is one schedule (loader/executors/schedule.py): this process's threads are one more worker beside the
+processes, so changing the setting changes only who gets the next groups. Nothing computed is thrown away, the
+groups stay in order, a worker process that dies is replaced as with `worker_count=N`, and the batches are those of
+any other setting.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import multiprocessing.connection
+import os
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from loader.executors.processes import Processes, _Groups
+from loader.executors.schedule import Result, Worker
+from loader.executors.tuning import Setting, Tuner, ladder
+
+log = logging.getLogger(__name__)
+
+
+def loader_cores() -> int:
+    """The cores this process may run on (its affinity: a container's or taskset's limit, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuned:
+    per_worker: int = 2  # groups each worker (this process's threads count as one) computes at once
+    describe: Callable[[int], str] = str
+    cores: int | None = None  # the ladder's top: a worker process a core (default: loader_cores())
+
+    def map(self, fn: Callable[[int], Any], num_groups: int) -> _TunedGroups:
+        return _TunedGroups(fn, num_groups, self)
+
+
+class _Here(Worker):
+    """This process's threads as one worker: groups run on a thread pool; each answer is queued and a byte on a
+    socket pair wakes the schedule's wait."""
+
+    def __init__(self, fn: Callable[[int], Any], threads: int, number: int):
+        super().__init__(number)
+        self._fn = fn
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="loader-group")
+        self.answers: collections.deque = collections.deque()
+        self.wake, self._bell = socket.socketpair()
+        self.wake.setblocking(False)
+
+    def label(self) -> str:
+        return "this process's threads"
+
+    @property
+    def isolated(self) -> bool:
+        return False  # a group that ended a worker process could end this one
+
+    def submit(self, g: int) -> None:
+        self.pool.submit(self._run, g)
+
+    def _run(self, g: int) -> None:
+        try:
+            answer = (g, True, self._fn(g))
+        except BaseException as e:  # noqa: BLE001 - raised where the batch is taken
+            answer = (g, False, e)
+        self.answers.append(answer)
+        try:
+            self._bell.send(b"\0")
+        except OSError:  # stopped meanwhile: nobody wants the answer
+            pass
+
+    def take(self) -> list:
+        try:
+            while self.wake.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        answers = []
+        while self.answers:
+            answers.append(self.answers.popleft())
+        return answers
+
+    def stop(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.wake.close()
+        self._bell.close()
+
+
+class _TunedGroups(_Groups):
+    """The groups of one iterator, in order, from this process's threads and worker processes as the tuner says."""
+
+    def __init__(self, fn: Callable[[int], Any], num_groups: int, spec: Tuned):
+        self._fn = fn
+        self._era: dict[int, int] = {}  # group -> the tuner's era when it was sent
+        self._starting: set[int] = set()  # ids of workers started for the new setting, not yet answered
+        self._rescuers: set[int] = set()  # ids of processes started for groups a worker died with (see _dispatch)
+        cores = spec.cores or loader_cores()
+        self.tuner = Tuner(ladder(cores))
+        self._tuning = True
+        super().__init__(fn, num_groups, Processes(0, spec.per_worker, spec.describe))  # no workers yet
+        self.apply(self.tuner.setting)
+
+    # --- workers of two kinds ------------------------------------------------------------------
+    def _send(self, worker, group: int) -> None:
+        self._era[group] = self.tuner.era
+        if isinstance(worker, _Here):
+            worker.submit(group)
+        else:
+            super()._send(worker, group)
+
+    def _wait(self) -> list:
+        handles = {}
+        for w in self._workers:
+            if isinstance(w, _Here):
+                handles[w.wake] = w
+            else:
+                handles[w.conn] = handles[w.process.sentinel] = w
+        events = []
+        ready = {id(handles[h]): handles[h] for h in multiprocessing.connection.wait(list(handles))}
+        for worker in ready.values():
+            if isinstance(worker, _Here):
+                events += [Result(worker, g, ok, value) for g, ok, value in worker.take()]
+            else:
+                events += self._events(worker)
+        for e in events:
+            if isinstance(e, Result):
+                self._answered(e.worker)
+        return events
+
+    def _dispatch(self) -> None:
+        """As Scheduled's, and a group that ended a worker process gets a worker process even when the setting has
+        none (the next setting applied retires it)."""
+        if self._again and not any(w.isolated and not w.retiring for w in self._workers):
+            self._started += 1
+            self._workers.append(self._start(self._started))
+            self._rescuers.add(id(self._workers[-1]))
+        super()._dispatch()
+        if not self._again and self._rescuers:  # done: it retires once idle
+            for w in self._workers:
+                if id(w) in self._rescuers:
+                    w.retiring = True
+            self._rescuers.clear()
+
+    def _stop(self, worker) -> None:
+        if worker.isolated:
+            super()._stop(worker)
+        else:
+            worker.stop()
+        self._answered(worker)
+
+    # --- the setting ---------------------------------------------------------------------------
+    def setting(self) -> Setting:
+        here = any(isinstance(w, _Here) and not w.retiring for w in self._workers)
+        return Setting(here, sum(not isinstance(w, _Here) and not w.retiring for w in self._workers))
+
+    def apply(self, setting: Setting) -> None:
+        """Threads here on or off, and `setting.processes` worker processes (more start; fewer retire once idle)."""
+        here = [w for w in self._workers if isinstance(w, _Here) and not w.retiring]
+        processes = [w for w in self._workers if not isinstance(w, _Here) and not w.retiring]
+        started = []
+        if setting.here and not here:
+            self._started += 1
+            started.append(_Here(self._fn, self._threads, self._started))
+        for w in here if not setting.here else ():
+            w.retiring = True
+        for w in processes[setting.processes:]:
+            w.retiring = True
+        for _ in range(setting.processes - len(processes)):
+            self._started += 1
+            started.append(self._start(self._started))
+        self._workers += started
+        self._starting = {id(w) for w in started}
+        self._retire_idle()
+        if not self._starting:
+            self.tuner.ready()
+
+    def resize(self, count: int) -> None:
+        """`count` worker processes from now on, and no more tuning (this process only takes)."""
+        if count < 1:
+            raise ValueError(f"a worker count must be >= 1 (got {count})")
+        self._tuning = False
+        self.apply(Setting(False, count))
+
+    def _answered(self, worker) -> None:
+        if id(worker) in self._starting:
+            self._starting.discard(id(worker))
+            if not self._starting:
+                self.tuner.ready()
+
+    def _handed(self, group: int, value: Any) -> None:
+        era = self._era.pop(group, -1)
+        if self._tuning:
+            change = self.tuner.taken(time.perf_counter(), era, getattr(value, "records", 1))
+            if change is not None:
+                self.apply(change)
+

@@ -1,0 +1,174 @@
+"""`worker_count="auto"`: which workers to run, chosen from the rate measured with each (the policy; the executor
+that applies it: loader/executors/tuned.py).
+
+A setting is where groups are computed: this process's threads, worker processes, or both. The settings form a
+ladder from cheapest (threads here: no process to start, no transfer) to dearest (a worker process a core; the
+counts double, so a 96-core host climbs in 8 steps). The tuner
+
+1. climbs the ladder, measuring each setting's rate for a window (records the caller took per second, counting
+   only groups sent once the setting's workers had all answered once: a worker's start is not held against it),
+   while a step gains more than `margin`; it stops after two steps that gain nothing, or one that loses more than
+   `margin`;
+2. settles on the cheapest setting measured within `margin` of the best: when the caller (a training step) is
+   slower than every setting, that is threads here, and the cores stay with the trainer;
+3. probes while the run goes on: after `probe_seconds` it measures the setting in force and its neighbours on the
+   ladder again and moves when one is better, so a run adapts when its step gets faster (compilation ends) or the
+   host gets busier. The interval doubles while nothing changes (up to `max_probe_seconds`).
+
+The batches never depend on the setting (a group is a pure function of its index): tuning changes only the speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    here: bool  # this process computes groups on its threads
+    processes: int  # worker processes
+
+    def __str__(self) -> str:
+        parts = (["threads here"] if self.here else []) + (
+            [f"{self.processes} worker process{'es' if self.processes != 1 else ''}"] if self.processes else [])
+        return " + ".join(parts)
+
+
+def ladder(cores: int) -> list[Setting]:
+    """Settings from cheapest to dearest on a host with `cores` cores for the loader: threads here, then threads
+    here and 1, 2, 4, ... worker processes up to one fewer than the cores, then a worker a core with this process
+    only taking (its threads compete with the caller's own work for the GIL)."""
+    steps = [Setting(True, 0)]
+    p = 1
+    while p < cores:
+        steps.append(Setting(True, p))
+        p *= 2
+    if cores > 1 and steps[-1].processes != cores - 1:
+        steps.append(Setting(True, cores - 1))
+    steps.append(Setting(False, max(1, cores)))
+    return steps
+
+
+@dataclasses.dataclass
+class _Window:
+    era: int
+    t0: float | None = None
+    t1: float = 0.0
+    records: int = 0
+    groups: int = 0
+
+
+# A window: at least this many seconds and groups (tests shorten them).
+WINDOW_SECONDS = 2.0
+WINDOW_GROUPS = 3
+PROBE_SECONDS = 60.0  # the first probe after settling; doubled while nothing changes, up to MAX_PROBE_SECONDS
+MAX_PROBE_SECONDS = 960.0
+
+
+class Tuner:
+    """Decides the setting from (time, era, records) of each group the caller takes (see module doc).
+
+    The executor tags each group it sends with `era` as it is then. When `taken` returns a setting, the executor
+    applies it and calls `ready()` once the setting's new workers have all answered: that opens the setting's
+    measuring window (a new era)."""
+
+    def __init__(self, steps: list[Setting], *, window_seconds: float | None = None, window_groups: int | None = None,
+                 margin: float = 0.05, probe_seconds: float | None = None, max_probe_seconds: float | None = None):
+        if not steps:
+            raise ValueError("the tuner needs at least one setting")
+        self.steps = steps
+        self.window_seconds = WINDOW_SECONDS if window_seconds is None else window_seconds
+        self.window_groups = WINDOW_GROUPS if window_groups is None else window_groups
+        self.margin = margin
+        self.probe_seconds = PROBE_SECONDS if probe_seconds is None else probe_seconds
+        self.max_probe_seconds = MAX_PROBE_SECONDS if max_probe_seconds is None else max_probe_seconds
+        self.at = 0  # the step in force
+        self.era = 0
+        self.history: list[tuple[Setting, float]] = []  # every window measured, in order
+        self._rates: dict[int, float] = {}  # this round's measurements: step -> records/s
+        self._trials: list[int] = []  # steps a probe round still measures
+        self._climbing = True
+        self._round_from = 0  # the step in force when this round began
+        self._window: _Window | None = _Window(-1)  # measuring (None: settled)
+        self._waiting = True  # the setting in force is starting: its window opens at ready()
+        self._settled_at: float | None = None
+        self._interval = probe_seconds
+
+    @property
+    def setting(self) -> Setting:
+        return self.steps[self.at]
+
+    @property
+    def settled(self) -> bool:
+        return self._window is None
+
+    def ready(self) -> None:
+        """The setting in force has all its workers: measure it from the groups sent from now on."""
+        self.era += 1
+        if self._waiting:
+            self._waiting = False
+            self._window = _Window(self.era)
+
+    def taken(self, now: float, era: int, records: int) -> Setting | None:
+        """The caller took a group sent in `era` holding `records` at time `now`. Returns a setting to change to."""
+        w = self._window
+        if w is None:  # settled: probe when the interval has passed
+            if self._settled_at is None:
+                self._settled_at = now
+            elif len(self.steps) > 1 and now - self._settled_at >= self._interval:
+                self._round_from, self._rates = self.at, {}
+                self._trials = [s for s in (self.at + 1, self.at - 1) if 0 <= s < len(self.steps)]
+                self.era += 1
+                self._window = _Window(self.era)  # the step in force first: measured from the next group sent
+            return None
+        if self._waiting or era != w.era:
+            return None
+        if w.t0 is None:  # the window's first group starts its clock (its records came before it)
+            w.t0 = now
+            return None
+        w.t1, w.records, w.groups = now, w.records + records, w.groups + 1
+        if w.t1 - w.t0 < self.window_seconds or w.groups < self.window_groups:
+            return None
+        rate = w.records / (w.t1 - w.t0)
+        self._rates[self.at] = rate
+        self.history.append((self.setting, rate))
+        log.info("loader workers: %s: %s records/s", self.setting, f"{rate:,.0f}")
+        step = self._next_trial()
+        return self._settle() if step is None else self._measure(step)
+
+    def _next_trial(self) -> int | None:
+        if not self._climbing:
+            return self._trials.pop(0) if self._trials else None
+        r = self._rates[self.at]
+        before = [self._rates[s] for s in range(self.at)]
+        lost = bool(before) and r < max(before) * (1 - self.margin)
+        flat = [not before[:i] or x <= max(before[:i]) * (1 + self.margin) for i, x in enumerate(before + [r])]
+        if self.at + 1 < len(self.steps) and not lost and not (len(flat) >= 3 and flat[-1] and flat[-2]):
+            return self.at + 1
+        self._climbing = False
+        return None
+
+    def _settle(self) -> Setting | None:
+        best = max(self._rates.values())
+        choice = min(s for s, r in self._rates.items() if r >= best * (1 - self.margin))
+        log.info("loader workers: chose %s (%s)", self.steps[choice],
+                 ", ".join(f"{self.steps[s]}: {r:,.0f}/s" for s, r in sorted(self._rates.items())))
+        unchanged = choice == self._round_from and bool(self.history[:-len(self._rates)])
+        self._interval = min(2 * self._interval, self.max_probe_seconds) if unchanged else self.probe_seconds
+        self._window, self._settled_at = None, None
+        if choice == self.at:
+            return None
+        self.at = choice
+        return self.steps[choice]
+
+    def _measure(self, step: int) -> Setting | None:
+        self._window = _Window(-1)
+        if step == self.at:  # nothing to apply: measure from the next group sent
+            self.era += 1
+            self._window.era = self.era
+            return None
+        self.at, self._waiting = step, True
+        return self.steps[step]

@@ -1,0 +1,129 @@
+"""worker_count="auto" (loader/executors/tuned.py): this process's threads and worker processes, in the mix the
+tuner chooses, give the batches of a run without workers; the stage times say which stage bounds the rate."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import loader
+from loader.executors import tuning
+
+OPTIONS = dict(batch_size=8, seed=3, decode=None, num_epochs=3, records_per_read=16)
+
+
+def _busy(record: bytes) -> bytes:
+    end = time.thread_time() + 0.0005  # CPU, not sleep: the stage times count CPU
+    while time.thread_time() < end:
+        pass
+    return record
+
+
+def _rows(batches) -> list[list[bytes]]:
+    return [[bytes(r) for r in np.asarray(b, dtype=object)] for b in batches]
+
+
+@pytest.fixture
+def quick_tuner(monkeypatch):
+    """Windows of 50 ms and probes every 0.3 s: a short run goes through every setting, and back."""
+    monkeypatch.setattr(tuning, "WINDOW_SECONDS", 0.05)
+    monkeypatch.setattr(tuning, "WINDOW_GROUPS", 2)
+    monkeypatch.setattr(tuning, "PROBE_SECONDS", 0.3)
+    monkeypatch.setattr(tuning, "MAX_PROBE_SECONDS", 0.3)
+
+
+@pytest.mark.timeout(180)
+def test_auto_gives_the_batches_of_threads_while_it_moves_between_settings(converted, quick_tuner):
+    expected = _rows(loader.load(str(converted), map_fn=_busy, **OPTIONS))
+    assert len(expected) == 96  # 3 epochs of 257 records, batches of 8
+    it = iter(loader.load(str(converted), map_fn=_busy, worker_count="auto", **OPTIONS))
+    got = _rows(it)
+    assert got == expected
+    history = it._host._groups.tuner.history
+    tried = {s for s, _ in history}
+    assert tuning.Setting(True, 0) in tried and any(s.processes for s in tried), history
+    it.close()
+
+
+@pytest.mark.timeout(120)
+def test_auto_resumes_and_resizes_like_fixed_workers(converted, quick_tuner):
+    expected = _rows(loader.load(str(converted), map_fn=_busy, **OPTIONS))
+    it = iter(loader.load(str(converted), map_fn=_busy, worker_count="auto", **OPTIONS))
+    got = _rows([next(it) for _ in range(30)])
+    state = it.get_state()
+    it.resize_workers(2)  # a fixed count: tuning stops
+    assert it.worker_setting() == "2 worker processes"
+    got += _rows([next(it) for _ in range(10)])
+    it.set_state(state)
+    got = got[:30] + _rows(it)
+    assert got == expected
+    it.close()
+
+
+def test_stage_times_name_the_stage_that_bounds_the_rate(converted):
+    it = iter(loader.load(str(converted), map_fn=_busy, **{**OPTIONS, "num_epochs": 1}))
+    batches = list(it)
+    times = it.stage_times()
+    assert times.records == 8 * len(batches) == 256 and times.groups == 17  # groups of 1, 2 x 15, 1 batches
+    assert times.cpu["map"] >= 256 * 0.0005 and times.cpu["map"] > 5 * times.cpu["read"]
+    report = times.report(compute_cores=2)
+    bound, advice = report.bound()
+    assert bound.startswith("map (") and advice.startswith("map is ") and "more workers" in advice
+    lines = report.lines()
+    assert lines[0].startswith("256 records in ") and lines[-1].startswith("bound by map")
+    assert "map " in lines[1] and "read " in lines[1]
+
+
+def test_a_caller_slower_than_the_loader_is_what_bounds_it(converted):
+    it = iter(loader.load(str(converted), **{**OPTIONS, "num_epochs": 1}))
+    for _ in it:
+        time.sleep(0.02)  # a training step: the batches are ready before it asks
+    bound, advice = it.stage_times().report(compute_cores=2).bound()
+    assert bound == "the caller" and "more loader workers would not help" in advice
+
+
+@pytest.mark.parametrize("value, message", [
+    ("four", "worker_count must be a number of worker processes or 'auto' (got worker_count='four')"),
+    (True, "worker_count must be a number"),
+    (-1, "worker_count must be >= 0 (got worker_count=-1)"),
+])
+def test_worker_count_values(converted, value, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        loader.load(str(converted), batch_size=8, worker_count=value)
+
+
+def test_auto_with_ray_asks_for_a_count(converted):
+    with pytest.raises(ValueError, match=r"worker_count='auto' tunes this host's workers; with ray_address='auto' "
+                                         r"pass the number of Ray actors"):
+        loader.load(str(converted), batch_size=8, worker_count="auto", ray_address="auto")
+
+
+def _where(g: int) -> tuple[int, int]:
+    time.sleep(0.1)  # the worker killed holds the groups it was sent
+    return g, os.getpid()
+
+
+@pytest.mark.timeout(120)
+def test_a_group_a_worker_died_with_is_computed_in_a_worker_even_when_the_setting_has_none():
+    """Computing it on this process's threads could end the caller's process the way it ended the worker."""
+    from loader.executors.tuned import Tuned
+
+    groups = Tuned(per_worker=2).map(_where, 20)
+    groups._tuning = False  # settings applied by hand
+    groups.apply(tuning.Setting(False, 1))
+    got = [next(groups) for _ in range(3)]
+    groups._dispatch()  # the next groups: sent now, so the worker killed holds one it has only begun
+    (victim,) = [w for w in groups._workers if w.isolated]
+    os.kill(victim.process.pid, signal.SIGKILL)
+    groups.apply(tuning.Setting(True, 0))  # threads here only, from now on
+    got += list(groups)
+    assert [g for g, _ in got] == list(range(20))
+    assert [s for s, _ in groups.tuner.history] == []
+    here = [g for g, pid in got if pid == os.getpid()]
+    assert victim.groups and not victim.groups & set(here)  # the groups it held: computed in a new worker
+    assert here and min(here) >= 3
+    assert len({pid for _, pid in got}) == 3  # the victim, the rescuer, this process
+    assert groups.setting() == tuning.Setting(True, 0)  # the rescuer retired once its groups were done
+    groups.close()
