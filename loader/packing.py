@@ -376,8 +376,10 @@ class PackedLoader:
             if self._workers is None:
                 import pickle
 
-                try:
-                    pickle.dumps(self._tokens)
+                import cloudpickle
+
+                try:  # local workers get it through pickle; Ray pickles with cloudpickle (lambdas travel)
+                    (cloudpickle if self._ray_address is not None else pickle).dumps(self._tokens)
                 except (pickle.PicklingError, AttributeError, TypeError) as e:
                     raise ValueError(f"worker_count={self._worker_count} sends the reader, decoder and Packing's "
                                      f"tokenize functions to worker processes, and they do not pickle ({e}); define "

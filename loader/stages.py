@@ -120,15 +120,21 @@ class Report:
                     "(records_per_read=), or decode less in workers (features=)")
         busy = work / self.elapsed / self.compute_cores if self.compute_cores else None
         share = t.cpu[largest] / max(work, 1e-12)
-        hint = {"read": "decompression and reads: a faster codec at conversion, or more workers",
-                "decode": "parsing: select only the features you need (features=), or more workers",
-                "map": "your map function: more workers (worker_count=, or Ray actors on other machines), or a "
-                       "cheaper function",
-                "collate": "building batch arrays: fewer or smaller features (features=)",
-                "plan": "the permutation: larger batches or records_per_read=",
-                "pack": "packing raw records for workers: decode=None with threads (worker_count=0) is cheaper"}[largest]
+        cheaper = {"read": "a faster codec at conversion (snappy decompresses faster than zstd)",
+                   "decode": "decode only the features you need (features=)",
+                   "map": "a cheaper map function",
+                   "collate": "fewer or smaller features (features=)",
+                   "plan": "larger batches or records_per_read=",
+                   "pack": "decode=None on threads (worker_count=0)"}[largest]
+        if busy is None:
+            more = "more workers"
+        elif busy >= 0.85:
+            more = (f"the {self.compute_cores:g} cores are busy: more cores (Ray actors on other machines: "
+                    "docs/ray-workers.md)")
+        else:
+            more = f"{100 * (1 - busy):.0f}% of the cores idle: more workers (worker_count=, or \"auto\")"
         where = f" ({100 * busy:.0f}% of {self.compute_cores:g} cores busy)" if busy is not None else ""
-        return f"{largest}{where}", f"{largest} is {100 * share:.0f}% of the work; {hint}"
+        return f"{largest}{where}", f"{largest} is {100 * share:.0f}% of the work; {more}, or {cheaper}"
 
     def lines(self) -> list[str]:
         t = self.times

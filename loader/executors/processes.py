@@ -36,7 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from loader.executors.schedule import MAX_DEATHS, Died, Result, Scheduled, Worker, WorkersDied
+from loader.executors.schedule import Died, Result, Scheduled, Worker, WorkerEnded, retried
 from loader.workers import exit_with_owner, process_pool
 
 log = logging.getLogger(__name__)
@@ -256,7 +256,7 @@ def _call_held(*args) -> Any:
 class ProcessCalls:
     """`obj(*args)` in one of `count` worker processes that each hold a copy of `obj` (pickled once a worker);
     thread-safe. A worker that dies breaks the pool: a new pool makes the call again, and a call that has ended
-    MAX_DEATHS pools raises WorkersDied."""
+    MAX_DEATHS pools raises WorkersDied (schedule.retried)."""
 
     def __init__(self, count: int, obj: Any):
         self._count, self._obj = count, obj
@@ -270,21 +270,20 @@ class ProcessCalls:
             return self._pool
 
     def __call__(self, *args) -> Any:
+        return retried(functools.partial(self._once, *args), "a loader worker process")
+
+    def _once(self, *args) -> Any:
         from concurrent.futures.process import BrokenProcessPool
 
-        for deaths in range(1, MAX_DEATHS + 1):
-            pool = self._current()
-            try:
-                return pool.submit(_call_held, *args).result()
-            except BrokenProcessPool as e:
-                with self._lock:
-                    if self._pool is pool:  # the first thread to see it replaces it
-                        self._pool = None
-                        pool.shutdown(wait=False, cancel_futures=True)
-                if deaths == MAX_DEATHS:
-                    raise WorkersDied(deaths, str(e)) from e
-                log.warning("a loader worker process ended (%s); new workers make its calls again", e)
-        raise AssertionError("unreachable")
+        pool = self._current()
+        try:
+            return pool.submit(_call_held, *args).result()
+        except BrokenProcessPool as e:
+            with self._lock:
+                if self._pool is pool:  # the first thread to see it replaces it
+                    self._pool = None
+                    pool.shutdown(wait=False, cancel_futures=True)
+            raise WorkerEnded(str(e)) from e
 
     def close(self) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ them. Ray is connected to on first use (`ray.init(address=...)`) and left connec
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -23,7 +24,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from loader.executors.schedule import MAX_DEATHS, Died, Result, Scheduled, Worker, WorkersDied
+from loader.executors.schedule import Died, Result, Scheduled, Worker, WorkerEnded, retried
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class _Holder:
 
 class ActorCalls:
     """`obj(*args)` on one of `count` Ray actors that each hold `obj`, in turn; thread-safe. An actor that dies is
-    replaced and the call made again; a call that has ended MAX_DEATHS actors raises WorkersDied."""
+    replaced and the call made again; a call that has ended MAX_DEATHS actors raises WorkersDied (schedule.retried)."""
 
     def __init__(self, address: str, count: int, obj: Any, resources: Mapping[str, float] | None = None,
                  per_worker: int = 2):
@@ -174,30 +175,28 @@ class ActorCalls:
         self._lock = threading.Lock()
 
     def __call__(self, *args) -> Any:
+        return retried(functools.partial(self._once, *args), "a loader Ray actor")
+
+    def _once(self, *args) -> Any:
         ray = _ray()
-        for deaths in range(1, MAX_DEATHS + 1):
+        with self._lock:
+            i = next(self._turn) % len(self._actors)
+            actor = self._actors[i]
+        ref = actor.call.remote(*args)
+        try:
+            while True:
+                try:
+                    return ray.get(ref, timeout=STALL_SECONDS)
+                except ray.exceptions.GetTimeoutError:
+                    _stalled(1, self._resources)
+        except ray.exceptions.RayActorError as e:
             with self._lock:
-                i = next(self._turn) % len(self._actors)
-                actor = self._actors[i]
-            ref = actor.call.remote(*args)
-            try:
-                while True:
-                    try:
-                        return ray.get(ref, timeout=STALL_SECONDS)
-                    except ray.exceptions.GetTimeoutError:
-                        _stalled(1, self._resources)
-            except ray.exceptions.RayActorError as e:
-                how = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-                with self._lock:
-                    if self._actors[i] is actor:  # the first thread to see it replaces it
-                        ray.kill(actor, no_restart=True)
-                        self._actors[i] = self._class.remote(self._obj)
-                if deaths == MAX_DEATHS:
-                    raise WorkersDied(deaths, how) from e
-                log.warning("loader Ray actor ended (%s); another makes its call again", how)
-            except ray.exceptions.RayTaskError as e:  # obj raised: its own error
-                raise (e.cause if e.cause is not None else e) from None
-        raise AssertionError("unreachable")
+                if self._actors[i] is actor:  # the first thread to see it replaces it
+                    ray.kill(actor, no_restart=True)
+                    self._actors[i] = self._class.remote(self._obj)
+            raise WorkerEnded(f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
+        except ray.exceptions.RayTaskError as e:  # obj raised: its own error
+            raise (e.cause if e.cause is not None else e) from None
 
     def close(self) -> None:
         ray = _ray()

@@ -5,11 +5,12 @@ that reads it is found and named), and the worker count changed while iterating.
 An executor's workers (local processes, Ray actors) subclass `Worker`; its iterator subclasses `Scheduled` and
 says how to start a worker, send it a group, wait for what happened and stop it. Calls-style executors (packing's:
 `obj(*args)` on any worker, loader/executors/processes.py `ProcessCalls`, ray_actors.py `ActorCalls`) retry a call
-whose worker died the same way and raise WorkersDied after MAX_DEATHS.
+whose worker died the same way (`retried`) and raise WorkersDied after MAX_DEATHS.
 """
 
 from __future__ import annotations
 
+import abc
 import collections
 import logging
 from collections.abc import Callable
@@ -26,6 +27,28 @@ class WorkersDied(Exception):
     def __init__(self, deaths: int, how: str):
         super().__init__(f"{deaths} workers ended (the last: {how})")
         self.deaths, self.how = deaths, how
+
+
+class WorkerEnded(Exception):
+    """Raised by a calls-style executor's one try whose worker ended (once it has replaced it): `retried` tries
+    again."""
+
+    def __init__(self, how: str):
+        super().__init__(how)
+        self.how = how
+
+
+def retried(call: Callable[[], Any], what: str) -> Any:
+    """call() until it returns, again after each WorkerEnded; WorkersDied after MAX_DEATHS. `what`: the workers'
+    name for the log ("a loader worker process")."""
+    for deaths in range(1, MAX_DEATHS + 1):
+        try:
+            return call()
+        except WorkerEnded as e:
+            if deaths == MAX_DEATHS:
+                raise WorkersDied(deaths, e.how) from e
+            log.warning("%s ended (%s); another makes its call again", what, e.how)
+    raise AssertionError("unreachable")
 
 
 class Worker:
@@ -49,7 +72,7 @@ Result = collections.namedtuple("Result", "worker group ok value")
 Died = collections.namedtuple("Died", "worker how")
 
 
-class Scheduled:
+class Scheduled(abc.ABC):
     """fn(0), ..., fn(num_groups - 1) in order, computed by `count` workers, `per_worker` groups each at once."""
 
     def __init__(self, num_groups: int, count: int, per_worker: int, describe: Callable[[int], str]):
@@ -68,18 +91,21 @@ class Scheduled:
             self.resize(count)
 
     # --- what an executor says ---------------------------------------------------------------
+    @abc.abstractmethod
     def _start(self, number: int) -> Worker:
-        raise NotImplementedError
+        """Starts worker `number`."""
 
+    @abc.abstractmethod
     def _send(self, worker: Worker, group: int) -> None:
-        raise NotImplementedError
+        """Has `worker` compute `group`."""
 
+    @abc.abstractmethod
     def _wait(self) -> list:
         """Blocks until something happened: a list of Result and Died."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _stop(self, worker: Worker) -> None:
-        raise NotImplementedError
+        """Ends `worker` (it may have ended already)."""
 
     def _stopped_all(self) -> None:
         """After close: anything the executor keeps beside its workers."""
@@ -108,6 +134,7 @@ class Scheduled:
     def __next__(self):
         if self._closed or self._next >= self._n:
             raise StopIteration
+        waited = self._next not in self._done
         try:
             while self._next not in self._done:
                 self._dispatch()
@@ -127,11 +154,12 @@ class Scheduled:
         if not ok:
             self.close()
             raise value
-        self._handed(self._next - 1, value)
+        self._handed(self._next - 1, value, waited)
         return value
 
-    def _handed(self, group: int, value: Any) -> None:
-        """After group `group` is handed to the caller (a tuner measures here)."""
+    def _handed(self, group: int, value: Any, waited: bool) -> None:
+        """After group `group` is handed to the caller, who `waited` for it or found it done (a tuner measures
+        here)."""
 
     def _dispatch(self) -> None:
         """Sends groups to workers with room: again-groups each alone to an idle worker first, then new groups

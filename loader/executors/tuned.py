@@ -104,7 +104,7 @@ class _TunedGroups(_Groups):
         self._starting: set[int] = set()  # ids of workers started for the new setting, not yet answered
         self._rescuers: set[int] = set()  # ids of processes started for groups a worker died with (see _dispatch)
         cores = spec.cores or loader_cores()
-        self.tuner = Tuner(ladder(cores))
+        self.tuner = Tuner(ladder(cores), cpu=self.cpu_seconds, cores=cores)
         self._tuning = True
         super().__init__(fn, num_groups, Processes(0, spec.per_worker, spec.describe))  # no workers yet
         self.apply(self.tuner.setting)
@@ -196,10 +196,26 @@ class _TunedGroups(_Groups):
             if not self._starting:
                 self.tuner.ready()
 
-    def _handed(self, group: int, value: Any) -> None:
+    def _handed(self, group: int, value: Any, waited: bool) -> None:
         era = self._era.pop(group, -1)
         if self._tuning:
-            change = self.tuner.taken(time.perf_counter(), era, getattr(value, "records", 1))
+            change = self.tuner.taken(time.perf_counter(), era, getattr(value, "records", 1), waited)
             if change is not None:
                 self.apply(change)
+
+    def cpu_seconds(self) -> float:
+        """CPU used so far by this process, its ended worker processes and those running."""
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system + sum(
+            _process_cpu(w.process.pid) for w in self._workers if w.isolated)
+
+
+def _process_cpu(pid: int) -> float:
+    """A running process's CPU seconds (user and system), from /proc (0 where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 

@@ -118,9 +118,9 @@ def test_a_remote_mixture_is_the_local_one(cluster, converted, photos):
 def test_a_remote_packed_mixture_is_the_local_one_and_resumes(cluster, token_data):
     from tests.loader.conftest import flat_ids
 
-    def mixed(**options):
+    def mixed(**options):  # a lambda: Ray pickles with cloudpickle (local worker processes would refuse it)
         return loader.load({"a": token_data, "b": token_data}, weights={"a": 2, "b": 1}, batch_size=3, seed=0,
-                           packing=loader.Packing("ids", seq_len=6, tokenize=flat_ids), **options)
+                           packing=loader.Packing("ids", seq_len=6, tokenize=lambda v: flat_ids(v)), **options)
 
     local = iter(mixed())
     expected = [next(local)["tokens"].tolist() for _ in range(12)]

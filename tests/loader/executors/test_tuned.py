@@ -42,7 +42,7 @@ def test_auto_gives_the_batches_of_threads_while_it_moves_between_settings(conve
     got = _rows(it)
     assert got == expected
     history = it._host._groups.tuner.history
-    tried = {s for s, _ in history}
+    tried = {s for s, _, _ in history}
     assert tuning.Setting(True, 0) in tried and any(s.processes for s in tried), history
     it.close()
 
@@ -68,12 +68,26 @@ def test_stage_times_name_the_stage_that_bounds_the_rate(converted):
     times = it.stage_times()
     assert times.records == 8 * len(batches) == 256 and times.groups == 17  # groups of 1, 2 x 15, 1 batches
     assert times.cpu["map"] >= 256 * 0.0005 and times.cpu["map"] > 5 * times.cpu["read"]
-    report = times.report(compute_cores=2)
+    report = times.report(compute_cores=64)
     bound, advice = report.bound()
-    assert bound.startswith("map (") and advice.startswith("map is ") and "more workers" in advice
+    assert bound.startswith("map (") and advice.startswith("map is ")
+    assert "of the cores idle: more workers (worker_count=, or \"auto\"), or a cheaper map function" in advice
     lines = report.lines()
     assert lines[0].startswith("256 records in ") and lines[-1].startswith("bound by map")
     assert "map " in lines[1] and "read " in lines[1]
+
+
+def test_busy_cores_call_for_more_cores():
+    from loader.stages import StageTimes
+
+    times = StageTimes(groups=10, records=1000, take=0.01, wait=0.9)
+    times.cpu.update(read=0.1, map=1.8)
+    assert times.report(elapsed=1.0, compute_cores=2).bound() == (
+        "map (95% of 2 cores busy)", "map is 95% of the work; the 2 cores are busy: more cores (Ray actors on other "
+        "machines: docs/ray-workers.md), or a cheaper map function")
+    times.read_wall = 1.9  # reads that mostly wait: storage bounds it
+    times.cpu.update(read=0.1, map=0.1)
+    assert times.report(elapsed=1.0, compute_cores=2).bound()[0] == "read (I/O)"
 
 
 def test_a_caller_slower_than_the_loader_is_what_bounds_it(converted):
@@ -120,7 +134,7 @@ def test_a_group_a_worker_died_with_is_computed_in_a_worker_even_when_the_settin
     groups.apply(tuning.Setting(True, 0))  # threads here only, from now on
     got += list(groups)
     assert [g for g, _ in got] == list(range(20))
-    assert [s for s, _ in groups.tuner.history] == []
+    assert groups.tuner.history == []
     here = [g for g, pid in got if pid == os.getpid()]
     assert victim.groups and not victim.groups & set(here)  # the groups it held: computed in a new worker
     assert here and min(here) >= 3

@@ -45,7 +45,7 @@ def simulate(tuner: Tuner, rate, *, groups: int, records: int = 1000, depth: int
 
 
 def tried(tuner: Tuner) -> list[tuple[bool, int]]:
-    return [(s.here, s.processes) for s, _ in tuner.history]
+    return [(s.here, s.processes) for s, _, _ in tuner.history]
 
 
 def by_step(steps, rates):
@@ -60,7 +60,7 @@ def test_climbs_while_it_gains_and_settles_on_the_cheapest_near_the_best():
     # +80%, +39% gain; +4% and -2% are flat: two flat steps end the climb; 2500 is within 5% of 2600
     assert tried(tuner) == [(H, 0), (H, 1), (H, 2), (H, 3), (P, 4)]
     assert tuner.setting == Setting(H, 2) and tuner.settled
-    assert [round(r) for _, r in tuner.history] == [1000, 1800, 2500, 2600, 2550]
+    assert [round(r) for _, r, _ in tuner.history] == [1000, 1800, 2500, 2600, 2550]
 
 
 def test_a_caller_slower_than_every_setting_keeps_threads_here():
@@ -98,7 +98,7 @@ def test_a_setting_is_measured_only_from_groups_sent_once_its_workers_answered()
 
     tuner = Tuner(steps, window_seconds=2.0, probe_seconds=1e9)
     simulate(tuner, rate, groups=300, start_delay=6)
-    assert [round(r) for _, r in tuner.history] == [1000, 1500, 1900]
+    assert [round(r) for _, r, _ in tuner.history] == [1000, 1500, 1900]
 
 
 def test_probes_adapt_when_the_rates_change_and_back_off_when_they_do_not():
@@ -110,7 +110,7 @@ def test_probes_adapt_when_the_rates_change_and_back_off_when_they_do_not():
         return table[steps.index(setting)]
 
     in_force = simulate(tuner, rate, groups=400)
-    assert [(s.processes, round(r)) for s, r in tuner.history] == [
+    assert [(s.processes, round(r)) for s, r, _ in tuner.history] == [
         (0, 1000), (1, 1020), (2, 900),  # the climb: flat, then a loss: threads here
         (0, 1000), (1, 1700),  # the first probe, after 30 s (past 60 s): the setting in force, then one up: moves
         (1, 1700), (2, 1300), (0, 1000),  # the probes after it: up and down are worse; the interval doubles
@@ -128,8 +128,8 @@ def test_window_needs_both_its_seconds_and_its_groups():
     assert tuner.taken(1.0, 1, 100) is None  # starts the clock
     for t in (2.0, 3.0, 4.0, 10.0):
         assert tuner.taken(t, 1, 100) is None and not tuner.history
-    assert tuner.taken(11.0, 1, 100) == Setting(H, 1)  # 500 records in 10 s
-    assert tuner.history == [(Setting(H, 0), 50.0)]
+    assert tuner.taken(11.0, 1, 100) == Setting(H, 1)  # 10 s from the first take to this one: 5 groups before it
+    assert tuner.history == [(Setting(H, 0), 50.0, 0.0)]
     assert tuner.taken(12.0, 1, 100) is None  # a group of the old era: not counted
     tuner.ready()
     assert tuner.era == 2
@@ -138,3 +138,45 @@ def test_window_needs_both_its_seconds_and_its_groups():
 def test_no_settings_is_an_error():
     with pytest.raises(ValueError, match="at least one"):
         Tuner([])
+
+
+def test_a_window_counts_whole_bursts():
+    """Groups computed at once finish together: a window from a waited-for take to another counts whole bursts.
+    Bursts of 4 groups of 100 records each second are 400 records/s; closing inside a burst would say 500."""
+    tuner = Tuner(ladder(2), window_seconds=2.0, window_groups=10)
+    tuner.ready()
+    changes = {(second, i): tuner.taken(second + i * 1e-4, 1, 100, waited=i == 0)
+               for second in range(1, 6) for i in range(4)}
+    assert {k: v for k, v in changes.items() if v is not None} == {(4, 0): Setting(H, 1)}
+    assert tuner.history == [(Setting(H, 0), 400.0, 0.0)]  # 12 groups from second 1 to second 4
+
+
+def test_a_caller_that_never_waits_is_measured_over_twice_the_window():
+    tuner = Tuner(ladder(2), window_seconds=1.0, window_groups=3)
+    tuner.ready()
+    takes = [tuner.taken(0.1 * i, 1, 100, waited=False) for i in range(21)]
+    assert takes[:20] == [None] * 20 and takes[20] == Setting(H, 1)
+    assert [(s, round(r)) for s, r, _ in tuner.history] == [(Setting(H, 0), 1000)]
+
+
+def test_cores_kept_busy_end_the_climb_and_probes_look_only_down():
+    steps = ladder(4)
+    clock = {"now": 0.0}
+
+    def cpu():  # this process and its workers: 95% of the 4 cores for the first 45 s, then 50%
+        now = clock["now"]
+        return 4 * (0.95 * min(now, 45.0) + 0.5 * max(0.0, now - 45.0))
+
+    tuner = Tuner(steps, cpu=cpu, cores=4, window_seconds=1.0, probe_seconds=20.0)
+    rates = by_step(steps, [1000, 1900, 2500, 2600, 2550])
+
+    def rate(setting, now):
+        clock["now"] = now
+        return rates(setting, now)
+
+    simulate(tuner, rate, groups=120)
+    assert [(s.processes, round(r), round(b, 2)) for s, r, b in tuner.history][:4] == [
+        (0, 1000, 0.95),  # saturated: no climb
+        (0, 1000, 0.95),  # the probe after 20 s: still saturated, and nothing below: stays
+        (0, 1000, 0.5), (1, 1900, 0.5)]  # the next probe (40 s later): cores free, one step up pays
+    assert tuner.setting.processes >= 1
