@@ -1,13 +1,15 @@
 """worker_count="auto" against every fixed setting, in one run: is the tuned loader as fast as the best fixed one?
 
-    .venv/bin/python benchmarks/autotune_bench.py                       # images and 1 KB records, 60 s each
+    .venv/bin/python benchmarks/autotune_bench.py                       # images, 1 KB records: 60 s each
     .venv/bin/python benchmarks/autotune_bench.py --seconds 20 --workloads 1kb   # quicker
 
 Workloads (each contender yields the same batches):
 - images: ImageNet-like JPEGs (benchmarks/image_bench.py's photos, ~50 KB), batches of 128 random-resized crops
-  to 224 (`loader.images.RandomResizedCrop`): decode-bound, the case for worker processes;
+  to 224 (`loader.images.RandomResizedCrop`): JPEG decode and resize in C, with the GIL released;
 - 1kb raw / 1kb decode: 1 KB tf.train.Example records (benchmarks/loader_bench.py's), batches of 256, raw bytes
-  or decoded: read-bound, where this process's threads are cheapest.
+  or decoded: read-bound, where this process's threads are cheapest;
+- python map: the same records decoded, then a map_fn in Python bytecode (a hash of 512 bytes, ~50 us a record):
+  it holds the GIL, so this process's threads run it on one core at a time; the case for worker processes.
 
 Contenders: `worker_count=0` (threads here), 1, 2, ... up to the cores, and "auto". Each runs for `--seconds` in a
 fresh process pinned to the cores (`sched_setaffinity`); contenders take turns (`--repeats` rounds) so the VM's
@@ -40,6 +42,13 @@ from loader import images
 options = {options}
 if {image!r}:
     options["random_map_fn"] = images.RandomResizedCrop("image/encoded", size=224)
+def python_hash(example):  # per-record work in Python bytecode: it holds the GIL
+    h = 0
+    for b in example["data"][:512]:
+        h = (h * 31 + b) & 0xFFFFFFFF
+    return {{"hash": h, "label": example["label"]}}
+if {python_map!r}:
+    options["map_fn"] = python_hash
 it = iter(loader.load({out!r}, seed=0, worker_count={workers!r}, **options))
 next(it)
 t0 = time.perf_counter()
@@ -68,14 +77,14 @@ def run(code: str, timeout: float) -> dict:
 
 
 def workloads(work: Path, names: list[str], images: int, records: int) -> dict:
-    """name -> (converted directory, load options, image?)."""
+    """name -> (converted directory, load options, the map: "image", "python map" or None)."""
     from pipelines.config import DEFAULT_COMPRESSION
 
     found = {}
     if "images" in names:
         out, _, _ = image_bench.prepare(work / "images", images)
-        found["images"] = (str(out), {"batch_size": 128}, True)
-    if {"1kb raw", "1kb decode"} & set(names):
+        found["images"] = (str(out), {"batch_size": 128}, "image")
+    if {"1kb raw", "1kb decode", "python map"} & set(names):
         small = work / f"1kb-{records}"
         if not (small / "tfrecord").exists():
             print(f"building {records:,} records of 1 KB under {small} ...", flush=True)
@@ -83,16 +92,18 @@ def workloads(work: Path, names: list[str], images: int, records: int) -> dict:
         out, shards = loader_bench.converted(small, DEFAULT_COMPRESSION)
         loader_bench.warm(shards)
         if "1kb raw" in names:
-            found["1kb raw"] = (str(out), {"batch_size": 256, "decode": None}, False)
+            found["1kb raw"] = (str(out), {"batch_size": 256, "decode": None}, None)
         if "1kb decode" in names:
-            found["1kb decode"] = (str(out), {"batch_size": 256, "decode": "example"}, False)
+            found["1kb decode"] = (str(out), {"batch_size": 256, "decode": "example"}, None)
+        if "python map" in names:
+            found["python map"] = (str(out), {"batch_size": 256, "decode": "example"}, "python map")
     return found
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", nargs="+", default=["images", "1kb raw", "1kb decode"],
-                   choices=["images", "1kb raw", "1kb decode"])
+                   choices=["images", "1kb raw", "1kb decode", "python map"])
     p.add_argument("--seconds", type=float, default=60.0, help="each contender's run, from its first batch")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--repeats", type=int, default=1)
@@ -105,12 +116,12 @@ def main() -> None:
     found = workloads(work, args.workloads, args.images, args.records)
     contenders = list(range(args.cores + 1)) + ["auto"]
     print(f"{args.seconds:.0f} s a contender, {args.cores} cores ({image_bench._cpu()}), {args.repeats} round(s)")
-    for name, (out, options, image) in found.items():
+    for name, (out, options, mapping) in found.items():
         runs: dict = {}
         for _ in range(args.repeats):
             for workers in contenders:
-                code = RUNNER.format(cores=args.cores, options=options, image=image, out=out, workers=workers,
-                                     seconds=args.seconds)
+                code = RUNNER.format(cores=args.cores, options=options, image=mapping == "image", out=out,
+                                     workers=workers, seconds=args.seconds, python_map=mapping == "python map")
                 r = run(code, timeout=args.seconds * 3 + 120)
                 runs.setdefault(workers, []).append(r)
                 chose = f"  chose {r['setting']}; measured " + ", ".join(

@@ -7,9 +7,11 @@ counts double, so a 96-core host climbs in 8 steps). The tuner
 
 1. climbs the ladder, measuring each setting's rate for a window (records the caller took per second, counting
    only groups sent once the setting's workers had all answered once: a worker's start is not held against it),
-   while a step gains more than `margin`; it stops after two steps that gain nothing, one that loses more than
-   `margin`, or one that keeps the cores busy (`SATURATED`: CPU this process and its workers used over the window;
-   a dearer setting could only add the cost of moving batches between processes);
+   while a step gains more than `margin`; it stops after two steps that gain nothing, or one that loses more than
+   `margin`. A step that keeps the cores busy (`SATURATED`: CPU this process and its workers used over the window)
+   ends the climb too, as another worker would find no core: threads here that fill the cores leave processes only
+   the cost of moving batches. When that step gained over the one before, though (workers paid), it measures the
+   last step as well, every group in a worker process: threads here running Python hold the GIL against the caller;
 2. settles on the cheapest setting measured within `margin` of the best: when the caller (a training step) is
    slower than every setting, that is threads here, and the cores stay with the trainer;
 3. probes while the run goes on: after `probe_seconds` it measures the setting in force and its neighbours on the
@@ -193,8 +195,15 @@ class Tuner:
         before = [self._rates[s] for s in range(self.at)]
         lost = bool(before) and r < max(before) * (1 - self.margin)
         flat = [not before[:i] or x <= max(before[:i]) * (1 + self.margin) for i, x in enumerate(before + [r])]
-        saturated = self._busy[self.at] >= SATURATED
-        if self.at + 1 < len(self.steps) and not (lost or saturated or (len(flat) >= 3 and flat[-1] and flat[-2])):
+        last = len(self.steps) - 1
+        if self._busy[self.at] >= SATURATED:
+            # No core left for another worker. But when the workers added last paid (this step gained), this
+            # process's threads may be holding the rest back (a Python map_fn holds the GIL against the caller):
+            # the last step, with every group in a worker process, is worth one window.
+            self._climbing = False
+            gained = bool(before) and not flat[-1]
+            return last if gained and self.at < last and last not in self._rates else None
+        if self.at < last and not (lost or (len(flat) >= 3 and flat[-1] and flat[-2])):
             return self.at + 1
         self._climbing = False
         return None

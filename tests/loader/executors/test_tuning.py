@@ -180,3 +180,33 @@ def test_cores_kept_busy_end_the_climb_and_probes_look_only_down():
         (0, 1000, 0.95),  # the probe after 20 s: still saturated, and nothing below: stays
         (0, 1000, 0.5), (1, 1900, 0.5)]  # the next probe (40 s later): cores free, one step up pays
     assert tuner.setting.processes >= 1
+
+
+def test_busy_cores_after_a_gain_try_every_group_in_workers():
+    """A Python map_fn: threads here hold the GIL (half the cores busy); one worker process nearly doubles the rate
+    and fills the cores; moving the rest of the work out of this process is worth one more window."""
+    steps = ladder(2)
+    clock = {"now": 0.0}
+    busy = {0: 0.5, 1: 0.94, 2: 0.97}
+    used = {"cpu": 0.0, "at": 0.0}
+
+    def cpu():  # CPU accrues at the busy share of the setting in force
+        used["cpu"] += (clock["now"] - used["at"]) * 2 * busy[tuner.at]
+        used["at"] = clock["now"]
+        return used["cpu"]
+
+    tuner = Tuner(steps, cpu=cpu, cores=2, window_seconds=1.0, probe_seconds=1e9)
+    rates = by_step(steps, [9500, 17500, 21000])
+
+    def rate(setting, now):
+        clock["now"] = now
+        return rates(setting, now)
+
+    simulate(tuner, rate, groups=100)
+    assert tried(tuner) == [(H, 0), (H, 1), (P, 2)] and tuner.setting == Setting(P, 2)
+    # the same busy cores after no gain (threads here fill them): no climb
+    tuner = Tuner(steps, cpu=cpu, cores=2, window_seconds=1.0, probe_seconds=1e9)
+    busy[0] = 0.9
+    used.update(cpu=0.0, at=0.0)
+    simulate(tuner, rate, groups=100)
+    assert tried(tuner) == [(H, 0)] and tuner.setting == Setting(H, 0)
