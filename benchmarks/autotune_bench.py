@@ -21,17 +21,13 @@ The ratio that matters: auto over the best fixed setting, over the whole run. Re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-import image_bench  # benchmarks/image_bench.py: the photos
+import image_bench  # benchmarks/image_bench.py: the photos, and its runner
 import loader_bench  # benchmarks/loader_bench.py: the 1 KB records
 
-REPO = Path(__file__).resolve().parents[1]
 
 RUNNER = """
 import json, logging, os, sys, time
@@ -65,15 +61,6 @@ print(json.dumps({{"rate": len(marks) * rows / marks[-1], "steady": (len(half) -
 sys.stdout.flush()
 os.killpg(0, 9)
 """
-
-
-def run(code: str, timeout: float) -> dict:
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=timeout,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, start_new_session=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode not in (0, -9) or not lines:
-        raise RuntimeError(f"contender failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1])
 
 
 def workloads(work: Path, names: list[str], images: int, records: int) -> dict:
@@ -122,7 +109,7 @@ def main() -> None:
             for workers in contenders:
                 code = RUNNER.format(cores=args.cores, options=options, image=mapping == "image", out=out,
                                      workers=workers, seconds=args.seconds, python_map=mapping == "python map")
-                r = run(code, timeout=args.seconds * 3 + 120)
+                r = image_bench.run(code, timeout=args.seconds * 3 + 120)  # its own session, ended by SIGKILL
                 runs.setdefault(workers, []).append(r)
                 chose = f"  chose {r['setting']}; measured " + ", ".join(
                     f"{s} {v:,.0f}/s ({100 * b:.0f}% busy)" for s, v, b in r["history"]) if workers == "auto" else ""
