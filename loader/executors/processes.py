@@ -120,10 +120,14 @@ def _sweep_orphans() -> None:
                 pass
 
 
+READY = "ready"  # a worker's first message: it started and holds the group function
+
+
 def _serve(conn, payload: bytes, owner: int, threads: int, prefix: str) -> None:
     """A worker: computes the groups it is sent, `threads` at once, and sends back (group, ok, result or error)."""
     exit_with_owner(owner, before_exit=functools.partial(_sweep, f"{prefix}-*"))
     fn = pickle.loads(payload)
+    conn.send(READY)
     lock = threading.Lock()
     serials = itertools.count()
 
@@ -165,6 +169,7 @@ class _Process(Worker):
                                        name=f"loader-worker-{number}")
         self.process.start()
         child.close()
+        self.ready = False  # until its first message
 
     def label(self) -> str:
         return f"worker {self.number} (pid {self.process.pid})"
@@ -225,7 +230,11 @@ class _Groups(Scheduled):
         events = []
         try:
             while worker.conn.poll():  # results it sent before it ended count
-                g, ok, value = worker.conn.recv()
+                message = worker.conn.recv()
+                if message == READY:
+                    worker.ready = True
+                    continue
+                g, ok, value = message
                 events.append(Result(worker, g, ok, _unpack(value) if ok else value))
         except (EOFError, OSError, pickle.UnpicklingError):
             pass

@@ -57,6 +57,7 @@ class Worker:
         self.groups: set[int] = set()  # sent, not yet answered
         self.alone = False  # computing a group a worker died with: nothing else is sent here until it answers
         self.retiring = False  # the worker count went down: nothing more is sent; stopped once idle
+        self.ready = True  # it started (a local process: once it said so; one that ends before failed to start)
 
     @property
     def isolated(self) -> bool:
@@ -83,6 +84,8 @@ class Scheduled(abc.ABC):
         self._workers: list[Worker] = []
         self._new = 0  # the next group never sent
         self._again: collections.deque[int] = collections.deque()  # groups a worker died with, to compute again
+        self._resend: collections.deque[int] = collections.deque()  # groups of a worker that never started
+        self._failed_starts = 0
         self._deaths: collections.Counter = collections.Counter()
         self._done: dict[int, tuple[bool, Any]] = {}
         self._next = 0  # the next group to hand out
@@ -165,6 +168,13 @@ class Scheduled(abc.ABC):
         """Sends groups to workers with room: again-groups each alone to an idle worker first, then new groups
         within the window."""
         active = [w for w in self._workers if not w.retiring]
+        while self._resend:  # never begun: any worker with room
+            room = [w for w in active if not w.alone and len(w.groups) < self._per_worker]
+            if not room:
+                return
+            g = self._resend.popleft()
+            room[0].groups.add(g)
+            self._send(room[0], g)
         while self._again:
             idle = [w for w in active if not w.groups and w.isolated]
             if not idle:
@@ -193,6 +203,18 @@ class Scheduled(abc.ABC):
             return
         self._stop(worker)
         lost = sorted(worker.groups)
+        if not worker.ready:  # it ended before it began any group: not their fault
+            self._failed_starts += 1
+            self._resend.extend(lost)
+            self._workers.remove(worker)
+            if self._failed_starts >= MAX_DEATHS:
+                self._cannot_start(how)  # raises, or starts no process again
+                return
+            if not worker.retiring:
+                self._started += 1
+                self._workers.append(self._start(self._started))
+            log.warning("loader %s ended before it started (%s); starting another", worker.label(), how)
+            return
         for g in lost:
             self._deaths[g] += 1
             if self._deaths[g] >= MAX_DEATHS:
@@ -209,6 +231,15 @@ class Scheduled(abc.ABC):
         self._again.extend(lost)
         log.warning("loader %s ended (%s) with %d group(s) in progress; %s", worker.label(), how, len(lost),
                     "another computes them again" if lost else "started another")
+
+    def _cannot_start(self, how: str) -> None:
+        """MAX_DEATHS workers ended before they started: an error (an executor that can go on without them
+        overrides this)."""
+        raise ValueError(f"loader worker processes end before they start ({self._failed_starts} of them, the last: "
+                         f"{how}; its error is printed above): a script that starts them (worker_count=) must guard "
+                         "its top level with `if __name__ == \"__main__\":` (each worker is spawned and imports the "
+                         "script again), and the decoder and map functions must be importable there; or run with "
+                         "worker_count=0")
 
     def close(self) -> None:
         """Stops every worker (idempotent)."""

@@ -103,6 +103,7 @@ class _TunedGroups(_Groups):
         self._era: dict[int, int] = {}  # group -> the tuner's era when it was sent
         self._starting: set[int] = set()  # ids of workers started for the new setting, not yet answered
         self._rescuers: set[int] = set()  # ids of processes started for groups a worker died with (see _dispatch)
+        self._no_processes = False  # worker processes could not start: threads here only
         cores = spec.cores or loader_cores()
         self.tuner = Tuner(ladder(cores), cpu=self.cpu_seconds, cores=cores)
         self._tuning = True
@@ -139,7 +140,7 @@ class _TunedGroups(_Groups):
     def _dispatch(self) -> None:
         """As Scheduled's, and a group that ended a worker process gets a worker process even when the setting has
         none (the next setting applied retires it)."""
-        if self._again and not any(w.isolated and not w.retiring for w in self._workers):
+        if self._again and not self._no_processes and not any(w.isolated and not w.retiring for w in self._workers):
             self._started += 1
             self._workers.append(self._start(self._started))
             self._rescuers.add(id(self._workers[-1]))
@@ -164,6 +165,8 @@ class _TunedGroups(_Groups):
 
     def apply(self, setting: Setting) -> None:
         """Threads here on or off, and `setting.processes` worker processes (more start; fewer retire once idle)."""
+        if self._no_processes:
+            setting = Setting(True, 0)
         here = [w for w in self._workers if isinstance(w, _Here) and not w.retiring]
         processes = [w for w in self._workers if not isinstance(w, _Here) and not w.retiring]
         started = []
@@ -195,6 +198,18 @@ class _TunedGroups(_Groups):
             self._starting.discard(id(worker))
             if not self._starting:
                 self.tuner.ready()
+
+    def _cannot_start(self, how: str) -> None:
+        """Worker processes cannot start here (an unguarded script, a function not importable in a worker): this
+        process's threads compute everything, and the tuner tries no process again."""
+        log.warning("loader worker processes end before they start (the last: %s; its error is printed above), so "
+                    "worker_count='auto' reads on this process's threads only. A script that starts worker "
+                    "processes must guard its top level with `if __name__ == \"__main__\":`", how)
+        self._tuning = False
+        self._no_processes = True
+        self.apply(Setting(True, 0))
+        self._resend.extend(self._again)  # groups a worker ended with: here, as no process can take them
+        self._again.clear()
 
     def _handed(self, group: int, value: Any, waited: bool) -> None:
         era = self._era.pop(group, -1)

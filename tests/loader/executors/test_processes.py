@@ -6,6 +6,8 @@ import multiprocessing
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -102,3 +104,26 @@ def test_result_files_of_an_owner_killed_with_its_workers_are_removed_by_the_nex
         for path in (orphan, mine):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+UNGUARDED = """
+import sys
+import loader
+# no `if __name__ == "__main__":` guard: each spawned worker imports this again and fails to start
+batches = list(loader.load(sys.argv[1], batch_size=8, seed=3, decode=None, num_epochs=10, worker_count=2))
+print("batches", len(batches))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_unguarded_script_is_told_to_guard_its_top_level(converted, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED)
+    proc = subprocess.run([sys.executable, str(script), str(converted)], capture_output=True, text=True,
+                          timeout=110, cwd=tmp_path)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: loader worker processes end before they start (3 of them, the last: exit "
+                           "code 1; its error is printed above): a script that starts them (worker_count=) must "
+                           "guard its top level with `if __name__ == \"__main__\":`"), proc.stderr[-3000:]
+    assert "An attempt has been made to start a new process before" in proc.stderr  # the workers' own error

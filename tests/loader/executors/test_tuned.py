@@ -1,6 +1,7 @@
 """worker_count="auto" (loader/executors/tuned.py): this process's threads and worker processes, in the mix the
 tuner chooses, give the batches of a run without workers; the stage times say which stage bounds the rate."""
 
+import logging
 import os
 import signal
 import time
@@ -141,3 +142,35 @@ def test_a_group_a_worker_died_with_is_computed_in_a_worker_even_when_the_settin
     assert len({pid for _, pid in got}) == 3  # the victim, the rescuer, this process
     assert groups.setting() == tuning.Setting(True, 0)  # the rescuer retired once its groups were done
     groups.close()
+
+
+class _Ghost:
+    """Defined in a module only this process has: a worker process cannot unpickle it, so it ends before it starts
+    (as a worker of an unguarded script does, or one whose map function is not importable)."""
+
+    def __call__(self, g: int) -> tuple[int, int]:
+        return g, os.getpid()
+
+
+@pytest.mark.timeout(120)
+def test_auto_goes_on_on_threads_when_worker_processes_cannot_start(caplog):
+    import sys
+    import types
+
+    from loader.executors.tuned import Tuned
+
+    ghost = types.ModuleType("ghost_module_of_this_test")
+    ghost._Ghost = type("_Ghost", (_Ghost,), {"__module__": ghost.__name__})
+    sys.modules[ghost.__name__] = ghost
+    try:
+        groups = Tuned(per_worker=2).map(ghost._Ghost(), 30)
+        groups._tuning = False
+        groups.apply(tuning.Setting(False, 1))  # a process only: it cannot start
+        with caplog.at_level(logging.WARNING):
+            got = list(groups)
+    finally:
+        del sys.modules[ghost.__name__]
+    assert got == [(g, os.getpid()) for g in range(30)]  # every group here, in order
+    assert groups.setting() == tuning.Setting(True, 0)
+    assert caplog.text.count("ended before it started") == 2
+    assert "so worker_count='auto' reads on this process's threads only" in caplog.text
