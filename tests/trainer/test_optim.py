@@ -66,6 +66,7 @@ def _losses(workdir):
     return [json.loads(line)["loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # ~27-36 s: three training runs in subprocesses
 def test_accumulating_micro_batches_matches_the_whole_batch_and_bf16_trains(digits, tmp_path):
     """grad_accum_steps=4 over 8 devices takes the same steps as whole batches; bfloat16 compute stays close and its
     checkpointed parameters stay float32."""
