@@ -217,13 +217,15 @@ class _Groups(Scheduled):
         worker.conn.send(group)
 
     def _wait(self) -> list:
-        handles = {}
-        for w in self._workers:
-            handles[w.conn] = handles[w.process.sentinel] = w
+        handles = {h: w for w in self._workers for h in self._handles(w)}
         events = []
         for worker in {id(handles[h]): handles[h] for h in multiprocessing.connection.wait(list(handles))}.values():
             events += self._events(worker)
         return events
+
+    def _handles(self, worker: _Process) -> tuple:
+        """What becomes ready when `worker` has something to say: its pipe, and its end."""
+        return worker.conn, worker.process.sentinel
 
     def _events(self, worker: _Process) -> list:
         """What `worker` sent, and its end if it ended."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import multiprocessing.connection
 import os
 import socket
 import time
@@ -118,20 +117,16 @@ class _TunedGroups(_Groups):
         else:
             super()._send(worker, group)
 
+    def _handles(self, worker) -> tuple:
+        return (worker.wake,) if isinstance(worker, _Here) else super()._handles(worker)
+
+    def _events(self, worker) -> list:
+        if isinstance(worker, _Here):
+            return [Result(worker, g, ok, value) for g, ok, value in worker.take()]
+        return super()._events(worker)
+
     def _wait(self) -> list:
-        handles = {}
-        for w in self._workers:
-            if isinstance(w, _Here):
-                handles[w.wake] = w
-            else:
-                handles[w.conn] = handles[w.process.sentinel] = w
-        events = []
-        ready = {id(handles[h]): handles[h] for h in multiprocessing.connection.wait(list(handles))}
-        for worker in ready.values():
-            if isinstance(worker, _Here):
-                events += [Result(worker, g, ok, value) for g, ok, value in worker.take()]
-            else:
-                events += self._events(worker)
+        events = super()._wait()
         for e in events:
             if isinstance(e, Result):
                 self._answered(e.worker)
