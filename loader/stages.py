@@ -111,8 +111,8 @@ class Report:
         work = sum(t.cpu.values())
         largest = max(STAGES, key=lambda k: t.cpu[k])
         io_wait = t.read_wall - t.cpu["read"]
-        if self.compute_cores and work / self.elapsed < 0.6 * self.compute_cores and io_wait > 0.5 * self.elapsed * (
-                self.compute_cores or 1):
+        if self.compute_cores and work / self.elapsed < 0.6 * self.compute_cores and \
+                io_wait > 0.5 * self.elapsed * self.compute_cores:
             return ("read (I/O)", "reads wait on storage: raise num_threads= or prefetch= (more reads in flight), "
                     "cache_bytes= for gs://, or stage the dataset on local disk (python -m loader stage)")
         if self.compute_cores and t.take > 0.5 * self.elapsed:
