@@ -37,7 +37,8 @@ class DataSource:
 
     `data`: what `loader.resolve` takes (a directory written by `python -m pipelines convert`, a TFDS array_record
     directory with `split=`, a glob of ArrayRecord files, local or gs://) or a `loader.ShardedSource`.
-    `split`, `allow_incomplete`, `check_hashes`, `cache_bytes`, `max_record_bytes`: as for `loader.load`.
+    `split`, `allow_incomplete`, `check_hashes`, `cache_bytes`, `cache_dir`, `max_record_bytes`: as for
+    `loader.load`.
 
         source = loader.DataSource("out/train")
         source[0]                        # the bytes of record 0
@@ -46,7 +47,7 @@ class DataSource:
 
     def __init__(self, data: str | os.PathLike | ShardedSource, *, split: str | None = None,
                  allow_incomplete: bool = False, check_hashes: bool = True, cache_bytes: int = 0,
-                 max_record_bytes: int = MAX_RECORD_BYTES):
+                 cache_dir: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES):
         if isinstance(data, ShardedSource):
             self._source = data
             more = len(data.paths) - 1
@@ -54,7 +55,7 @@ class DataSource:
         else:
             self._name = os.fspath(data)
             self._source = resolve(self._name, split=split, allow_incomplete=allow_incomplete)
-        self._options = {"check_hashes": check_hashes, "cache_bytes": cache_bytes,
+        self._options = {"check_hashes": check_hashes, "cache_bytes": cache_bytes, "cache_dir": cache_dir,
                          "max_record_bytes": max_record_bytes}
         self._length = len(self._source)
         index = RecordIndex.for_source(self._source)  # built here, once, before any worker process starts

@@ -86,7 +86,10 @@ class LoaderConfig:
     records_per_read: int = 32768
     allow_incomplete: bool = False
     check_hashes: bool = True  # check riegeli's chunk hashes: a damaged byte is an error naming shard and record
-    cache_bytes: int = 0  # gs:// sources: keep up to this many bytes of chunks in memory (the first read)
+    # gs:// sources: keep up to this many bytes of chunks (the first read), in memory, or on local disk in cache_dir
+    # (shared by this host's processes, kept for later runs: loader/disk_cache.py)
+    cache_bytes: int = 0
+    cache_dir: str | None = None
     # A larger record is an error, checked before it is allocated; a read group may decode to this much, or 1,024 times
     # its stored bytes when that is more (loader/_riegeli.c: decompression bombs).
     max_record_bytes: int = MAX_RECORD_BYTES
@@ -109,6 +112,9 @@ class LoaderConfig:
             raise ValueError(f"records_per_read must be >= 1 (got records_per_read={self.records_per_read})")
         if self.cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0 (got cache_bytes={self.cache_bytes})")
+        if self.cache_dir is not None and self.cache_bytes < 4096:
+            raise ValueError(f"cache_dir={self.cache_dir!r} keeps chunks on disk up to cache_bytes: pass cache_bytes= "
+                             f"(the most disk to use, >= 4096; got cache_bytes={self.cache_bytes})")
         if self.max_record_bytes < 1:
             raise ValueError(f"max_record_bytes must be >= 1 (got max_record_bytes={self.max_record_bytes})")
         if self.num_threads < 1:
@@ -546,7 +552,7 @@ def load(source: str | ShardedSource | Mapping[str, str | ShardedSource], *, bat
 
 def _reader(source: ShardedSource, config: LoaderConfig) -> BatchReader:
     return BatchReader(source, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes,
-                       max_record_bytes=config.max_record_bytes)
+                       cache_dir=config.cache_dir, max_record_bytes=config.max_record_bytes)
 
 
 def _resolved(source: str | ShardedSource, config: LoaderConfig) -> ShardedSource:

@@ -17,6 +17,7 @@ reader; building the index logs one line for each.
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import threading
@@ -26,9 +27,11 @@ import numpy as np
 from dataset_format import storage
 from loader import _riegeli, remote
 from loader.arrayrecord import FIRST_CHUNK
-from loader.index import RecordIndex
+from loader.disk_cache import DiskCache
+from loader.index import RecordIndex, source_key
 from loader.source import ShardedSource
 
+log = logging.getLogger(__name__)
 # Chunks closer than this are read in one pread (the bytes between are read and dropped). Measured on 1 KB records
 # (docs/benchmarks.md): 0 and 2 KiB alike, 4 KiB 5-15% and 8 KiB 15-40% slower, where the gaps copied cost more than
 # the syscalls saved.
@@ -56,9 +59,11 @@ class BatchReader:
     """`reader(indices)` -> the records at those global indices, in that order. Picklable (a copy reopens files)."""
 
     def __init__(self, source: ShardedSource, *, check_hashes: bool = True, cache_bytes: int = 0,
-                 index: RecordIndex | None = None, max_record_bytes: int = MAX_RECORD_BYTES):
+                 cache_dir: str | None = None, index: RecordIndex | None = None,
+                 max_record_bytes: int = MAX_RECORD_BYTES):
         """`check_hashes`: check riegeli's chunk hashes (a flipped byte is then an error, never a wrong record).
-        `cache_bytes`: on gs://, keep up to this many bytes of chunks in memory, the first read (0: none).
+        `cache_bytes`: on gs://, keep up to this many bytes of chunks, the first read (0: none): in memory, or in
+        `cache_dir` on local disk (shared by the host's processes, kept across runs: loader/disk_cache.py).
         `max_record_bytes`: a larger record is an error naming it (checked before anything is allocated for it)."""
         self._paths = source.paths
         self._starts = source.starts
@@ -66,13 +71,17 @@ class BatchReader:
         self._check = check_hashes
         self._cache_bytes = cache_bytes
         self._max_record = max_record_bytes
+        self._remote = any(storage.is_remote(p) for p in source.paths)
+        self._disk = None
+        if cache_dir is not None and self._remote:
+            self._disk = {"directory": os.path.expanduser(cache_dir), "key": source_key(source),
+                          "capacity": cache_bytes, "mean_chunk": source.mean_record_bytes, "records": len(source)}
         # where each shard ends: no span from the index may pass it (-1: unknown)
         self._ends = np.asarray(source.shard_bytes if source.shard_bytes else [-1] * len(source.paths),
                                 dtype=np.int64)
         self._index = index or RecordIndex.for_source(source)
         self._fallback = np.zeros(len(source.paths), dtype=bool)
         self._fallback[list(self._index.fallback)] = True
-        self._remote = any(storage.is_remote(p) for p in source.paths)
         self._setup()
 
     def _setup(self) -> None:
@@ -81,18 +90,18 @@ class BatchReader:
         self._open_count = 0
         self._limit = _open_limit()
         self._array_readers: dict[int, object] = {}
-        self._remote_reader = _RemoteSpans(self._paths, self._cache_bytes) if self._remote else None
+        self._remote_reader = _RemoteSpans(self._paths, self._cache_bytes, self._disk) if self._remote else None
 
     def __getstate__(self):
         return {"paths": self._paths, "starts": self._starts, "total": self._total, "check": self._check,
                 "cache_bytes": self._cache_bytes, "index": self._index, "fallback": self._fallback,
-                "remote": self._remote, "max_record": self._max_record, "ends": self._ends}
+                "remote": self._remote, "max_record": self._max_record, "ends": self._ends, "disk": self._disk}
 
     def __setstate__(self, state):
         self._paths, self._starts, self._total = state["paths"], state["starts"], state["total"]
         self._check, self._cache_bytes, self._index = state["check"], state["cache_bytes"], state["index"]
         self._fallback, self._remote = state["fallback"], state["remote"]
-        self._max_record, self._ends = state["max_record"], state["ends"]
+        self._max_record, self._ends, self._disk = state["max_record"], state["ends"], state["disk"]
         self._setup()
 
     def __del__(self):
@@ -135,7 +144,8 @@ class BatchReader:
                           "load rebuilds it)")
         try:
             if self._remote:
-                return self._remote_reader.read(shards, begins, ends, self._check, self._max_record)
+                return self._remote_reader.read(shards, begins, ends, self._check, self._max_record,
+                                                self._starts[shards] + local)
             fds, temporary = self._fds_for(shards)
             try:
                 return _riegeli.read(fds, begins, ends, self._check, LOCAL_GAP, self._max_record)
@@ -212,43 +222,81 @@ class BatchReader:
 
 class _RemoteSpans:
     """The chunks of gs:// shards, read as range requests all at once (loader/remote.py; nearby chunks merged within
-    REMOTE_GAP and the REMOTE_WASTE budget), through an optional cache of chunks (`cache_bytes`; a chunk in it is not
-    downloaded again)."""
+    REMOTE_GAP and the REMOTE_WASTE budget), through an optional cache of chunks (a chunk in it is not downloaded
+    again): in memory (`cache_bytes`), or on local disk shared by the host's processes and kept across runs
+    (`cache_dir`, loader/disk_cache.py)."""
 
-    def __init__(self, paths: tuple[str, ...], cache_bytes: int):
+    def __init__(self, paths: tuple[str, ...], cache_bytes: int, disk: dict | None = None):
         self._paths = paths
-        self._cache = _ChunkCache(cache_bytes) if cache_bytes else None
+        self._cache = _ChunkCache(cache_bytes) if cache_bytes and disk is None else None
+        self._disk_options = disk  # DiskCache.open's arguments: opened on first read, in the process that reads
+        self._disk: DiskCache | None = None
+        self._disk_lock = threading.Lock()
         # records asked for, the bytes of their chunks, and the range requests and bytes planned to read them
         # (benchmarks/gcs_read_bench.py, the tests)
         self.requests = self.downloaded = self.records = self.served = 0
 
-    def read(self, shards: np.ndarray, begins: np.ndarray, ends: np.ndarray, check: bool,
-             max_record: int) -> list[bytes]:
+    def _disk_cache(self) -> DiskCache | None:
+        if self._disk is None and self._disk_options is not None:
+            with self._disk_lock:
+                if self._disk is None:
+                    self._disk = DiskCache.open(**self._disk_options)
+        return self._disk
+
+    def read(self, shards: np.ndarray, begins: np.ndarray, ends: np.ndarray, check: bool, max_record: int,
+             records: np.ndarray) -> list[bytes]:
+        """The records (global numbers `records`) whose chunks are at `begins`..`ends` of `shards`."""
         chunk_of = np.empty(len(shards), dtype=np.int64)
         chunks = _riegeli.plan_spans(shards, begins, ends, -1, chunk_of)  # each distinct chunk once, in file order
-        data: list = [self._cache.get(c) for c in chunks] if self._cache else [None] * len(chunks)
-        missing = [i for i, d in enumerate(data) if d is None]
-        requests = []
-        if missing:
-            m_shards, m_begins, m_ends = (np.array([chunks[i][k] for i in missing], np.int64) for k in range(3))
-            request_of = np.empty(len(missing), dtype=np.int64)
-            requests = _riegeli.plan_spans(m_shards, m_begins, m_ends, REMOTE_GAP, request_of, REMOTE_WASTE)
-        with _COUNT_LOCK:  # counted as planned (a read cut short by its iterator's close still counts whole)
+        with _COUNT_LOCK:
             self.records += len(shards)
             self.served += sum(end - begin for _, begin, end in chunks)
+        disk = self._disk_cache()
+        if disk is not None:
+            chunk_records = np.empty(len(chunks), dtype=np.int64)
+            chunk_records[chunk_of] = records
+            data = disk.lookup(chunk_records, np.array([end - begin for _, begin, end in chunks], dtype=np.int64))
+        else:
+            data = [self._cache.get(c) for c in chunks] if self._cache else [None] * len(chunks)
+        missing = [i for i, d in enumerate(data) if d is None]
+        cached = [i for i, d in enumerate(data) if d is not None] if disk is not None else []
+        self._download(chunks, data, missing)
+        if disk is not None and missing:
+            disk.admit(chunk_records[missing], [data[i] for i in missing])
+        try:  # what came from the disk is checked whatever check_hashes says: the disk may have lost it
+            return _riegeli.decode(data, shards, begins, ends, check or bool(cached), -1, max_record)
+        except _riegeli.CorruptError:
+            if not cached:
+                raise
+        log.warning("%s: chunks read from the disk cache fail their checks; reading them from gs:// again",
+                    disk.path)
+        disk.forget(chunk_records[cached])
+        self._download(chunks, data, cached)
+        disk.admit(chunk_records[cached], [data[i] for i in cached])
+        return _riegeli.decode(data, shards, begins, ends, check, -1, max_record)
+
+    def _download(self, chunks: list, data: list, which: list[int]) -> None:
+        """data[i] = the bytes of chunks[i] for each i in `which`, read in as few range requests as the rule allows
+        (and kept in the memory cache, if any)."""
+        requests = []
+        if which:
+            m_shards, m_begins, m_ends = (np.array([chunks[i][k] for i in which], np.int64) for k in range(3))
+            request_of = np.empty(len(which), dtype=np.int64)
+            requests = _riegeli.plan_spans(m_shards, m_begins, m_ends, REMOTE_GAP, request_of, REMOTE_WASTE)
+        with _COUNT_LOCK:  # counted as planned (a read cut short by its iterator's close still counts whole)
             self.requests += len(requests)
             self.downloaded += sum(end - begin for _, begin, end in requests)
-        if missing:
-            got = remote.fetch([(self._paths[shard], begin, end) for shard, begin, end in requests])
-            for (shard, begin, end), piece in zip(requests, got):
-                storage.check_length(self._paths[shard], begin, end, piece)
-            for j, i in enumerate(missing):
-                shard, begin, end = chunks[i]
-                at = requests[request_of[j]][1]
-                data[i] = got[request_of[j]][begin - at:end - at]
-                if self._cache is not None:
-                    self._cache.put(chunks[i], data[i])
-        return _riegeli.decode(data, shards, begins, ends, check, -1, max_record)
+        if not which:
+            return
+        got = remote.fetch([(self._paths[shard], begin, end) for shard, begin, end in requests])
+        for (shard, begin, end), piece in zip(requests, got):
+            storage.check_length(self._paths[shard], begin, end, piece)
+        for j, i in enumerate(which):
+            shard, begin, end = chunks[i]
+            at = requests[request_of[j]][1]
+            data[i] = got[request_of[j]][begin - at:end - at]
+            if self._cache is not None:
+                self._cache.put(chunks[i], data[i])
 
 
 _COUNT_LOCK = threading.Lock()

@@ -1,0 +1,193 @@
+"""The disk cache of gs:// chunks (loader/disk_cache.py): bounded, shared by processes, kept across runs, and never
+trusted: a damaged or crafted cache costs a download, never a wrong record."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import loader
+from loader.disk_cache import HEADER, DiskCache
+from loader.reader import BatchReader
+from loader.source import resolve
+
+
+def _chunks(records: np.ndarray) -> list[bytes]:
+    return [bytes([int(r) % 251]) * (40 + int(r) % 90) for r in records]
+
+
+def _open(directory, capacity=1 << 16, records=10_000):
+    return DiskCache.open(str(directory), "key", capacity=capacity, mean_chunk=80, records=records)
+
+
+def _served(cache, records):
+    chunks = _chunks(records)
+    views = cache.lookup(records, np.array([len(c) for c in chunks]))
+    assert all(bytes(v) == c for v, c in zip(views, chunks) if v is not None)  # what it serves is what was put
+    return np.array([v is not None for v in views])
+
+
+def test_what_is_admitted_is_served_by_every_later_handle_until_the_bound(tmp_path):
+    cache = _open(tmp_path)
+    records = np.arange(0, 3000, 7)
+    assert cache.admit(records, _chunks(records)) == len(records)  # ~40 KB: fits in 64 KiB
+    assert _served(cache, records).all() and not _served(cache, records + 1).any()
+    more = np.arange(1, 3000, 7)
+    admitted = cache.admit(more, _chunks(more))
+    assert 0 < admitted < len(more) and cache.refused == len(more) - admitted  # the rest did not fit
+    again = _open(tmp_path)  # another process, or the next run
+    assert _served(again, records).all()
+    assert _served(again, more).sum() == admitted and _served(again, more)[:admitted].all()
+    tail = int(np.frombuffer(open(tmp_path / "key" / "table", "rb").read(HEADER), "<u8")[4])
+    assert tail <= 1 << 16 and os.stat(tmp_path / "key" / "data").st_blocks * 512 <= (1 << 16) + 4096
+
+
+def test_a_cache_made_for_another_capacity_or_source_is_made_again(tmp_path, caplog):
+    records = np.arange(50)
+    _open(tmp_path).admit(records, _chunks(records))
+    with caplog.at_level(logging.WARNING, logger="loader.disk_cache"):
+        assert not _served(_open(tmp_path, capacity=1 << 17), records).any()
+    assert "made with cache_bytes=65,536, not 131,072; starting it again" in caplog.text
+    with caplog.at_level(logging.WARNING, logger="loader.disk_cache"):
+        assert not _served(_open(tmp_path, capacity=1 << 17, records=20_000), records).any()
+    assert "made for 10,000 records, not 20,000" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["header", "truncated table", "data size"])
+def test_a_damaged_cache_is_made_again(tmp_path, caplog, damage):
+    records = np.arange(50)
+    _open(tmp_path).admit(records, _chunks(records))
+    table, data = tmp_path / "key" / "table", tmp_path / "key" / "data"
+    if damage == "header":
+        with open(table, "r+b") as f:
+            f.write(b"\xff" * 16)
+    elif damage == "truncated table":
+        os.truncate(table, 1000)
+    else:
+        os.truncate(data, 100)
+    with caplog.at_level(logging.WARNING, logger="loader.disk_cache"):
+        cache = _open(tmp_path)
+    assert "starting it again" in caplog.text and not _served(cache, records).any()
+    assert cache.admit(records, _chunks(records)) == len(records) and _served(cache, records).all()
+
+
+def test_crafted_slots_and_tags_are_misses_not_records(tmp_path):
+    """Slots naming offsets past the tail, unaligned or at another record's entry, and entries whose tag names
+    another record: each is a miss (read from gs:// again), never bytes of the wrong record."""
+    cache = _open(tmp_path)
+    records = np.arange(200)
+    cache.admit(records, _chunks(records))
+    slots = np.memmap(tmp_path / "key" / "table", dtype="<u8", mode="r+", offset=HEADER).reshape(-1, 2)
+    used = np.flatnonzero(slots[:, 0])
+    offsets = slots[used, 1].copy()
+    slots[used[:50], 1] = np.uint64(1 << 40)  # past the tail
+    slots[used[50:100], 1] = offsets[50:100] + np.uint64(4)  # unaligned
+    slots[used[100:150], 1] = np.roll(offsets[100:150], 1)  # another record's entry
+    slots.flush()
+    del slots
+    served = _served(_open(tmp_path), records)  # asserts every served chunk is the record's own bytes
+    assert served.sum() == 50  # the 50 slots left alone
+
+
+def test_a_forgotten_entry_is_a_miss_and_can_be_written_again(tmp_path):
+    cache = _open(tmp_path)
+    records = np.arange(20)
+    cache.admit(records, _chunks(records))
+    cache.forget(records[:5])
+    assert _served(cache, records).tolist() == [False] * 5 + [True] * 15
+    assert cache.admit(records[:5], _chunks(records[:5])) == 5 and _served(cache, records).all()
+
+
+_WRITER = """
+import sys
+import numpy as np
+from loader.disk_cache import DiskCache
+cache = DiskCache.open(sys.argv[1], "key", capacity=1 << 18, mean_chunk=80, records=100_000)
+start = int(sys.argv[2])
+for first in range(start, start + 40_000, 500):
+    records = np.arange(first, first + 500)
+    cache.admit(records, [bytes([int(r) % 251]) * (40 + int(r) % 90) for r in records])
+print(cache.admitted)
+"""
+
+
+def test_processes_writing_at_once_share_the_bound_and_lose_no_entry(tmp_path):
+    writers = [subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), str(start)], stdout=subprocess.PIPE,
+                                text=True) for start in (0, 40_000)]
+    admitted = [int(w.communicate(timeout=120)[0]) for w in writers]
+    assert all(w.returncode == 0 for w in writers)
+    cache = DiskCache.open(str(tmp_path), "key", capacity=1 << 18, mean_chunk=80, records=100_000)
+    served = _served(cache, np.arange(80_000))
+    assert served.sum() == sum(admitted) > 0  # every entry either process wrote is there, and readable
+    assert sum(len(c) + 8 for c in _chunks(np.flatnonzero(served))) <= 1 << 18
+
+
+# ---------------------------------------------------------------- through the loader, on the emulator
+
+
+def _upload(client, bucket, directory, prefix):
+    for f in directory.iterdir():
+        if f.is_file():
+            client.bucket(bucket).blob(f"{prefix}/{f.name}").upload_from_filename(str(f))
+    return f"gs://{bucket}/{prefix}"
+
+
+@pytest.mark.gcs
+def test_a_later_run_reads_what_an_earlier_one_cached_and_requests_nothing(gcs_bucket, converted, tmp_path):
+    bucket, client = gcs_bucket
+    remote = _upload(client, bucket, converted, "disk")
+    options = dict(batch_size=8, seed=5, num_epochs=1, decode=None, cache_dir=str(tmp_path), cache_bytes=1 << 20)
+    local = list(loader.load(str(converted), **{k: v for k, v in options.items() if not k.startswith("cache")}))
+    first = loader.load(remote, worker_count=2, **options)  # the workers' downloads land in the shared cache
+    assert list(first) == local
+    later = loader.load(remote, **options)  # a new run: a new reader in a new process would open the same files
+    assert list(later) == local
+    spans = later._reader._remote_reader
+    assert spans.requests == 0 and spans.records == len(local) * 8 and spans._disk.hits == spans.records
+
+
+@pytest.mark.gcs
+def test_a_bucket_larger_than_the_disk_cache_gives_the_local_batches_within_the_bound(gcs_bucket, converted,
+                                                                                        tmp_path):
+    bucket, client = gcs_bucket
+    remote = _upload(client, bucket, converted, "small-disk")
+    options = dict(batch_size=8, seed=5, num_epochs=2, decode=None)
+    local = list(loader.load(str(converted), **options))
+    cached = loader.load(remote, cache_dir=str(tmp_path), cache_bytes=1 << 13, **options)
+    assert list(cached) == local
+    disk = cached._reader._remote_reader._disk
+    assert disk.admitted > 0 and disk.refused > 0 and disk.hits > 0
+    assert int(disk._header[4]) <= 1 << 13 and os.stat(os.path.join(disk.path, "data")).st_blocks * 512 <= 3 << 12
+
+
+@pytest.mark.gcs
+def test_chunks_damaged_on_disk_are_read_again_and_rewritten(gcs_bucket, converted, all_records, tmp_path, caplog):
+    """check_hashes=False does not reach the cache: what the disk gives back is checked (a crash of the host can
+    leave entries whose bytes never reached it), read from gs:// again when it fails, and written again."""
+    bucket, client = gcs_bucket
+    source = resolve(_upload(client, bucket, converted, "damaged"))
+    reader = BatchReader(source, cache_dir=str(tmp_path), cache_bytes=1 << 20, check_hashes=False)
+    everything = np.arange(len(all_records))
+    assert reader(everything) == all_records
+    path = reader._remote_reader._disk.path
+    slots = np.fromfile(os.path.join(path, "table"), dtype="<u8", offset=HEADER).reshape(-1, 2)
+    with open(os.path.join(path, "data"), "r+b") as f:  # a byte of each chunk's data, past its tag and header
+        for offset in slots[slots[:, 0] != 0, 1].tolist():
+            f.seek(offset + 8 + 41)
+            f.write(b"\xa5")
+    again = BatchReader(source, cache_dir=str(tmp_path), cache_bytes=1 << 20, check_hashes=False)
+    with caplog.at_level(logging.WARNING, logger="loader.reader"):
+        assert again(everything) == all_records
+    assert "fail their checks; reading them from gs:// again" in caplog.text
+    spans = again._remote_reader
+    assert 0 < spans.requests
+    caplog.clear()
+    third = BatchReader(source, cache_dir=str(tmp_path), cache_bytes=1 << 20, check_hashes=False)
+    with caplog.at_level(logging.WARNING, logger="loader.reader"):
+        assert third(everything) == all_records
+    assert third._remote_reader.requests == 0 and "fail their checks" not in caplog.text  # rewritten
