@@ -89,6 +89,10 @@ class TrainConfig:
     data_workers: int | str = 0
     data_ray_address: str | None = None  # run the data_workers as Ray actors on this Ray cluster (docs/ray-workers.md)
     data_ray_resource: str | None = None  # with data_ray_address: a custom resource (1 an actor) that places them
+    # gs:// data: keep up to data_cache_bytes of its chunks, in memory, or on local disk in data_cache_dir (shared by
+    # this host's processes, kept for the next run: docs/loading.md)
+    data_cache_bytes: int = 0
+    data_cache_dir: str | None = None
     allow_incomplete: bool = False  # train on the shards that converted when a conversion's manifest lists failures
     # 0: stream batches from the loader. N > 0: read N batches once, keep them on the devices and cycle
     # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.
@@ -140,6 +144,9 @@ class TrainConfig:
         if isinstance(self.data_workers, str) and self.data_workers != "auto":
             raise ValueError(f"data_workers must be a number of worker processes or auto (got "
                              f"data_workers={self.data_workers})")
+        if self.data_cache_dir is not None and self.data_cache_bytes < 4096:
+            raise ValueError(f"data_cache_dir={self.data_cache_dir} keeps chunks on disk up to data_cache_bytes: pass "
+                             f"data_cache_bytes= (the most disk to use; got {self.data_cache_bytes})")
         if self.data_workers == "auto" and self.data_ray_address is not None:
             raise ValueError(f"data_workers=auto tunes this host's workers; with data_ray_address="
                              f"{self.data_ray_address} pass the number of Ray actors (data_workers=N)")

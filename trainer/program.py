@@ -89,6 +89,7 @@ class Program:
                      {"features": self.task.features, "map_fn": _preprocess(self.task)})
         options = dict(batch_size=c.batch_size, seed=c.seed, split=self.train_split, worker_count=c.data_workers,
                        allow_incomplete=c.allow_incomplete, ray_address=c.data_ray_address,
+                       cache_bytes=c.data_cache_bytes, cache_dir=c.data_cache_dir,
                        ray_resources={c.data_ray_resource: 1} if c.data_ray_resource else None, **task_args)
         if isinstance(c.data_source, dict):  # TFDS components default to their train split
             options.update(split=c.split, weights=c.data_weights)

@@ -4,6 +4,7 @@ import json
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -286,3 +287,26 @@ def test_data_workers_auto_from_the_command_line():
     with pytest.raises(ValueError, match="data_workers=auto tunes this host's workers; with data_ray_address=auto "
                                          r"pass the number of Ray actors \(data_workers=N\)"):
         TrainConfig(data="x", workdir="w", data_workers="auto", data_ray_address="auto")
+
+
+@pytest.mark.gcs
+def test_gs_data_is_cached_on_local_disk_with_data_cache_dir(gcs_bucket, digits, tmp_path):
+    """data_cache_dir= and data_cache_bytes= reach the loader: a second pass over gs:// data requests nothing."""
+    from trainer.config import TrainConfig
+    from trainer.program import Program
+
+    bucket, client = gcs_bucket
+    for f in Path(digits["train"]).iterdir():
+        if f.is_file():
+            client.bucket(bucket).blob(f"digits/{f.name}").upload_from_filename(str(f))
+    with pytest.raises(ValueError, match="data_cache_dir=c keeps chunks on disk up to data_cache_bytes: pass "
+                                         "data_cache_bytes="):
+        TrainConfig.from_args([f"data=gs://{bucket}/digits", "workdir=w", "data_cache_dir=c"])
+    config = TrainConfig.from_args([f"data=gs://{bucket}/digits", f"workdir={tmp_path / 'w'}",
+                                    f"data_cache_dir={tmp_path / 'cache'}", "data_cache_bytes=67108864",
+                                    "num_classes=10"])
+    program = Program.build(config)
+    first = [b["label"].tolist() for b in program.load_train(num_epochs=1)]
+    again = program.load_train(num_epochs=1)
+    assert [b["label"].tolist() for b in again] == first and len(first) > 1
+    assert again._reader._remote_reader.requests == 0 and again._reader._remote_reader._disk.hits > 0
