@@ -191,3 +191,38 @@ def test_chunks_damaged_on_disk_are_read_again_and_rewritten(gcs_bucket, convert
     with caplog.at_level(logging.WARNING, logger="loader.reader"):
         assert third(everything) == all_records
     assert third._remote_reader.requests == 0 and "fail their checks" not in caplog.text  # rewritten
+
+
+def test_random_damage_to_either_file_gives_misses_or_the_records_own_entry(tmp_path):
+    """200 damaged caches (bytes of the table's header or slots, or of the data, set at random): each opens (or is
+    made again) and serves each chunk from its own entry or not at all; none crashes, hangs or serves another
+    record's entry. (Damaged bytes within an entry are the reader's to catch: riegeli's hashes, checked on
+    everything read from the disk, then a download: test_chunks_damaged_on_disk_are_read_again_and_rewritten.)"""
+    records = np.arange(0, 1200, 3)
+    _open(tmp_path).admit(records, _chunks(records))
+    pristine = {name: (tmp_path / "key" / name).read_bytes() for name in ("table", "data")}
+    slots = np.frombuffer(pristine["table"], dtype="<u8", offset=HEADER).reshape(-1, 2)
+    entry = {int(key) - 1: int(offset) for key, offset in slots[slots[:, 0] != 0].tolist()}
+    asked = np.arange(1300)
+    lengths = np.array([len(c) for c in _chunks(asked)])
+    rng = np.random.default_rng(7)
+    served = 0
+    for case in range(200):
+        (tmp_path / "key").mkdir(exist_ok=True)
+        damaged = case % 2
+        for name, content in pristine.items():
+            content = bytearray(content)
+            if name == ("table", "data")[damaged]:
+                span = HEADER + 16 * 1024 if name == "table" else 40_000  # where damage can matter
+                for at in rng.integers(0, span, int(rng.integers(1, 64))):
+                    content[at] = int(rng.integers(0, 256))
+            (tmp_path / "key" / name).write_bytes(content)
+        data = (tmp_path / "key" / "data").read_bytes()
+        cache = _open(tmp_path)
+        for record, view in zip(asked.tolist(), cache.lookup(asked, lengths)):
+            if view is not None:
+                at = entry[record] + 8
+                assert bytes(view) == data[at:at + lengths[record]], (case, record)
+                served += 1
+        cache.close()
+    assert served > 200 * len(records) // 4  # damage is sparse: most entries stay served
