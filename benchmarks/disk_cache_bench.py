@@ -10,8 +10,8 @@ held `--latency-ms`, `--mbps` shared among answers; 8 shards of random records, 
 each record size, each contender reads `--epochs` shuffled epochs with one loader (`loader.load(..., seed=0,
 decode=None, num_epochs=E)`), then a new loader reads one epoch, as a job restarted on the same host (or a second
 job beside it) would. The caches hold `--cache-share` of the dataset's bytes; the anchor is the same loader on the
-shards staged on local disk. Reported: records/s, the bytes the link sent / the bytes of the records served, and
-the disk the cache took.
+shards staged on local disk. Reported: records/s, GET requests, the bytes the link sent / the bytes of the records
+served, and the disk the cache took.
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ def run(args, root: Path, front: gcs_read_bench.Front) -> None:
     client.create_bucket("bench")
     print(f"link: {args.latency_ms:g} ms a request, {args.mbps:g} MB/s; caches of {args.cache_share:.0%} of the "
           f"dataset; {args.epochs} epochs, then a restarted job's first epoch; {os.cpu_count()} cores")
-    print("| records | reader | epochs | records/s | vs staged | link bytes / bytes served | cache on disk, MB |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    print("| records | reader | epochs | records/s | vs staged | requests | link bytes / bytes served | "
+          "cache on disk, MB |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for kb in (float(k) for k in args.record_kb.split(",")):
         size = int(kb * 1000)
         local = root / f"kb-{kb:g}"
@@ -93,7 +94,7 @@ def run(args, root: Path, front: gcs_read_bench.Front) -> None:
         records, seconds, _ = read(str(local / "*.array_record"), args.epochs, options)
         staged = records / seconds
         print(f"| {kb:g} KB x {records // args.epochs:,} | staged on local disk | 1-{args.epochs} | {staged:,.0f} | "
-              "1.00x | | |", flush=True)
+              "1.00x | | | |", flush=True)
         pattern = f"gs://bench/kb-{kb:g}/*.array_record"
         for name, cache_options in (("gs://, no cache", {}), ("gs://, memory cache", {"cache_bytes": cache}),
                                     ("gs://, disk cache", {"cache_bytes": cache,
@@ -102,14 +103,15 @@ def run(args, root: Path, front: gcs_read_bench.Front) -> None:
                 front.quiet()
                 front.call("reset", {})
                 records, seconds, ours = read(pattern, epochs, {**options, **cache_options})
-                sent = front.quiet()["bytes_out"]
+                stats = front.quiet()
                 served = ours._reader._remote_reader.served
                 disk = ""
                 if "cache_dir" in cache_options:
                     data = Path(ours._reader._remote_reader._disk.path) / "data"
                     disk = f"{data.stat().st_blocks * 512 / 1e6:,.1f}"
                 print(f"| {kb:g} KB x {records // epochs:,} | {name} | {label} | {records / seconds:,.0f} | "
-                      f"{records / seconds / staged:.2f}x | {sent / max(1, served):.2f}x | {disk} |", flush=True)
+                      f"{records / seconds / staged:.2f}x | {stats['gets']:,} | "
+                      f"{stats['bytes_out'] / max(1, served):.2f}x | {disk} |", flush=True)
                 del ours
 
 

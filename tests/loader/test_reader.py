@@ -408,3 +408,22 @@ def test_a_cache_half_the_datasets_size_serves_half_of_every_later_shuffled_epoc
             assert reader(group) == [all_records[i] for i in group]
         downloaded.append(spans.downloaded)
     assert downloaded[1] <= 0.65 * downloaded[0] and downloaded[2] <= 0.65 * downloaded[0], downloaded
+
+
+@pytest.mark.gcs
+def test_a_cache_never_adds_requests_and_downloads_at_most_half_again_what_a_read_serves(gcs_bucket, converted,
+                                                                                        all_records):
+    """Every other chunk cached: the rest are read in the requests a read without a cache makes (cut to what is
+    missing), not in more (planned over the missing chunks alone, the cached ones widened the gaps between them)."""
+    bucket, client = gcs_bucket
+    source = resolve(_upload(client, bucket, converted, prefix="alternate"))
+    everything = np.arange(len(all_records))
+    bare = BatchReader(source)
+    assert bare(everything) == all_records
+    cached = BatchReader(source, cache_bytes=64 << 20)
+    assert cached(everything[::2]) == all_records[::2]
+    spans = cached._remote_reader
+    spans.requests = spans.downloaded = spans.served = 0
+    assert cached(everything) == all_records
+    assert 0 < spans.requests <= bare._remote_reader.requests
+    assert spans.downloaded <= 1.5 * spans.served and spans.downloaded <= bare._remote_reader.downloaded
