@@ -7,13 +7,16 @@ The loader reads every record once an epoch, each epoch in a new permutation (lo
 record is one chunk of its shard (group_size 1). A cache of K of the N chunks' bytes is measured over `--epochs`
 epochs by the chunks it serves (hits) in each epoch after the first, for three policies on the same permutations:
 
-- ours: the fixed set (loader/reader.py `_ChunkCache`): the first K chunks read are kept, none evicted;
+- ours, fixed set (loader/reader.py `_ChunkCache`, what one host uses): the first K chunks read, none evicted;
+- ours, planned (loader/planned_cache.py, what each of several hosts uses): the chunks this host reads again
+  soonest, by the plan's next reads (`BatchPlan.next_reads`, up to 2 epochs a host ahead), read group by read
+  group (32 an epoch) as the loader calls it;
 - least recently used: what a general-purpose cache (a page cache, gcsfuse's file cache) does;
 - Belady: on a miss, evict the chunk whose next read is furthest in the future. It reads the whole plan ahead, as
   only the loader can (its plan is a pure function of the seed), and is optimal: no policy serves more hits.
 
-`--hosts N`: host 0 of N, which reads 1/N of each epoch (a cache holds chunks of the whole dataset: a record read
-on this host is read on another in the next epoch, most likely).
+`--hosts N`: host 0 of N, which reads its rows of each global batch (256 a batch), 1/N of each epoch (a record
+read on this host is read on another in the next epoch, most likely).
 
 Reported: each policy's share of each later epoch served from the cache, and ours over Belady's.
 Results: docs/benchmarks.md.
@@ -27,15 +30,40 @@ import heapq
 
 import numpy as np
 
-from loader.permutation import Permutation
+from loader.batches import BatchPlan
+from loader.planned_cache import PlannedCache
 
 NEVER = np.iinfo(np.int64).max
+ROWS = 256  # a host's rows of each global batch
+GROUPS = 32  # read groups an epoch (a dataset much larger than a group, records_per_read=32768, as in use)
 
 
-def reads(chunks: int, epochs: int, seed: int, hosts: int = 1) -> np.ndarray:
-    """The chunks in the order host 0 of `hosts` reads them: epoch e is the permutation of (seed, e), of which each
-    host reads every `hosts`-th position (its rows of each global batch)."""
-    return np.concatenate([Permutation(chunks, seed, e)(np.arange(0, chunks, hosts)) for e in range(epochs)])
+def plan_of(chunks: int, epochs: int, seed: int, hosts: int) -> BatchPlan:
+    return BatchPlan(chunks, ROWS * hosts, seed, num_epochs=epochs, shard_index=0, shard_count=hosts)
+
+
+def reads(plan: BatchPlan) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, chunks): host 0's reads in order."""
+    positions = np.concatenate(plan.host_positions_range(0, plan.num_batches))
+    return positions, plan.indices_at(positions)
+
+
+def planned(plan: BatchPlan, capacity: int) -> np.ndarray:
+    """The loader's planned cache, called read group by read group as loader/pipeline.py calls it."""
+    from loader.pipeline import PLAN_HORIZON, PLAN_SLACK_GROUPS
+
+    positions, order = reads(plan)
+    cache = PlannedCache(capacity)  # each chunk 1 byte: capacity counts chunks
+    horizon = min(2 * plan.shard_count, PLAN_HORIZON)
+    hit = np.zeros(len(order), dtype=bool)
+    size = max(ROWS, len(order) // plan.num_epochs // GROUPS)
+    for at in range(0, len(order), size):
+        group, where = order[at:at + size], positions[at:at + size]
+        hit[at:at + len(group)] = [cache.get(c) is not None for c in group.tolist()]
+        first, last = int(where.min()), int(where.max())
+        cache.keep(group.tolist(), plan.next_reads(where, group, horizon), [b"x"] * len(group),
+                   first - PLAN_SLACK_GROUPS * (last - first + 1))
+    return hit
 
 
 def next_reads(order: np.ndarray) -> np.ndarray:
@@ -101,21 +129,26 @@ def main() -> None:
                    help="hosts sharing the dataset: host 0 reads 1/hosts of it")
     args = p.parse_args()
     for hosts in args.hosts:
-        order = reads(args.chunks, args.epochs, args.seed, hosts)
-        per_epoch = len(order) // args.epochs
-        print(f"\n{args.chunks:,} chunks, {args.epochs} epochs, host 0 of {hosts} ({per_epoch:,} reads an epoch); the "
-              "share of host 0's reads in each epoch after the first served from its cache:")
-        print("| cache / dataset | ours (fixed set) | least recently used | Belady (optimal) | ours / Belady |")
-        print("| ---: | ---: | ---: | ---: | ---: |")
+        plan = plan_of(args.chunks, args.epochs, args.seed, hosts)
+        positions, order = reads(plan)
+        epoch = positions // args.chunks
+        print(f"\n{args.chunks:,} chunks, {args.epochs} epochs, host 0 of {hosts} (~{len(order) // args.epochs:,} reads "
+              "an epoch); the share of host 0's reads in each epoch after the first served from its cache:")
+        print("| cache / dataset | ours, fixed set | ours, planned | least recently used | Belady (optimal) | "
+              "ours / Belady |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: |")
         for share in args.shares:
             capacity = int(share * args.chunks)
             served = {}
-            for name, policy in (("ours", fixed_set), ("lru", least_recently_used), ("belady", belady)):
-                hit = policy(order, capacity).reshape(args.epochs, per_epoch)[1:]
-                served[name] = hit.mean(axis=1)
-            line = " | ".join(", ".join(f"{v:.3f}" for v in served[n]) for n in ("ours", "lru", "belady"))
-            ratio = served["ours"].sum() / max(served["belady"].sum(), 1e-12)
-            print(f"| {share:.2f} | {line} | {ratio:.2f}x |", flush=True)
+            for name, policy in (("fixed", lambda: fixed_set(order, capacity)),
+                                 ("planned", lambda: planned(plan, capacity)),
+                                 ("lru", lambda: least_recently_used(order, capacity)),
+                                 ("belady", lambda: belady(order, capacity))):
+                hit = policy()
+                served[name] = np.array([hit[epoch == e].mean() for e in range(1, args.epochs)])
+            line = " | ".join(", ".join(f"{v:.3f}" for v in served[n]) for n in ("fixed", "planned", "lru", "belady"))
+            ours = served["fixed" if hosts == 1 else "planned"]  # what the loader uses on this many hosts
+            print(f"| {share:.2f} | {line} | {ours.sum() / max(served['belady'].sum(), 1e-12):.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import numpy as np
 from loader.permutation import Permutation
 
 FOREVER = 1 << 62  # batches in an endless run: an index grain can hold, never reached
+NEVER = np.iinfo(np.int64).max  # next_reads: not read again on this host within the horizon
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,35 @@ class BatchPlan:
         total = None if self.num_epochs is None else self.num_epochs * self.num_records
         return host_rows(first_batch, end_batch, self.batch_size, self.shard_index, self.shard_count,
                          self.num_batches, total)
+
+    def next_reads(self, positions: np.ndarray, records: np.ndarray, horizon: int) -> np.ndarray:
+        """For the record read at each stream position, the position of its next read by this host within the
+        `horizon` epochs that follow (loader/planned_cache.py), else NEVER. `records` are `indices_at(positions)`."""
+        n, per_host = self.num_records, self.per_host
+        positions = np.asarray(positions, dtype=np.int64)
+        records = np.asarray(records, dtype=np.int64)
+        out = np.full(len(positions), NEVER, dtype=np.int64)
+        total = None if self.num_epochs is None else self.num_epochs * n
+        pending = np.arange(len(positions))
+        for step in range(1, horizon + 1):
+            epochs = positions[pending] // n + step
+            found = np.zeros(len(pending), dtype=bool)
+            for epoch in np.unique(epochs).tolist():
+                at = np.flatnonzero(epochs == epoch)
+                mine = records[pending[at]]
+                within = self._permutation(epoch).inverse(mine) if self.shuffle else mine
+                then = epoch * n + within
+                here = (then % self.batch_size) // per_host == self.shard_index
+                if total is not None:
+                    here &= then < total
+                if self.drop_remainder:
+                    here &= then < self.num_batches * self.batch_size
+                out[pending[at[here]]] = then[here]
+                found[at[here]] = True
+            pending = pending[~found]
+            if not len(pending):
+                break
+        return out
 
     def record_rngs(self, positions: np.ndarray, indices: np.ndarray) -> list[np.random.Generator]:
         """For `random_map_fn`: a generator per position from (seed, epoch, record) alone; `indices` are

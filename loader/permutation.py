@@ -55,6 +55,14 @@ class Permutation:
                 left, right = right, left ^ (_mix(right ^ key) & self._mask)
         return (left << bits) | right
 
+    def _feistel_inverse(self, x: np.ndarray) -> np.ndarray:
+        bits = np.uint64(self._half_bits)
+        left, right = x >> bits, x & self._mask
+        with np.errstate(over="ignore"):
+            for key in self._keys[::-1]:
+                left, right = right ^ (_mix(left ^ key) & self._mask), left
+        return (left << bits) | right
+
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """Maps positions (ints in [0, n)) to record indices, elementwise."""
         positions = np.asarray(positions, dtype=np.int64)
@@ -65,5 +73,17 @@ class Permutation:
         outside = out >= np.uint64(self.n)
         while outside.any():  # cycle-walk: the domain is < 4n, so a few steps on average
             out[outside] = self._feistel(out[outside])
+            outside = out >= np.uint64(self.n)
+        return out.astype(np.int64)
+
+    def inverse(self, records: np.ndarray) -> np.ndarray:
+        """The position of each record (ints in [0, n)) in this epoch: `inverse(self(p)) == p`."""
+        records = np.asarray(records, dtype=np.int64)
+        if records.size and (records.min() < 0 or records.max() >= self.n):
+            raise IndexError(f"records must be in [0, {self.n})")
+        out = self._feistel_inverse(records.astype(np.uint64))
+        outside = out >= np.uint64(self.n)
+        while outside.any():  # the cycle walked backwards
+            out[outside] = self._feistel_inverse(out[outside])
             outside = out >= np.uint64(self.n)
         return out.astype(np.int64)

@@ -151,6 +151,10 @@ RAMP_GROWTH = 4
 # Records decoded per `decode_batch` call: enough to amortise NumPy's per-call costs, few enough that the
 # joined records stay in cache (in an A/B on 1 KB records, 4096 beat whole 16k-record groups by 5-12%).
 DECODE_RECORDS = 4096
+# A planned cache (multi-host, gs://, cache_bytes= in memory) reads the plan this many epochs ahead at most (2 per
+# host sharing the data: a record comes back to a host every ~host-count epochs).
+PLAN_HORIZON = 16
+PLAN_SLACK_GROUPS = 4  # groups read at once (threads, prefetch): their reads may come in any order
 
 # With a map function, a read group holds at most this many records: its output can be far larger than the records
 # (a 60 KB JPEG becomes a 150 KB 224x224 crop), and the decode, not the read, is the work to spread over threads.
@@ -223,7 +227,16 @@ class _ReadGroup:
         per_batch = np.split(self._plan.indices_at(np.concatenate(positions)),
                              np.cumsum([len(p) for p in positions])[:-1])
         clock.stage("read")
-        records = self._reader(np.concatenate(per_batch))
+        indices = np.concatenate(per_batch)
+        if self._reader.wants_next_reads and isinstance(self._plan, BatchPlan):
+            every = np.concatenate(positions)
+            horizon = min(2 * self._plan.shard_count, PLAN_HORIZON)
+            # what the cache may forget: reads due before this group and the few groups read beside it
+            first, last = (int(every.min()), int(every.max())) if len(every) else (0, 0)
+            records = self._reader(indices, self._plan.next_reads(every, indices, horizon),
+                                   first - PLAN_SLACK_GROUPS * (last - first + 1))
+        else:
+            records = self._reader(indices)
         if self._pack and os.getpid() != self._owner:  # raw records leaving this process: a few arrays
             clock.stage("pack")
             return clock.group(_pack(records, [len(rows) for rows in per_batch]), len(records))
@@ -356,6 +369,8 @@ class Loader:
         self.batches_per_read = max(1, min(records // per_batch, by_bytes))
         # One reader for every iterator of this loader: a restart (set_state, a new epoch loop) keeps its open files.
         self._reader = _reader(self.source, config)
+        if isinstance(self.plan, BatchPlan) and self.plan.shard_count > 1:
+            self._reader.plan_cache()  # a memory cache keeps what this host reads again soonest
         self.num_threads = config.num_threads
 
     def __len__(self) -> int:

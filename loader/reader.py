@@ -29,6 +29,7 @@ from loader import _riegeli, remote
 from loader.arrayrecord import FIRST_CHUNK
 from loader.disk_cache import DiskCache
 from loader.index import RecordIndex, source_key
+from loader.planned_cache import NEVER, PlannedCache
 from loader.source import ShardedSource
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class BatchReader:
         self._cache_bytes = cache_bytes
         self._max_record = max_record_bytes
         self._remote = any(storage.is_remote(p) for p in source.paths)
+        self._planned = False
         self._disk = None
         if cache_dir is not None and self._remote:
             self._disk = {"directory": os.path.expanduser(cache_dir), "key": source_key(source),
@@ -90,18 +92,21 @@ class BatchReader:
         self._open_count = 0
         self._limit = _open_limit()
         self._array_readers: dict[int, object] = {}
-        self._remote_reader = _RemoteSpans(self._paths, self._cache_bytes, self._disk) if self._remote else None
+        self._remote_reader = (_RemoteSpans(self._paths, self._cache_bytes, self._disk, self._planned)
+                               if self._remote else None)
 
     def __getstate__(self):
         return {"paths": self._paths, "starts": self._starts, "total": self._total, "check": self._check,
                 "cache_bytes": self._cache_bytes, "index": self._index, "fallback": self._fallback,
-                "remote": self._remote, "max_record": self._max_record, "ends": self._ends, "disk": self._disk}
+                "remote": self._remote, "max_record": self._max_record, "ends": self._ends, "disk": self._disk,
+                "planned": self._planned}
 
     def __setstate__(self, state):
         self._paths, self._starts, self._total = state["paths"], state["starts"], state["total"]
         self._check, self._cache_bytes, self._index = state["check"], state["cache_bytes"], state["index"]
         self._fallback, self._remote = state["fallback"], state["remote"]
         self._max_record, self._ends, self._disk = state["max_record"], state["ends"], state["disk"]
+        self._planned = state["planned"]
         self._setup()
 
     def __del__(self):
@@ -110,24 +115,40 @@ class BatchReader:
             if fd >= 0:
                 os.close(fd)
 
-    def __call__(self, indices: np.ndarray) -> list[bytes]:
-        """The records at global `indices`, in that order (duplicates allowed)."""
+    @property
+    def wants_next_reads(self) -> bool:
+        """Whether reads should say when this host reads each record next (a planned cache: plan_cache())."""
+        return self._planned and self._remote
+
+    def plan_cache(self) -> None:
+        """Keep, in the memory cache, the chunks this host reads again soonest (loader/planned_cache.py), as each
+        read's `next_reads` say, instead of the first read (for multi-host jobs; before the first read)."""
+        if self._remote and self._cache_bytes and self._disk is None:
+            self._planned = True
+            self._setup()
+
+    def __call__(self, indices: np.ndarray, next_reads: np.ndarray | None = None, now: int = 0) -> list[bytes]:
+        """The records at global `indices`, in that order (duplicates allowed). With a planned cache, `next_reads`
+        gives the stream position of each record's next read on this host, and `now` this read's position."""
         indices = np.asarray(indices, dtype=np.int64)
         order = np.argsort(indices, kind="stable")
         sorted_indices = indices[order]
+        plan = None
+        if next_reads is not None and self._planned:
+            plan = (np.asarray(next_reads, dtype=np.int64)[order], now)
         shards = np.searchsorted(self._starts, sorted_indices, side="right") - 1
         local = sorted_indices - self._starts[shards]
         records = np.empty(len(indices), dtype=object)
         fallback = self._fallback[shards]
         ours = ~fallback
         if ours.all():
-            records[order] = self._read(shards, local)
+            records[order] = self._read(shards, local, plan)
         else:
-            records[order[ours]] = self._read(shards[ours], local[ours])
+            records[order[ours]] = self._read(shards[ours], local[ours], plan and (plan[0][ours], plan[1]))
             records[order[fallback]] = self._read_fallback(shards[fallback], local[fallback])
         return records.tolist()
 
-    def _read(self, shards: np.ndarray, local: np.ndarray) -> list[bytes]:
+    def _read(self, shards: np.ndarray, local: np.ndarray, plan: tuple | None = None) -> list[bytes]:
         if not len(shards):
             return []
         try:
@@ -145,7 +166,7 @@ class BatchReader:
         try:
             if self._remote:
                 return self._remote_reader.read(shards, begins, ends, self._check, self._max_record,
-                                                self._starts[shards] + local)
+                                                self._starts[shards] + local, plan)
             fds, temporary = self._fds_for(shards)
             try:
                 return _riegeli.read(fds, begins, ends, self._check, LOCAL_GAP, self._max_record)
@@ -226,9 +247,11 @@ class _RemoteSpans:
     again): in memory (`cache_bytes`), or on local disk shared by the host's processes and kept across runs
     (`cache_dir`, loader/disk_cache.py)."""
 
-    def __init__(self, paths: tuple[str, ...], cache_bytes: int, disk: dict | None = None):
+    def __init__(self, paths: tuple[str, ...], cache_bytes: int, disk: dict | None = None, planned: bool = False):
         self._paths = paths
-        self._cache = _ChunkCache(cache_bytes) if cache_bytes and disk is None else None
+        self._cache = None
+        if cache_bytes and disk is None:
+            self._cache = PlannedCache(cache_bytes) if planned else _ChunkCache(cache_bytes)
         self._disk_options = disk  # DiskCache.open's arguments: opened on first read, in the process that reads
         self._disk: DiskCache | None = None
         self._disk_lock = threading.Lock()
@@ -244,8 +267,9 @@ class _RemoteSpans:
         return self._disk
 
     def read(self, shards: np.ndarray, begins: np.ndarray, ends: np.ndarray, check: bool, max_record: int,
-             records: np.ndarray) -> list[bytes]:
-        """The records (global numbers `records`) whose chunks are at `begins`..`ends` of `shards`."""
+             records: np.ndarray, plan: tuple[np.ndarray, int] | None = None) -> list[bytes]:
+        """The records (global numbers `records`) whose chunks are at `begins`..`ends` of `shards`. `plan`: (each
+        record's next read on this host, this read's position), for a planned cache."""
         chunk_of = np.empty(len(shards), dtype=np.int64)
         chunks = _riegeli.plan_spans(shards, begins, ends, -1, chunk_of)  # each distinct chunk once, in file order
         with _COUNT_LOCK:
@@ -261,6 +285,11 @@ class _RemoteSpans:
         missing = [i for i, d in enumerate(data) if d is None]
         cached = [i for i, d in enumerate(data) if d is not None] if disk is not None else []
         self._download(chunks, data, missing)
+        if isinstance(self._cache, PlannedCache):
+            due = np.full(len(chunks), -1 if plan is not None else NEVER, dtype=np.int64)
+            if plan is not None:  # a chunk read twice in this read: it comes back after the later read
+                np.maximum.at(due, chunk_of, plan[0])
+            self._cache.keep(chunks, due, data, plan[1] if plan is not None else 0)
         if disk is not None and missing:
             disk.admit(chunk_records[missing], [data[i] for i in missing])
         try:  # what came from the disk is checked whatever check_hashes says: the disk may have lost it
@@ -308,7 +337,7 @@ class _RemoteSpans:
             shard, begin, end = chunks[i]
             at = requests[request_of[j]][1]
             data[i] = got[request_of[j]][begin - at:end - at]
-            if self._cache is not None:
+            if isinstance(self._cache, _ChunkCache):
                 self._cache.put(chunks[i], data[i])
 
 

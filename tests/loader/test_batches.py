@@ -43,3 +43,27 @@ def test_bad_plans_are_named():
         BatchPlan(num_records=10, batch_size=4, shard_index=2, shard_count=2)
     with pytest.raises(ValueError, match="num_epochs must be"):
         BatchPlan(num_records=10, batch_size=4, num_epochs=0)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_next_reads_are_this_hosts_next_read_of_each_record(shuffle):
+    """Against the host's own stream read forward: the next position of the same record, within the horizon."""
+    from loader.batches import NEVER
+
+    for host in range(4):
+        plan = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=6, shard_index=host, shard_count=4)
+        positions = np.concatenate(plan.host_positions_range(0, plan.num_batches))
+        records = plan.indices_at(positions)
+        expected, seen = np.full(len(positions), NEVER), {}
+        for t in range(len(positions) - 1, -1, -1):
+            later = seen.get(int(records[t]))
+            if later is not None and later // 1000 - positions[t] // 1000 <= 3:
+                expected[t] = later
+            seen[int(records[t])] = int(positions[t])
+        assert np.array_equal(plan.next_reads(positions, records, horizon=3), expected)
+    plan = BatchPlan(10, 4, seed=0, num_epochs=4, shard_index=0, shard_count=2)
+    positions = np.concatenate(plan.host_positions_range(0, 2))
+    assert plan.indices_at(positions).tolist() == [7, 4, 5, 3]  # host 0's rows: positions p with p % 4 in {0, 1}
+    # epoch 1 is [7, 0, 1, 6, 2, 5, 3, 8, 4, 9], epoch 2 [8, 1, 5, 3, 9, 0, 7, 2, 6, 4]: 4 comes back to host 0 at 29
+    # (20 + 9), 3 at 16 (10 + 6); 7 (at 10 and 26) and 5 (at 15 and 22) go to host 1
+    assert plan.next_reads(positions, plan.indices_at(positions), 2).tolist() == [NEVER, 29, NEVER, 16]

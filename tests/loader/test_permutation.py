@@ -39,3 +39,15 @@ def test_bad_arguments():
         Permutation(0, 0, 0)
     with pytest.raises(IndexError):
         Permutation(5, 0, 0)(np.array([5]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 69, 4097, 1_000_003])
+def test_inverse_gives_each_records_position(n):
+    p = Permutation(n, seed=3, epoch=2)
+    positions = np.arange(n)
+    assert np.array_equal(p.inverse(p(positions)), positions)
+    assert np.array_equal(p(p.inverse(positions)), positions)
+    # record r is at position inverse(r) of epoch 0, seed 0: [7, 4, 2, 1, 5, 3, 9, 8, 0, 6] above
+    assert Permutation(10, seed=0, epoch=0).inverse(np.arange(10)).tolist() == [8, 3, 2, 5, 1, 4, 9, 0, 7, 6]
+    with pytest.raises(IndexError):
+        p.inverse(np.array([n]))
