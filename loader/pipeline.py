@@ -496,7 +496,9 @@ class LoaderIterator(Iterator):
 
     def worker_setting(self) -> str:
         """Where groups are computed now: "threads here", "2 worker processes", ... (worker_count="auto" changes
-        it as it measures)."""
+        it as it measures); "closed" once the iterator is (until set_state)."""
+        if getattr(self._host, "_groups", False) is None:
+            return "closed"
         groups = getattr(self._host, "_groups", None)
         if hasattr(groups, "setting"):
             return str(groups.setting())

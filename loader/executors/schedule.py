@@ -213,6 +213,7 @@ class Scheduled(abc.ABC):
             if not worker.retiring:
                 self._started += 1
                 self._workers.append(self._start(self._started))
+                self._replaced(worker, self._workers[-1])
             log.warning("loader %s ended before it started (%s); starting another", worker.label(), how)
             return
         for g in lost:
@@ -228,9 +229,13 @@ class Scheduled(abc.ABC):
         else:
             self._started += 1
             self._workers[index] = self._start(self._started)
+            self._replaced(worker, self._workers[index])
         self._again.extend(lost)
         log.warning("loader %s ended (%s) with %d group(s) in progress; %s", worker.label(), how, len(lost),
                     "another computes them again" if lost else "started another")
+
+    def _replaced(self, worker: Worker, new: Worker) -> None:
+        """`new` was started in place of `worker`, which ended (an executor that tracks its workers overrides this)."""
 
     def _cannot_start(self, how: str) -> None:
         """MAX_DEATHS workers ended before they started: an error (an executor that can go on without them

@@ -101,6 +101,7 @@ class _TunedGroups(_Groups):
         self._fn = fn
         self._era: dict[int, int] = {}  # group -> the tuner's era when it was sent
         self._starting: set[int] = set()  # ids of workers started for the new setting, not yet answered
+        self._replacing = False  # _replace is replacing a worker of _starting
         self._rescuers: set[int] = set()  # ids of processes started for groups a worker died with (see _dispatch)
         self._no_processes = False  # worker processes could not start: threads here only
         cores = spec.cores or loader_cores()
@@ -151,7 +152,19 @@ class _TunedGroups(_Groups):
             super()._stop(worker)
         else:
             worker.stop()
-        self._answered(worker)
+        if self._replacing:  # the setting waits for the one started in its place (_replaced)
+            self._starting.discard(id(worker))
+        else:
+            self._answered(worker)
+
+    def _replace(self, worker, how: str) -> None:
+        self._replacing = id(worker) in self._starting
+        try:
+            super()._replace(worker, how)
+        finally:
+            if self._replacing and not self._starting:  # none started in its place
+                self.tuner.ready()
+            self._replacing = False
 
     # --- the setting ---------------------------------------------------------------------------
     def setting(self) -> Setting:
@@ -193,6 +206,12 @@ class _TunedGroups(_Groups):
             self._starting.discard(id(worker))
             if not self._starting:
                 self.tuner.ready()
+
+    def _replaced(self, worker, new) -> None:
+        """A worker the new setting waits for ended: the setting waits for the one started in its place (else a
+        measuring window opened before it answered and read low)."""
+        if self._replacing:
+            self._starting.add(id(new))
 
     def _cannot_start(self, how: str) -> None:
         """Worker processes cannot start here (an unguarded script, a function not importable in a worker): this

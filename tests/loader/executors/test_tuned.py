@@ -61,6 +61,7 @@ def test_auto_resumes_and_resizes_like_fixed_workers(converted, quick_tuner):
     got = got[:30] + _rows(it)
     assert got == expected
     it.close()
+    assert it.worker_setting() == "closed"
 
 
 def test_stage_times_name_the_stage_that_bounds_the_rate(converted):
@@ -174,3 +175,21 @@ def test_auto_goes_on_on_threads_when_worker_processes_cannot_start(caplog):
     assert groups.setting() == tuning.Setting(True, 0)
     assert caplog.text.count("ended before it started") == 2
     assert "so worker_count='auto' reads on this process's threads only" in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_a_setting_waits_for_the_worker_started_in_place_of_one_that_ended_before_it_answered():
+    """Else the setting's measuring window opens before the new worker answers, and its rate reads low."""
+    from loader.executors.tuned import Tuned
+
+    groups = Tuned(per_worker=2).map(_where, 6)
+    groups._tuning = False
+    groups.apply(tuning.Setting(False, 1))
+    (first,) = [w for w in groups._workers if w.isolated]
+    assert not first.ready and groups._starting == {id(first)}  # spawning takes ~1 s
+    groups._replace(first, "killed for the test")
+    (second,) = [w for w in groups._workers if w.isolated]
+    assert second is not first and groups._starting == {id(second)}
+    assert [g for g, _ in groups] == list(range(6))
+    assert groups._starting == set()
+    groups.close()
