@@ -149,6 +149,9 @@ def test_a_later_run_reads_what_an_earlier_one_cached_and_requests_nothing(gcs_b
     assert list(later) == local
     spans = later._reader._remote_reader
     assert spans.requests == 0 and spans.records == len(local) * 8 and spans._disk.hits == spans.records
+    source = loader.DataSource(remote, cache_dir=str(tmp_path), cache_bytes=1 << 20)  # grain's protocol, the same
+    assert source.__getitems__(list(range(len(source)))) == list(loader.DataSource(str(converted)))
+    assert source._reader._remote_reader.requests == 1  # the one record of 257 the batches of 8 left out
 
 
 @pytest.mark.gcs
