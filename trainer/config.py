@@ -89,10 +89,8 @@ class TrainConfig:
     data_workers: int | str = 0
     data_ray_address: str | None = None  # run the data_workers as Ray actors on this Ray cluster (docs/ray-workers.md)
     data_ray_resource: str | None = None  # with data_ray_address: a custom resource (1 an actor) that places them
-    # gs:// data: keep up to data_cache_bytes of its chunks, in memory, or on local disk in data_cache_dir (shared by
-    # this host's processes, kept for the next run: docs/loading.md)
-    data_cache_bytes: int = 0
-    data_cache_dir: str | None = None
+    data_cache_bytes: int = 0  # gs:// data: keep up to this many bytes of its chunks, in memory or in data_cache_dir
+    data_cache_dir: str | None = None  # gs:// data: keep the cached chunks on this local disk (docs/staging.md)
     allow_incomplete: bool = False  # train on the shards that converted when a conversion's manifest lists failures
     # 0: stream batches from the loader. N > 0: read N batches once, keep them on the devices and cycle
     # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.
