@@ -51,6 +51,7 @@ def test_two_processes_agree_with_one(digits, tmp_path, launch):
     assert multi_eval["eval_accuracy"] == pytest.approx(single_eval["eval_accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow  # 24 s; the gs:// workdir test (tests/trainer/test_workdir.py) preempts two processes by default
 @pytest.mark.timeout(400)
 def test_sigterm_to_one_process_stops_both_at_one_step_and_resume_matches(digits, tmp_path):
     """A preemption notice that reaches process 1 only: both processes save at the same step and exit
