@@ -95,6 +95,15 @@ def running(config_dir: Path, data_dir: Path | None = None):
         proc.wait(timeout=10)
 
 
+def upload_files(client, bucket: str, directory: Path, prefix: str) -> str:
+    """The files directly in `directory` (a converted dataset: not its converter's .shards/ records) uploaded to
+    gs://bucket/prefix/ through `client`; that URL."""
+    for f in Path(directory).iterdir():
+        if f.is_file():
+            client.bucket(bucket).blob(f"{prefix}/{f.name}").upload_from_filename(str(f))
+    return f"gs://{bucket}/{prefix}"
+
+
 def seed(data_dir: Path, bucket: str, objects: dict[str, bytes | tuple[bytes, dict[str, str]]]) -> None:
     """Adds `objects` ({name: bytes, or (bytes, custom metadata)}) to `bucket` in a stopped emulator's `data_dir`
     directly, their resources made from an object already in the bucket (with each one's own name, size, md5 and

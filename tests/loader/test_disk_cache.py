@@ -15,6 +15,7 @@ import loader
 from loader.disk_cache import HEADER, DiskCache
 from loader.reader import BatchReader
 from loader.source import resolve
+from tests.emulator import upload_files
 
 
 def _chunks(records: np.ndarray) -> list[bytes]:
@@ -130,17 +131,10 @@ def test_processes_writing_at_once_share_the_bound_and_lose_no_entry(tmp_path):
 # ---------------------------------------------------------------- through the loader, on the emulator
 
 
-def _upload(client, bucket, directory, prefix):
-    for f in directory.iterdir():
-        if f.is_file():
-            client.bucket(bucket).blob(f"{prefix}/{f.name}").upload_from_filename(str(f))
-    return f"gs://{bucket}/{prefix}"
-
-
 @pytest.mark.gcs
 def test_a_later_run_reads_what_an_earlier_one_cached_and_requests_nothing(gcs_bucket, converted, tmp_path):
     bucket, client = gcs_bucket
-    remote = _upload(client, bucket, converted, "disk")
+    remote = upload_files(client, bucket, converted, "disk")
     options = dict(batch_size=8, seed=5, num_epochs=1, decode=None, cache_dir=str(tmp_path), cache_bytes=1 << 20)
     local = list(loader.load(str(converted), **{k: v for k, v in options.items() if not k.startswith("cache")}))
     first = loader.load(remote, worker_count=2, **options)  # the workers' downloads land in the shared cache
@@ -158,7 +152,7 @@ def test_a_later_run_reads_what_an_earlier_one_cached_and_requests_nothing(gcs_b
 def test_a_bucket_larger_than_the_disk_cache_gives_the_local_batches_within_the_bound(gcs_bucket, converted,
                                                                                         tmp_path):
     bucket, client = gcs_bucket
-    remote = _upload(client, bucket, converted, "small-disk")
+    remote = upload_files(client, bucket, converted, "small-disk")
     options = dict(batch_size=8, seed=5, num_epochs=2, decode=None)
     local = list(loader.load(str(converted), **options))
     cached = loader.load(remote, cache_dir=str(tmp_path), cache_bytes=1 << 13, **options)
@@ -173,7 +167,7 @@ def test_chunks_damaged_on_disk_are_read_again_and_rewritten(gcs_bucket, convert
     """check_hashes=False does not reach the cache: what the disk gives back is checked (a crash of the host can
     leave entries whose bytes never reached it), read from gs:// again when it fails, and written again."""
     bucket, client = gcs_bucket
-    source = resolve(_upload(client, bucket, converted, "damaged"))
+    source = resolve(upload_files(client, bucket, converted, "damaged"))
     reader = BatchReader(source, cache_dir=str(tmp_path), cache_bytes=1 << 20, check_hashes=False)
     everything = np.arange(len(all_records))
     assert reader(everything) == all_records

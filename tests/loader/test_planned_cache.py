@@ -7,6 +7,7 @@ import pytest
 
 import loader
 from loader.planned_cache import NEVER, PlannedCache
+from tests.emulator import upload_files
 
 
 def test_keeps_the_soonest_read_and_evicts_the_furthest():
@@ -29,20 +30,13 @@ def test_a_chunk_larger_than_the_cache_is_not_kept():
     assert cache.get("big") is None and cache.get("small") == b"y" * 8
 
 
-def _upload(client, bucket, directory, prefix):
-    for f in directory.iterdir():
-        if f.is_file():
-            client.bucket(bucket).blob(f"{prefix}/{f.name}").upload_from_filename(str(f))
-    return f"gs://{bucket}/{prefix}"
-
-
 @pytest.mark.gcs
 def test_one_host_of_four_downloads_less_with_the_planned_cache_and_the_same_batches(gcs_bucket, converted):
     """Host 0 of 4, a memory cache of a quarter of the dataset, 6 epochs: the batches are the local loader's, and
     the planned cache (what this host reads again soonest) downloads less than the fixed set (the first read). Read
     groups of 16 records: an epoch is many groups, as on a real dataset."""
     bucket, client = gcs_bucket
-    remote = _upload(client, bucket, converted, "planned")
+    remote = upload_files(client, bucket, converted, "planned")
     options = dict(batch_size=8, seed=5, num_epochs=6, decode=None, shard_index=0, shard_count=4, records_per_read=16)
     local = list(loader.load(str(converted), **options))
     whole = loader.load(remote, **options)

@@ -16,6 +16,7 @@ from loader.arrayrecord import BLOCK_SIZE, read_footer
 from loader.index import RecordIndex
 from loader.reader import BatchReader
 from loader.source import resolve
+from tests.emulator import upload_files
 
 CODECS = ["snappy", "zstd:1", "zstd:3", "uncompressed"]
 
@@ -287,13 +288,6 @@ def test_files_this_reader_does_not_decode_go_to_arrayrecord_with_a_log_line(tmp
 # ---------------------------------------------------------------- gs://
 
 
-def _upload(client, bucket, directory, prefix="ds"):
-    for f in directory.iterdir():
-        if f.is_file():  # the dataset; not the converter's own .shards/ records
-            client.bucket(bucket).blob(f"{prefix}/{f.name}").upload_from_filename(str(f))
-    return f"gs://{bucket}/{prefix}"
-
-
 @pytest.mark.gcs
 def test_remote_reads_merge_near_chunks_and_download_at_most_half_again_what_they_serve(faulty_gcs, gcs_bucket,
                                                                                      converted, all_records):
@@ -301,7 +295,7 @@ def test_remote_reads_merge_near_chunks_and_download_at_most_half_again_what_the
     chunks whose gaps stay within the budget, never more than 1.5x the bytes of the chunks served (a merge by gap
     alone read whole shards)."""
     bucket, front = faulty_gcs
-    remote = _upload(gcs_bucket[1], bucket, converted)
+    remote = upload_files(gcs_bucket[1], bucket, converted, "ds")
     reader = BatchReader(resolve(remote))
     front.seen.clear()
     assert reader(np.arange(37, 37 + 101)[::-1]) == all_records[37:138][::-1]  # all of shard 2
@@ -324,7 +318,7 @@ def test_remote_reads_merge_near_chunks_and_download_at_most_half_again_what_the
 @pytest.mark.gcs
 def test_a_bucket_larger_than_the_cache_gives_the_local_batches_for_two_epochs(gcs_bucket, converted):
     bucket, client = gcs_bucket
-    remote = _upload(client, bucket, converted)
+    remote = upload_files(client, bucket, converted, "ds")
     options = dict(batch_size=8, seed=5, num_epochs=2, decode=None)
     local = list(loader.load(str(converted), **options))
     cached = loader.load(remote, cache_bytes=1 << 15, **options)  # 32 KiB of chunks: smaller than the 5 shards
@@ -366,7 +360,7 @@ def test_a_process_exits_promptly_while_its_remote_reads_wait_to_retry(faulty_gc
     import sys
 
     bucket, front = faulty_gcs
-    remote = _upload(gcs_bucket[1], bucket, converted)
+    remote = upload_files(gcs_bucket[1], bucket, converted, "ds")
     proc = subprocess.Popen([sys.executable, "-c", _EXIT_WHILE_RETRYING, remote], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **gcs_emulator})
@@ -392,7 +386,7 @@ def test_a_cache_half_the_datasets_size_serves_half_of_every_later_shuffled_epoc
     every epoch after the first (a least-recently-used cache saved 15-20%: what it keeps, the chunks read last, the
     next epoch reaches at random times, after most were evicted)."""
     bucket, client = gcs_bucket
-    reader = BatchReader(resolve(_upload(client, bucket, converted, prefix="half")))
+    reader = BatchReader(resolve(upload_files(client, bucket, converted, "half")))
     everything = np.arange(len(all_records))
     shards = np.searchsorted(reader._starts, everything, side="right") - 1
     begins, ends = reader._index.locate(shards, everything - reader._starts[shards])
@@ -416,7 +410,7 @@ def test_a_cache_never_adds_requests_and_downloads_at_most_half_again_what_a_rea
     """Every other chunk cached: the rest are read in the requests a read without a cache makes (cut to what is
     missing), not in more (planned over the missing chunks alone, the cached ones widened the gaps between them)."""
     bucket, client = gcs_bucket
-    source = resolve(_upload(client, bucket, converted, prefix="alternate"))
+    source = resolve(upload_files(client, bucket, converted, "alternate"))
     everything = np.arange(len(all_records))
     bare = BatchReader(source)
     assert bare(everything) == all_records
