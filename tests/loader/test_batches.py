@@ -61,6 +61,11 @@ def test_next_reads_are_this_hosts_next_read_of_each_record(shuffle):
                 expected[t] = later
             seen[int(records[t])] = int(positions[t])
         assert np.array_equal(plan.next_reads(positions, records, horizon=3), expected)
+    endless = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=None, shard_index=1, shard_count=4)
+    bounded = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=9, shard_index=1, shard_count=4)
+    positions = np.concatenate(endless.host_positions_range(0, 25))  # epoch 0: its next reads lie in epochs 1-3
+    records = endless.indices_at(positions)
+    assert np.array_equal(endless.next_reads(positions, records, 3), bounded.next_reads(positions, records, 3))
     plan = BatchPlan(10, 4, seed=0, num_epochs=4, shard_index=0, shard_count=2)
     positions = np.concatenate(plan.host_positions_range(0, 2))
     assert plan.indices_at(positions).tolist() == [7, 4, 5, 3]  # host 0's rows: positions p with p % 4 in {0, 1}
