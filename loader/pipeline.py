@@ -228,7 +228,7 @@ class _ReadGroup:
                              np.cumsum([len(p) for p in positions])[:-1])
         clock.stage("read")
         indices = np.concatenate(per_batch)
-        if self._reader.wants_next_reads and isinstance(self._plan, BatchPlan):
+        if self._reader.wants_next_reads:  # a BatchPlan's reader on several hosts (Loader)
             every = np.concatenate(positions)
             horizon = min(2 * self._plan.shard_count, PLAN_HORIZON)
             # what the cache may forget: reads due before this group and the few groups read beside it
@@ -497,9 +497,9 @@ class LoaderIterator(Iterator):
     def worker_setting(self) -> str:
         """Where groups are computed now: "threads here", "2 worker processes", ... (worker_count="auto" changes
         it as it measures); "closed" once the iterator is (until set_state)."""
-        if getattr(self._host, "_groups", False) is None:
+        groups = getattr(self._host, "_groups", False)
+        if groups is None:
             return "closed"
-        groups = getattr(self._host, "_groups", None)
         if hasattr(groups, "setting"):
             return str(groups.setting())
         if not hasattr(groups, "worker_count"):

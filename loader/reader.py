@@ -118,7 +118,7 @@ class BatchReader:
     @property
     def wants_next_reads(self) -> bool:
         """Whether reads should say when this host reads each record next (a planned cache: plan_cache())."""
-        return self._planned and self._remote
+        return self._planned
 
     def plan_cache(self) -> None:
         """Keep, in the memory cache, the chunks this host reads again soonest (loader/planned_cache.py), as each
