@@ -27,7 +27,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ def read_range(path: str, start: int, end: int, *, exact: bool = True) -> bytes:
     return data
 
 
-def check_length(path: str, start: int, end: int, data: bytes) -> None:
+def check_length(path: str, start: int, end: int, data: Sized) -> None:
     """Raises OSError unless `data` is all of bytes [start, end) of `path` (fewer: the file ends sooner)."""
     if len(data) != end - start:
         raise OSError(f"{path}: read {len(data)} bytes at {start}, expected {end - start}; the file is shorter than "

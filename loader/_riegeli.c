@@ -894,6 +894,8 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
   batch b = {0};
   b.max_record = record_limit(max_record);
   PyObject *out = NULL;
+  Py_buffer *views = NULL;
+  Py_ssize_t held = 0;
   if (record_args_get(&a, fds, begins, ends, &b.n)) goto done;
   b.fds = a.fds.buf;
   b.begins = a.begins.buf;
@@ -911,21 +913,31 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     PyErr_NoMemory();
     goto done;
   }
-  for (Py_ssize_t s = 0; s < b.num_spans; s++) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(PyList_GET_ITEM(buffers, s), &view, PyBUF_C_CONTIGUOUS)) goto done;
-    size_t n = (size_t)(b.spans[s].end - b.spans[s].begin);
-    if ((size_t)view.len != n) {
-      PyBuffer_Release(&view);
-      PyErr_Format(PyExc_ValueError, "span %zd has %zd bytes, expected %zu", s, view.len, n);
+  /* Every span's buffer is held first; the bytes are then copied without the GIL (on 100 KB records read from
+     gs://, a read group copies ~64 MB here, which held the event loop's thread off meanwhile). */
+  views = PyMem_Calloc((size_t)b.num_spans, sizeof(Py_buffer));
+  if (!views) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (; held < b.num_spans; held++) {
+    if (PyObject_GetBuffer(PyList_GET_ITEM(buffers, held), &views[held], PyBUF_C_CONTIGUOUS)) goto done;
+    if (views[held].len != b.spans[held].end - b.spans[held].begin) {
+      PyErr_Format(PyExc_ValueError, "span %zd has %zd bytes, expected %lld", held, views[held].len,
+                   (long long)(b.spans[held].end - b.spans[held].begin));
+      held++;
       goto done;
     }
-    memcpy(b.spans[s].buf, view.buf, n);
-    PyBuffer_Release(&view);
+  }
+  Py_BEGIN_ALLOW_THREADS for (Py_ssize_t s = 0; s < b.num_spans; s++) {
+    size_t n = (size_t)(b.spans[s].end - b.spans[s].begin);
+    memcpy(b.spans[s].buf, views[s].buf, n);
     b.spans[s].len = strip_block_headers(b.spans[s].buf, b.spans[s].begin, n);
   }
-  out = decode_batch(&b, check);
+  Py_END_ALLOW_THREADS out = decode_batch(&b, check);
 done:
+  for (Py_ssize_t s = 0; s < held; s++) PyBuffer_Release(&views[s]);
+  PyMem_Free(views);
   batch_free(&b);
   record_args_release(&a);
   return out;

@@ -330,13 +330,13 @@ class _RemoteSpans:
             self.downloaded += sum(end - begin for _, begin, end in requests)
         if not which:
             return
-        got = remote.fetch([(self._paths[shard], begin, end) for shard, begin, end in requests])
-        for (shard, begin, end), piece in zip(requests, got):
-            storage.check_length(self._paths[shard], begin, end, piece)
-        for j, i in enumerate(which):
+        got = remote.fetch_bodies([(self._paths[shard], begin, end) for shard, begin, end in requests])
+        for (shard, begin, end), body in zip(requests, got):
+            storage.check_length(self._paths[shard], begin, end, body)
+        for j, i in enumerate(which):  # views of the bodies, not copies (the caches copy what they keep)
             shard, begin, end = chunks[i]
             at = requests[request_of[j]][1]
-            data[i] = got[request_of[j]][begin - at:end - at]
+            data[i] = got[request_of[j]].view(begin - at, end - at)
             if isinstance(self._cache, _ChunkCache):
                 self._cache.put(chunks[i], data[i])
 
@@ -365,5 +365,5 @@ class _ChunkCache:
     def put(self, key, data: bytes) -> None:
         with self._lock:
             if key not in self._blocks and self._size + len(data) <= self._capacity:
-                self._blocks[key] = data
+                self._blocks[key] = bytes(data)  # a view would keep the whole piece it is of
                 self._size += len(data)

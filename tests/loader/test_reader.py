@@ -63,6 +63,25 @@ def test_every_codec_and_record_size_reads_as_arrayrecord_reads_it(codec_dataset
     assert reader(np.array([], dtype=np.int64)) == []
 
 
+def test_decode_takes_views_of_downloaded_spans_and_refuses_one_of_the_wrong_size(codec_dataset):
+    """_riegeli.decode, as gs:// reads call it: each span's bytes as a view of a larger body (no copy)."""
+    pattern, records = codec_dataset
+    source = resolve(pattern)
+    reader = BatchReader(source)
+    reader(np.array([0]))  # opens the index
+    count = int(source.lengths[0])
+    shards, local = np.zeros(count, dtype=np.int64), np.arange(count, dtype=np.int64)[::-1].copy()
+    begins, ends = reader._index.locate(shards, local)
+    spans = _riegeli.plan_spans(shards, begins, ends, -1, np.empty(count, dtype=np.int64))
+    body = memoryview(open(source.paths[0], "rb").read())
+    views = [body[begin:end] for _, begin, end in spans]
+    assert _riegeli.decode(views, shards, begins, ends, True, -1) == records[:count][::-1]
+    with pytest.raises(ValueError, match=f"span 1 has {len(views[1]) - 1} bytes, expected {len(views[1])}"):
+        _riegeli.decode([views[0], views[1][1:], *views[2:]], shards, begins, ends, True, -1)
+    with pytest.raises(ValueError, match="needs a list of"):
+        _riegeli.decode(views[1:], shards, begins, ends, True, -1)
+
+
 def test_the_test_files_cut_chunk_headers_and_records_at_block_boundaries(codec_dataset):
     """The equality above covers the hard layouts: a chunk header split by a block header, records over 64 KiB."""
     source = resolve(codec_dataset[0])

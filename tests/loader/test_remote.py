@@ -49,3 +49,30 @@ def test_refusals_name_the_object_and_are_not_retried(shard, status, error, word
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")) as e:
         remote.fetch([(path, 0, 10)])
     assert path in str(e.value) and len(front.failed) == 1
+
+
+def test_a_body_gives_views_of_its_pieces_and_copies_across_them():
+    pieces = [b"abcde", b"", b"fgh", b"ijklmnop"]
+    body = remote.Body(pieces)
+    whole = b"".join(pieces)
+    assert len(body) == 16 and bytes(body) == whole
+    inside = body.view(5, 8)  # all of piece 2 (the empty piece is dropped)
+    assert isinstance(inside, memoryview) and inside.obj is pieces[2] and bytes(inside) == b"fgh"
+    assert bytes(body.view(9, 12)) == b"jkl" and body.view(9, 12).obj is pieces[3]
+    for begin, end in [(3, 7), (0, 16), (4, 9), (2, 15), (7, 8), (8, 8), (16, 16), (0, 0)]:
+        assert bytes(body.view(begin, end)) == whole[begin:end], (begin, end)
+    for begin, end in [(-1, 3), (3, 2), (0, 17), (17, 17)]:
+        with pytest.raises(ValueError, match="of a body of 16"):
+            body.view(begin, end)
+    assert len(remote.Body([])) == 0 and bytes(remote.Body([])) == b""
+
+
+def test_a_range_that_arrives_in_many_pieces_is_read_exactly(faulty_gcs):
+    bucket, _ = faulty_gcs
+    data = bytes(range(251)) * 6000  # 1.5 MB: more than one read of the connection (256 KiB)
+    path = f"gs://{bucket}/ds/large"
+    storage.write_bytes(path, data)
+    [body] = remote.fetch_bodies([(path, 7, len(data) - 5)])
+    assert len(body) == len(data) - 12 and len(body._pieces) > 1
+    for begin, end in [(0, 1), (0, len(body)), (262_130, 262_160), (12_345, 987_654), (len(body) - 3, len(body))]:
+        assert bytes(body.view(begin, end)) == data[7 + begin:7 + end]
