@@ -5,7 +5,7 @@ compact index (loader/index.py) gives each record's chunk span, and the C extens
 the spans: chunks of one file less than `max_gap` bytes apart come in one `pread`, block headers are removed,
 riegeli's hashes are checked, and the records are decompressed (snappy, zstd or none) straight into the bytes
 objects returned, all with the GIL released, so the loader's threads read in parallel. On gs:// the same spans
-become range requests, up to 64 in flight a process (loader/remote.py), through an optional bounded cache of chunks
+become range requests, up to 128 in flight a process (loader/remote.py), through an optional bounded cache of chunks
 (`cache_bytes`).
 
 Files our reader does not decode (group_size > 1, transposed chunks, brotli) are read through ArrayRecord's
