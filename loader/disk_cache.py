@@ -7,7 +7,8 @@ benchmarks/cache_policy_bench.py). The cache outlives the process: a restarted o
 process of this one, read what any of them downloaded.
 
 Layout: DIR/<source key>/ (the index's key: every shard's path, size and generation, so a rewritten shard gets a new
-cache) holds two files.
+cache) holds two files, and two small ones: `dataset` (a hash of the shards' paths, the same for every version of a
+dataset rewritten in place) and `users` (every process with the cache open holds a shared flock(2) on it).
 
     data    the chunks, appended: each entry is an 8-byte tag (the chunk's global record number + 1) and the chunk's
             file bytes, padded to 8 bytes. Created sparse at `cache_bytes`; entries never pass it.
@@ -20,6 +21,9 @@ the tail, write the entries, then publish each key after its offset. Readers tak
 cache is trusted: an entry counts only if its offset lies below the tail and its tag names the record, and its
 bytes are then decoded with riegeli's hashes checked, whatever check_hashes says. An entry that fails is read from
 gs:// again and rewritten (a crash of the host can leave a published entry whose bytes never reached the disk).
+
+Opening a cache removes the caches of the same dataset's earlier versions (same `dataset`, another key) that no
+process has open: a dataset refreshed nightly in place would otherwise leave a cache of cache_bytes a night.
 
     cache = DiskCache.open("/mnt/ssd/cache", key, capacity=50 << 30, mean_chunk=1100, records=10**8)
     views = cache.lookup(records, lengths)       # a memoryview of each cached chunk, else None
@@ -59,9 +63,11 @@ def _slots_for(capacity: int, mean_chunk: int) -> int:
 class DiskCache:
     """One process's handle on a cache directory (see module doc). Thread-safe; not picklable (open per process)."""
 
-    def __init__(self, path: str, table: mmap.mmap, table_fd: int, data: mmap.mmap, data_fd: int):
+    def __init__(self, path: str, table: mmap.mmap, table_fd: int, data: mmap.mmap, data_fd: int, users_fd: int):
         self.path = path
         self._table_map, self._table_fd, self._data_map, self._data_fd = table, table_fd, data, data_fd
+        self._users_fd = users_fd  # held with a shared flock while open: the cache is in use
+        self._closed = False
         self._header = np.frombuffer(table, dtype="<u8", count=8)
         slots = int(self._header[_SLOTS])
         self._slots = np.frombuffer(table, dtype="<u8", count=2 * slots, offset=HEADER).reshape(slots, 2)
@@ -74,9 +80,11 @@ class DiskCache:
         self.hits = self.admitted = self.refused = 0  # chunks served, written, and left out for want of room
 
     @classmethod
-    def open(cls, directory: str, key: str, *, capacity: int, mean_chunk: int, records: int) -> DiskCache:
+    def open(cls, directory: str, key: str, *, capacity: int, mean_chunk: int, records: int,
+             dataset: str = "") -> DiskCache:
         """The cache of the source with index key `key` under `directory`: opened, or made (or remade, logged, when
-        it does not pass its checks or was made with another capacity)."""
+        it does not pass its checks or was made with another capacity). `dataset`: what every version of the dataset
+        shares (a hash of its shards' paths); the caches of its other versions that no process has open are removed."""
         capacity = capacity // 8 * 8
         if capacity < 4096:
             raise ValueError(f"cache_bytes={capacity:,} is too small for a disk cache: pass at least 4096")
@@ -84,9 +92,12 @@ class DiskCache:
         path = os.path.join(directory, key)
         for _ in range(3):
             if not os.path.exists(path):
-                _create(directory, path, capacity, _slots_for(capacity, mean_chunk), records)
+                _create(directory, path, capacity, _slots_for(capacity, mean_chunk), records, dataset)
             try:
-                return cls._map(path, capacity, records)
+                cache = cls._map(path, capacity, records)
+                if dataset:
+                    _remove_other_versions(directory, key, dataset)
+                return cache
             except _Stale as e:
                 log.warning("%s: %s; starting it again", path, e)
                 _remove(path)
@@ -98,7 +109,12 @@ class DiskCache:
     @classmethod
     def _map(cls, path: str, capacity: int, records: int) -> DiskCache:
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
-        table_fd = os.open(os.path.join(path, "table"), flags)
+        users_fd = _use(path)
+        try:
+            table_fd = os.open(os.path.join(path, "table"), flags)
+        except BaseException:
+            os.close(users_fd)
+            raise
         data_fd = -1
         try:
             size = os.fstat(table_fd).st_size
@@ -123,17 +139,30 @@ class DiskCache:
             data = mmap.mmap(data_fd, capacity, access=mmap.ACCESS_READ)
         except BaseException:
             os.close(table_fd)
+            os.close(users_fd)
             if data_fd >= 0:
                 os.close(data_fd)
             raise
-        return cls(path, table, table_fd, data, data_fd)
+        return cls(path, table, table_fd, data, data_fd, users_fd)
 
     def close(self) -> None:
+        if self._closed:
+            return
         del self._header, self._slots, self._data_words
         self._table_map.close()
         self._data_map.close()
-        os.close(self._table_fd)
-        os.close(self._data_fd)
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        self._closed = True
+        for fd in (self._table_fd, self._data_fd, self._users_fd):  # the users flock goes with its fd
+            os.close(fd)
+
+    def __del__(self):
+        """A handle dropped without close(): its files closed (the maps close with their last view), so the cache
+        is no longer in use."""
+        if not getattr(self, "_closed", True):
+            self._close_fds()
 
     # --- reads -------------------------------------------------------------------------------------------------------
     def _home(self, keys: np.ndarray) -> np.ndarray:
@@ -275,10 +304,13 @@ class _Stale(Exception):
     """A cache directory that cannot be used as it is: made again."""
 
 
-def _create(directory: str, path: str, capacity: int, slots: int, records: int) -> None:
+def _create(directory: str, path: str, capacity: int, slots: int, records: int, dataset: str) -> None:
     """A new cache at `path`, made under a temporary name and renamed (another process may make it first)."""
     made = tempfile.mkdtemp(prefix=".making-", dir=directory)
     try:
+        with open(os.path.join(made, "dataset"), "w") as f:
+            f.write(dataset)
+        open(os.path.join(made, "users"), "wb").close()
         with open(os.path.join(made, "table"), "wb") as f:
             f.write(np.array([MAGIC, VERSION, slots, capacity, 0, 0, records, 0], dtype="<u8").tobytes())
             f.truncate(HEADER + 16 * slots)
@@ -302,3 +334,47 @@ def _remove(path: str) -> None:
         pass
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def _use(path: str) -> int:
+    """An fd of `path`/users holding a shared flock: the cache is in use until it is closed. Checked to still be the
+    file at that path once locked (a remover may have moved the directory away meanwhile: FileNotFoundError)."""
+    users = os.path.join(path, "users")
+    fd = os.open(users, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.stat(users).st_ino != os.fstat(fd).st_ino:
+            raise FileNotFoundError(users)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_other_versions(directory: str, key: str, dataset: str) -> None:
+    """Removes the caches under `directory` of other versions of `dataset` (their `dataset` file says so) that no
+    process has open (an exclusive flock on their `users` file is granted). Logged with the bytes freed."""
+    for name in os.listdir(directory):
+        other = os.path.join(directory, name)
+        if name == key or name.startswith("."):
+            continue
+        try:
+            with open(os.path.join(other, "dataset")) as f:
+                if f.read() != dataset:
+                    continue
+            fd = os.open(os.path.join(other, "users"), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, UnicodeDecodeError):
+            continue  # not a cache, one made before caches recorded their dataset, or one being removed
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a process has it open: another job reads that version
+            os.close(fd)
+            continue
+        try:
+            freed = sum(os.stat(os.path.join(other, f)).st_blocks * 512 for f in ("data", "table")
+                        if os.path.exists(os.path.join(other, f)))
+            _remove(other)
+            log.info("removed %s, the disk cache of another version of this dataset that no process has open "
+                     "(%s bytes)", other, f"{freed:,}")
+        finally:
+            os.close(fd)

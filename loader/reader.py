@@ -17,6 +17,7 @@ reader; building the index logs one line for each.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import resource
@@ -77,7 +78,8 @@ class BatchReader:
         self._disk = None
         if cache_dir is not None and self._remote:
             self._disk = {"directory": os.path.expanduser(cache_dir), "key": source_key(source),
-                          "capacity": cache_bytes, "mean_chunk": source.mean_record_bytes, "records": len(source)}
+                          "capacity": cache_bytes, "mean_chunk": source.mean_record_bytes, "records": len(source),
+                          "dataset": hashlib.sha256("\n".join(source.paths).encode()).hexdigest()[:32]}
         # where each shard ends: no span from the index may pass it (-1: unknown)
         self._ends = np.asarray(source.shard_bytes if source.shard_bytes else [-1] * len(source.paths),
                                 dtype=np.int64)

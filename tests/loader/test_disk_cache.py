@@ -223,3 +223,43 @@ def test_random_damage_to_either_file_gives_misses_or_the_records_own_entry(tmp_
                 served += 1
         cache.close()
     assert served > 200 * len(records) // 4  # damage is sparse: most entries stay served
+
+
+def test_opening_a_new_version_removes_the_unused_caches_of_earlier_ones_and_keeps_others(tmp_path, caplog):
+    def version(key, dataset):
+        cache = DiskCache.open(str(tmp_path), key, capacity=1 << 16, mean_chunk=80, records=100, dataset=dataset)
+        cache.admit(np.arange(10), _chunks(np.arange(10)))
+        return cache
+
+    version("v1", "ds").close()
+    version("other", "another dataset").close()
+    with caplog.at_level(logging.INFO, logger="loader.disk_cache"):
+        v2 = version("v2", "ds")
+    assert sorted(os.listdir(tmp_path)) == ["other", "v2"]  # v1 removed: same dataset, no process had it open
+    assert f"removed {tmp_path / 'v1'}, the disk cache of another version of this dataset" in caplog.text
+    v3 = version("v3", "ds")  # v2 is open (as another job reading that version would have it): kept
+    assert sorted(os.listdir(tmp_path)) == ["other", "v2", "v3"]
+    del v2  # dropped without close(): no longer in use
+    v3.close()
+    version("v4", "ds").close()
+    assert sorted(os.listdir(tmp_path)) == ["other", "v4"]
+    assert _served(DiskCache.open(str(tmp_path), "other", capacity=1 << 16, mean_chunk=80, records=100),
+                   np.arange(10)).all()  # another dataset's cache is untouched
+
+
+def test_a_cache_in_use_by_another_process_is_kept(tmp_path):
+    DiskCache.open(str(tmp_path), "v1", capacity=1 << 16, mean_chunk=80, records=100, dataset="ds").close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from loader.disk_cache import DiskCache; "
+         "c = DiskCache.open(sys.argv[1], 'v1', capacity=1 << 16, mean_chunk=80, records=100, dataset='ds'); "
+         "print('open', flush=True); sys.stdin.read()", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "open\n"
+        DiskCache.open(str(tmp_path), "v2", capacity=1 << 16, mean_chunk=80, records=100, dataset="ds").close()
+        assert sorted(os.listdir(tmp_path)) == ["v1", "v2"]
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    DiskCache.open(str(tmp_path), "v3", capacity=1 << 16, mean_chunk=80, records=100, dataset="ds").close()
+    assert sorted(os.listdir(tmp_path)) == ["v3"]
