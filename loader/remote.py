@@ -51,8 +51,8 @@ def fetch_bodies(ranges: list[tuple[str, int, int]]) -> list[Body]:
 
 class Body:
     """The bytes of one range as the pieces the connection delivered them in (up to 256 KiB each). Joining them
-    copied every byte once more, into a fresh allocation: a fifth of the reader's CPU on 100 KB records
-    (benchmarks/gcs_read_bench.py); view() hands out the bytes of a piece without a copy."""
+    copied every byte once more, into a fresh allocation (a fifth of the reader's busy samples on 100 KB records,
+    benchmarks/gcs_read_bench.py under py-spy); view() hands out the bytes of a piece without a copy."""
 
     __slots__ = ("_pieces", "_starts")
 
