@@ -162,7 +162,10 @@ class DiskCache:
         """A handle dropped without close(): its files closed (the maps close with their last view), so the cache
         is no longer in use."""
         if not getattr(self, "_closed", True):
-            self._close_fds()
+            try:
+                self._close_fds()
+            except Exception:  # noqa: BLE001 - at interpreter exit: the process's files close with it
+                pass
 
     # --- reads -------------------------------------------------------------------------------------------------------
     def _home(self, keys: np.ndarray) -> np.ndarray:
@@ -363,8 +366,8 @@ def _remove_other_versions(directory: str, key: str, dataset: str) -> None:
                 if f.read() != dataset:
                     continue
             fd = os.open(os.path.join(other, "users"), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, UnicodeDecodeError):
-            continue  # not a cache, one made before caches recorded their dataset, or one being removed
+        except (OSError, UnicodeDecodeError):
+            continue  # not a cache, one made before caches recorded their dataset, being removed, or not ours
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a process has it open: another job reads that version
@@ -376,5 +379,8 @@ def _remove_other_versions(directory: str, key: str, dataset: str) -> None:
             _remove(other)
             log.info("removed %s, the disk cache of another version of this dataset that no process has open "
                      "(%s bytes)", other, f"{freed:,}")
+        except OSError as e:  # e.g. another user's cache in a shared directory: left as it is
+            log.warning("cannot remove %s, the disk cache of another version of this dataset (%s); delete it to "
+                        "free its disk", other, e)
         finally:
             os.close(fd)
