@@ -2,7 +2,7 @@
 link's bounds and grain's ArrayRecordDataSource, in one run.
 
     .venv/bin/python benchmarks/gcs_read_bench.py [--record-kb 1,100] [--dataset-mb 32] [--latency-ms 20,50]
-                                                  [--mbps 400] [--cache-mb 8] [--grain]
+                                                  [--mbps 400] [--cache-mb 8] [--worker-count 0] [--grain]
 
 A local GCS emulator (tests/emulator.py) holds the objects; a shaped link in its own process (tests/shaped_link.py,
 aiohttp) answers their reads from local copies, holding each answer `--latency-ms` and sharing `--mbps` MB/s among
@@ -18,7 +18,9 @@ group_size:1, uncompressed) totalling `--dataset-mb` are uploaded, then, at each
 Reported: records/s handed out, GET requests, bytes the front sent / bytes of the records' chunks (ours: the chunks
 its reads asked for, read-ahead included; grain: the records read), and the link's bound on records/s: min(requests
 in flight / latency x records a request, bandwidth / record size), and the cores the reader's process and the link's
-used meanwhile (they share the host: on a small one, their CPU sets the pace before the link does).
+used meanwhile (they share the host: on a small one, their CPU sets the pace before the link does). With
+`--worker-count N` ours reads in N worker processes (the reader's cores are theirs and this process's; the anchor's
+row is left out, as the rule is set in this process only).
 """
 
 from __future__ import annotations
@@ -82,21 +84,42 @@ class Front:
         self._proc.wait(timeout=30)
 
 
-def measure(read_batches, front: Front, spans) -> dict:
-    """Runs `read_batches` and counts what the link carried and what the loader's reader served."""
+def cpu_seconds(others: set[int]) -> float:
+    """CPU seconds of this process and its living children but `others` (the link, the emulator) and theirs: the
+    reader's process and the loader's worker processes, so far."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    skip = set(others)
+    for pid in others:
+        try:
+            skip.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2]) if child.pid not in skip else 0
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def measure(read_batches, front: Front, spans, record_bytes: int) -> dict:
+    """Runs `read_batches` (which returns the records handed out, its seconds and the reader's CPU seconds) and
+    counts what the link carried and what the loader's reader served."""
     front.quiet()
     cpu = front.call("reset", {})["cpu"]
     spans.requests = spans.downloaded = spans.records = spans.served = 0
-    started, cpu_started = time.perf_counter(), time.process_time()
-    handed = read_batches()
-    seconds = time.perf_counter() - started
-    reader_cores = (time.process_time() - cpu_started) / seconds
+    handed, seconds, reader_cpu = read_batches()
     stats = front.call("stats")
     front_cores = (stats["cpu"] - cpu) / seconds
     stats = front.quiet()
-    return {"records_per_s": handed / seconds, "requests": stats["gets"], "records": spans.records,
-            "front_cores": front_cores, "reader_cores": reader_cores,
-            "ratio": stats["bytes_out"] / max(1, spans.served), "seconds": seconds}
+    # with worker processes the reads (and their counts) are theirs: the records handed out, then, and their bytes
+    records, served = (spans.records, spans.served) if spans.records else (handed, handed * record_bytes)
+    return {"records_per_s": handed / seconds, "requests": stats["gets"], "records": records,
+            "front_cores": front_cores, "reader_cores": reader_cpu / seconds,
+            "ratio": stats["bytes_out"] / max(1, served), "seconds": seconds}
 
 
 def read_grain(paths: list[str], records: int, threads: int) -> dict:
@@ -131,6 +154,9 @@ def main() -> None:
     p.add_argument("--cache-mb", type=float, default=0, help="ours: a chunk cache of this many MB (0: none)")
     p.add_argument("--in-flight", type=int, default=0,
                    help="ours: range requests in flight a process (default: loader.remote.IN_FLIGHT)")
+    p.add_argument("--worker-count", default="0",
+                   help="ours: loader.load(worker_count=): worker processes, each with its own requests in flight "
+                        "(0: this process's threads; 'auto': tuned)")
     p.add_argument("--grain", action="store_true", help="also grain's ArrayRecordDataSource on the same link")
     p.add_argument("--grain-threads", type=int, default=16, help="grain's reading threads (its default: 16)")
     args = p.parse_args()
@@ -146,6 +172,9 @@ def main() -> None:
     bandwidth = args.mbps * 1e6 or None
     with emulator.running(root / "gcloud") as env:
         front = Front(env["STORAGE_EMULATOR_HOST"])
+        import psutil
+
+        others = {child.pid for child in psutil.Process().children()}  # the link and the emulator
         try:
             os.environ["STORAGE_EMULATOR_HOST"] = front.url
             os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = front.url  # array_record's C++ client
@@ -182,12 +211,17 @@ def main() -> None:
                 batch_size = args.batch_size if size <= 10_000 else args.image_batch_size
                 epoch = len(loader.resolve(pattern)) // batch_size
                 batches = min(args.batches, epoch) if args.batches else epoch
-                options = dict(batch_size=batch_size, seed=0, decode=None, num_epochs=1)
+                workers = args.worker_count if args.worker_count == "auto" else int(args.worker_count)
+                processes = workers if isinstance(workers, int) and workers else 1  # each with IN_FLIGHT requests
+                options = dict(batch_size=batch_size, seed=0, decode=None, num_epochs=1, worker_count=workers)
 
-                def read_ours() -> int:
+                def read_ours() -> tuple[int, float, float]:
+                    started, cpu_started = time.perf_counter(), cpu_seconds(others)
                     it = iter(ours)
                     try:
-                        return sum(len(next(it)) for _ in range(batches))
+                        handed = sum(len(next(it)) for _ in range(batches))
+                        # the CPU before the close: the worker processes, if any, end with it
+                        return handed, time.perf_counter() - started, cpu_seconds(others) - cpu_started
                     finally:
                         it.close()  # its prefetch stops before the link does
 
@@ -198,19 +232,23 @@ def main() -> None:
                         b = in_flight / latency * records_per_request if latency else float("inf")
                         return min(b, args.mbps * 1e6 / size) if args.mbps else b
 
-                    for rule, gap, waste in (("ours, merged by gap alone (1 MiB)", 1 << 20, -1),
-                                             ("ours: gap and 50% budget", reader.REMOTE_GAP, reader.REMOTE_WASTE)):
+                    rules = [("ours, merged by gap alone (1 MiB)", 1 << 20, -1),
+                             ("ours: gap and 50% budget", reader.REMOTE_GAP, reader.REMOTE_WASTE)]
+                    if workers:  # spawned workers read with the loader's own rule (the anchor's is set here only)
+                        rules = [(f"ours: gap and 50% budget, worker_count={workers}", 0, 0)]
+                    for rule, gap, waste in rules:
                         ours = loader.load(pattern, cache_bytes=int(args.cache_mb * 1e6), **options)
                         saved_rule = reader.REMOTE_GAP, reader.REMOTE_WASTE
-                        reader.REMOTE_GAP, reader.REMOTE_WASTE = gap, waste
+                        if not workers:
+                            reader.REMOTE_GAP, reader.REMOTE_WASTE = gap, waste
                         try:
-                            r = measure(read_ours, front, ours._reader._remote_reader)
+                            r = measure(read_ours, front, ours._reader._remote_reader, size)
                         finally:
                             reader.REMOTE_GAP, reader.REMOTE_WASTE = saved_rule
                         per_request = r["records"] / max(1, r["requests"])
                         print(f"| {latency * 1000:g} ms | {kb:g} KB x {r['records']:,} | {rule} | "
                               f"{r['records_per_s']:,.0f} | {r['requests']:,} | {r['ratio']:.2f}x | "
-                              f"{bound(per_request, remote.IN_FLIGHT):,.0f} | {r['reader_cores']:.2f} | "
+                              f"{bound(per_request, remote.IN_FLIGHT * processes):,.0f} | {r['reader_cores']:.2f} | "
                               f"{r['front_cores']:.2f} |", flush=True)
                     if args.grain:
                         front.quiet()
