@@ -137,7 +137,15 @@ class _Loop:
                 connector=aiohttp.TCPConnector(limit=IN_FLIGHT, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(total=_TIMEOUT_SECONDS), auto_decompress=False)
             self._gate = asyncio.Semaphore(IN_FLIGHT)
-        return await asyncio.gather(*(self._one(url, path, start, end, headers) for url, path, start, end in requests))
+        bodies: list[Body | None] = [None] * len(requests)
+        todo = iter(enumerate(requests))
+
+        async def worker() -> None:  # a task for each request in flight, not each request (a task costs ~25 us)
+            for i, (url, path, start, end) in todo:
+                bodies[i] = await self._one(url, path, start, end, headers)
+
+        await asyncio.gather(*(worker() for _ in range(min(IN_FLIGHT, len(requests)))))
+        return bodies
 
     async def _one(self, url: str, path: str, start: int, end: int, headers: dict[str, str]) -> Body:
         import aiohttp
