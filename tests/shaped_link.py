@@ -5,7 +5,9 @@ An HTTP server on 127.0.0.1 (aiohttp, one event loop: ~0.1 ms of CPU a request, 
 ~0.6 ms and set the pace on a small host) in front of the emulator at UPSTREAM. It answers media reads
 (`GET .../o/NAME?alt=media`, whole or ranged: `a-b`, `a-`, the suffix `-n`; 416 past the end) of the objects it
 was given from their local copies, each answer held `latency` seconds before its first byte and its body sent in
-pieces that share `bandwidth` bytes/s with every other answer; everything else it forwards to the emulator as is.
+pieces that share `bandwidth` bytes/s with every other answer (a token bucket 5 ms of the link deep, as a router's
+shaper has: over any time T, at most bandwidth x (T + 5 ms) bytes); everything else it forwards to the emulator as
+is.
 
 Control, as JSON: POST /__link/config {"latency", "bandwidth", "files": {"bucket/object": local path}};
 POST /__link/reset clears the counts; GET /__link/stats gives {"bytes_out" (media bytes sent), "gets" (GET requests),
@@ -24,6 +26,7 @@ import urllib.parse
 
 _MEDIA = re.compile(r"(?:/download)?/storage/v1/b/([^/]+)/o/(.+)")
 _PIECE = 256 << 10
+_BURST = 0.005  # seconds of the link's bandwidth sent at once when the link has been idle (a token bucket's depth)
 _HOP = {"transfer-encoding", "connection", "content-length", "content-encoding", "host", "keep-alive"}
 
 
@@ -101,9 +104,12 @@ class Link:
                 while begin < end:
                     piece = f.read(min(_PIECE, end - begin))
                     if self.bandwidth:  # the pieces of every answer share the link, in the order they ask for it
+                        # a token bucket holding _BURST seconds of the link: time this loop was late is made up
+                        # (else every late wake-up idled the link, and a link capped at 1,000 MB/s carried ~300)
                         now = time.monotonic()
-                        self._link_free = max(self._link_free, now) + len(piece) / self.bandwidth
-                        await asyncio.sleep(self._link_free - now)
+                        self._link_free = max(self._link_free, now - _BURST) + len(piece) / self.bandwidth
+                        if self._link_free > now:
+                            await asyncio.sleep(self._link_free - now)
                     await response.write(piece)
                     self.bytes_out += len(piece)
                     begin += len(piece)
