@@ -95,17 +95,25 @@ class _Loop:
         self._credentials = storage.credentials()
         self._auth_lock = threading.Lock()
         self._session = None
-        self._gate: asyncio.Semaphore | None = None
+        self._queue: asyncio.Queue | None = None  # (read, index of its range) for the workers, in order
+        self._workers: list[asyncio.Task] = []
         threading.Thread(target=self.loop.run_forever, name="gcs-ranges", daemon=True).start()
         atexit.register(self._close)
 
     def _close(self) -> None:
-        """At exit: the session closed on its loop (else aiohttp logs it as unclosed, at every process's exit)."""
+        """At exit: the workers ended and the session closed on the loop (else asyncio and aiohttp log them as
+        pending and unclosed, at every process's exit)."""
         if self._session is not None and self.pid == os.getpid() and self.loop.is_running():
             try:
-                asyncio.run_coroutine_threadsafe(self._session.close(), self.loop).result(timeout=5)
+                asyncio.run_coroutine_threadsafe(self._shut(), self.loop).result(timeout=5)
             except Exception:  # noqa: BLE001 - exiting: a close that fails or hangs changes nothing
                 pass
+
+    async def _shut(self) -> None:
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        await self._session.close()
 
     @classmethod
     def for_process(cls) -> _Loop:
@@ -130,22 +138,40 @@ class _Loop:
         return headers
 
     async def _all(self, requests, headers) -> list[Body]:
+        """The ranges' bodies, fetched by the loop's IN_FLIGHT workers in the order reads ask (first come, first
+        served: a read group asked first is read first, not interleaved with the next, so its batches come sooner)."""
         import aiohttp
 
+        if not requests:
+            return []
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=IN_FLIGHT, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(total=_TIMEOUT_SECONDS), auto_decompress=False)
-            self._gate = asyncio.Semaphore(IN_FLIGHT)
-        bodies: list[Body | None] = [None] * len(requests)
-        todo = iter(enumerate(requests))
+            self._queue = asyncio.Queue()
+            # a task for each request in flight, living as long as the loop, not a task for each request (~25 us)
+            self._workers = [self.loop.create_task(self._worker()) for _ in range(IN_FLIGHT)]
+        read = _Read(requests, headers, self.loop.create_future())
+        for i in range(len(requests)):
+            self._queue.put_nowait((read, i))
+        return await read.done
 
-        async def worker() -> None:  # a task for each request in flight, not each request (a task costs ~25 us)
-            for i, (url, path, start, end) in todo:
-                bodies[i] = await self._one(url, path, start, end, headers)
-
-        await asyncio.gather(*(worker() for _ in range(min(IN_FLIGHT, len(requests)))))
-        return bodies
+    async def _worker(self) -> None:
+        while True:
+            read, i = await self._queue.get()
+            if read.done.done():  # another range of this read failed: its error is the read's
+                continue
+            url, path, start, end = read.requests[i]
+            try:
+                body = await self._one(url, path, start, end, read.headers)
+            except Exception as e:  # noqa: BLE001 - handed to the read's caller, who raises it
+                if not read.done.done():
+                    read.done.set_exception(e)
+                continue
+            read.bodies[i] = body
+            read.left -= 1
+            if not read.left and not read.done.done():
+                read.done.set_result(read.bodies)
 
     async def _one(self, url: str, path: str, start: int, end: int, headers: dict[str, str]) -> Body:
         import aiohttp
@@ -153,12 +179,11 @@ class _Loop:
         delay, deadline = 0.25, time.monotonic() + storage.RETRY_SECONDS
         while True:
             try:
-                async with self._gate:
-                    async with self._session.get(url, headers={**headers, "Range": f"bytes={start}-{end - 1}",
-                                                               "Accept-Encoding": "identity"},
-                                                 proxy=_proxy_for(url)) as response:
-                        status = response.status
-                        pieces = [piece async for piece in response.content.iter_any()]
+                async with self._session.get(url, headers={**headers, "Range": f"bytes={start}-{end - 1}",
+                                                           "Accept-Encoding": "identity"},
+                                             proxy=_proxy_for(url)) as response:
+                    status = response.status
+                    pieces = [piece async for piece in response.content.iter_any()]
                 if status == 206:
                     return Body(pieces)
                 if status == 200:  # the whole object: the server ignored the range
@@ -196,6 +221,17 @@ def _proxy(scheme: str, netloc: str) -> str | None:
     if urllib.request.proxy_bypass(netloc.rsplit(":", 1)[0]):
         return None
     return urllib.request.getproxies().get(scheme)
+
+
+class _Read:
+    """One call's ranges: what the workers fill, and the future its caller waits on."""
+
+    __slots__ = ("requests", "headers", "done", "bodies", "left")
+
+    def __init__(self, requests: list, headers: dict[str, str], done: asyncio.Future):
+        self.requests, self.headers, self.done = requests, headers, done
+        self.bodies: list[Body | None] = [None] * len(requests)
+        self.left = len(requests)
 
 
 class _Transient(Exception):

@@ -76,3 +76,38 @@ def test_a_range_that_arrives_in_many_pieces_is_read_exactly(faulty_gcs):
     assert len(body) == len(data) - 12 and len(body._pieces) > 1
     for begin, end in [(0, 1), (0, len(body)), (262_130, 262_160), (12_345, 987_654), (len(body) - 3, len(body))]:
         assert bytes(body.view(begin, end)) == data[7 + begin:7 + end]
+
+
+def test_reads_are_served_in_the_order_they_ask(shard, monkeypatch):
+    """A read asked first has its ranges fetched first, not interleaved with a read asked after it: its batches
+    come sooner (and a cache filled by whole reads keeps whole read groups)."""
+    import threading
+    import time
+
+    path, data, front = shard
+    monkeypatch.setattr(remote, "IN_FLIGHT", 1)
+    loop = remote._Loop()  # one request in flight: the order they are fetched in is the order they are served in
+    first = [(path, 1000 + 10 * i, 1010 + 10 * i) for i in range(20)]
+    second = [(path, 5000 + 10 * i, 5010 + 10 * i) for i in range(20)]
+    front.seen.clear()
+    got = {}
+    a = threading.Thread(target=lambda: got.setdefault("first", loop.run(
+        [(storage.media_url(p), p, s, e) for p, s, e in first])))
+    a.start()
+    deadline = time.monotonic() + 30
+    while not any(m == "GET" for m, _, _ in front.seen) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    got["second"] = loop.run([(storage.media_url(p), p, s, e) for p, s, e in second])
+    a.join()
+    assert [bytes(b) for b in got["first"]] == [data[s:e] for _, s, e in first]
+    assert [bytes(b) for b in got["second"]] == [data[s:e] for _, s, e in second]
+    asked = [r for m, _, r in front.seen if m == "GET"]
+    assert asked == [f"bytes={s}-{e - 1}" for _, s, e in first + second]
+
+
+def test_a_read_with_a_failing_range_fails_and_the_next_read_succeeds(shard):
+    path, data, front = shard
+    front.fail_next(404, times=1, where="/ds%2Fshard")
+    with pytest.raises(FileNotFoundError, match="no such object"):
+        remote.fetch([(path, 0, 10), (path, 10, 20), (path, 20, 30)])
+    assert remote.fetch([(path, 0, 10), (path, 10, 20)]) == [data[:10], data[10:20]]
