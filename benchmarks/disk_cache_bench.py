@@ -107,7 +107,7 @@ def run(args, root: Path, front: gcs_read_bench.Front) -> None:
                 served = ours._reader._remote_reader.served
                 disk = ""
                 if "cache_dir" in cache_options:
-                    data = Path(ours._reader._remote_reader._disk.path) / "data"
+                    data = Path(ours._reader._remote_reader._cache.disk.path) / "data"
                     disk = f"{data.stat().st_blocks * 512 / 1e6:,.1f}"
                 print(f"| {kb:g} KB x {records // epochs:,} | {name} | {label} | {records / seconds:,.0f} | "
                       f"{records / seconds / staged:.2f}x | {stats['gets']:,} | "

@@ -2,7 +2,7 @@
 
 Every epoch reads each record once, in a new permutation, and host i of n reads its rows of each global batch
 (loader/batches.py). On one host, a record read now is read again next epoch, so the first chunks read, kept (the
-fixed set, loader/reader.py `_ChunkCache`), serve cache / dataset of every later epoch, the most any cache can. On n
+fixed set, loader/reader.py `_FirstRead`), serve cache / dataset of every later epoch, the most any cache can. On n
 hosts, a record this host reads now is read by this host again only every ~n epochs; a fixed set spends its room on
 records other hosts read next. The loader's plan is a pure function of the seed, so the next read of each record
 on this host is known (`BatchPlan.next_reads`: the inverse permutation of the next epochs), and this cache keeps

@@ -246,27 +246,19 @@ class BatchReader:
 class _RemoteSpans:
     """The chunks of gs:// shards, read as range requests all at once (loader/remote.py; nearby chunks merged within
     REMOTE_GAP and the REMOTE_WASTE budget), through an optional cache of chunks (a chunk in it is not downloaded
-    again): in memory (`cache_bytes`), or on local disk shared by the host's processes and kept across runs
-    (`cache_dir`, loader/disk_cache.py)."""
+    again): in memory (`cache_bytes`: the first read, kept, or with `planned` what this host reads again soonest), or
+    on local disk shared by the host's processes and kept across runs (`cache_dir`, loader/disk_cache.py)."""
 
     def __init__(self, paths: tuple[str, ...], cache_bytes: int, disk: dict | None = None, planned: bool = False):
         self._paths = paths
-        self._cache = None
-        if cache_bytes and disk is None:
-            self._cache = PlannedCache(cache_bytes) if planned else _ChunkCache(cache_bytes)
-        self._disk_options = disk  # DiskCache.open's arguments: opened on first read, in the process that reads
-        self._disk: DiskCache | None = None
-        self._disk_lock = threading.Lock()
+        self._cache: _FirstRead | _Planned | _OnDisk | None = None
+        if disk is not None:
+            self._cache = _OnDisk(disk)
+        elif cache_bytes:
+            self._cache = _Planned(cache_bytes) if planned else _FirstRead(cache_bytes)
         # records asked for, the bytes of their chunks, and the range requests and bytes planned to read them
         # (benchmarks/gcs_read_bench.py, the tests)
         self.requests = self.downloaded = self.records = self.served = 0
-
-    def _disk_cache(self) -> DiskCache | None:
-        if self._disk is None and self._disk_options is not None:
-            with self._disk_lock:
-                if self._disk is None:
-                    self._disk = DiskCache.open(**self._disk_options)
-        return self._disk
 
     def read(self, shards: np.ndarray, begins: np.ndarray, ends: np.ndarray, check: bool, max_record: int,
              records: np.ndarray, plan: tuple[np.ndarray, int] | None = None) -> list[bytes]:
@@ -277,37 +269,28 @@ class _RemoteSpans:
         with _COUNT_LOCK:
             self.records += len(shards)
             self.served += sum(end - begin for _, begin, end in chunks)
-        disk = self._disk_cache()
-        if disk is not None:
-            chunk_records = np.empty(len(chunks), dtype=np.int64)
-            chunk_records[chunk_of] = records
-            data = disk.lookup(chunk_records, np.array([end - begin for _, begin, end in chunks], dtype=np.int64))
-        else:
-            data = [self._cache.get(c) for c in chunks] if self._cache else [None] * len(chunks)
+        read, cache = _ChunkRead(chunks, chunk_of, records, plan), self._cache
+        data = cache.lookup(read) if cache is not None else [None] * len(chunks)
         missing = [i for i, d in enumerate(data) if d is None]
-        cached = [i for i, d in enumerate(data) if d is not None] if disk is not None else []
+        # what came from the disk is checked whatever check_hashes says: the disk may have lost it
+        suspect = [i for i, d in enumerate(data) if d is not None] if cache is not None and cache.checked else []
         self._download(chunks, data, missing)
-        if isinstance(self._cache, PlannedCache):
-            due = np.full(len(chunks), -1 if plan is not None else NEVER, dtype=np.int64)
-            if plan is not None:  # a chunk read twice in this read: it comes back after the later read
-                np.maximum.at(due, chunk_of, plan[0])
-            self._cache.keep(chunks, due, data, plan[1] if plan is not None else 0)
-        if disk is not None and missing:
-            disk.admit(chunk_records[missing], [data[i] for i in missing])
-        try:  # what came from the disk is checked whatever check_hashes says: the disk may have lost it
-            return _riegeli.decode(data, shards, begins, ends, check or bool(cached), -1, max_record)
+        if cache is not None:
+            cache.store(read, data, missing)
+        try:
+            return _riegeli.decode(data, shards, begins, ends, check or bool(suspect), -1, max_record)
         except _riegeli.CorruptError:
-            if not cached:
+            if not suspect:
                 raise
         log.warning("%s: chunks read from the disk cache fail their checks; reading them from gs:// again",
-                    disk.path)
-        disk.forget(chunk_records[cached])
-        self._download(chunks, data, cached)
-        disk.admit(chunk_records[cached], [data[i] for i in cached])
+                    cache.disk.path)
+        cache.forget(read, suspect)
+        self._download(chunks, data, suspect)
+        cache.store(read, data, suspect)
         return _riegeli.decode(data, shards, begins, ends, check, -1, max_record)
 
     def _download(self, chunks: list, data: list, which: list[int]) -> None:
-        """data[i] = the bytes of chunks[i] for each i in `which` (and kept in the memory cache, if any).
+        """data[i] = the bytes of chunks[i] for each i in `which`.
 
         The requests are those the rule makes for every chunk of the read, cached ones included, less those that
         hold none of `which`, each cut to its first and last chunk of `which`. A cached chunk between two missing
@@ -339,15 +322,35 @@ class _RemoteSpans:
             shard, begin, end = chunks[i]
             at = requests[request_of[j]][1]
             data[i] = got[request_of[j]].view(begin - at, end - at)
-            if isinstance(self._cache, _ChunkCache):
-                self._cache.put(chunks[i], data[i])
 
 
-_COUNT_LOCK = threading.Lock()
+class _ChunkRead:
+    """One read's distinct chunks ((shard, begin, end), in file order), as the caches see them: `chunk_of[k]` is the
+    chunk of record `records[k]` (a global record number), `plan` the read's (next reads, position) or None."""
+
+    __slots__ = ("chunks", "chunk_of", "records", "plan", "_chunk_records")
+
+    def __init__(self, chunks: list, chunk_of: np.ndarray, records: np.ndarray, plan: tuple | None):
+        self.chunks, self.chunk_of, self.records, self.plan = chunks, chunk_of, records, plan
+        self._chunk_records: np.ndarray | None = None
+
+    @property
+    def chunk_records(self) -> np.ndarray:
+        """Each chunk's global record number (group_size 1: a chunk holds one record)."""
+        if self._chunk_records is None:
+            self._chunk_records = np.empty(len(self.chunks), dtype=np.int64)
+            self._chunk_records[self.chunk_of] = self.records
+        return self._chunk_records
 
 
-class _ChunkCache:
-    """At most `capacity` bytes of chunks: the first chunks read, kept; once full it admits no more. Thread-safe.
+# The chunk caches, one interface: lookup(read) -> each chunk's bytes or None; store(read, data, indices) after the
+# chunks at `indices` were downloaded into data; `checked`: what lookup returns must have its hashes checked (and
+# forget(read, indices) drops what failed).
+
+
+class _FirstRead:
+    """At most `capacity` bytes of chunks in memory: the first chunks read, kept; once full it admits no more.
+    Thread-safe.
 
     The loader reads every epoch in a new shuffled order, and each chunk (group_size 1: one record) once an epoch, so
     a chunk's last read says nothing of its next one. Least-recently-used eviction keeps the chunks read last and
@@ -355,17 +358,74 @@ class _ChunkCache:
     later epoch, a fixed set 53% (tests/loader/test_reader.py). A fixed set serves capacity / dataset of every later
     epoch's reads, and the whole dataset after the first epoch where it fits."""
 
+    checked = False
+
     def __init__(self, capacity: int):
         self._capacity = capacity
         self._blocks: dict = {}
         self._size = 0
         self._lock = threading.Lock()
 
-    def get(self, key) -> bytes | None:
-        return self._blocks.get(key)  # a dict read is atomic; entries are never removed
+    def lookup(self, read: _ChunkRead) -> list:
+        return [self._blocks.get(chunk) for chunk in read.chunks]  # a dict read is atomic; entries are never removed
 
-    def put(self, key, data: bytes) -> None:
+    def store(self, read: _ChunkRead, data: list, indices: list[int]) -> None:
         with self._lock:
-            if key not in self._blocks and self._size + len(data) <= self._capacity:
-                self._blocks[key] = bytes(data)  # a view would keep the whole piece it is of
-                self._size += len(data)
+            for i in indices:
+                key = read.chunks[i]
+                if key not in self._blocks and self._size + len(data[i]) <= self._capacity:
+                    self._blocks[key] = bytes(data[i])  # a view would keep the whole piece it is of
+                    self._size += len(data[i])
+
+
+class _Planned:
+    """At most `capacity` bytes of chunks in memory, kept by their next read on this host (loader/planned_cache.py)."""
+
+    checked = False
+
+    def __init__(self, capacity: int):
+        self.cache = PlannedCache(capacity)
+
+    def lookup(self, read: _ChunkRead) -> list:
+        return [self.cache.get(chunk) for chunk in read.chunks]
+
+    def store(self, read: _ChunkRead, data: list, indices: list[int]) -> None:
+        """Every chunk of the read is offered (those kept get their new next read), not only those downloaded."""
+        due = np.full(len(read.chunks), -1 if read.plan is not None else NEVER, dtype=np.int64)
+        if read.plan is not None:  # a chunk read twice in this read: it comes back after the later read
+            np.maximum.at(due, read.chunk_of, read.plan[0])
+        self.cache.keep(read.chunks, due, data, read.plan[1] if read.plan is not None else 0)
+
+
+class _OnDisk:
+    """A DiskCache (loader/disk_cache.py), opened on first use in the process that reads (`options`: its open()'s
+    arguments). What it returns may have been lost by the disk: the reader checks it, and forget()s what fails."""
+
+    checked = True
+
+    def __init__(self, options: dict):
+        self._options = options
+        self._disk: DiskCache | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def disk(self) -> DiskCache:
+        if self._disk is None:
+            with self._lock:
+                if self._disk is None:
+                    self._disk = DiskCache.open(**self._options)
+        return self._disk
+
+    def lookup(self, read: _ChunkRead) -> list:
+        lengths = np.array([end - begin for _, begin, end in read.chunks], dtype=np.int64)
+        return self.disk.lookup(read.chunk_records, lengths)
+
+    def store(self, read: _ChunkRead, data: list, indices: list[int]) -> None:
+        if indices:
+            self.disk.admit(read.chunk_records[indices], [data[i] for i in indices])
+
+    def forget(self, read: _ChunkRead, indices: list[int]) -> None:
+        self.disk.forget(read.chunk_records[indices])
+
+
+_COUNT_LOCK = threading.Lock()

@@ -142,7 +142,7 @@ def test_a_later_run_reads_what_an_earlier_one_cached_and_requests_nothing(gcs_b
     later = loader.load(remote, **options)  # a new run: a new reader in a new process would open the same files
     assert list(later) == local
     spans = later._reader._remote_reader
-    assert spans.requests == 0 and spans.records == len(local) * 8 and spans._disk.hits == spans.records
+    assert spans.requests == 0 and spans.records == len(local) * 8 and spans._cache.disk.hits == spans.records
     source = loader.DataSource(remote, cache_dir=str(tmp_path), cache_bytes=1 << 20)  # grain's protocol, the same
     assert source.__getitems__(list(range(len(source)))) == list(loader.DataSource(str(converted)))
     assert source._reader._remote_reader.requests == 1  # the one record of 257 the batches of 8 left out
@@ -157,7 +157,7 @@ def test_a_bucket_larger_than_the_disk_cache_gives_the_local_batches_within_the_
     local = list(loader.load(str(converted), **options))
     cached = loader.load(remote, cache_dir=str(tmp_path), cache_bytes=1 << 13, **options)
     assert list(cached) == local
-    disk = cached._reader._remote_reader._disk
+    disk = cached._reader._remote_reader._cache.disk
     assert disk.admitted > 0 and disk.refused > 0 and disk.hits > 0
     assert int(disk._header[4]) <= 1 << 13 and os.stat(os.path.join(disk.path, "data")).st_blocks * 512 <= 3 << 12
 
@@ -171,7 +171,7 @@ def test_chunks_damaged_on_disk_are_read_again_and_rewritten(gcs_bucket, convert
     reader = BatchReader(source, cache_dir=str(tmp_path), cache_bytes=1 << 20, check_hashes=False)
     everything = np.arange(len(all_records))
     assert reader(everything) == all_records
-    path = reader._remote_reader._disk.path
+    path = reader._remote_reader._cache.disk.path
     slots = np.fromfile(os.path.join(path, "table"), dtype="<u8", offset=HEADER).reshape(-1, 2)
     with open(os.path.join(path, "data"), "r+b") as f:  # a byte of each chunk's data, past its tag and header
         for offset in slots[slots[:, 0] != 0, 1].tolist():

@@ -312,4 +312,4 @@ def test_gs_data_is_cached_on_local_disk_with_data_cache_dir(gcs_bucket, digits,
     first = [b["label"].tolist() for b in program.load_train(num_epochs=1)]
     again = program.load_train(num_epochs=1)
     assert [b["label"].tolist() for b in again] == first and len(first) > 1
-    assert again._reader._remote_reader.requests == 0 and again._reader._remote_reader._disk.hits > 0
+    assert again._reader._remote_reader.requests == 0 and again._reader._remote_reader._cache.disk.hits > 0
