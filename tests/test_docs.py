@@ -28,6 +28,25 @@ def test_every_relative_link_resolves(page):
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
     broken = [link for link in links if "://" not in link and not (page.parent / link).exists()]
     assert not broken, f"{page.relative_to(REPO)} links to missing files: {broken}"
+    # links to a heading (page.md#heading, or #heading on this page) name one that is there
+    anchored = [(link, anchor) for link, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text())
+                if "://" not in link and (page.parent / link).suffix in (".md", "")]
+    missing = [f"{link}#{anchor}" for link, anchor in anchored
+               if anchor not in heading_anchors(page.parent / link if link else page)]
+    assert not missing, f"{page.relative_to(REPO)} links to headings that are not there: {missing}"
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens; a repeated one
+    gets -1, -2, ..."""
+    anchors, seen = set(), {}
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # a comment in a code block is no heading
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, flags=re.M):
+        anchor = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(anchor, 0)
+        seen[anchor] = count + 1
+        anchors.add(anchor if not count else f"{anchor}-{count}")
+    return anchors
 
 
 def table_keys(page: Path) -> set[str]:
