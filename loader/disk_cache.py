@@ -83,7 +83,8 @@ class DiskCache:
     def open(cls, directory: str, key: str, *, capacity: int, mean_chunk: int, records: int,
              dataset: str = "") -> DiskCache:
         """The cache of the source with index key `key` under `directory`: opened, or made (or remade, logged, when
-        it does not pass its checks or was made with another capacity). `dataset`: what every version of the dataset
+        it does not pass its checks, or was made with another capacity and no process has it open: one that has is
+        used with its own capacity, logged). `dataset`: what every version of the dataset
         shares (a hash of its shards' paths); the caches of its other versions that no process has open are removed."""
         capacity = capacity // 8 * 8
         if capacity < 4096:
@@ -98,6 +99,15 @@ class DiskCache:
                 if dataset:
                     _remove_other_versions(directory, key, dataset)
                 return cache
+            except _OtherCapacity as e:
+                if not _in_use(path):
+                    log.warning("%s: %s; starting it again", path, e)
+                    _remove(path)
+                    continue
+                # a process reads through it: remade, its entries would vanish under that process
+                log.warning("%s: %s, and a process has it open; using it as it is (pass cache_bytes=%s, or give "
+                            "this job its own cache_dir)", path, e, f"{e.capacity:,}")
+                capacity = e.capacity
             except _Stale as e:
                 log.warning("%s: %s; starting it again", path, e)
                 _remove(path)
@@ -130,7 +140,7 @@ class DiskCache:
             if int(header[_RECORDS]) != records:
                 raise _Stale(f"it was made for {int(header[_RECORDS]):,} records, not {records:,}")
             if have != capacity:
-                raise _Stale(f"it was made with cache_bytes={have:,}, not {capacity:,}")
+                raise _OtherCapacity(have, f"it was made with cache_bytes={have:,}, not {capacity:,}")
             if tail > capacity or tail % 8:
                 raise _Stale("its header's tail lies outside its data")
             data_fd = os.open(os.path.join(path, "data"), flags)
@@ -307,6 +317,14 @@ class _Stale(Exception):
     """A cache directory that cannot be used as it is: made again."""
 
 
+class _OtherCapacity(_Stale):
+    """A cache made with another cache_bytes (`capacity`): made again, unless another process has it open."""
+
+    def __init__(self, capacity: int, why: str):
+        super().__init__(why)
+        self.capacity = capacity
+
+
 def _create(directory: str, path: str, capacity: int, slots: int, records: int, dataset: str) -> None:
     """A new cache at `path`, made under a temporary name and renamed (another process may make it first)."""
     made = tempfile.mkdtemp(prefix=".making-", dir=directory)
@@ -352,6 +370,21 @@ def _use(path: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _in_use(path: str) -> bool:
+    """Whether a process (this one included, through another handle) has the cache at `path` open."""
+    try:
+        fd = os.open(os.path.join(path, "users"), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _remove_other_versions(directory: str, key: str, dataset: str) -> None:

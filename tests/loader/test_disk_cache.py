@@ -263,3 +263,24 @@ def test_a_cache_in_use_by_another_process_is_kept(tmp_path):
         holder.wait(timeout=30)
     DiskCache.open(str(tmp_path), "v3", capacity=1 << 16, mean_chunk=80, records=100, dataset="ds").close()
     assert sorted(os.listdir(tmp_path)) == ["v3"]
+
+
+def test_a_cache_of_another_capacity_that_a_process_has_open_is_used_as_it_is(tmp_path, caplog):
+    records = np.arange(50)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; import numpy as np; from loader.disk_cache import DiskCache; "
+         "from tests.loader.test_disk_cache import _chunks; "
+         "c = DiskCache.open(sys.argv[1], 'key', capacity=1 << 16, mean_chunk=80, records=10_000); "
+         "r = np.arange(50); c.admit(r, _chunks(r)); print('open', flush=True); sys.stdin.read()", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        assert holder.stdout.readline() == "open\n"
+        with caplog.at_level(logging.WARNING, logger="loader.disk_cache"):
+            shared = _open(tmp_path, capacity=1 << 17)  # another job's cache_bytes
+        assert shared.capacity == 1 << 16 and _served(shared, records).all()  # its entries, not a new cache
+        assert "made with cache_bytes=65,536, not 131,072, and a process has it open; using it as it is" in caplog.text
+        shared.close()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert not _served(_open(tmp_path, capacity=1 << 17), records).any()  # no process has it: made again
