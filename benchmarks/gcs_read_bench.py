@@ -105,9 +105,9 @@ def cpu_seconds(others: set[int]) -> float:
     return total
 
 
-def measure(read_batches, front: Front, spans, record_bytes: int) -> dict:
+def measure(read_batches, front: Front, spans, record_bytes: int, counted: bool) -> dict:
     """Runs `read_batches` (which returns the records handed out, its seconds and the reader's CPU seconds) and
-    counts what the link carried and what the loader's reader served."""
+    counts what the link carried and what the loader's reader served (`counted`: all reads are this process's)."""
     front.quiet()
     cpu = front.call("reset", {})["cpu"]
     spans.requests = spans.downloaded = spans.records = spans.served = 0
@@ -116,7 +116,7 @@ def measure(read_batches, front: Front, spans, record_bytes: int) -> dict:
     front_cores = (stats["cpu"] - cpu) / seconds
     stats = front.quiet()
     # with worker processes the reads (and their counts) are theirs: the records handed out, then, and their bytes
-    records, served = (spans.records, spans.served) if spans.records else (handed, handed * record_bytes)
+    records, served = (spans.records, spans.served) if counted else (handed, handed * record_bytes)
     return {"records_per_s": handed / seconds, "requests": stats["gets"], "records": records,
             "front_cores": front_cores, "reader_cores": reader_cpu / seconds,
             "ratio": stats["bytes_out"] / max(1, served), "seconds": seconds}
@@ -242,7 +242,7 @@ def main() -> None:
                         if not workers:
                             reader.REMOTE_GAP, reader.REMOTE_WASTE = gap, waste
                         try:
-                            r = measure(read_ours, front, ours._reader._remote_reader, size)
+                            r = measure(read_ours, front, ours._reader._remote_reader, size, counted=not workers)
                         finally:
                             reader.REMOTE_GAP, reader.REMOTE_WASTE = saved_rule
                         per_request = r["records"] / max(1, r["requests"])
