@@ -27,6 +27,7 @@ import threading
 import time
 
 from dataset_format import storage
+from loader import http1
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class _Loop:
         self._credentials = storage.credentials()
         self._auth_lock = threading.Lock()
         self._session = None
+        self._pool: http1.Pool | None = None
         self._queue: asyncio.Queue | None = None  # (read, index of its range) for the workers, in order
         self._workers: list[asyncio.Task] = []
         threading.Thread(target=self.loop.run_forever, name="gcs-ranges", daemon=True).start()
@@ -113,6 +115,7 @@ class _Loop:
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        self._pool.close()
         await self._session.close()
 
     @classmethod
@@ -148,6 +151,7 @@ class _Loop:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=IN_FLIGHT, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(total=_TIMEOUT_SECONDS), auto_decompress=False)
+            self._pool = http1.Pool(timeout=_TIMEOUT_SECONDS)
             self._queue = asyncio.Queue()
             # a task for each request in flight, living as long as the loop, not a task for each request (~25 us)
             self._workers = [self.loop.create_task(self._worker()) for _ in range(IN_FLIGHT)]
@@ -179,22 +183,17 @@ class _Loop:
         delay, deadline = 0.25, time.monotonic() + storage.RETRY_SECONDS
         while True:
             try:
-                async with self._session.get(url, headers={**headers, "Range": f"bytes={start}-{end - 1}",
-                                                           "Accept-Encoding": "identity"},
-                                             proxy=_proxy_for(url)) as response:
-                    status = response.status
-                    pieces = [piece async for piece in response.content.iter_any()]
-                if status == 206:
+                status, pieces = await self._get(url, start, end, headers)
+            except (aiohttp.ClientError, OSError) as e:  # dropped, refused, timed out, cut short, malformed
+                reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            else:
+                if status in (200, 206):  # 200: the whole object (the server ignored the range), cut to it
                     return Body(pieces)
-                if status == 200:  # the whole object: the server ignored the range
-                    return Body([b"".join(pieces)[start:end]])
                 if status == 416:  # the range starts past the end: the object is shorter
                     return Body([])
-                _raise_for(status, path, b"".join(pieces))
-            except _Transient as e:
-                reason = str(e)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # dropped, refused, timed out, cut short
-                reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                if status not in _TRANSIENT:
+                    _raise_for(status, path, b"".join(pieces))
+                reason = f"HTTP {status}"
             if time.monotonic() + delay > deadline or storage.exiting():
                 raise OSError(f"{path}: reading bytes {start}-{end - 1} failed for {storage.RETRY_SECONDS:.0f} s "
                               f"({reason}); check the network and the bucket")
@@ -204,6 +203,22 @@ class _Loop:
                 await asyncio.sleep(min(0.1, delay - waited))
                 waited += 0.1
             delay = min(16.0, delay * 2)
+
+    async def _get(self, url: str, start: int, end: int, headers: dict[str, str]) -> tuple[int, list[bytes]]:
+        """(status, body pieces) of a range GET: through loader/http1.py's connections, or aiohttp's session
+        through a proxy or for an answer http1 does not read (chunked, or framed by the connection's close)."""
+        proxy = _proxy_for(url)
+        if proxy is None:
+            try:
+                return await self._pool.get(url, start, end, headers)
+            except http1.Unsupported as e:
+                log.debug("%s: %s; asking through aiohttp", url, e)
+        async with self._session.get(url, headers={**headers, "Range": f"bytes={start}-{end - 1}",
+                                                   "Accept-Encoding": "identity"}, proxy=proxy) as response:
+            pieces = [piece async for piece in response.content.iter_any()]
+        if response.status == 200:
+            pieces = [b"".join(pieces)[start:end]]
+        return response.status, pieces
 
 
 def _proxy_for(url: str) -> str | None:
@@ -234,14 +249,8 @@ class _Read:
         self.left = len(requests)
 
 
-class _Transient(Exception):
-    pass
-
-
 def _raise_for(status: int, path: str, body: bytes) -> None:
     bucket, name = storage.split_gcs(path)
-    if status in _TRANSIENT:
-        raise _Transient(f"HTTP {status}")
     if status in (401, 403):
         raise PermissionError(f"{path}: permission denied ({status}) on bucket {bucket!r}, object {name!r}; grant "
                               "this account access to the bucket (roles/storage.objectViewer to read) or check the "
