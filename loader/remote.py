@@ -1,10 +1,11 @@
 """Many byte ranges of gs:// objects at once: the loader's remote reads.
 
 `fetch([(path, start, end), ...])` returns each range's bytes, in order. Up to `IN_FLIGHT` requests of a process are
-in flight together, on one asyncio event loop (aiohttp; a daemon thread of the process, started on first use): a
-request costs ~0.3 ms of CPU there against ~1.5 ms through google-cloud-storage's `requests` session, which on a
-small host set the pace of reading small records (benchmarks/gcs_read_bench.py). Requests are the JSON API's media
-downloads (`GET .../o/NAME?alt=media` with a `Range`), authorised with the credentials the google-cloud-storage
+in flight together, on one asyncio event loop (a daemon thread of the process, started on first use), over keep-alive
+connections of loader/http1.py: ~0.1 ms of the process's CPU a request, where aiohttp's client session took ~0.2 ms
+and google-cloud-storage's `requests` session ~1.5 ms, and on a small host that CPU set the pace of reading small
+records (benchmarks/gcs_read_bench.py). Through a proxy (HTTPS_PROXY), or for an answer not framed by its
+Content-Length, the request goes through aiohttp's session instead. Requests are the JSON API's media downloads (`GET .../o/NAME?alt=media` with a `Range`), authorised with the credentials the google-cloud-storage
 client uses (and refreshed as it refreshes them), to its endpoint (STORAGE_EMULATOR_HOST included).
 
 What is transient (408, 429, 5xx, a dropped or timed-out connection, a body cut short) is retried with backoff
