@@ -79,6 +79,7 @@ class Pool:
             try:
                 status, pieces, keep = await conn.request(head, start, end, self.timeout)
             except _ClosedIdle:
+                self._discard(conn)
                 if reused and attempt == 0:  # closed while idle, before any answer: open one and ask again
                     continue
                 raise ConnectionResetError(f"{host}:{port} closed the connection before answering") from None

@@ -140,6 +140,15 @@ def test_a_body_cut_short_and_a_server_that_never_answers_are_errors():
 def test_a_kept_connection_the_server_closed_is_opened_again_once():
     (first, second), server = _get([_range(100, 1100), _range(100, 1100)], close=True, times=2)
     assert first == second == (206, [DATA[100:1100]]) and server.connections == 2
+
+    async def main():  # the pool holds only the connection in use
+        async with Server([_range(100, 1100)] * 5, close=True) as server:
+            pool = http1.Pool(timeout=5)
+            for _ in range(5):
+                assert await pool.get(server.url, 100, 1100, {}) == (206, [DATA[100:1100]])
+            assert len(pool._open) == 1 and server.connections == 5
+            pool.close()
+    asyncio.run(asyncio.wait_for(main(), 30))
     with pytest.raises(ConnectionResetError, match="closed the connection before answering"):
         _get([lambda head: b""], close=True)  # a new connection closed unanswered is not asked again
 
