@@ -4,8 +4,9 @@
 in flight together, on one asyncio event loop (a daemon thread of the process, started on first use), over keep-alive
 connections of loader/http1.py: ~0.1 ms of the process's CPU a request, where aiohttp's client session took ~0.2 ms
 and google-cloud-storage's `requests` session ~1.5 ms, and on a small host that CPU set the pace of reading small
-records (benchmarks/gcs_read_bench.py). Through a proxy (HTTPS_PROXY), or for an answer not framed by its
-Content-Length, the request goes through aiohttp's session instead. Requests are the JSON API's media downloads (`GET .../o/NAME?alt=media` with a `Range`), authorised with the credentials the google-cloud-storage
+records (benchmarks/gcs_read_bench.py). Through a proxy (HTTPS_PROXY), or to an endpoint that frames its answers
+otherwise than by Content-Length, requests go through aiohttp's session instead. Requests are the JSON API's media
+downloads (`GET .../o/NAME?alt=media` with a `Range`), authorised with the credentials the google-cloud-storage
 client uses (and refreshed as it refreshes them), to its endpoint (STORAGE_EMULATOR_HOST included).
 
 What is transient (408, 429, 5xx, a dropped or timed-out connection, a body cut short) is retried with backoff
@@ -98,6 +99,7 @@ class _Loop:
         self._auth_lock = threading.Lock()
         self._session = None
         self._pool: http1.Pool | None = None
+        self._framed_otherwise: set[str] = set()  # endpoints (host:port) whose answers http1 does not read
         self._queue: asyncio.Queue | None = None  # (read, index of its range) for the workers, in order
         self._workers: list[asyncio.Task] = []
         threading.Thread(target=self.loop.run_forever, name="gcs-ranges", daemon=True).start()
@@ -209,11 +211,13 @@ class _Loop:
         """(status, body pieces) of a range GET: through loader/http1.py's connections, or aiohttp's session
         through a proxy or for an answer http1 does not read (chunked, or framed by the connection's close)."""
         proxy = _proxy_for(url)
-        if proxy is None:
+        endpoint = url.split("/", 3)[2]
+        if proxy is None and endpoint not in self._framed_otherwise:
             try:
                 return await self._pool.get(url, start, end, headers)
-            except http1.Unsupported as e:
-                log.debug("%s: %s; asking through aiohttp", url, e)
+            except http1.Unsupported as e:  # its later requests go to aiohttp at once, not each asked twice
+                log.info("%s answers %s; its requests go through aiohttp", endpoint, e)
+                self._framed_otherwise.add(endpoint)
         async with self._session.get(url, headers={**headers, "Range": f"bytes={start}-{end - 1}",
                                                    "Accept-Encoding": "identity"}, proxy=proxy) as response:
             pieces = [piece async for piece in response.content.iter_any()]

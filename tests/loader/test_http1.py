@@ -197,15 +197,19 @@ def test_damaged_heads_and_cut_answers_give_the_exact_bytes_or_an_error():
 
 
 def test_the_loader_reads_a_chunked_answer_through_aiohttp(gcs_emulator):
-    """An answer http1 does not read is asked again through aiohttp's session, transparently."""
+    """An answer http1 does not read is asked again through aiohttp's session, transparently, and the endpoint's
+    later requests go to aiohttp at once."""
     chunked = (b"HTTP/1.1 206 X\r\nTransfer-Encoding: chunked\r\nContent-Range: bytes 100-1099/16384\r\n\r\n"
                + b"%x\r\n" % 1000 + DATA[100:1100] + b"\r\n0\r\n\r\n")
 
     async def serve():
-        async with Server([chunked, chunked], close=True) as server:
+        async with Server([chunked, chunked, chunked], close=True) as server:
             loop = remote._Loop()
             got = await asyncio.to_thread(loop.run, [(server.url, "gs://b/o", 100, 1100)])
-            return got, server
-    got, server = asyncio.run(asyncio.wait_for(serve(), 60))
-    assert [bytes(body) for body in got] == [DATA[100:1100]]
-    assert len(server.requests) == 2 and "aiohttp" not in server.requests[0] and "aiohttp" in server.requests[1]
+            asked = len(server.requests)
+            got += await asyncio.to_thread(loop.run, [(server.url, "gs://b/o", 100, 1100)])
+            return got, server, asked
+    got, server, asked = asyncio.run(asyncio.wait_for(serve(), 60))
+    assert [bytes(body) for body in got] == [DATA[100:1100]] * 2
+    assert asked == 2 and "aiohttp" not in server.requests[0] and "aiohttp" in server.requests[1]
+    assert len(server.requests) == 3 and "aiohttp" in server.requests[2]  # the endpoint's next request: aiohttp's
