@@ -4,6 +4,7 @@
     python -m loader inspect ~/tfds/mnist/3.0.1 --split test
     python -m loader bench out/ --batch_size 256     # examples/s on your own data, and which stage bounds it
     python -m loader bench imagenet/ --image image/encoded --threads 8   # images/s: decode + random crop + flip
+    python -m loader bench imagenet/ --step-time 0.0376 --workers auto --map images:224   # paced like a training step
     python -m loader stage gs://bucket/ds /local/ds  # copy to local disk (resumable, size-checked)
 """
 
@@ -51,19 +52,14 @@ def inspect_main(args) -> int:
 
 def bench_main(args) -> int:
     """Time to the first batch, then examples/s over a start window (the loader ramps its reads up from one
-    batch to groups of ~32k records) and over the batches after it (what a long training run sees)."""
+    batch to groups of ~32k records) and over the batches after it (what a long training run sees). With
+    --step-time: a consumer that takes a batch every so many seconds, as an accelerator would (paced_main)."""
     import resource
 
     import loader
     from loader.executors.tuned import loader_cores
 
-    options = {}
-    unit = "examples"
-    if args.image:
-        from loader import images
-
-        options["random_map_fn"] = images.RandomResizedCrop(args.image, size=args.image_size)
-        unit = f"images ({args.image_size}x{args.image_size} random-resized crops)"
+    options, unit = _bench_map(args)
     if args.threads:
         options["num_threads"] = args.threads
     started = time.perf_counter()
@@ -71,6 +67,8 @@ def bench_main(args) -> int:
                           worker_count=args.workers, **options))
     next(it)
     first = time.perf_counter() - started
+    if args.step_time is not None:
+        return _paced(it, args, first, unit)
     rates = []
     for batches in (args.start, args.batches):
         it.stage_times(reset=True)
@@ -92,6 +90,85 @@ def bench_main(args) -> int:
           f"globally shuffled)")
     print("\n".join(f"  {line}" for line in report.lines()[1:]))
     return 0
+
+
+LONG_WAIT = 0.1  # seconds: the paced bench lists every wait longer than this
+
+
+def _paced(it, args, first: float, unit: str) -> int:
+    """Takes --start + --batches batches, each followed by --step-time seconds of "compute" (a sleep, as an
+    accelerator's step leaves the host's cores to the loader): the rate delivered against the rate asked and the time spent waiting,
+    over the batches after the start window (the first groups are all computed at once), and every wait over
+    LONG_WAIT with its batch number."""
+    from loader.executors.tuned import loader_cores
+
+    step, total = args.step_time, args.start + args.batches
+    waits = np.zeros(total + 1)
+    t0 = due = time.perf_counter()
+    for b in range(1, total + 1):
+        if b == args.start + 1:
+            it.stage_times(reset=True)
+            steady = time.perf_counter()
+        t = time.perf_counter()
+        next(it)
+        got = time.perf_counter()
+        waits[b] = got - t
+        # The step starts when both the batch and the device are there, and lasts `step`: a late wake-up of this
+        # thread is not a slower device (an accelerator runs its queued steps meanwhile).
+        due = max(due, got) + step
+        time.sleep(max(0.0, due - time.perf_counter()))
+    end = time.perf_counter()
+    setting = it.worker_setting()
+    report = it.stage_times().report(end - steady, compute_cores=loader_cores(), setting=setting)
+    it.close()
+    asked = args.batch_size / step
+
+    def rate(batches: int, seconds: float) -> str:
+        return f"{batches * args.batch_size / seconds:,.0f}/s ({batches * args.batch_size / seconds / asked:.2f})"
+
+    after = waits[args.start + 1:]
+    print(f"paced: a batch of {args.batch_size} every {step * 1e3:,.1f} ms asks {asked:,.0f} {unit}/s; after a start "
+          f"window of {args.start} batches, {rate(args.batches, end - steady)} delivered over {args.batches} "
+          f"batches, waiting {100 * after.sum() / (end - steady):.1f}% of the time, the longest wait "
+          f"{after.max() if len(after) else 0.0:.2f} s; over every batch {rate(total, end - t0)} (first batch "
+          f"{first:.2f} s; workers={args.workers}: {setting})")
+    long = [(b, w) for b, w in enumerate(waits) if w > LONG_WAIT]
+    print(f"  waits over {LONG_WAIT * 1e3:.0f} ms: {len(long)}" + (": at batch " + ", ".join(
+        f"{b} ({w:.2f} s)" for b, w in long[:40]) + (f", ... {len(long) - 40} more" if len(long) > 40 else "")
+        if long else ""))
+    print("\n".join(f"  {line}" for line in report.lines()[1:]))
+    return 0
+
+
+def _bench_map(args) -> tuple[dict, str]:
+    """The bench's map (--image FEATURE, or --map images:SIZE): load options and the unit of its rate."""
+    size = args.image_size
+    if args.map is not None:
+        kind, _, value = args.map.partition(":")
+        if kind != "images" or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--map takes images:SIZE, e.g. images:224 (got {args.map!r})")
+        size = int(value)
+    if not args.image and args.map is None:
+        return {}, "examples"
+    from loader import images
+
+    feature = args.image or _image_feature(args.source, args.split, args.decode)
+    return ({"random_map_fn": images.RandomResizedCrop(feature, size=size)},
+            f"images ({size}x{size} random-resized crops)")
+
+
+def _image_feature(source: str, split: str | None, decode) -> str:
+    """The first feature of record 0 holding JPEG or PNG bytes (for --map images:SIZE without --image)."""
+    import loader
+
+    record = next(iter(loader.load(source, batch_size=1, shuffle=False, num_epochs=1, split=split, decode=decode)))
+    row = {k: v[0] for k, v in record.items()} if isinstance(record, dict) else {}
+    for key, value in sorted(row.items()):
+        data = value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+        if isinstance(data, bytes) and data[:3] in (b"\xff\xd8\xff", b"\x89PN"):
+            return key
+    raise ValueError(f"no feature of {source}'s first record holds JPEG or PNG bytes (features: {sorted(row)}); "
+                     "name the image feature with --image FEATURE")
 
 
 def _workers(value: str) -> int | str:
@@ -142,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--image", default=None, metavar="FEATURE",
                            help="time the image path: decode FEATURE's JPEG/PNG bytes, random-resized crop, flip")
             s.add_argument("--image_size", "--image-size", type=int, default=224, help="--image's crop size (default 224)")
+            s.add_argument("--map", default=None, metavar="images:SIZE",
+                           help="the image path at SIZE on the first JPEG/PNG feature (or --image's)")
+            s.add_argument("--step-time", "--step_time", type=float, default=None, metavar="SECONDS",
+                           help="take a batch every SECONDS, as a training step would: the rate delivered against "
+                                "the rate asked, the time waiting, every wait over 100 ms with its batch number")
     args = p.parse_args(argv)
     if args.decode == "none":
         args.decode = None

@@ -432,6 +432,8 @@ class _HostBatches:
             batches = group.batches
             self._pending.extend(_unpack(batches) if isinstance(batches, dict) else batches)
             self.times.add(group, time.thread_time() - cpu, time.perf_counter() - wall)
+        elif hasattr(self._groups, "poll"):  # workers: take what they finished, send them more (schedule.py)
+            self._groups.poll()
         return self._pending.popleft()
 
     def close(self) -> None:

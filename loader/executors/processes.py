@@ -222,10 +222,11 @@ class _Groups(Scheduled):
     def _send(self, worker: _Process, group: int) -> None:
         worker.conn.send(group)
 
-    def _wait(self) -> list:
+    def _wait(self, timeout: float | None = None) -> list:
         handles = {h: w for w in self._workers for h in self._handles(w)}
         events = []
-        for worker in {id(handles[h]): handles[h] for h in multiprocessing.connection.wait(list(handles))}.values():
+        ready = multiprocessing.connection.wait(list(handles), timeout)
+        for worker in {id(handles[h]): handles[h] for h in ready}.values():
             events += self._events(worker)
         return events
 

@@ -115,10 +115,12 @@ class _ActorGroups(Scheduled):
         worker.refs[ref] = group
         self._pending[ref] = worker
 
-    def _wait(self) -> list:
+    def _wait(self, timeout: float | None = None) -> list:
         ray = _ray()
+        if timeout is not None and not self._pending:
+            return []
         ready: list = []
-        while not ready:
+        while not ready and timeout is None:
             ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=STALL_SECONDS)
             if not ready:
                 _stalled(len(self._pending), self._spec.resources)

@@ -103,8 +103,9 @@ class Scheduled(abc.ABC):
         """Has `worker` compute `group`."""
 
     @abc.abstractmethod
-    def _wait(self) -> list:
-        """Blocks until something happened: a list of Result and Died."""
+    def _wait(self, timeout: float | None = None) -> list:
+        """What happened, a list of Result and Died: blocks until something did (timeout=None), or returns what has
+        by now (timeout=0; maybe nothing)."""
 
     @abc.abstractmethod
     def _stop(self, worker: Worker) -> None:
@@ -137,18 +138,11 @@ class Scheduled(abc.ABC):
     def __next__(self):
         if self._closed or self._next >= self._n:
             raise StopIteration
-        waited = self._next not in self._done
         try:
+            self._take(self._wait(0))  # what finished while the caller was away frees room for more
+            waited = self._next not in self._done
             while self._next not in self._done:
-                self._dispatch()
-                for event in self._wait():
-                    if isinstance(event, Died):
-                        self._replace(event.worker, event.how)
-                    elif event.worker in self._workers:
-                        event.worker.groups.discard(event.group)
-                        event.worker.alone = False
-                        self._done[event.group] = (event.ok, event.value)
-                self._retire_idle()
+                self._take(self._wait())
         except BaseException:
             self.close()
             raise
@@ -157,8 +151,32 @@ class Scheduled(abc.ABC):
         if not ok:
             self.close()
             raise value
+        self.poll()  # the window moved on by one group: it is sent now, not once the window has run dry
         self._handed(self._next - 1, value, waited)
         return value
+
+    def poll(self) -> None:
+        """Takes what the workers finished and sends groups to those with room, without blocking: the caller calls
+        it between groups (every batch), so a worker that finished gets its next group within a batch's time."""
+        if self._closed:
+            return
+        try:
+            self._take(self._wait(0))
+        except BaseException:
+            self.close()
+            raise
+
+    def _take(self, events: list) -> None:
+        """Books what happened (answers, workers' ends), then sends groups to the workers with room."""
+        for event in events:
+            if isinstance(event, Died):
+                self._replace(event.worker, event.how)
+            elif event.worker in self._workers:
+                event.worker.groups.discard(event.group)
+                event.worker.alone = False
+                self._done[event.group] = (event.ok, event.value)
+        self._retire_idle()
+        self._dispatch()
 
     def _handed(self, group: int, value: Any, waited: bool) -> None:
         """After group `group` is handed to the caller, who `waited` for it or found it done (a tuner measures

@@ -126,8 +126,8 @@ class _TunedGroups(_Groups):
             return [Result(worker, g, ok, value) for g, ok, value in worker.take()]
         return super()._events(worker)
 
-    def _wait(self) -> list:
-        events = super()._wait()
+    def _wait(self, timeout: float | None = None) -> list:
+        events = super()._wait(timeout)
         for e in events:
             if isinstance(e, Result):
                 self._answered(e.worker)

@@ -57,3 +57,20 @@ def test_help_describes_every_command(capsys):
     for command, words in (("stage", "copy a gs:// dataset"), ("inspect", "print a dataset's shards"),
                            ("bench", "time loader.load")):
         assert f"    {command}" in out and words in out, (command, out)
+
+
+def test_paced_bench_reports_the_rate_asked_and_every_long_wait(photos):
+    bench = _run("bench", str(photos), "--batch_size", "8", "--start", "2", "--batches", "6", "--step-time", "0.02",
+                 "--map", "images:32", "--workers", "1")
+    assert bench.returncode == 0, bench.stderr
+    lines = bench.stdout.splitlines()
+    head = re.match(r"paced: a batch of 8 every 20\.0 ms asks 400 images \(32x32 random-resized crops\)/s; after a "
+                    r"start window of 2 batches, [\d,]+/s \((\d\.\d\d)\) delivered over 6 batches, waiting ([\d.]+)% of "
+                    r"the time, the longest wait ([\d.]+) s; over every batch .*workers=1: 1 worker process\)$", lines[0])
+    assert head, bench.stdout
+    assert 0 < float(head.group(1)) <= 1.05 and 0 <= float(head.group(2)) <= 100, bench.stdout
+    assert re.match(r"  waits over 100 ms: \d+", lines[1]), bench.stdout
+    assert lines[2].startswith("  CPU per 1,000 records (ms): plan ") and "map " in lines[2], bench.stdout
+    assert lines[4].startswith("  bound by "), bench.stdout
+    bad = _run("bench", str(photos), "--map", "crops:32")
+    assert bad.returncode == 2 and "--map takes images:SIZE, e.g. images:224 (got 'crops:32')" in bad.stderr
