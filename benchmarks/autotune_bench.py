@@ -55,7 +55,7 @@ while time.perf_counter() - t0 < {seconds}:
 rows = options["batch_size"]
 half = [m for m in marks if m >= marks[-1] / 2]
 groups = it._host._groups
-history = [(str(s), r, b) for s, r, b in getattr(getattr(groups, "tuner", None), "history", [])]
+history = [(str(m.setting), m.rate, m.wait) for m in getattr(getattr(groups, "tuner", None), "history", [])]
 print(json.dumps({{"rate": len(marks) * rows / marks[-1], "steady": (len(half) - 1) * rows / (half[-1] - half[0]),
                   "setting": it.worker_setting(), "history": history}}))
 sys.stdout.flush()
@@ -112,7 +112,7 @@ def main() -> None:
                 r = image_bench.run(code, timeout=args.seconds * 3 + 120)  # its own session, ended by SIGKILL
                 runs.setdefault(workers, []).append(r)
                 chose = f"  chose {r['setting']}; measured " + ", ".join(
-                    f"{s} {v:,.0f}/s ({100 * b:.0f}% busy)" for s, v, b in r["history"]) if workers == "auto" else ""
+                    f"{s} {v:,.0f}/s ({100 * w:.0f}% waiting)" for s, v, w in r["history"]) if workers == "auto" else ""
                 print(f"  {name:10s} workers={workers!s:4s} {r['rate']:>9,.0f} records/s "
                       f"(second half {r['steady']:>9,.0f}){chose}", flush=True)
         rate = {w: statistics.median(r["rate"] for r in rs) for w, rs in runs.items()}

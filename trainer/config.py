@@ -85,8 +85,9 @@ class TrainConfig:
     log_every: int = 50  # steps between log lines and metrics
     eval_every: int = 250  # steps between evaluations of eval_data
     checkpoint_every: int = 250  # steps between checkpoints (also one at the end and at SIGTERM)
-    # loader worker processes for `data` (0: threads in this process; auto: threads and/or processes as measured)
-    data_workers: int | str = 0
+    # loader worker processes for `data` (0: threads in this process; auto: threads here, or as many worker processes
+    # as the step's demand needs, measured as it runs). Default: auto on a host with an accelerator, 0 on CPU.
+    data_workers: int | str | None = None
     data_ray_address: str | None = None  # run the data_workers as Ray actors on this Ray cluster (docs/ray-workers.md)
     data_ray_resource: str | None = None  # with data_ray_address: a custom resource (1 an actor) that places them
     data_cache_bytes: int = 0  # gs:// data: keep up to this many bytes of its chunks, in memory or in data_cache_dir
@@ -149,9 +150,9 @@ class TrainConfig:
             raise ValueError(f"data_workers=auto tunes this host's workers; with data_ray_address="
                              f"{self.data_ray_address} pass the number of Ray actors (data_workers=N)")
         for name in ("data_workers", "in_memory_batches"):
-            if getattr(self, name) != "auto" and getattr(self, name) < 0:
+            if getattr(self, name) not in ("auto", None) and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
-        if self.data_ray_address is not None and self.data_workers < 1:
+        if self.data_ray_address is not None and (self.data_workers or 0) < 1:
             raise ValueError(f"data_ray_address={self.data_ray_address} runs data_workers Ray actors: pass "
                              "data_workers=N (N >= 1)")
         if self.data_ray_resource is not None and self.data_ray_address is None:

@@ -87,13 +87,20 @@ class Program:
         task_args = ({"packing": self.task.packing} if c.packing else
                      {"features": self.task.features, "random_map_fn": augment} if augment is not None else
                      {"features": self.task.features, "map_fn": _preprocess(self.task)})
-        options = dict(batch_size=c.batch_size, seed=c.seed, split=self.train_split, worker_count=c.data_workers,
+        options = dict(batch_size=c.batch_size, seed=c.seed, split=self.train_split, worker_count=self.data_workers(),
                        allow_incomplete=c.allow_incomplete, ray_address=c.data_ray_address,
                        cache_bytes=c.data_cache_bytes, cache_dir=c.data_cache_dir,
                        ray_resources={c.data_ray_resource: 1} if c.data_ray_resource else None, **task_args)
         if isinstance(c.data_source, dict):  # TFDS components default to their train split
             options.update(split=c.split, weights=c.data_weights)
         return loader.load(c.data_source, **{**options, **kwargs})
+
+    def data_workers(self) -> int | str:
+        """`data_workers`, or by default "auto" where the devices are accelerators (the host's cores feed them) and 0
+        (threads here) on a CPU, whose cores train."""
+        if self.config.data_workers is not None:
+            return self.config.data_workers
+        return "auto" if jax.default_backend() != "cpu" else 0
 
     # --- the step's math ---------------------------------------------------------------------
     def compute(self, tree: Any) -> Any:

@@ -130,7 +130,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
 
     # --- loop -------------------------------------------------------------------------------
     losses: list = []
-    period_start, data_wait, host_wait, last = time.perf_counter(), 0.0, 0.0, {}
+    period_start, data_wait, host_wait, longest_wait, last = time.perf_counter(), 0.0, 0.0, 0.0, {}
     try:
         for step in range(start + 1, config.steps + 1):
             t = time.perf_counter()
@@ -141,6 +141,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             host_wait += waited  # all time blocked on input, also while step - 1 still runs
             if not losses or losses[-1].is_ready():  # no step running: the devices may have idled this long
                 data_wait += waited
+                longest_wait = max(longest_wait, waited)
             state, loss = train_step(state, batch)
             if losses:
                 # At most two steps in flight. Unbounded asynchronous dispatch of collective programs
@@ -160,15 +161,16 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                         "examples_per_sec": len(values) * config.batch_size / elapsed,
                         "examples_per_sec_per_device": len(values) * config.batch_size / elapsed / replicas,
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed,
+                        "data_wait_longest_s": longest_wait,
                         "host_wait_fraction": host_wait / elapsed, **_component_rows(it)}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
                     last.update(program.evaluate(strategy, state["params"], state.get("model_state")))
                 if metrics:
                     metrics.write(last)
                 evals = "".join(f"{k} {v:.4f} " for k, v in last.items() if k.startswith("eval_") and k != "eval_examples")
-                log.info("step %d/%d loss %.4f %s%.0f ex/s data-wait %.1f%%", step, config.steps, last["loss"], evals,
-                         last["examples_per_sec"], 100 * last["data_wait_fraction"])
-                losses, period_start, data_wait, host_wait = [], time.perf_counter(), 0.0, 0.0
+                log.info("step %d/%d loss %.4f %s%.0f ex/s data-wait %.1f%% (longest %.2f s)", step, config.steps,
+                         last["loss"], evals, last["examples_per_sec"], 100 * last["data_wait_fraction"], longest_wait)
+                losses, period_start, data_wait, host_wait, longest_wait = [], time.perf_counter(), 0.0, 0.0, 0.0
             if itstime(step, config.checkpoint_every, config.steps) or stop:
                 save(step)
             if stop:

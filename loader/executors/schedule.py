@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import collections
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,7 @@ class Scheduled(abc.ABC):
         self._deaths: collections.Counter = collections.Counter()
         self._done: dict[int, tuple[bool, Any]] = {}
         self._next = 0  # the next group to hand out
+        self._handed_at: float | None = None  # when the caller took the last group
         self._closed = False
         if count:  # 0: the subclass starts its workers itself
             self.resize(count)
@@ -138,9 +140,9 @@ class Scheduled(abc.ABC):
     def __next__(self):
         if self._closed or self._next >= self._n:
             raise StopIteration
+        asked = time.perf_counter()
         try:
             self._take(self._wait(0))  # what finished while the caller was away frees room for more
-            waited = self._next not in self._done
             while self._next not in self._done:
                 self._take(self._wait())
         except BaseException:
@@ -152,7 +154,10 @@ class Scheduled(abc.ABC):
             self.close()
             raise value
         self.poll()  # the window moved on by one group: it is sent now, not once the window has run dry
-        self._handed(self._next - 1, value, waited)
+        handed = time.perf_counter()
+        busy = asked - self._handed_at if self._handed_at is not None else 0.0
+        self._handed_at = handed
+        self._handed(self._next - 1, value, handed - asked, busy)
         return value
 
     def poll(self) -> None:
@@ -178,9 +183,9 @@ class Scheduled(abc.ABC):
         self._retire_idle()
         self._dispatch()
 
-    def _handed(self, group: int, value: Any, waited: bool) -> None:
-        """After group `group` is handed to the caller, who `waited` for it or found it done (a tuner measures
-        here)."""
+    def _handed(self, group: int, value: Any, wait: float, busy: float) -> None:
+        """After group `group` is handed to the caller, who waited `wait` s for it, `busy` s after it took the one
+        before (a tuner measures here)."""
 
     def _dispatch(self) -> None:
         """Sends groups to workers with room: again-groups each alone to an idle worker first, then new groups

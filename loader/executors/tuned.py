@@ -1,10 +1,10 @@
-"""`worker_count="auto"`: read groups computed by this process's threads and/or local worker processes, in the mix
-the rate measured with each favours (loader/executors/tuning.py chooses; this applies its choice).
+"""`worker_count="auto"`: read groups computed by this process's threads or by as many local worker processes as the
+caller's demand needs (loader/executors/tuning.py chooses; this applies its choice).
 
 All of it is one schedule (loader/executors/schedule.py): this process's threads are one more worker beside the
 processes, so changing the setting changes only who gets the next groups. Nothing computed is thrown away, the
 groups stay in order, a worker process that dies is replaced as with `worker_count=N`, and the batches are those of
-any other setting.
+any other setting. Threads here keep computing until the processes that replace them have started.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from loader.executors.processes import Processes, _Groups
 from loader.executors.schedule import Result, Worker
-from loader.executors.tuning import Setting, Tuner, ladder
+from loader.executors.tuning import HERE, Setting, Tuner
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,29 @@ def loader_cores() -> int:
         return os.cpu_count() or 1
 
 
+def idle_core_seconds(cores: set[int] | None = None) -> float | None:
+    """Seconds the host's `cores` (default: this process's affinity) have been idle since boot, from /proc/stat (None
+    where there is none): the cores nobody, the trainer included, is using."""
+    try:
+        cores = os.sched_getaffinity(0) if cores is None else cores
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except (OSError, AttributeError):
+        return None
+    ticks = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+            fields = rest.split()
+            ticks += int(fields[3]) + int(fields[4])  # idle, iowait
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 @dataclasses.dataclass(frozen=True)
 class Tuned:
     per_worker: int = 2  # groups each worker (this process's threads count as one) computes at once
     describe: Callable[[int], str] = str
-    cores: int | None = None  # the ladder's top: a worker process a core (default: loader_cores())
+    cores: int | None = None  # the cores the loader may use (default: loader_cores()): a worker process a core at most
 
     def map(self, fn: Callable[[int], Any], num_groups: int) -> _TunedGroups:
         return _TunedGroups(fn, num_groups, self)
@@ -95,24 +113,25 @@ class _Here(Worker):
 
 
 class _TunedGroups(_Groups):
-    """The groups of one iterator, in order, from this process's threads and worker processes as the tuner says."""
+    """The groups of one iterator, in order, from this process's threads or worker processes as the tuner says."""
 
     def __init__(self, fn: Callable[[int], Any], num_groups: int, spec: Tuned):
         self._fn = fn
-        self._era: dict[int, int] = {}  # group -> the tuner's era when it was sent
         self._starting: set[int] = set()  # ids of workers started for the new setting, not yet answered
         self._replacing = False  # _replace is replacing a worker of _starting
         self._rescuers: set[int] = set()  # ids of processes started for groups a worker died with (see _dispatch)
         self._no_processes = False  # worker processes could not start: threads here only
+        self._outgoing: list = []  # workers the new setting drops once its own have started
         cores = spec.cores or loader_cores()
-        self.tuner = Tuner(ladder(cores), cpu=self.cpu_seconds, cores=cores)
+        idle = idle_core_seconds() is not None
+        self.tuner = Tuner(max(1, cores - 1) if cores > 2 else cores, loader_cpu=self.cpu_seconds,
+                           idle=idle_core_seconds if idle else None)
         self._tuning = True
         super().__init__(fn, num_groups, Processes(0, spec.per_worker, spec.describe))  # no workers yet
         self.apply(self.tuner.setting)
 
     # --- workers of two kinds ------------------------------------------------------------------
     def _send(self, worker, group: int) -> None:
-        self._era[group] = self.tuner.era
         if isinstance(worker, _Here):
             worker.submit(group)
         else:
@@ -163,7 +182,7 @@ class _TunedGroups(_Groups):
             super()._replace(worker, how)
         finally:
             if self._replacing and not self._starting:  # none started in its place
-                self.tuner.ready()
+                self._started_all()
             self._replacing = False
 
     # --- the setting ---------------------------------------------------------------------------
@@ -172,27 +191,40 @@ class _TunedGroups(_Groups):
         return Setting(here, sum(not isinstance(w, _Here) and not w.retiring for w in self._workers))
 
     def apply(self, setting: Setting) -> None:
-        """Threads here on or off, and `setting.processes` worker processes (more start; fewer retire once idle)."""
+        """Threads here on or off, and `setting.processes` worker processes (more start; fewer retire once idle).
+        Workers dropped while new ones start (threads here, when processes replace them) keep computing until the new
+        ones have answered: the caller is not left waiting on processes that are still importing."""
         if self._no_processes:
-            setting = Setting(True, 0)
+            setting = HERE
+        self._outgoing = []  # a setting still starting is superseded: what it would drop is decided again here
         here = [w for w in self._workers if isinstance(w, _Here) and not w.retiring]
         processes = [w for w in self._workers if not isinstance(w, _Here) and not w.retiring]
         started = []
         if setting.here and not here:
             self._started += 1
             started.append(_Here(self._fn, self._threads, self._started))
-        for w in here if not setting.here else ():
-            w.retiring = True
-        for w in processes[setting.processes:]:
-            w.retiring = True
         for _ in range(setting.processes - len(processes)):
             self._started += 1
             started.append(self._start(self._started))
+        dropped = (here if not setting.here else []) + processes[setting.processes:]
         self._workers += started
         self._starting = {id(w) for w in started}
+        if self._starting:
+            self._outgoing = [w for w in dropped if isinstance(w, _Here)]
+            dropped = [w for w in dropped if not isinstance(w, _Here)]
+        for w in dropped:
+            w.retiring = True
         self._retire_idle()
         if not self._starting:
-            self.tuner.ready()
+            self._started_all()
+
+    def _started_all(self) -> None:
+        """The setting's new workers have all answered: what they replace stops taking groups; the tuner measures."""
+        for w in self._outgoing:
+            w.retiring = True
+        self._outgoing = []
+        self._retire_idle()
+        self.tuner.ready(time.perf_counter())
 
     def resize(self, count: int) -> None:
         """`count` worker processes from now on, and no more tuning (this process only takes)."""
@@ -205,7 +237,7 @@ class _TunedGroups(_Groups):
         if id(worker) in self._starting:
             self._starting.discard(id(worker))
             if not self._starting:
-                self.tuner.ready()
+                self._started_all()
 
     def _replaced(self, worker, new) -> None:
         """A worker the new setting waits for ended: the setting waits for the one started in its place (else a
@@ -225,10 +257,11 @@ class _TunedGroups(_Groups):
         self._resend.extend(self._again)  # groups a worker ended with: here, as no process can take them
         self._again.clear()
 
-    def _handed(self, group: int, value: Any, waited: bool) -> None:
-        era = self._era.pop(group, -1)
+    def _handed(self, group: int, value: Any, wait: float, busy: float) -> None:
         if self._tuning:
-            change = self.tuner.taken(time.perf_counter(), era, getattr(value, "records", 1), waited)
+            cpu = getattr(value, "cpu", None)
+            change = self.tuner.taken(time.perf_counter(), getattr(value, "records", 1), wait, busy,
+                                      sum(cpu.values()) if cpu else None)
             if change is not None:
                 self.apply(change)
 

@@ -1,30 +1,40 @@
-"""`worker_count="auto"`: which workers to run, chosen from the rate measured with each (the policy; the executor
+"""`worker_count="auto"`: how many worker processes the caller needs, from what it waits for (the policy; the executor
 that applies it: loader/executors/tuned.py).
 
-A setting is where groups are computed: this process's threads, worker processes, or both. The settings form a
-ladder from cheapest (threads here: no process to start, no transfer) to dearest (a worker process a core; the
-counts double, so a 96-core host climbs in 8 steps). The tuner
+A setting is where groups are computed: this process's threads (no process to start, nothing to move between
+processes: the cheapest), or N worker processes. The tuner watches windows of the groups the caller takes (at least
+`window_seconds` and `window_groups`, opened once the setting's workers have all answered) and measures, per window:
 
-1. climbs the ladder, measuring each setting's rate for a window (records the caller took per second, counting
-   only groups sent once the setting's workers had all answered once: a worker's start is not held against it),
-   while a step gains more than `margin`; it stops after two steps that gain nothing, or one that loses more than
-   `margin`. A step that keeps the cores busy (`SATURATED`: CPU this process and its workers used over the window)
-   ends the climb too, as another worker would find no core: threads here that fill the cores leave processes only
-   the cost of moving batches. When that step gained over the one before, though (workers paid), it measures the
-   last step as well, every group in a worker process: threads here running Python hold the GIL against the caller;
-2. settles on the cheapest setting measured within `margin` of the best: when the caller (a training step) is
-   slower than every setting, that is threads here, and the cores stay with the trainer;
-3. probes while the run goes on: after `probe_seconds` it measures the setting in force and its neighbours on the
-   ladder again and moves when one is better, so a run adapts when its step gets faster (compilation ends) or the
-   host gets busier. The interval doubles while nothing changes (up to `max_probe_seconds`).
+    wait      the share of the time the caller waited for a group (it asked before the group was done)
+    demand    records/s the caller would take if it never waited: records over its own time between takes
+    cost      CPU seconds a record costs to compute (the groups' stage times: loader/stages.py)
+    idle      cores of the host (this process's affinity) that nobody used: the trainer's own cores are busy
 
-The batches never depend on the setting (a group is a pure function of its index): tuning changes only the speed.
+and decides:
+
+1. **grow** when the caller waits (more than GROW_WAIT of the time) and cores are idle: to the processes its demand
+   needs (demand x cost, or what the processes running deliver each when that is less, plus HEADROOM), at least one
+   more, at most the cores the loader uses now plus the idle ones
+   (a caller that never stops asking, a benchmark, gets every idle core) and `max_processes`. The next window checks
+   the gain: a step that leaves the caller waiting at no better rate is undone, and growing waits HOLD_SECONDS
+   (doubled each time it happens again);
+2. **shrink** when the caller has not waited for SHRINK_WINDOWS windows in a row: to what its rate needs with
+   SHRINK_HEADROOM (never below one process); a shrink that makes the caller wait again is undone by the next grow,
+   and the next shrink waits twice as many windows;
+3. otherwise keep the setting: a caller that does not wait is served; one that waits with no core idle is bound by
+   the cores, and another worker would find none.
+
+So a training step that waits for input gets workers within a few windows (seconds, not one ladder step at a time),
+an idle loader gives back its cores, and the cores the trainer uses are never counted as free. One log line per
+change, with the figures it was decided on. The batches never depend on the setting (a group is a pure function of
+its index): tuning changes only the speed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -41,191 +51,184 @@ class Setting:
         return " + ".join(parts)
 
 
-def ladder(cores: int) -> list[Setting]:
-    """Settings from cheapest to dearest on a host with `cores` cores for the loader: threads here, then threads
-    here and 1, 2, 4, ... worker processes up to one fewer than the cores, then a worker a core with this process
-    only taking (its threads compete with the caller's own work for the GIL)."""
-    steps = [Setting(True, 0)]
-    p = 1
-    while p < cores:
-        steps.append(Setting(True, p))
-        p *= 2
-    if cores > 1 and steps[-1].processes != cores - 1:
-        steps.append(Setting(True, cores - 1))
-    steps.append(Setting(False, max(1, cores)))
-    return steps
+HERE = Setting(True, 0)
+
+# A window: at least this many seconds and groups (tests shorten them). One that lasts longer than MAX_WINDOW_SECONDS
+# (the caller stopped taking: compiling, evaluating, checkpointing) is dropped and begun again.
+WINDOW_SECONDS = 1.0
+WINDOW_GROUPS = 3
+MAX_WINDOW_SECONDS = 20.0
+GROW_WAIT = 0.03  # the caller waiting more than this share of the time asks for more workers
+SHRINK_WAIT = 0.005  # ... less than this, SHRINK_WINDOWS windows in a row, for fewer
+SHRINK_WINDOWS = 5
+HEADROOM = 1.25  # cores given over the demand's estimate when growing (the transfer, uneven groups)
+SHRINK_HEADROOM = 1.6  # ... and kept when shrinking (a wide margin: a shrink too far costs waits)
+MIN_IDLE = 0.5  # cores idle for a grow to be worth it
+GAIN = 0.05  # a grow that gains less than this (and leaves the caller waiting) is undone
+HOLD_SECONDS = 30.0  # no grow for this long after one is undone; doubled each time, up to MAX_HOLD_SECONDS
+MAX_HOLD_SECONDS = 960.0
 
 
 @dataclasses.dataclass
-class _Window:
-    """A setting's measurement. Groups come in bursts (the groups computed at once finish together), so the window
-    runs from a take the caller waited for (a burst's first group) to a later one, counting the groups between
-    (the first included, the last not): whole bursts, however long they are."""
+class Window:
+    """What the caller took since the window opened."""
 
-    era: int
-    first: float | None = None  # the first take of the window, and CPU then
-    cpu0: float = 0.0
-    after_first: int = 0  # records taken after the first take
-    groups_after_first: int = 0
-    t0: float | None = None  # the first take the caller waited for
-    records: int = 0  # records of the groups taken since t0 (its own included)
+    opened: float
+    loader_cpu0: float | None
+    idle0: float | None
     groups: int = 0
-    edge: tuple[float, int, int] | None = None  # (time, records, groups) at the latest take waited for after t0
-
-    def add(self, now: float, records: int, waited: bool) -> None:
-        if self.first is None:
-            self.first = now
-        else:
-            self.after_first += records
-            self.groups_after_first += 1
-        if waited and self.t0 is None:
-            self.t0 = now
-        elif waited:
-            self.edge = (now, self.records, self.groups)
-        if self.t0 is not None:
-            self.records += records
-            self.groups += 1
-
-    def rate(self, now: float, seconds: float, groups: int) -> float | None:
-        """Records/s once the window is long enough: whole bursts between two waits; or, when the caller hardly
-        waits (it is slower than the loader), the takes over twice the time."""
-        if self.edge is not None:
-            t, records, n = self.edge
-            if t - self.t0 >= seconds and n >= groups:
-                return records / (t - self.t0)
-        if now - self.first >= 2 * seconds and self.groups_after_first >= groups:
-            return self.after_first / (now - self.first)
-        return None
+    records: int = 0
+    wait: float = 0.0
+    busy: float = 0.0
+    cpu: float = 0.0  # CPU the groups cost to compute
+    costed: int = 0  # records of groups whose CPU is known
 
 
-# The loader's processes using this much of the cores (CPU seconds a second, over the cores) leave nothing for
-# another worker: the climb stops there, and probes do not try a dearer setting.
-SATURATED = 0.85
+@dataclasses.dataclass(frozen=True)
+class Measure:
+    """A closed window: records/s, the share of the time waited, the rate asked, CPU a record, cores used/idle."""
 
-# A window: at least this many seconds and groups (tests shorten them).
-WINDOW_SECONDS = 2.0
-WINDOW_GROUPS = 3
-PROBE_SECONDS = 60.0  # the first probe after settling; doubled while nothing changes, up to MAX_PROBE_SECONDS
-MAX_PROBE_SECONDS = 960.0
+    setting: Setting
+    rate: float
+    wait: float
+    demand: float
+    cost: float | None
+    loader_cores: float | None
+    idle: float | None
+
+    def describe(self) -> str:
+        demand = "it never stopped asking" if math.isinf(self.demand) else f"it asks {self.demand:,.0f}/s"
+        parts = [f"the caller took {self.rate:,.0f} records/s waiting {100 * self.wait:.0f}% of the time ({demand})"]
+        if self.cost is not None:
+            parts.append(f"{1e3 * self.cost:.3g} ms of CPU a record")
+        if self.idle is not None:
+            parts.append(f"{self.idle:.1f} cores idle")
+        return ", ".join(parts)
 
 
 class Tuner:
-    """Decides the setting from (time, era, records, waited) of each group the caller takes (see module doc).
+    """Decides the setting from the groups the caller takes (see module doc).
 
-    The executor tags each group it sends with `era` as it is then. When `taken` returns a setting, the executor
-    applies it and calls `ready()` once the setting's new workers have all answered: that opens the setting's
-    measuring window (a new era). `cpu()`: CPU seconds used so far by this process and its workers, over `cores`
-    cores (None: not known; no step counts as saturated)."""
+    The executor calls `taken(now, records, wait, busy, cpu)` for each group handed out (when, its records, the
+    seconds the caller waited for it, the seconds the caller spent since the previous take, the CPU seconds the group
+    cost or None) and applies the setting it returns; it calls `ready()` once the setting's workers have all
+    answered, which opens the next window. `loader_cpu()`: CPU seconds used so far by this process and its workers;
+    `idle()`: idle core-seconds of the host's cores so far (None: not known; grows are then bounded by the cores)."""
 
-    def __init__(self, steps: list[Setting], *, cpu: Callable[[], float] | None = None, cores: int = 1,
-                 window_seconds: float | None = None, window_groups: int | None = None, margin: float = 0.05,
-                 probe_seconds: float | None = None, max_probe_seconds: float | None = None):
-        if not steps:
-            raise ValueError("the tuner needs at least one setting")
-        self.steps = steps
-        self._cpu, self.cores = cpu, cores
+    def __init__(self, max_processes: int, *, loader_cpu: Callable[[], float] | None = None,
+                 idle: Callable[[], float] | None = None, window_seconds: float | None = None,
+                 window_groups: int | None = None, hold_seconds: float | None = None):
+        if max_processes < 1:
+            raise ValueError(f"max_processes must be >= 1 (got max_processes={max_processes})")
+        self.max_processes = max_processes
+        self._loader_cpu, self._idle = loader_cpu, idle
         self.window_seconds = WINDOW_SECONDS if window_seconds is None else window_seconds
         self.window_groups = WINDOW_GROUPS if window_groups is None else window_groups
-        self.margin = margin
-        self.probe_seconds = PROBE_SECONDS if probe_seconds is None else probe_seconds
-        self.max_probe_seconds = MAX_PROBE_SECONDS if max_probe_seconds is None else max_probe_seconds
-        self.at = 0  # the step in force
-        self.era = 0
-        self.history: list[tuple[Setting, float, float]] = []  # every window: (setting, records/s, cores busy 0-1)
-        self._rates: dict[int, float] = {}  # this round's measurements: step -> records/s
-        self._busy: dict[int, float] = {}  # step -> the share of the cores busy in its latest window
-        self._trials: list[int] = []  # steps a probe round still measures
-        self._climbing = True
-        self._round_from = 0  # the step in force when this round began
-        self._window: _Window | None = _Window(-1)  # measuring (None: settled)
-        self._waiting = True  # the setting in force is starting: its window opens at ready()
-        self._settled_at: float | None = None
-        self._interval = self.probe_seconds
+        self._hold = HOLD_SECONDS if hold_seconds is None else hold_seconds
+        self.setting = HERE
+        self.history: list[Measure] = []  # every window closed
+        self._window: Window | None = None  # None: the setting's workers are starting
+        self._grown_from: Measure | None = None  # the window before a grow: the next one checks the gain
+        self._held_until = -math.inf
+        self._quiet = 0  # windows in a row the caller did not wait
+        self._shrink_after = SHRINK_WINDOWS
+        self._shrunk = False  # the last change was a shrink: a wait after it doubles the next shrink's patience
 
-    @property
-    def setting(self) -> Setting:
-        return self.steps[self.at]
+    def ready(self, now: float) -> None:
+        """The setting in force has all its workers (at `now`): measure it from then on."""
+        self._window = self._open(now)
 
-    @property
-    def settled(self) -> bool:
-        return self._window is None
+    def _open(self, now: float) -> Window:
+        return Window(now, self._loader_cpu() if self._loader_cpu else None, self._idle() if self._idle else None)
 
-    def ready(self) -> None:
-        """The setting in force has all its workers: measure it from the groups sent from now on."""
-        self.era += 1
-        if self._waiting:
-            self._waiting = False
-            self._window = _Window(self.era)
-
-    def taken(self, now: float, era: int, records: int, waited: bool = True) -> Setting | None:
-        """The caller took a group sent in `era` holding `records` at time `now` (having `waited` for it, or finding
-        it done). Returns a setting to change to."""
+    def taken(self, now: float, records: int, wait: float, busy: float, cpu: float | None = None) -> Setting | None:
+        """The caller took a group of `records` at `now`, having waited `wait` s for it, `busy` s after the one
+        before; computing it cost `cpu` s. Returns a setting to change to."""
         w = self._window
-        if w is None:  # settled: probe when the interval has passed
-            if self._settled_at is None:
-                self._settled_at = now
-            elif len(self.steps) > 1 and now - self._settled_at >= self._interval:
-                self._round_from, self._rates = self.at, {}
-                self._trials = [s for s in (self.at + 1, self.at - 1) if 0 <= s < len(self.steps)]
-                self.era += 1
-                self._window = _Window(self.era)  # the step in force first: measured from the next group sent
+        if w is None:
             return None
-        if self._waiting or era != w.era:
+        if now - w.opened > MAX_WINDOW_SECONDS:  # the caller paused: what it asked before says nothing now
+            self._window = self._open(now)
             return None
-        if w.first is None:
-            w.cpu0 = self._cpu() if self._cpu else 0.0
-        w.add(now, records, waited)
-        rate = w.rate(now, self.window_seconds, self.window_groups)
-        if rate is None:
+        w.groups += 1
+        w.records += records
+        w.wait += wait
+        w.busy += busy
+        if cpu is not None:
+            w.cpu += cpu
+            w.costed += records
+        span = now - w.opened
+        if span < self.window_seconds or w.groups < self.window_groups:
             return None
-        busy = (self._cpu() - w.cpu0) / max(now - w.first, 1e-9) / self.cores if self._cpu else 0.0
-        self._rates[self.at], self._busy[self.at] = rate, busy
-        self.history.append((self.setting, rate, busy))
-        log.info("loader workers: %s: %s records/s, %.0f%% of %d cores busy", self.setting, f"{rate:,.0f}",
-                 100 * busy, self.cores)
-        step = self._next_trial()
-        return self._settle() if step is None else self._measure(step)
+        measure = self._measure(w, now)
+        self.history.append(measure)
+        self._window = self._open(now)
+        return self._decide(measure, now)
 
-    def _next_trial(self) -> int | None:
-        if not self._climbing:  # a probe: one step up only when the setting in force left cores idle
-            if self._busy[self._round_from] >= SATURATED and self._round_from + 1 in self._trials:
-                self._trials.remove(self._round_from + 1)
-            return self._trials.pop(0) if self._trials else None
-        r = self._rates[self.at]
-        before = [self._rates[s] for s in range(self.at)]
-        lost = bool(before) and r < max(before) * (1 - self.margin)
-        flat = [not before[:i] or x <= max(before[:i]) * (1 + self.margin) for i, x in enumerate(before + [r])]
-        last = len(self.steps) - 1
-        if self._busy[self.at] >= SATURATED:
-            # No core left for another worker. But when the workers added last paid (this step gained), this
-            # process's threads may be holding the rest back (a Python map_fn holds the GIL against the caller):
-            # the last step, with every group in a worker process, is worth one window.
-            self._climbing = False
-            gained = bool(before) and not flat[-1]
-            return last if gained and self.at < last and last not in self._rates else None
-        if self.at < last and not (lost or (len(flat) >= 3 and flat[-1] and flat[-2])):
-            return self.at + 1
-        self._climbing = False
+    def _measure(self, w: Window, now: float) -> Measure:
+        span = now - w.opened
+        loader_cores = (self._loader_cpu() - w.loader_cpu0) / span if self._loader_cpu else None
+        idle = max(0.0, (self._idle() - w.idle0) / span) if self._idle else None
+        return Measure(self.setting, w.records / span, min(1.0, w.wait / span),
+                       w.records / w.busy if w.busy > 0 else math.inf, w.cpu / w.costed if w.costed else None,
+                       loader_cores, idle)
+
+    def _decide(self, m: Measure, now: float) -> Setting | None:
+        before, self._grown_from = self._grown_from, None
+        if m.wait > GROW_WAIT:
+            self._quiet = 0
+            if self._shrunk:  # that shrink went too far: be slower to shrink next time
+                self._shrink_after *= 2
+                self._shrunk = False
+            if before is not None and m.rate < before.rate * (1 + GAIN):
+                self._held_until = now + self._hold
+                log.info("loader workers: %s -> %s: %s, against %s before: no gain; no more workers for %.0f s",
+                         self.setting, before.setting, m.describe(), f"{before.rate:,.0f}/s", self._hold)
+                self._hold = min(2 * self._hold, MAX_HOLD_SECONDS)
+                return self._change(before.setting)
+            if now < self._held_until or (m.idle is not None and m.idle < MIN_IDLE):
+                return self._first(m)
+            target = self._grow_target(m)
+            if target is None:
+                return self._first(m)
+            self._grown_from = m
+            log.info("loader workers: %s -> %s: %s", self.setting, target, m.describe())
+            return self._change(target)
+        self._shrunk = False
+        if m.wait < SHRINK_WAIT:
+            self._quiet += 1
+        if self._quiet >= self._shrink_after and self.setting.processes > 1 and m.cost is not None:
+            target = max(1, math.ceil(m.rate * m.cost * SHRINK_HEADROOM))
+            if target < self.setting.processes:
+                self._quiet, self._shrunk = 0, True
+                new = Setting(False, target)
+                log.info("loader workers: %s -> %s: no wait for %d windows; %s", self.setting, new,
+                         self._shrink_after, m.describe())
+                return self._change(new)
+        return self._first(m)
+
+    def _grow_target(self, m: Measure) -> Setting | None:
+        """The setting a waiting caller needs, or None when no more processes can help."""
+        now = self.setting.processes
+        if now >= self.max_processes:
+            return None
+        needed = m.demand * m.cost * HEADROOM if m.cost is not None and not math.isinf(m.demand) else math.inf
+        if now and m.rate > 0:  # what the processes running deliver each, if the groups' CPU undercounts the work
+            needed = max(needed, now * m.demand / m.rate * HEADROOM)
+        if m.idle is not None:
+            used = m.loader_cores if m.loader_cores is not None else now
+            needed = min(needed, used + m.idle)
+        if math.isinf(needed):
+            needed = self.max_processes
+        return Setting(False, min(self.max_processes, max(now + 1, math.ceil(needed))))
+
+    def _first(self, m: Measure) -> None:
+        """Logs the first window's verdict when it changes nothing (a caller served by the first setting)."""
+        if len(self.history) == 1:
+            log.info("loader workers: keeping %s: %s", self.setting, m.describe())
         return None
 
-    def _settle(self) -> Setting | None:
-        best = max(self._rates.values())
-        choice = min(s for s, r in self._rates.items() if r >= best * (1 - self.margin))
-        log.info("loader workers: chose %s (%s)", self.steps[choice],
-                 ", ".join(f"{self.steps[s]}: {r:,.0f}/s" for s, r in sorted(self._rates.items())))
-        unchanged = choice == self._round_from and len(self.history) > len(self._rates)
-        self._interval = min(2 * self._interval, self.max_probe_seconds) if unchanged else self.probe_seconds
-        self._window, self._settled_at = None, None
-        if choice == self.at:
-            return None
-        self.at = choice
-        return self.steps[choice]
-
-    def _measure(self, step: int) -> Setting | None:
-        self._window = _Window(-1)
-        if step == self.at:  # nothing to apply: measure from the next group sent
-            self.era += 1
-            self._window.era = self.era
-            return None
-        self.at, self._waiting = step, True
-        return self.steps[step]
+    def _change(self, setting: Setting) -> Setting:
+        self.setting = setting
+        self._window = None  # opened again at ready()
+        return setting

@@ -1,6 +1,7 @@
 """The real `python -m trainer`, on the digits converted by the pipeline."""
 
 import json
+import re
 import shutil
 import signal
 import time
@@ -46,8 +47,11 @@ def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
     for key in ("loss", "examples_per_sec", "examples_per_sec_per_device", "step_time_s", "data_wait_fraction",
                 "host_wait_fraction"):
         assert all(np.isfinite(r[key]) for r in records), key
-    # data-wait is the part of the host's wait with no step running (the devices idle for want of input)
+    # data-wait is the part of the host's wait with no step running (the devices idle for want of input); its longest
+    # single wait is part of it
     assert all(0 <= r["data_wait_fraction"] <= r["host_wait_fraction"] < 1 for r in records)
+    assert all(0 <= r["data_wait_longest_s"] <= r["data_wait_fraction"] * r["step_time_s"] * 10 for r in records)
+    assert re.search(r"step 30/30 loss [\d.]+ eval_\w+ .* ex/s data-wait [\d.]+% \(longest \d+\.\d\d s\)", proc.stderr)
     assert records[-1]["loss"] < records[0]["loss"]
     assert 0.5 < records[-1]["eval_accuracy"] <= 1.0 and records[-1]["eval_examples"] == 359
     assert list((tmp_path / "tensorboard").iterdir())

@@ -1,212 +1,176 @@
-"""The tuner's policy (loader/executors/tuning.py) on simulated rates: which settings it tries, in which order, and
-where it settles; fixed expected sequences."""
+"""The tuner's policy (loader/executors/tuning.py) in fake time: a host of known cores, a loader whose rate under each
+setting is known, a caller that asks at a known rate; which settings it goes through, when, and the waits left.
+Fixed expected sequences."""
 
-import collections
+import logging
+import math
 
 import pytest
 
-from loader.executors.tuning import Setting, Tuner, ladder
+from loader.executors import tuning
+from loader.executors.tuning import HERE, Setting, Tuner
 
-H, P = True, False  # Setting(here=H, ...) : this process's threads on / off
-
-
-def test_ladder_doubles_processes_up_to_a_worker_a_core():
-    assert ladder(1) == [Setting(H, 0), Setting(P, 1)]
-    assert ladder(2) == [Setting(H, 0), Setting(H, 1), Setting(P, 2)]
-    assert ladder(8) == [Setting(H, 0), Setting(H, 1), Setting(H, 2), Setting(H, 4), Setting(H, 7), Setting(P, 8)]
-    assert [s.processes for s in ladder(96)] == [0, 1, 2, 4, 8, 16, 32, 64, 95, 96]
-    assert str(Setting(H, 0)) == "threads here" and str(Setting(H, 1)) == "threads here + 1 worker process"
-    assert str(Setting(P, 8)) == "8 worker processes"
+RECORDS = 1024  # a group
 
 
-def simulate(tuner: Tuner, rate, *, groups: int, records: int = 1000, depth: int = 4, start_delay: int = 0):
-    """Drives `tuner` as the executor does: each group is sent `depth` groups before the caller takes it, tagged with
-    the era then, and takes records / rate(setting it was sent under) seconds. A new setting is ready after
-    `start_delay` more groups (its workers starting). Returns the settings in force, one per group taken."""
-    now, in_force = 0.0, []
-    tuner.ready()  # the first setting's workers
-    sent = collections.deque((tuner.era, tuner.setting) for _ in range(depth))
-    pending_ready = None
-    for _ in range(groups):
-        era, setting = sent.popleft()
-        now += records / rate(setting, now)
-        change = tuner.taken(now, era, records)
-        if change is not None:
-            pending_ready = start_delay
-        if pending_ready is not None:
-            if pending_ready == 0:
-                tuner.ready()
-                pending_ready = None
-            else:
-                pending_ready -= 1
-        sent.append((tuner.era, tuner.setting))
-        in_force.append(tuner.setting)
-    return in_force
+class Host:
+    """`cores` cores; the caller's own work takes `caller_cores` of them while it computes (not while it waits); the
+    loader's setting computes `supply(setting)` records/s at `cost` CPU seconds a record; a new setting's workers
+    answer `start` seconds after it is applied (the old setting computes meanwhile)."""
+
+    def __init__(self, cores, supply, cost, *, caller_cores=1.0, start=1.0):
+        self.cores, self.supply, self.cost, self.caller_cores, self.start = cores, supply, cost, caller_cores, start
+        self.now = 0.0
+        self.loader_cpu = 0.0
+        self.idle = 0.0
+
+    def run(self, tuner: Tuner, demand, seconds: float):
+        """The caller takes groups until `seconds`, asking demand(now) records/s; returns [(time, setting, wait)] a
+        group."""
+        in_force, pending = tuner.setting, None  # the setting computing, and (when it answers, the new one)
+        tuner.ready(self.now)
+        taken = []
+        while self.now < seconds:
+            rate = self.supply(in_force)
+            own = RECORDS / demand(self.now)
+            compute = RECORDS / rate
+            wait = max(0.0, compute - own)
+            step = own + wait
+            busy_cores = min(self.cores, rate * self.cost * min(1.0, compute / step))
+            self.loader_cpu += busy_cores * step
+            self.idle += max(0.0, self.cores - busy_cores - self.caller_cores * own / step) * step
+            self.now += step
+            change = tuner.taken(self.now, RECORDS, wait, own, RECORDS * self.cost)
+            taken.append((round(self.now, 3), in_force, round(wait, 3)))
+            if change is not None:
+                pending = (self.now + self.start, change)
+            if pending is not None and self.now >= pending[0]:
+                in_force, pending = pending[1], None
+                tuner.ready(self.now)
+        return taken
 
 
-def tried(tuner: Tuner) -> list[tuple[bool, int]]:
-    return [(s.here, s.processes) for s, _, _ in tuner.history]
+def tuner_for(host: Host, max_processes: int, **kwargs) -> Tuner:
+    return Tuner(max_processes, loader_cpu=lambda: host.loader_cpu, idle=lambda: host.idle, **kwargs)
 
 
-def by_step(steps, rates):
-    table = dict(zip(steps, rates))
-    return lambda setting, now: table[setting]
+def changes(taken) -> list[tuple[float, Setting]]:
+    """(when, setting) at each change of the setting computing."""
+    out = []
+    for now, setting, _ in taken:
+        if not out or out[-1][1] != setting:
+            out.append((now, setting))
+    return out
 
 
-def test_climbs_while_it_gains_and_settles_on_the_cheapest_near_the_best():
-    steps = ladder(4)  # here; here+1; here+2; here+3; 4 processes
-    tuner = Tuner(steps, window_seconds=2.0, window_groups=3, probe_seconds=1e9)
-    simulate(tuner, by_step(steps, [1000, 1800, 2500, 2600, 2550]), groups=200)
-    # +80%, +39% gain; +4% and -2% are flat: two flat steps end the climb; 2500 is within 5% of 2600
-    assert tried(tuner) == [(H, 0), (H, 1), (H, 2), (H, 3), (P, 4)]
-    assert tuner.setting == Setting(H, 2) and tuner.settled
-    assert [round(r) for _, r, _ in tuner.history] == [1000, 1800, 2500, 2600, 2550]
+def per_core(rate: float, here_cores: float = 2.0):
+    """Threads here use `here_cores` cores; a worker process a core; `rate` records/s a core."""
+    return lambda s: rate * (here_cores if s.here else s.processes)
 
 
-def test_a_caller_slower_than_every_setting_keeps_threads_here():
-    steps = ladder(8)
-    tuner = Tuner(steps, probe_seconds=1e9)
-    in_force = simulate(tuner, by_step(steps, [500] * len(steps)), groups=100)
-    assert tried(tuner) == [(H, 0), (H, 1), (H, 2)]  # two flat steps
-    assert tuner.setting == Setting(H, 0) and in_force[-1] == Setting(H, 0)
+def test_a_trainer_waiting_for_images_gets_the_workers_its_step_needs_at_once(caplog):
+    # 16 cores; a crop costs 1.25 ms of CPU (800 images/s a core); the step asks 6,800 images/s.
+    host = Host(16, per_core(800), 1 / 800)
+    tuner = tuner_for(host, 15)
+    with caplog.at_level(logging.INFO, logger="loader.executors.tuning"):
+        taken = host.run(tuner, lambda now: 6800, 30)
+    # 6,800 x 1.25 ms = 8.5 cores, +25%: 11 processes, after one window of threads here.
+    # One window of threads here (1 s and 3 groups), then they start (1 s) and run from 3.35 s.
+    assert changes(taken) == [(0.64, HERE), (3.351, Setting(False, 11))]
+    assert all(wait == 0 for now, _, wait in taken if now > 3.36)  # no wait once they run
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == ("loader workers: threads here -> 11 worker processes: the caller took 1,600 records/s waiting 76% "
+                    "of the time (it asks 6,800/s), 1.25 ms of CPU a record, 13.8 cores idle")
 
 
-def test_a_step_that_loses_ends_the_climb():
-    steps = ladder(2)
-    tuner = Tuner(steps, probe_seconds=1e9)
-    simulate(tuner, by_step(steps, [1400, 1200, 1900]), groups=100)
-    assert tried(tuner) == [(H, 0), (H, 1)]
-    assert tuner.setting == Setting(H, 0)
+def test_a_caller_that_never_stops_asking_gets_every_idle_core_but_one():
+    host = Host(16, per_core(800), 1 / 800, caller_cores=0)
+    tuner = tuner_for(host, 15)
+    taken = host.run(tuner, lambda now: math.inf, 20)
+    assert changes(taken) == [(0.64, HERE), (3.285, Setting(False, 15))]
+    assert [m.setting for m in tuner.history] == [HERE] + [Setting(False, 15)] * len(tuner.history[1:])
 
 
-def test_the_best_at_the_top_of_the_ladder():
-    steps = ladder(2)
-    tuner = Tuner(steps, probe_seconds=1e9)
-    simulate(tuner, by_step(steps, [1000, 1500, 1900]), groups=100)
-    assert tried(tuner) == [(H, 0), (H, 1), (P, 2)]
-    assert tuner.setting == Setting(P, 2)
+def test_threads_here_that_fill_the_cores_are_kept(caplog):
+    # 2 cores, the images' decode in C on both: nothing idle, so no process could add anything.
+    host = Host(2, per_core(700, here_cores=1.9), 1 / 700, caller_cores=0)
+    tuner = tuner_for(host, 2)
+    with caplog.at_level(logging.INFO, logger="loader.executors.tuning"):
+        taken = host.run(tuner, lambda now: math.inf, 20)
+    assert changes(taken) == [(0.77, HERE)]
+    assert caplog.records[0].getMessage().startswith("loader workers: keeping threads here: the caller took 1,330 "
+                                                     "records/s waiting 100% of the time (it never stopped asking)")
 
 
-def test_a_setting_is_measured_only_from_groups_sent_once_its_workers_answered():
-    """Groups sent before ready() (while new workers start) never count: a slow start is not held against them."""
-    steps = ladder(2)
-    slow_start = {}
-
-    def rate(setting, now):  # each setting's first 3 seconds are slow, as a worker's imports are
-        first = slow_start.setdefault(setting, now)
-        return 100.0 if now - first < 3 else [1000, 1500, 1900][steps.index(setting)]
-
-    tuner = Tuner(steps, window_seconds=2.0, probe_seconds=1e9)
-    simulate(tuner, rate, groups=300, start_delay=6)
-    assert [round(r) for _, r, _ in tuner.history] == [1000, 1500, 1900]
+def test_a_map_that_holds_the_gil_moves_to_processes():
+    # Threads here run a Python map on one core at a time (the GIL): a core idle, so 2 processes; they double the rate.
+    host = Host(2, per_core(9000, here_cores=1.0), 1 / 9000, caller_cores=0)
+    tuner = tuner_for(host, 2)
+    taken = host.run(tuner, lambda now: math.inf, 10)
+    assert changes(taken) == [(0.114, HERE), (2.105, Setting(False, 2))]
 
 
-def test_probes_adapt_when_the_rates_change_and_back_off_when_they_do_not():
-    steps = ladder(2)
-    tuner = Tuner(steps, window_seconds=1.0, probe_seconds=30.0, max_probe_seconds=120.0)
-
-    def rate(setting, now):  # from t=60 s a busier host: one more worker pays off
-        table = [1000, 1020, 900] if now < 60 else [1000, 1700, 1300]
-        return table[steps.index(setting)]
-
-    in_force = simulate(tuner, rate, groups=400)
-    assert [(s.processes, round(r)) for s, r, _ in tuner.history] == [
-        (0, 1000), (1, 1020), (2, 900),  # the climb: flat, then a loss: threads here
-        (0, 1000), (1, 1700),  # the first probe, after 30 s (past 60 s): the setting in force, then one up: moves
-        (1, 1700), (2, 1300), (0, 1000),  # the probes after it: up and down are worse; the interval doubles
-        (1, 1700), (2, 1300), (0, 1000)]
-    assert tuner.setting == Setting(H, 1) == in_force[-1]
-    assert tuner._interval == 120.0  # doubled twice, up to max_probe_seconds
+def test_a_grow_that_gains_nothing_is_undone_and_tried_again_later_each_time_later():
+    # Raw records: threads here read 300k records/s; worker processes spend it moving them: 15 of them, 200k.
+    host = Host(16, lambda s: 300_000 if s.here else 200_000, 2 / 300_000, caller_cores=0)
+    tuner = tuner_for(host, 15)
+    taken = host.run(tuner, lambda now: math.inf, 120)
+    assert [(round(t), s) for t, s in changes(taken)] == [
+        (0, HERE), (2, Setting(False, 15)), (4, HERE),  # undone, held 30 s
+        (34, Setting(False, 15)), (36, HERE),  # tried again, held 60 s
+        (96, Setting(False, 15)), (98, HERE)]
 
 
-def test_window_needs_both_its_seconds_and_its_groups():
-    tuner = Tuner(ladder(2), window_seconds=10.0, window_groups=3)
-    assert tuner.taken(0.0, 0, 100) is None and tuner.era == 0  # sent before the first workers answered: ignored
-    tuner.ready()
-    assert tuner.era == 1
-    assert tuner.taken(0.5, 0, 100) is None  # still ignored
-    assert tuner.taken(1.0, 1, 100) is None  # starts the clock
-    for t in (2.0, 3.0, 4.0, 10.0):
-        assert tuner.taken(t, 1, 100) is None and not tuner.history
-    assert tuner.taken(11.0, 1, 100) == Setting(H, 1)  # 10 s from the first take to this one: 5 groups before it
-    assert tuner.history == [(Setting(H, 0), 50.0, 0.0)]
-    assert tuner.taken(12.0, 1, 100) is None  # a group of the old era: not counted
-    tuner.ready()
-    assert tuner.era == 2
+def test_an_idle_loader_gives_back_cores_and_a_shrink_too_far_is_undone_and_not_soon_repeated():
+    # The step asks 6,800 images/s for 20 s, then 2,000 (a smaller model's step, or a slower phase), then 6,800 again.
+    host = Host(16, per_core(800), 1 / 800)
+    tuner = tuner_for(host, 15)
+    demand = lambda now: 2000 if 20 <= now < 60 else 6800  # noqa: E731
+    taken = host.run(tuner, demand, 90)
+    # 2,000 x 1.25 ms x 1.6 = 4 processes, once the caller has not waited for 5 windows; back to 11 when it waits
+    # (through 8: the window the demand rose in measured part of each).
+    assert [(round(t), s) for t, s in changes(taken)] == [
+        (1, HERE), (3, Setting(False, 11)), (23, Setting(False, 4)), (62, Setting(False, 8)), (64, Setting(False, 11))]
+    assert tuner._shrink_after == tuning.SHRINK_WINDOWS  # the caller waited when its demand rose, not after the shrink
 
 
-def test_no_settings_is_an_error():
-    with pytest.raises(ValueError, match="at least one"):
-        Tuner([])
+def test_a_shrink_too_far_is_undone_and_the_next_waits_twice_as_long():
+    # The groups' stage times count half the CPU a record really costs (the transfer, say). Growing, the second step
+    # goes by what the 6 processes delivered each. Shrinking, 2,000 x 0.625 ms x 1.6 makes 2 processes, 1,600
+    # images/s: the caller waits, and gets its workers back.
+    host = Host(16, per_core(800), 1 / 800)
+    host.cost = 1 / 1600
+    tuner = tuner_for(host, 15)
+    taken = host.run(tuner, lambda now: 6800 if now < 10 else 2000, 40)
+    assert [(round(t), s) for t, s in changes(taken)] == [
+        (1, HERE), (3, Setting(False, 6)), (5, Setting(False, 11)), (13, Setting(False, 4)), (21, Setting(False, 2)),
+        (24, Setting(False, 4))]
+    assert tuner._shrink_after == 2 * tuning.SHRINK_WINDOWS
 
 
-def test_a_window_counts_whole_bursts():
-    """Groups computed at once finish together: a window from a waited-for take to another counts whole bursts.
-    Bursts of 4 groups of 100 records each second are 400 records/s; closing inside a burst would say 500."""
-    tuner = Tuner(ladder(2), window_seconds=2.0, window_groups=10)
-    tuner.ready()
-    changes = {(second, i): tuner.taken(second + i * 1e-4, 1, 100, waited=i == 0)
-               for second in range(1, 6) for i in range(4)}
-    assert {k: v for k, v in changes.items() if v is not None} == {(4, 0): Setting(H, 1)}
-    assert tuner.history == [(Setting(H, 0), 400.0, 0.0)]  # 12 groups from second 1 to second 4
+def test_a_pause_in_the_caller_drops_the_window():
+    tuner = Tuner(4, window_seconds=1.0, window_groups=3)
+    tuner.ready(0.0)
+    assert tuner.taken(0.5, RECORDS, 0.4, 0.1) is None
+    assert tuner.taken(30.0, RECORDS, 0.0, 29.5) is None  # compiling, evaluating: 29.5 s of its own
+    assert tuner.history == []
+    for t in (30.5, 31.0, 31.5):
+        change = tuner.taken(t, RECORDS, 0.4, 0.1)
+    assert tuner.history[0].rate == pytest.approx(3 * RECORDS / 1.5)
+    assert change == Setting(False, 4)  # idle cores unknown: as many as the demand needs, at most max_processes
 
 
-def test_a_caller_that_never_waits_is_measured_over_twice_the_window():
-    tuner = Tuner(ladder(2), window_seconds=1.0, window_groups=3)
-    tuner.ready()
-    takes = [tuner.taken(0.1 * i, 1, 100, waited=False) for i in range(21)]
-    assert takes[:20] == [None] * 20 and takes[20] == Setting(H, 1)
-    assert [(s, round(r)) for s, r, _ in tuner.history] == [(Setting(H, 0), 1000)]
+def test_a_window_needs_both_its_seconds_and_its_groups():
+    tuner = Tuner(4, window_seconds=2.0, window_groups=3)
+    tuner.ready(0.0)
+    tuner.taken(3.0, RECORDS, 1.0, 0.1)
+    tuner.taken(3.1, RECORDS, 0.0, 0.1)
+    assert tuner.history == []  # 3 s, but 2 groups
+    tuner.taken(3.2, RECORDS, 0.0, 0.1)
+    assert len(tuner.history) == 1
+    assert Tuner(4).taken(1.0, RECORDS, 0.5, 0.1) is None  # before ready(): the setting's workers are starting
 
 
-def test_cores_kept_busy_end_the_climb_and_probes_look_only_down():
-    steps = ladder(4)
-    clock = {"now": 0.0}
-
-    def cpu():  # this process and its workers: 95% of the 4 cores for the first 45 s, then 50%
-        now = clock["now"]
-        return 4 * (0.95 * min(now, 45.0) + 0.5 * max(0.0, now - 45.0))
-
-    tuner = Tuner(steps, cpu=cpu, cores=4, window_seconds=1.0, probe_seconds=20.0)
-    rates = by_step(steps, [1000, 1900, 2500, 2600, 2550])
-
-    def rate(setting, now):
-        clock["now"] = now
-        return rates(setting, now)
-
-    simulate(tuner, rate, groups=120)
-    assert [(s.processes, round(r), round(b, 2)) for s, r, b in tuner.history][:4] == [
-        (0, 1000, 0.95),  # saturated: no climb
-        (0, 1000, 0.95),  # the probe after 20 s: still saturated, and nothing below: stays
-        (0, 1000, 0.5), (1, 1900, 0.5)]  # the next probe (40 s later): cores free, one step up pays
-    assert tuner.setting.processes >= 1
-
-
-def test_busy_cores_after_a_gain_try_every_group_in_workers():
-    """A Python map_fn: threads here hold the GIL (half the cores busy); one worker process nearly doubles the rate
-    and fills the cores; moving the rest of the work out of this process is worth one more window."""
-    steps = ladder(2)
-    clock = {"now": 0.0}
-    busy = {0: 0.5, 1: 0.94, 2: 0.97}
-    used = {"cpu": 0.0, "at": 0.0}
-
-    def cpu():  # CPU accrues at the busy share of the setting in force
-        used["cpu"] += (clock["now"] - used["at"]) * 2 * busy[tuner.at]
-        used["at"] = clock["now"]
-        return used["cpu"]
-
-    tuner = Tuner(steps, cpu=cpu, cores=2, window_seconds=1.0, probe_seconds=1e9)
-    rates = by_step(steps, [9500, 17500, 21000])
-
-    def rate(setting, now):
-        clock["now"] = now
-        return rates(setting, now)
-
-    simulate(tuner, rate, groups=100)
-    assert tried(tuner) == [(H, 0), (H, 1), (P, 2)] and tuner.setting == Setting(P, 2)
-    # the same busy cores after no gain (threads here fill them): no climb
-    tuner = Tuner(steps, cpu=cpu, cores=2, window_seconds=1.0, probe_seconds=1e9)
-    busy[0] = 0.9
-    used.update(cpu=0.0, at=0.0)
-    simulate(tuner, rate, groups=100)
-    assert tried(tuner) == [(H, 0)] and tuner.setting == Setting(H, 0)
+def test_bad_max_processes():
+    with pytest.raises(ValueError, match=r"max_processes must be >= 1 \(got max_processes=0\)"):
+        Tuner(0)
