@@ -54,7 +54,7 @@ while time.perf_counter() - t0 < {seconds}:
     marks.append(time.perf_counter() - t0)
 rows = options["batch_size"]
 half = [m for m in marks if m >= marks[-1] / 2]
-groups = it._host._groups
+groups = it._host.groups
 history = [(str(m.setting), m.rate, m.wait) for m in getattr(getattr(groups, "tuner", None), "history", [])]
 print(json.dumps({{"rate": len(marks) * rows / marks[-1], "steady": (len(half) - 1) * rows / (half[-1] - half[0]),
                   "setting": it.worker_setting(), "history": history}}))

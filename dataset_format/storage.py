@@ -88,7 +88,10 @@ def _client_for(pid: int, emulator: str | None):  # one per process (forked work
 
     client = gcs.Client()
     # Runs when the interpreter exits, before it joins the thread pools that may be waiting to retry (the hooks run
-    # newest first; concurrent.futures registered its join when it was imported, before this).
+    # newest first: concurrent.futures registers its join when its thread module is first imported, so import it
+    # before registering this, whatever imported it so far).
+    import concurrent.futures.thread  # noqa: F401
+
     threading._register_atexit(_EXITING.set)
     # requests keeps 10 connections a host by default: more threads than that open and drop a connection a request
     adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=PARALLEL_REQUESTS)

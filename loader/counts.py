@@ -4,7 +4,7 @@ datasets keep the same "sizes" array).
 A pre-tokenized dataset (`python -m pipelines convert --tokenizer ...`) has them beside its shards: each shard's
 `.counts` file holds one little-endian uint32 per record, memory-mapped here, so a corpus of a billion documents
 costs no start-up time and at most 4 bytes a document of page cache. For text tokenised at load time they are
-counted once (reading, decoding and tokenising on every core) and cached beside the loader's index, keyed by the
+counted once (reading, decoding and tokenising on the loader's executor: every core) and cached beside the loader's index, keyed by the
 source's index key and the tokenizer's `cache_key`, so a restart reads them back instead of tokenising again.
 
     counts = TokenCounts.of_files(source.paths, source.lengths)   # pre-tokenized shards
@@ -13,13 +13,12 @@ source's index key and the tokenizer's `cache_key`, so a restart reads them back
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -80,10 +79,11 @@ class TokenCounts:
         return cls(columns, f"files:{digest}", tuple(shard_paths), max_count)
 
     @classmethod
-    def counted(cls, source, index_key: str, cache_key: str | None, count: Callable[[np.ndarray], np.ndarray],
-                directory: str) -> TokenCounts:
-        """Counts from `count(records)` over every record, in parallel; cached in `directory` when `cache_key`
-        names the tokenizer (without it they are counted at every start: the tokenizer's identity is unknown)."""
+    def counted(cls, source, index_key: str, cache_key: str | None,
+                count: Callable[[list[tuple[int, int]]], Iterator[np.ndarray]], directory: str) -> TokenCounts:
+        """Counts of every record from `count(spans)` (each span's counts, in order, computed in parallel by the
+        loader's executor); cached in `directory` when `cache_key` names the tokenizer (without it they are counted
+        at every start: the tokenizer's identity is unknown)."""
         path = None
         if cache_key is not None:
             name = hashlib.sha256(f"{index_key}\n{cache_key}".encode()).hexdigest()[:32]
@@ -99,12 +99,11 @@ class TokenCounts:
         started, n = time.monotonic(), len(source)
         counts = np.empty(n, DTYPE)
         spans = [(first, min(n, first + _COUNT_READ)) for first in range(0, n, _COUNT_READ)]
-        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="counting") as pool:
-            for (first, end), got in zip(spans, pool.map(lambda s: count(np.arange(*s)), spans)):
-                if np.any(got > np.iinfo(DTYPE).max):
-                    raise ValueError(f"a document of {int(got.max())} tokens (between records {first} and {end}) "
-                                     "is too long to count in uint32; split such documents before packing")
-                counts[first:end] = got
+        for (first, end), got in zip(spans, count(spans)):
+            if np.any(got > np.iinfo(DTYPE).max):
+                raise ValueError(f"a document of {int(got.max())} tokens (between records {first} and {end}) "
+                                 "is too long to count in uint32; split such documents before packing")
+            counts[first:end] = got
         log.info("packing: counted the tokens of %d examples (%d ids) in %.1f s%s", n, int(counts.sum(dtype=np.int64)),
                  time.monotonic() - started, f", cached at {path}" if path else
                  "; pass Packing(cache_key=...) naming the tokenizer to count them only once")

@@ -21,7 +21,7 @@ import threading
 import numpy as np
 
 from loader.mixture import COMPONENT_KEY, MixturePlan, component_seed
-from loader.packing import BLOCK, START, WINDOW, Layout, PackedIterator, PackedLoader, Packing
+from loader.packing import BLOCK, START, WINDOW, Inputs, Job, Jobs, Layout, PackedIterator, PackedLoader
 
 
 class RowStream:
@@ -80,17 +80,15 @@ class RowStream:
 class PackedMixtureLoader(PackedLoader):
     """An endless iterable of packed batches drawn from a mixture's components by its weights."""
 
-    def __init__(self, names: tuple[str, ...], source, reader, *, decoder, packing: Packing, plan: MixturePlan,
-                 prefetch: int = 2, sharding=None, device_prefetch: int = 2, counts=None, index_key: str = "",
-                 cache_dir: str = "", worker_count: int = 0, ray_address: str | None = None, ray_resources=None):
-        self._setup(source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
-                    cache_dir, worker_count, ray_address, ray_resources)
+    def __init__(self, names: tuple[str, ...], inputs: Inputs, config, plan: MixturePlan):
+        """`config`: the LoaderConfig (loader/pipeline.py), its `packing` set; `plan`: the mixture's."""
+        self._setup(inputs, config)
         self.components, self.plan = names, plan
         self._offsets = plan.offsets
         self._streams = []
         for name, offset, size in zip(names, self._offsets, plan.sizes):
-            layout = Layout(functools.partial(_shifted, self.counts, int(offset)), int(size), packing.seq_len,
-                            packing.fit, component_seed(plan.seed, name), plan.shuffle)
+            layout = Layout(functools.partial(_shifted, self.counts, int(offset)), int(size), self.packing.seq_len,
+                            self.packing.fit, component_seed(plan.seed, name), plan.shuffle)
             self._streams.append(RowStream(name, layout))
 
     def __len__(self) -> int:
@@ -99,16 +97,16 @@ class PackedMixtureLoader(PackedLoader):
     def __iter__(self) -> PackedMixtureIterator:
         return PackedMixtureIterator(self)
 
-    def host_batch(self, k: int, plan: MixturePlan | None = None) -> dict[str, np.ndarray]:
-        plan = plan or self.plan
+    def mixed_job(self, k: int, plan: MixturePlan) -> Job:
+        """Host batch k's Job: its rows drawn from the components' streams, each row's component beside them."""
         rows = plan.host_positions_range(k, k + 1)[0]
         component, j = plan.streams(rows)
         pieces = [[(int(self._offsets[c]) + record, start, n) for record, start, n in self._streams[c].row(int(jj))]
                   for c, jj in zip(component.tolist(), j.tolist())]
-        return {**self.assemble_rows(pieces), COMPONENT_KEY: component.astype(np.int32)}
+        return Job.of(pieces, self.counts, {COMPONENT_KEY: component.astype(np.int32)})
 
     def state_key(self) -> dict:
-        return {"seq_len": self.packing.seq_len, "feature": self._feature, "fit": self.packing.fit,
+        return {"seq_len": self.packing.seq_len, "feature": self.packing.feature or "tokens", "fit": self.packing.fit,
                 "layout": f"blocks of {BLOCK}, window {WINDOW}", "counts": self.counts.identity}
 
 
@@ -125,8 +123,9 @@ class PackedMixtureIterator(PackedIterator):
         self._plan = loader.plan
         super().__init__(loader)
 
-    def _job(self, k: int, position):
-        return functools.partial(self._loader.host_batch, k, self._plan), position
+    def _new_jobs(self, k: int, position) -> Jobs:
+        plan = self._plan
+        return Jobs(lambda k, at: (self._loader.mixed_job(k, plan), at), k, position)
 
     def get_state(self) -> dict:
         mixture = self._plan.state(self._consumed)

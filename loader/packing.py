@@ -20,6 +20,11 @@ targets_position).
 
     batches = loader.load("out/tokens", batch_size=32, packing=loader.Packing(seq_len=1024))  # pre-tokenized
     packing = loader.Packing("text", 1024, tokenize=my_ids, cache_key="my-tokenizer-v1")      # tokenised on the fly
+
+The plan (which pieces go in which row of batch k) is made here, in order; the work (reading, decoding and
+tokenising the records, laying the pieces into arrays: `Assembler`) runs on the loader's executor (loader/executors):
+this process's threads, worker processes (worker_count=, or "auto"), or Ray actors, healed and resized as for any
+loader, so the batches are the same with any of them.
 """
 
 from __future__ import annotations
@@ -27,18 +32,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from loader import _pack
+from loader import _pack, executors
+from loader.batches import FOREVER
 from loader.decode import decoder_at
+from loader.executors.handout import END, End, HostBatches, WorkerControls, close_at_exit
 from loader.permutation import Permutation
+from loader.stages import Group, Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +309,7 @@ def assemble(rows: list[list[tuple]], ids: dict[int, np.ndarray], seq_len: int,
 
 
 class TokenReader:
-    """The token ids of records: read, decoded and tokenised (in this process, or in a worker process's copy)."""
+    """The token ids of records: read, decoded and tokenised (in this process, or in a worker's copy)."""
 
     def __init__(self, source, reader, decoder, feature: str, packing: Packing):
         self.source, self._reader, self._decoder, self._feature, self._packing = source, reader, decoder, feature, packing
@@ -314,9 +321,14 @@ class TokenReader:
             raise ValueError(f"{self.source.where(index)} does not decode ({type(e).__name__}: {e}); check decode= "
                              "and Packing.feature") from e
 
-    def __call__(self, records: np.ndarray) -> list[np.ndarray]:
-        """The token ids of global records `records`."""
-        values = [self._decoded(r, i) for r, i in zip(self._reader(records), records.tolist())]
+    def __call__(self, records: np.ndarray, clock: Stopwatch | None = None) -> list[np.ndarray]:
+        """The token ids of global records `records` (each stage timed on `clock`)."""
+        clock = clock or Stopwatch()
+        clock.stage("read")
+        raw = self._reader(records)
+        clock.stage("decode")
+        values = [self._decoded(r, i) for r, i in zip(raw, records.tolist())]
+        clock.stage("map")
         packing = self._packing
         if packing.tokenize_batch is not None:
             return [np.asarray(ids) for ids in packing.tokenize_batch(values)]
@@ -325,90 +337,120 @@ class TokenReader:
         return [np.asarray(v) for v in values]
 
 
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One packed batch as the plan lays it out: its rows' pieces (record, first target, targets), the records they
+    read (sorted), each one's token count, and arrays the batch carries as they are (a mixture's components)."""
+
+    rows: list[list[tuple[int, int, int]]]
+    records: np.ndarray
+    counts: np.ndarray
+    extra: dict
+
+    @classmethod
+    def of(cls, rows: list[list[tuple]], counts: Callable[[np.ndarray], np.ndarray], extra: dict | None = None) -> Job:
+        records = np.array(sorted({record for row in rows for record, _, _ in row}), np.int64)
+        return cls(rows, records, np.asarray(counts(records)) if len(records) else np.empty(0, np.int64), extra or {})
+
+
+class Assembler:
+    """A Job -> its batch (a stages.Group of one batch): the records read, decoded and tokenised, each checked against
+    its token count (a count that disagrees would misplace every piece of its row), the pieces laid into rows. None
+    (past the last batch) -> END."""
+
+    def __init__(self, tokens: TokenReader, seq_len: int, keys: Mapping[str, tuple[str, ...]]):
+        self.tokens, self.seq_len, self.keys = tokens, seq_len, keys
+
+    def __call__(self, job: Job | None) -> Group | End:
+        if job is None:
+            return END
+        clock = Stopwatch()
+        ids = self.tokens(job.records, clock) if len(job.records) else []
+        for record, got, want in zip(job.records.tolist(), ids, job.counts.tolist()):
+            if len(got) != want:
+                raise ValueError(f"{self.tokens.source.where(record)} has {len(got)} token ids but its token count "
+                                 f"says {want}; the counts are stale or damaged: re-run the conversion (pre-tokenized "
+                                 "data) or change Packing.cache_key (a new tokenizer)")
+        clock.stage("collate")
+        batch = assemble(job.rows, dict(zip(job.records.tolist(), ids)), self.seq_len, self.keys)
+        return clock.group([{**batch, **job.extra}], len(job.records))
+
+
+class Lengths:
+    """A span (first, end) of records -> their token counts (the counting pass before the first layout)."""
+
+    def __init__(self, tokens: TokenReader):
+        self.tokens = tokens
+
+    def __call__(self, span: tuple[int, int]) -> np.ndarray:
+        return np.array([len(t) for t in self.tokens(np.arange(*span))], np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What a packed loader reads: the records (source, reader, decoder) and their token counts: a pre-tokenized
+    dataset's (`counts`), or counted from the decoded feature, cached under `cache_dir` by `index_key`."""
+
+    source: Any
+    reader: Any
+    decoder: Any
+    counts: Any = None
+    index_key: str = ""
+    cache_dir: str = ""
+
 
 class PackedLoader:
-    """An iterable of packed batches; each `iter()` starts at batch 0 (`set_state` resumes exactly). With
-    `worker_count`, worker processes read, decode and tokenise the records; this process lays out the rows and
-    assembles them, so the batches are the same with any number of workers."""
+    """An iterable of packed batches; each `iter()` starts at batch 0 (`set_state` resumes exactly). This process lays
+    out the rows; the loader's executor (`config.worker_count`: threads here, worker processes, "auto", Ray actors)
+    reads, decodes and tokenises the records and assembles the rows, so the batches are the same with any of them."""
 
-    def __init__(self, source, reader, *, decoder, packing: Packing, plan_args: dict, prefetch: int = 2,
-                 sharding=None, device_prefetch: int = 2, counts=None, index_key: str = "", cache_dir: str = "",
-                 worker_count: int = 0, ray_address: str | None = None, ray_resources=None):
-        self._setup(source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
-                    cache_dir, worker_count, ray_address, ray_resources)
-        seed, shuffle = plan_args.pop("seed", 0), plan_args.pop("shuffle", True)
-        layout = Layout(self.counts, len(source), packing.seq_len, packing.fit, seed, shuffle)
-        self.plan = PackedPlan(layout, **plan_args)
+    def __init__(self, inputs: Inputs, config, shard_index: int, shard_count: int):
+        """`config`: the LoaderConfig (loader/pipeline.py), its `packing` set."""
+        self._setup(inputs, config)
+        layout = Layout(self.counts, len(inputs.source), self.packing.seq_len, self.packing.fit, config.seed,
+                        config.shuffle)
+        self.plan = PackedPlan(layout, config.batch_size, config.num_epochs, shard_index, shard_count)
 
-    def _setup(self, source, reader, decoder, packing, prefetch, sharding, device_prefetch, counts, index_key,
-               cache_dir, worker_count, ray_address=None, ray_resources=None) -> None:
-        self.source, self.packing = source, packing
-        self._prefetch, self._sharding, self._device_prefetch = prefetch, sharding, device_prefetch
-        self._keys, self._feature = row_keys(packing.keys), packing.feature or "tokens"
-        self._tokens = TokenReader(source, reader, decoder, self._feature, packing)
-        self._worker_count, self._workers, self._workers_lock = worker_count, None, threading.Lock()
-        self._ray_address, self._ray_resources = ray_address, ray_resources
+    def _setup(self, inputs: Inputs, config) -> None:
+        self.source, self.config, self.packing = inputs.source, config, config.packing
+        keys, feature = row_keys(self.packing.keys), self.packing.feature or "tokens"
+        tokens = TokenReader(inputs.source, inputs.reader, inputs.decoder, feature, self.packing)
+        self.assembler = Assembler(tokens, self.packing.seq_len, keys)
+        counts = inputs.counts
         if counts is None:
             from loader.counts import TokenCounts
 
-            counts = TokenCounts.counted(source, index_key, packing.cache_key,
-                                         lambda records: np.array([len(t) for t in self._ids(records)]), cache_dir)
+            counts = TokenCounts.counted(inputs.source, inputs.index_key, self.packing.cache_key,
+                                         functools.partial(self._count, Lengths(tokens)), inputs.cache_dir)
         self.counts = counts
 
-    def _ids(self, records: np.ndarray) -> list[np.ndarray]:
-        """The token ids of global records `records`: in a worker when there are workers (a worker that dies is
-        replaced and the call made again: loader/executors)."""
-        if not self._worker_count:
-            return self._tokens(records)
-        from loader.executors.schedule import WorkersDied
+    def executor(self, **options) -> executors.Executor:
+        c = self.config
+        return executors.make(c.worker_count, **{"num_threads": c.num_threads, "prefetch": max(1, c.prefetch),
+                                                 "ray_address": c.ray_address, "ray_resources": c.ray_resources,
+                                                 **options})
 
+    def _count(self, lengths: Lengths, spans: list[tuple[int, int]]) -> Iterator[np.ndarray]:
+        """Token counts of each span, in order, computed by the executor (every core of this host on threads)."""
+        cores = os.cpu_count() or 1
+        def describe(g: int) -> str:
+            first, end = spans[g]
+            return f"the token counts of records {first}-{end - 1} ({self.source.where_all(np.arange(first, end))})"
+
+        groups = self.executor(num_threads=cores, prefetch=cores, describe=describe).map(
+            lengths, len(spans), args=spans.__getitem__)
         try:
-            return self._calls()(records)
-        except WorkersDied as e:
-            raise ValueError(f"a loader worker ended {e.deaths} times while reading and tokenising {len(records)} "
-                             f"records ({self.source.where_all(records)}) (the last: {e.how}): a record there crashes "
-                             "the decoder or tokenize function, or needs more memory than the worker has; run with "
-                             "worker_count=0 to see the error") from None
+            yield from groups
+        finally:
+            groups.close()
 
-    def _calls(self):
-        """The workers: local processes, or Ray actors with ray_address."""
-        with self._workers_lock:
-            if self._workers is None:
-                import pickle
-
-                import cloudpickle
-
-                try:  # local workers get it through pickle; Ray pickles with cloudpickle (lambdas travel)
-                    (cloudpickle if self._ray_address is not None else pickle).dumps(self._tokens)
-                except (pickle.PicklingError, AttributeError, TypeError) as e:
-                    raise ValueError(f"worker_count={self._worker_count} sends the reader, decoder and Packing's "
-                                     f"tokenize functions to worker processes, and they do not pickle ({e}); define "
-                                     "tokenize at module level, or use worker_count=0") from None
-                if self._ray_address is not None:
-                    from loader.executors.ray_actors import ActorCalls
-
-                    self._workers = ActorCalls(self._ray_address, self._worker_count, self._tokens,
-                                               self._ray_resources)
-                else:
-                    from loader.executors.processes import ProcessCalls
-
-                    self._workers = ProcessCalls(self._worker_count, self._tokens)
-                weakref.finalize(self, self._workers.close)
-            return self._workers
-
-    def read_ids(self, records: np.ndarray) -> dict[int, np.ndarray]:
-        """{record: token ids}, each checked against its count (a count that disagrees would misplace every piece
-        of its row)."""
-        if not len(records):
-            return {}
-        ids = self._ids(records)
-        expected = self.counts(records)
-        for record, got, want in zip(records.tolist(), ids, expected.tolist()):
-            if len(got) != want:
-                raise ValueError(f"{self.source.where(record)} has {len(got)} token ids but "
-                                 f"its token count says {want}; the counts are stale or damaged: re-run the "
-                                 "conversion (pre-tokenized data) or change Packing.cache_key (a new tokenizer)")
-        return dict(zip(records.tolist(), ids))
+    def job(self, k: int, position: Position) -> tuple[Job, Position] | None:
+        """Batch k's Job (k starts at `position`), and the position after it; None past the last batch."""
+        got = self.plan.batch_at(position)
+        if got is None:
+            return None
+        rows, after = got
+        return Job.of([block.row(r) for block, r in rows], self.counts), after
 
     def __len__(self) -> int:
         if self.plan.num_batches is None:
@@ -418,10 +460,6 @@ class PackedLoader:
     def __iter__(self) -> PackedIterator:
         return PackedIterator(self)
 
-    def assemble_rows(self, rows: list[list[tuple]]) -> dict[str, np.ndarray]:
-        records = np.array(sorted({record for row in rows for record, _, _ in row}), np.int64)
-        return assemble(rows, self.read_ids(records), self.packing.seq_len, self._keys)
-
     def state_key(self) -> dict:
         layout = self.plan.layout
         return {"num_records": layout.n, "batch_size": self.plan.batch_size, "seed": layout.seed,
@@ -430,62 +468,84 @@ class PackedLoader:
                 "counts": self.counts.identity}
 
 
-class PackedIterator(Iterator):
-    """Batches from the current index on, `prefetch` of them assembled ahead on threads; `get_state()`/`set_state()`.
-    The rows of each batch are found in order, in the caller's thread; reading and assembling them runs on the
-    threads."""
+class Jobs:
+    """Batch k's Job for k >= `start`, made in order here (each batch's rows begin where the one before ended), asked
+    for in any order within the executor's window (thread-safe). Keeps each batch's Job and where it begins until the
+    caller has taken it (for errors, and the state)."""
+
+    def __init__(self, make: Callable[[int, Any], tuple[Job, Any] | None], start: int, position: Any):
+        self._make = make
+        self._lock = threading.Lock()
+        self._next, self._at = start, position
+        self._made: dict[int, Job | None] = {}
+        self._positions = {start: position}
+
+    def __call__(self, k: int) -> Job | None:
+        with self._lock:
+            while self._next <= k:
+                got = self._make(self._next, self._at) if self._at is not None else None
+                self._made[self._next], self._at = got if got is not None else (None, None)
+                self._next += 1
+                self._positions[self._next] = self._at
+            return self._made[k]
+
+    def describe(self, k: int, source) -> str:
+        """Batch k and its records, for errors."""
+        with self._lock:
+            job = self._made.get(k)
+        if job is None:
+            return f"packed batch {k}"
+        return f"packed batch {k} ({len(job.records)} records: {source.where_all(job.records)})"
+
+    def position(self, k: int) -> Any:
+        """Where batch k begins (None: past the last batch)."""
+        with self._lock:
+            if k not in self._positions:  # not made yet (nothing read ahead)
+                self(k)
+            return self._positions[k]
+
+    def taken(self, k: int) -> None:
+        """Batches before k are the caller's: their positions are not needed again."""
+        with self._lock:
+            for old in [j for j in self._positions if j < k]:
+                del self._positions[old]
+                self._made.pop(old, None)
+
+
+class PackedIterator(WorkerControls, Iterator):
+    """Batches from the current index on, computed ahead by the loader's executor; `get_state()`/`set_state()`."""
 
     def __init__(self, loader: PackedLoader):
         self._loader = loader
-        self._lock = threading.Lock()
+        self._ray = loader.config.ray_address is not None
+        self._host, self._device = None, None
         self._start(0, START)
+        close_at_exit(self)
 
     def _start(self, k: int, position) -> None:
-        self._ahead = max(1, self._loader._prefetch, self._loader._worker_count)
-        self._pool = ThreadPoolExecutor(max_workers=self._ahead, thread_name_prefix="packing")
-        self._next, self._consumed, self._scheduled, self._pending = k, k, k, {}
-        self._positions = {k: position}  # batch index -> where it starts, from the consumed batch on
-        self._device = None
-        if self._loader._sharding is not None:
+        self._consumed = k
+        self._jobs = self._new_jobs(k, position)
+        jobs, source = self._jobs, self._loader.source
+        groups = self._loader.executor(describe=lambda g: jobs.describe(k + g, source)).map(
+            self._loader.assembler, FOREVER, args=lambda g: jobs(k + g))
+        self._host = HostBatches(groups)
+        if self._loader.config.sharding is not None:
             from loader.device import DevicePrefetcher
 
-            self._device = DevicePrefetcher(self._host_next, self._loader._sharding, self._loader._device_prefetch)
+            self._device = DevicePrefetcher(self._host.next, self._loader.config.sharding,
+                                            self._loader.config.device_prefetch)
 
-    def _job(self, k: int, position):
-        """(a function making batch k, the position after it), or None past the last batch."""
-        got = self._loader.plan.batch_at(position)
-        if got is None:
-            return None
-        rows, after = got
-        return functools.partial(self._loader.assemble_rows, [block.row(r) for block, r in rows]), after
-
-    def _host_next(self):
-        with self._lock:
-            k = self._next
-            while self._scheduled <= k + self._ahead and self._positions.get(self._scheduled) \
-                    is not None:
-                job = self._job(self._scheduled, self._positions[self._scheduled])
-                if job is None:
-                    self._positions[self._scheduled + 1] = None
-                    break
-                self._pending[self._scheduled] = self._pool.submit(job[0])
-                self._scheduled += 1
-                self._positions[self._scheduled] = job[1]
-            if k not in self._pending:
-                raise StopIteration
-            future = self._pending.pop(k)
-            self._next = k + 1
-        return future.result()
+    def _new_jobs(self, k: int, position) -> Jobs:
+        return Jobs(self._loader.job, k, position)
 
     def __next__(self):
-        batch = self._device.get() if self._device is not None else self._host_next()
-        with self._lock:
-            self._positions.pop(self._consumed, None)
-            self._consumed += 1
+        batch = self._device.get() if self._device is not None else self._host.next()
+        self._consumed += 1
+        self._jobs.taken(self._consumed)
         return batch
 
     def get_state(self) -> dict:
-        position = self._positions.get(self._consumed)
+        position = self._jobs.position(self._consumed)
         return {"next_batch": self._consumed, "position": list(position) if position else None,
                 **self._loader.state_key()}
 
@@ -501,6 +561,6 @@ class PackedIterator(Iterator):
     def close(self) -> None:
         if self._device is not None:
             self._device.close()
-        for future in self._pending.values():
-            future.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+            self._device = None
+        if self._host is not None:
+            self._host.close()

@@ -19,16 +19,10 @@ cuts the epochs into read groups of consecutive global batches, and an executor 
 
 from __future__ import annotations
 
-import atexit
 import bisect
-import collections
 import dataclasses
 import logging
-import os
 import sys
-import threading
-import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -38,14 +32,12 @@ from loader.batches import BatchPlan
 from loader.decode import Decoder, collate, decoder_at, source_decoder
 from loader import mixture
 from loader.device import DevicePrefetcher
-from loader.packing import PackedLoader, Packing
+from loader.packing import Inputs, PackedLoader, Packing
 from loader.reader import MAX_RECORD_BYTES, BatchReader
 from loader.source import ShardedSource, resolve
-from loader.stages import Group, StageTimes, Stopwatch
-from loader.executors.processes import Processes
-from loader.executors.ray_actors import RayActors
-from loader.executors.threads import Threads
-from loader.executors.tuned import Tuned
+from loader import executors
+from loader.executors.handout import HostBatches, WorkerControls, close_at_exit
+from loader.stages import Group, Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +65,8 @@ class LoaderConfig:
     split: str | None = None  # for TFDS sources; default "train"
     weights: Mapping[str, float] | None = None  # a mixture's weight per component (loader/mixture.py)
     # Worker processes (0: none, reads run on this process's threads; one that dies is replaced), or "auto": this
-    # process's threads and/or worker processes, as the rate measured with each favours (loader/executors/tuning.py).
+    # process's threads, or as many worker processes as the caller's demand needs, measured as it runs
+    # (loader/executors/tuning.py).
     worker_count: int | str = 0
     # Run the workers as Ray actors on the cluster at this address ("auto", "host:port", "ray://host:10001") instead
     # of local processes; each needs 1 CPU and ray_resources (e.g. {"data_cpu": 1}, a resource only CPU nodes offer).
@@ -184,11 +177,8 @@ class _ReadGroup:
     """
 
     def __init__(self, plan: BatchPlan, source: ShardedSource, reader: BatchReader, decoder: Decoder | None, map_fn,
-                 start: int, max_batches: int, pack: bool = False, random_map_fn=None):
-        """`pack`: hand raw batches over as arrays (see _pack) when computed in another process (a worker)."""
+                 start: int, max_batches: int, random_map_fn=None):
         self._plan = plan
-        self._pack = pack and decoder is None and map_fn is None and random_map_fn is None
-        self._owner = os.getpid()
         self._source = source
         self._reader = reader
         self._decoder = decoder
@@ -237,9 +227,6 @@ class _ReadGroup:
                                    first - PLAN_SLACK_GROUPS * (last - first + 1))
         else:
             records = self._reader(indices)
-        if self._pack and os.getpid() != self._owner:  # raw records leaving this process: a few arrays
-            clock.stage("pack")
-            return clock.group(_pack(records, [len(rows) for rows in per_batch]), len(records))
         batches, at = [], 0
         for run in _runs_of_batches(per_batch, DECODE_RECORDS):
             run_records = records[at:at + sum(map(len, run))]
@@ -317,29 +304,6 @@ class _ReadGroup:
                              f"({type(e).__name__}: {e})") from e
 
 
-def _pack(records: list[bytes], counts: list[int]) -> dict:
-    """Raw batches as arrays: the records' bytes end to end, where each ends, and the records per batch. Worker
-    processes send results through a pipe, pickled: a few arrays pickle in a few copies, a list of thousands of
-    small bytes objects one object at a time."""
-    ends = np.cumsum(np.fromiter(map(len, records), dtype=np.int64, count=len(records)))
-    return {"records": np.frombuffer(b"".join(records), dtype=np.uint8), "ends": ends,
-            "counts": np.asarray(counts, dtype=np.int64)}
-
-
-def _unpack(group: dict) -> list[list[bytes]]:
-    """The batches of records that _pack packed. Each record is copied once, out of a view of the packed array: a
-    copy of the whole array first, then slices of it, took 1.3x the time on a group of 16,384 records of 1 KB and 6x
-    on 640 of 100 KB (the whole copy touches 64 MB of fresh pages)."""
-    data = memoryview(group["records"])
-    ends = group["ends"].tolist()
-    records = [data[start:end].tobytes() for start, end in zip([0] + ends[:-1], ends)]
-    batches, at = [], 0
-    for count in group["counts"].tolist():
-        batches.append(records[at:at + count])
-        at += count
-    return batches
-
-
 class Loader:
     """An iterable of batches; each `iter()` starts at batch 0 (use `set_state` to resume)."""
 
@@ -373,7 +337,6 @@ class Loader:
         self._reader = _reader(self.source, config)
         if isinstance(self.plan, BatchPlan) and self.plan.shard_count > 1:
             self._reader.plan_cache()  # a memory cache keeps what this host reads again soonest
-        self.num_threads = config.num_threads
 
     def __len__(self) -> int:
         if self.config.num_epochs is None:
@@ -387,23 +350,12 @@ class Loader:
         """Groups of batches from global batch `start` on (each element: a list of batches), computed by the
         loader's executor (loader/executors)."""
         read_group = _ReadGroup(plan or self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
-                                self.batches_per_read, pack=self.config.worker_count != 0,
-                                random_map_fn=self.config.random_map_fn)
+                                self.batches_per_read, random_map_fn=self.config.random_map_fn)
         c = self.config
-        per_worker = max(self.num_threads, c.prefetch)
-        if c.worker_count == "auto":
-            executor = Tuned(per_worker, read_group.describe)
-        elif c.ray_address is not None:
-            executor = RayActors(c.ray_address, c.worker_count, per_worker, c.ray_resources, read_group.describe)
-        elif c.worker_count:
-            executor = Processes(c.worker_count, per_worker=per_worker, describe=read_group.describe)
-        else:
-            executor = Threads(self.num_threads, self._prefetch())
+        executor = executors.make(c.worker_count, num_threads=c.num_threads, prefetch=c.prefetch,
+                                  ray_address=c.ray_address, ray_resources=c.ray_resources,
+                                  describe=read_group.describe)
         return executor.map(read_group, read_group.num_groups())
-
-    def _prefetch(self) -> int:
-        """Groups read ahead: 0 reads on demand; otherwise at least one per thread (fewer would idle threads)."""
-        return max(self.config.prefetch, self.num_threads) if self.config.prefetch else 0
 
     def state_key(self) -> dict:
         """What a saved state must agree with to be restored here (the host/worker counts may differ). A mixture's
@@ -415,54 +367,7 @@ class Loader:
                 "shuffle": plan.shuffle, "num_epochs": plan.num_epochs, "drop_remainder": plan.drop_remainder}
 
 
-class _HostBatches:
-    """Hands out, one by one, the batches of the groups the executor yields."""
-
-    def __init__(self, groups: Iterator):
-        self._groups = groups
-        self._pending: collections.deque = collections.deque()
-        self.times = StageTimes()
-
-    def next(self):
-        if self._groups is None:
-            raise ValueError("this loader iterator was closed; set_state() (or a new iter()) starts reading again")
-        if not self._pending:
-            cpu, wall = time.thread_time(), time.perf_counter()
-            group = next(self._groups)  # StopIteration at the end
-            batches = group.batches
-            self._pending.extend(_unpack(batches) if isinstance(batches, dict) else batches)
-            self.times.add(group, time.thread_time() - cpu, time.perf_counter() - wall)
-        elif hasattr(self._groups, "poll"):  # workers: take what they finished, send them more (schedule.py)
-            self._groups.poll()
-        return self._pending.popleft()
-
-    def close(self) -> None:
-        """Stops the executor's threads or worker processes. grain's iterators close again when collected, which
-        fails once the interpreter has torn its modules down: drop them now, while it has not."""
-        self._pending.clear()
-        if self._groups is not None:
-            self._groups.close()
-            self._groups = None
-
-
-_OPEN_ITERATORS: weakref.WeakSet = weakref.WeakSet()
-
-
-def _close_at_exit(iterator: LoaderIterator) -> None:
-    """Closes `iterator` at exit if it is still open, before the interpreter tears its modules down (grain's worker
-    processes and threads, stopped later by garbage collection, print tracebacks then)."""
-    if not _OPEN_ITERATORS:
-        atexit.unregister(_close_open_iterators)  # registered once however often the set empties and refills
-        atexit.register(_close_open_iterators)
-    _OPEN_ITERATORS.add(iterator)
-
-
-def _close_open_iterators() -> None:
-    for iterator in list(_OPEN_ITERATORS):
-        iterator.close()
-
-
-class LoaderIterator(Iterator):
+class LoaderIterator(WorkerControls, Iterator):
     """Iterator over a Loader's batches with `get_state()` / `set_state()`.
 
     The state counts the batches handed to the caller, so batches prefetched (to host or device)
@@ -471,15 +376,16 @@ class LoaderIterator(Iterator):
 
     def __init__(self, loader: Loader, start: int = 0):
         self._loader = loader
+        self._ray = loader.config.ray_address is not None
         self._plan = loader.plan  # a restored mixture state may continue on a plan of its own
         self._next = start
         self._prefetcher: DevicePrefetcher | None = None
         self._restart(start)
-        _close_at_exit(self)
+        close_at_exit(self)
 
     def _restart(self, start: int) -> None:
         self.close()
-        self._host = _HostBatches(self._loader._groups(start, self._plan))
+        self._host = HostBatches(self._loader._groups(start, self._plan))
         sharding = self._loader.config.sharding
         if sharding is not None:
             self._prefetcher = DevicePrefetcher(self._host.next, sharding, self._loader.config.device_prefetch)
@@ -488,39 +394,6 @@ class LoaderIterator(Iterator):
         batch = self._host.next() if self._prefetcher is None else self._prefetcher.get()
         self._next += 1
         return batch
-
-    def stage_times(self, reset: bool = False) -> StageTimes:
-        """What the groups handed out so far cost, stage by stage (loader/stages.py); `.report()` says which stage
-        bounds the rate. Counted from the last (re)start (iter(), set_state()), or the last call with reset=True,
-        which starts new totals."""
-        times = self._host.times
-        if reset:
-            self._host.times = StageTimes()
-        return times
-
-    def worker_setting(self) -> str:
-        """Where groups are computed now: "threads here", "2 worker processes", ... (worker_count="auto" changes
-        it as it measures); "closed" once the iterator is (until set_state)."""
-        groups = getattr(self._host, "_groups", False)
-        if groups is None:
-            return "closed"
-        if hasattr(groups, "setting"):
-            return str(groups.setting())
-        if not hasattr(groups, "worker_count"):
-            return "threads here"
-        n = groups.worker_count
-        if self._loader.config.ray_address is not None:
-            return f"{n} Ray actor{'s' if n != 1 else ''}"
-        return f"{n} worker process{'es' if n != 1 else ''}"
-
-    def resize_workers(self, count: int) -> None:
-        """With worker_count= (local processes or Ray actors): `count` workers from now on (more start at once; fewer
-        stop taking read groups and stop once theirs are done). The batches stay the same. With
-        worker_count="auto": `count` worker processes from now on, tuned no more."""
-        groups = getattr(self._host, "_groups", None)
-        if not hasattr(groups, "resize"):
-            raise ValueError("resize_workers() needs a loader with worker_count >= 1 (this one reads on threads)")
-        groups.resize(count)
 
     def close(self) -> None:
         """Stops the device-prefetch thread and grain's prefetch threads and worker processes (also done when the
@@ -611,35 +484,25 @@ def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_cou
 
 
 def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
-    """A loader of packed rows (loader/packing.py): the same source, reader, decoder and host sharding."""
+    """A loader of packed rows (loader/packing.py): the same source, reader, decoder, host sharding and executor."""
     if config.map_fn is not None or config.random_map_fn is not None or not config.drop_remainder:
         raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn= or "
                          "drop_remainder=False (tokenise in Packing.tokenize)")
     shard_index, shard_count = _host_shard(config)
-    if config.worker_count == "auto":
-        config = dataclasses.replace(config, worker_count=_packing_workers(config.packing))
     if isinstance(source, Mapping):
-        return _packed_mixture(source, config, shard_index, shard_count)
+        from loader.packed_mixture import PackedMixtureLoader
+
+        if config.num_epochs is not None:
+            raise ValueError(f"a packed mixture is endless (each component repeats its epochs); leave num_epochs unset "
+                             f"(got num_epochs={config.num_epochs})")
+        names, src, plan = _mixture(source, config, shard_index, shard_count)
+        return PackedMixtureLoader(names, _packing_inputs(src, config), config, plan)
     src = _resolved(source, config)
-    plan_args = dict(batch_size=config.batch_size, seed=config.seed, shuffle=config.shuffle,
-                     num_epochs=config.num_epochs, shard_index=shard_index, shard_count=shard_count)
-    return PackedLoader(src, _reader(src, config), packing=config.packing, plan_args=plan_args,
-                        prefetch=max(1, config.prefetch), sharding=config.sharding,
-                        device_prefetch=config.device_prefetch, worker_count=config.worker_count,
-                        ray_address=config.ray_address, ray_resources=config.ray_resources,
-                        **_packing_inputs(src, config))
+    return PackedLoader(_packing_inputs(src, config), config, shard_index, shard_count)
 
 
-def _packing_workers(packing: Packing) -> int:
-    """worker_count="auto" for packing: tokenising takes a worker a core but one (this process lays the rows out);
-    a pre-tokenized dataset is read on threads (its records need no work beyond the read)."""
-    from loader.executors.tuned import loader_cores
-
-    return max(0, loader_cores() - 1) if packing.tokenize is not None or packing.tokenize_batch is not None else 0
-
-
-def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> dict:
-    """The decoder and token counts of a packed source: a pre-tokenized dataset's own (its `.counts` files), or
+def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> Inputs:
+    """The records of a packed source and their token counts: a pre-tokenized dataset's own (its `.counts` files), or
     counted from the decoded feature (cached under the index's directory when the packing names a cache_key)."""
     from loader import index
     from loader.counts import TokenCounts
@@ -650,23 +513,8 @@ def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> dict:
                          "is not one: convert the text with `python -m pipelines convert --tokenizer PATH --text-key "
                          "KEY`, or pass Packing(feature=..., tokenize=...)")
     feature = packing.feature or "tokens"
-    decoder = source_decoder(config.decode, src, (feature,))
+    inputs = Inputs(src, _reader(src, config), source_decoder(config.decode, src, (feature,)))
     if packing.tokenized and src.tokens_dtype is not None:
         max_count = config.max_record_bytes // np.dtype(src.tokens_dtype).itemsize
-        return {"decoder": decoder, "counts": TokenCounts.of_files(src.paths, src.lengths, max_count)}
-    return {"decoder": decoder, "index_key": index.source_key(src), "cache_dir": index.default_dir()}
-
-
-def _packed_mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_count: int):
-    """A mixture of packed components (loader/packed_mixture.py)."""
-    from loader.packed_mixture import PackedMixtureLoader
-
-    if config.num_epochs is not None:
-        raise ValueError(f"a packed mixture is endless (each component repeats its epochs); leave num_epochs unset "
-                         f"(got num_epochs={config.num_epochs})")
-    names, src, plan = _mixture(sources, config, shard_index, shard_count)
-    return PackedMixtureLoader(names, src, _reader(src, config), packing=config.packing, plan=plan,
-                               prefetch=max(1, config.prefetch), sharding=config.sharding,
-                               device_prefetch=config.device_prefetch, worker_count=config.worker_count,
-                               ray_address=config.ray_address, ray_resources=config.ray_resources,
-                               **_packing_inputs(src, config))
+        return dataclasses.replace(inputs, counts=TokenCounts.of_files(src.paths, src.lengths, max_count))
+    return dataclasses.replace(inputs, index_key=index.source_key(src), cache_dir=index.default_dir())

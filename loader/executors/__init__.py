@@ -1,24 +1,31 @@
-"""Executors: where the loader's read groups are computed, apart from what they hold.
+"""Executors: where the loader's groups are computed, apart from what they hold.
 
-A read group (loader/pipeline.py `_ReadGroup`) is a pure function of its index: the plan (seed, epoch, host) says
-which records it reads and which random numbers each record's `random_map_fn` gets. So any process can compute any
-group, and a group computed twice is the same group: an executor may retry, move or spread groups as it likes, and
-the batches stay those of the plan.
+A group (a plain loader's read group, loader/pipeline.py `_ReadGroup`; a packed loader's batch, loader/packing.py
+`Assembler`) is a pure function of what the plan says it holds: which records, which random numbers each record's
+`random_map_fn` gets, which pieces of which documents go in which row. So any process can compute any group, and a
+group computed twice is the same group: an executor may retry, move or spread groups as it likes, and the batches
+stay those of the plan.
 
 Every executor has one method,
 
-    executor.map(fn, num_groups) -> iterator of fn(0), fn(1), ..., fn(num_groups - 1), in order, with .close()
+    executor.map(fn, num_groups, args=None) -> iterator of fn(args(0)), fn(args(1)), ..., in order, with .close()
 
 computing ahead of the caller within a bounded buffer (backpressure: nothing is computed further ahead than it),
-and stopping whatever it started when closed:
+and stopping whatever it started when closed. `args(g)` (default: g itself) is the plan's part of group g, made in
+this process; `fn` is the work, run wherever the executor runs it. Results travel between processes through
+`transport` (raw records packed into arrays); the caller takes them through `handout.HostBatches`.
 
 - `threads.Threads`: this process's threads (grain's `to_iter_dataset`): no workers.
 - `processes.Processes`: local worker processes; one that dies is replaced and its groups recomputed.
+- `ray_actors.RayActors`: Ray actors anywhere in a Ray cluster, healed the same way.
+- `tuned.Tuned` (worker_count="auto"): threads here, or as many worker processes as the caller's demand needs.
+
+`make` chooses one from the loader's options.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 
@@ -29,5 +36,30 @@ class GroupIterator(Iterator):
 
 
 class Executor(Protocol):
-    def map(self, fn: Callable[[int], Any], num_groups: int) -> GroupIterator:
-        """fn(0), ..., fn(num_groups - 1) in order, computed ahead within the executor's buffer."""
+    def map(self, fn: Callable[[Any], Any], num_groups: int, args: Callable[[int], Any] | None = None
+            ) -> GroupIterator:
+        """fn(args(0)), ..., fn(args(num_groups - 1)) in order, computed ahead within the executor's buffer."""
+
+
+def make(worker_count: int | str, *, num_threads: int, prefetch: int, ray_address: str | None = None,
+         ray_resources: Mapping[str, float] | None = None, describe: Callable[[int], str] = str) -> Executor:
+    """The executor for the loader's options (LoaderConfig validates them): `worker_count` worker processes (0:
+    this process's `num_threads` threads, `prefetch` groups ahead; "auto": tuned), on a Ray cluster with
+    `ray_address`. A worker computes max(num_threads, prefetch) groups at once."""
+    per_worker = max(num_threads, prefetch)
+    if worker_count == "auto":
+        from loader.executors.tuned import Tuned
+
+        return Tuned(per_worker, describe)
+    if ray_address is not None:
+        from loader.executors.ray_actors import RayActors
+
+        return RayActors(ray_address, worker_count, per_worker, ray_resources, describe)
+    if worker_count:
+        from loader.executors.processes import Processes
+
+        return Processes(worker_count, per_worker=per_worker, describe=describe)
+    from loader.executors.threads import Threads
+
+    # Groups read ahead: 0 reads on demand; otherwise at least one per thread (fewer would idle threads).
+    return Threads(num_threads, max(prefetch, num_threads) if prefetch else 0)

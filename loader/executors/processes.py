@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from loader.executors.schedule import Died, Result, Scheduled, Worker, WorkerEnded, retried
-from loader.workers import exit_with_owner, process_pool
+from loader.executors import transport
+from loader.executors.schedule import Died, Result, Scheduled, Worker
+from loader.workers import exit_with_owner
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,8 @@ class Processes:
     per_worker: int = 2  # groups each worker computes at once (on as many threads)
     describe: Callable[[int], str] = str  # what a group holds, for errors ("batches 4-7: shard ..., records ...")
 
-    def map(self, fn: Callable[[int], Any], num_groups: int) -> _Groups:
-        return _Groups(fn, num_groups, self)
+    def map(self, fn: Callable[[Any], Any], num_groups: int, args: Callable[[int], Any] | None = None) -> _Groups:
+        return _Groups(fn, num_groups, self, args)
 
 
 SHM = "/dev/shm"
@@ -137,9 +138,9 @@ def _serve(conn, payload: bytes, owner: int, threads: int, prefix: str) -> None:
     lock = threading.Lock()
     serials = itertools.count()
 
-    def run(g: int) -> None:
+    def run(g: int, arg: Any) -> None:
         try:
-            message = (g, True, _pack(fn(g), prefix, next(serials)))
+            message = (g, True, _pack(transport.compact(fn(arg)), prefix, next(serials)))
         except BaseException as e:  # noqa: BLE001 - handed to the owner, which raises it where the batch is taken
             message = (g, False, _portable(e))
         with lock:
@@ -148,12 +149,12 @@ def _serve(conn, payload: bytes, owner: int, threads: int, prefix: str) -> None:
     pool = ThreadPoolExecutor(threads, thread_name_prefix="group")
     while True:
         try:
-            g = conn.recv()
+            job = conn.recv()
         except (EOFError, OSError):
             break
-        if g is None:
+        if job is None:
             break
-        pool.submit(run, g)
+        pool.submit(run, *job)
     os._exit(0)  # without waiting for groups in progress: their results are no longer wanted
 
 
@@ -202,25 +203,26 @@ class _Process(Worker):
 class _Groups(Scheduled):
     """The groups of one iterator, in order, from local worker processes."""
 
-    def __init__(self, fn: Callable[[int], Any], num_groups: int, spec: Processes):
+    def __init__(self, fn: Callable[[Any], Any], num_groups: int, spec: Processes,
+                 args: Callable[[int], Any] | None = None):
         import cloudpickle  # grain's own workers pickle with it: lambdas and local functions travel
 
         try:
             self._payload = cloudpickle.dumps(fn)
         except Exception as e:  # noqa: BLE001 - whatever does not pickle, named
-            raise ValueError(f"worker_count={spec.count} sends the reader, decoder and map functions to worker "
-                             f"processes, and they do not pickle ({type(e).__name__}: {e}); use worker_count=0, "
+            raise ValueError(f"worker_count={spec.count} sends the reader, decoder and map (or tokenize) functions to "
+                             f"worker processes, and they do not pickle ({type(e).__name__}: {e}); use worker_count=0, "
                              "or functions and objects that pickle") from None
         _sweep_orphans()
         self._prefix = f"loader-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this iterator's /dev/shm files
         self._threads = spec.per_worker
-        super().__init__(num_groups, spec.count, spec.per_worker, spec.describe)
+        super().__init__(num_groups, spec.count, spec.per_worker, spec.describe, args)
 
     def _start(self, number: int) -> _Process:
         return _Process(self._payload, self._threads, number, self._prefix)
 
-    def _send(self, worker: _Process, group: int) -> None:
-        worker.conn.send(group)
+    def _send(self, worker: _Process, group: int, arg: Any) -> None:
+        worker.conn.send((group, arg))
 
     def _wait(self, timeout: float | None = None) -> list:
         handles = {h: w for w in self._workers for h in self._handles(w)}
@@ -244,7 +246,7 @@ class _Groups(Scheduled):
                     worker.ready = True
                     continue
                 g, ok, value = message
-                events.append(Result(worker, g, ok, _unpack(value) if ok else value))
+                events.append(Result(worker, g, ok, transport.expand(_unpack(value)) if ok else value))
         except (EOFError, OSError, pickle.UnpicklingError):
             pass
         if not worker.process.is_alive() or worker.conn.closed:
@@ -257,54 +259,3 @@ class _Groups(Scheduled):
 
     def _stopped_all(self) -> None:
         _sweep(f"{self._prefix}-*")
-
-
-_HELD: Any = None  # a ProcessCalls worker's object
-
-
-def _hold(obj: Any) -> None:
-    global _HELD
-    _HELD = obj
-
-
-def _call_held(*args) -> Any:
-    return _HELD(*args)
-
-
-class ProcessCalls:
-    """`obj(*args)` in one of `count` worker processes that each hold a copy of `obj` (pickled once a worker);
-    thread-safe. A worker that dies breaks the pool: a new pool makes the call again, and a call that has ended
-    MAX_DEATHS pools raises WorkersDied (schedule.retried)."""
-
-    def __init__(self, count: int, obj: Any):
-        self._count, self._obj = count, obj
-        self._pool = None
-        self._lock = threading.Lock()
-
-    def _current(self):
-        with self._lock:
-            if self._pool is None:
-                self._pool = process_pool(self._count, _hold, (self._obj,))
-            return self._pool
-
-    def __call__(self, *args) -> Any:
-        return retried(functools.partial(self._once, *args), "a loader worker process")
-
-    def _once(self, *args) -> Any:
-        from concurrent.futures.process import BrokenProcessPool
-
-        pool = self._current()
-        try:
-            return pool.submit(_call_held, *args).result()
-        except BrokenProcessPool as e:
-            with self._lock:
-                if self._pool is pool:  # the first thread to see it replaces it
-                    self._pool = None
-                    pool.shutdown(wait=False, cancel_futures=True)
-            raise WorkerEnded(str(e)) from e
-
-    def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None

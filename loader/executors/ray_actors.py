@@ -16,15 +16,13 @@ them. Ray is connected to on first use (`ray.init(address=...)`) and left connec
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 import logging
 import os
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from loader.executors.schedule import Died, Result, Scheduled, Worker, WorkerEnded, retried
+from loader.executors import transport
+from loader.executors.schedule import Died, Result, Scheduled, Worker
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +35,19 @@ class RayActors:
     resources: Mapping[str, float] | None = None  # custom resources each actor needs, beside its CPU
     describe: Callable[[int], str] = str
 
-    def map(self, fn: Callable[[int], Any], num_groups: int) -> _ActorGroups:
-        return _ActorGroups(fn, num_groups, self)
+    def map(self, fn: Callable[[Any], Any], num_groups: int, args: Callable[[int], Any] | None = None
+            ) -> _ActorGroups:
+        return _ActorGroups(fn, num_groups, self, args)
 
 
 class _GroupActor:
     """One actor: computes groups of the function it was made with."""
 
-    def __init__(self, fn: Callable[[int], Any]):
+    def __init__(self, fn: Callable[[Any], Any]):
         self._fn = fn
 
-    def run(self, g: int) -> Any:
-        return self._fn(g)
+    def run(self, arg: Any) -> Any:
+        return transport.compact(self._fn(arg))
 
     def pid(self) -> int:
         return os.getpid()
@@ -94,7 +93,8 @@ class _Actor(Worker):
 class _ActorGroups(Scheduled):
     """The groups of one iterator, in order, from Ray actors."""
 
-    def __init__(self, fn: Callable[[int], Any], num_groups: int, spec: RayActors):
+    def __init__(self, fn: Callable[[Any], Any], num_groups: int, spec: RayActors,
+                 args: Callable[[int], Any] | None = None):
         ray = _connect(spec.address)
         self._spec = spec
         self._class = ray.remote(_GroupActor).options(num_cpus=1, resources=dict(spec.resources or {}),
@@ -105,13 +105,13 @@ class _ActorGroups(Scheduled):
             raise ValueError(f"ray_address= sends the reader, decoder and map functions to Ray actors, and they do "
                              f"not pickle ({type(e).__name__}: {e}); use functions and objects that pickle") from None
         self._pending: dict = {}  # ObjectRef -> actor
-        super().__init__(num_groups, spec.count, spec.per_worker, spec.describe)
+        super().__init__(num_groups, spec.count, spec.per_worker, spec.describe, args)
 
     def _start(self, number: int) -> _Actor:
         return _Actor(number, self._class.remote(self._fn))
 
-    def _send(self, worker: _Actor, group: int) -> None:
-        ref = worker.handle.run.remote(group)
+    def _send(self, worker: _Actor, group: int, arg: Any) -> None:
+        ref = worker.handle.run.remote(arg)
         worker.refs[ref] = group
         self._pending[ref] = worker
 
@@ -133,7 +133,7 @@ class _ActorGroups(Scheduled):
                 continue
             group = worker.refs.pop(ref)
             try:
-                events.append(Result(worker, group, True, ray.get(ref)))
+                events.append(Result(worker, group, True, transport.expand(ray.get(ref))))
             except ray.exceptions.RayActorError as e:
                 worker.refs[ref] = group  # still its: computed again by another
                 died.add(id(worker))
@@ -149,63 +149,3 @@ class _ActorGroups(Scheduled):
             _ray().kill(worker.handle, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
-
-
-class _Holder:
-    """An actor holding an object: `call(*args)` is obj(*args)."""
-
-    def __init__(self, obj: Any):
-        self._obj = obj
-
-    def call(self, *args) -> Any:
-        return self._obj(*args)
-
-
-class ActorCalls:
-    """`obj(*args)` on one of `count` Ray actors that each hold `obj`, in turn; thread-safe. An actor that dies is
-    replaced and the call made again; a call that has ended MAX_DEATHS actors raises WorkersDied (schedule.retried)."""
-
-    def __init__(self, address: str, count: int, obj: Any, resources: Mapping[str, float] | None = None,
-                 per_worker: int = 2):
-        ray = _connect(address)
-        self._resources = resources
-        self._class = ray.remote(_Holder).options(num_cpus=1, resources=dict(resources or {}),
-                                                  max_concurrency=per_worker, max_restarts=0)
-        self._obj = ray.put(obj)
-        self._actors = [self._class.remote(self._obj) for _ in range(count)]
-        self._turn = itertools.count()
-        self._lock = threading.Lock()
-
-    def __call__(self, *args) -> Any:
-        return retried(functools.partial(self._once, *args), "a loader Ray actor")
-
-    def _once(self, *args) -> Any:
-        ray = _ray()
-        with self._lock:
-            i = next(self._turn) % len(self._actors)
-            actor = self._actors[i]
-        ref = actor.call.remote(*args)
-        try:
-            while True:
-                try:
-                    return ray.get(ref, timeout=STALL_SECONDS)
-                except ray.exceptions.GetTimeoutError:
-                    _stalled(1, self._resources)
-        except ray.exceptions.RayActorError as e:
-            with self._lock:
-                if self._actors[i] is actor:  # the first thread to see it replaces it
-                    ray.kill(actor, no_restart=True)
-                    self._actors[i] = self._class.remote(self._obj)
-            raise WorkerEnded(f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
-        except ray.exceptions.RayTaskError as e:  # obj raised: its own error
-            raise (e.cause if e.cause is not None else e) from None
-
-    def close(self) -> None:
-        ray = _ray()
-        with self._lock:
-            for actor in self._actors:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-            self._actors = []

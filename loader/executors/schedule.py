@@ -1,11 +1,11 @@
-"""What every executor with workers does alike: groups handed out in order, a bounded window computed ahead, workers
-that die replaced and their groups computed again (each alone in a worker, so a record that kills every worker
-that reads it is found and named), and the worker count changed while iterating.
+"""What every executor with workers does alike: groups handed out in order, a window of groups computed ahead that
+slides with each hand-out, workers that die replaced and their groups computed again (each alone in a worker, so a
+record that kills every worker that reads it is found and named), and the worker count changed while iterating.
 
-An executor's workers (local processes, Ray actors) subclass `Worker`; its iterator subclasses `Scheduled` and
-says how to start a worker, send it a group, wait for what happened and stop it. Calls-style executors (packing's:
-`obj(*args)` on any worker, loader/executors/processes.py `ProcessCalls`, ray_actors.py `ActorCalls`) retry a call
-whose worker died the same way (`retried`) and raise WorkersDied after MAX_DEATHS.
+An executor's workers (local processes, Ray actors, this process's threads) subclass `Worker`; its iterator
+subclasses `Scheduled` and says how to start a worker, send it a group, wait for what happened and stop it. A group
+is `fn(args(g))`: `args(g)`, the plan's part, runs here when the group is sent (kept until it is handed out, so a
+group computed again gets the same); `fn`, the work, runs in the worker.
 """
 
 from __future__ import annotations
@@ -20,36 +20,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MAX_DEATHS = 3  # a group that this many of its workers died computing is an error, not retried again
-
-
-class WorkersDied(Exception):
-    """A call whose worker died MAX_DEATHS times (calls-style executors: the caller names what it was computing)."""
-
-    def __init__(self, deaths: int, how: str):
-        super().__init__(f"{deaths} workers ended (the last: {how})")
-        self.deaths, self.how = deaths, how
-
-
-class WorkerEnded(Exception):
-    """Raised by a calls-style executor's one try whose worker ended (once it has replaced it): `retried` tries
-    again."""
-
-    def __init__(self, how: str):
-        super().__init__(how)
-        self.how = how
-
-
-def retried(call: Callable[[], Any], what: str) -> Any:
-    """call() until it returns, again after each WorkerEnded; WorkersDied after MAX_DEATHS. `what`: the workers'
-    name for the log ("a loader worker process")."""
-    for deaths in range(1, MAX_DEATHS + 1):
-        try:
-            return call()
-        except WorkerEnded as e:
-            if deaths == MAX_DEATHS:
-                raise WorkersDied(deaths, e.how) from e
-            log.warning("%s ended (%s); another makes its call again", what, e.how)
-    raise AssertionError("unreachable")
 
 
 class Worker:
@@ -77,8 +47,11 @@ Died = collections.namedtuple("Died", "worker how")
 class Scheduled(abc.ABC):
     """fn(0), ..., fn(num_groups - 1) in order, computed by `count` workers, `per_worker` groups each at once."""
 
-    def __init__(self, num_groups: int, count: int, per_worker: int, describe: Callable[[int], str]):
+    def __init__(self, num_groups: int, count: int, per_worker: int, describe: Callable[[int], str],
+                 args: Callable[[int], Any] | None = None):
         self._n = num_groups
+        self._argfn = args
+        self._args: dict[int, Any] = {}  # args of the groups sent and not yet handed out
         self._per_worker = per_worker
         self._describe = describe
         self._started = 0
@@ -101,8 +74,8 @@ class Scheduled(abc.ABC):
         """Starts worker `number`."""
 
     @abc.abstractmethod
-    def _send(self, worker: Worker, group: int) -> None:
-        """Has `worker` compute `group`."""
+    def _send(self, worker: Worker, group: int, arg: Any) -> None:
+        """Has `worker` compute `group`: fn(arg)."""
 
     @abc.abstractmethod
     def _wait(self, timeout: float | None = None) -> list:
@@ -149,6 +122,7 @@ class Scheduled(abc.ABC):
             self.close()
             raise
         ok, value = self._done.pop(self._next)
+        self._args.pop(self._next, None)
         self._next += 1
         if not ok:
             self.close()
@@ -197,7 +171,7 @@ class Scheduled(abc.ABC):
                 return
             g = self._resend.popleft()
             room[0].groups.add(g)
-            self._send(room[0], g)
+            self._send(room[0], g, self._arg(g))
         while self._again:
             idle = [w for w in active if not w.groups and w.isolated]
             if not idle:
@@ -205,7 +179,7 @@ class Scheduled(abc.ABC):
             g = self._again.popleft()
             idle[0].groups.add(g)
             idle[0].alone = True
-            self._send(idle[0], g)
+            self._send(idle[0], g, self._arg(g))
         window = len(active) * self._per_worker
         while self._new < min(self._n, self._next + window):
             room = [w for w in active if not w.alone and len(w.groups) < self._per_worker]
@@ -213,8 +187,16 @@ class Scheduled(abc.ABC):
                 return
             worker = min(room, key=lambda w: len(w.groups))
             worker.groups.add(self._new)
-            self._send(worker, self._new)
+            self._send(worker, self._new, self._arg(self._new))
             self._new += 1
+
+    def _arg(self, g: int) -> Any:
+        """What group g's worker is sent: args(g), made once (a group computed again gets the same), or g."""
+        if self._argfn is None:
+            return g
+        if g not in self._args:
+            self._args[g] = self._argfn(g)
+        return self._args[g]
 
     def _retire_idle(self) -> None:
         for w in [w for w in self._workers if w.retiring and not w.groups]:
@@ -277,6 +259,7 @@ class Scheduled(abc.ABC):
         for w in self._workers:
             self._stop(w)
         self._done.clear()
+        self._args.clear()
         self._stopped_all()
 
     def __del__(self):

@@ -58,15 +58,16 @@ class Tuned:
     describe: Callable[[int], str] = str
     cores: int | None = None  # the cores the loader may use (default: loader_cores()): a worker process a core at most
 
-    def map(self, fn: Callable[[int], Any], num_groups: int) -> _TunedGroups:
-        return _TunedGroups(fn, num_groups, self)
+    def map(self, fn: Callable[[Any], Any], num_groups: int, args: Callable[[int], Any] | None = None
+            ) -> _TunedGroups:
+        return _TunedGroups(fn, num_groups, self, args)
 
 
 class _Here(Worker):
     """This process's threads as one worker: groups run on a thread pool; each answer is queued and a byte on a
     socket pair wakes the schedule's wait."""
 
-    def __init__(self, fn: Callable[[int], Any], threads: int, number: int):
+    def __init__(self, fn: Callable[[Any], Any], threads: int, number: int):
         super().__init__(number)
         self._fn = fn
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="loader-group")
@@ -81,12 +82,12 @@ class _Here(Worker):
     def isolated(self) -> bool:
         return False  # a group that ended a worker process could end this one
 
-    def submit(self, g: int) -> None:
-        self.pool.submit(self._run, g)
+    def submit(self, g: int, arg: Any) -> None:
+        self.pool.submit(self._run, g, arg)
 
-    def _run(self, g: int) -> None:
+    def _run(self, g: int, arg: Any) -> None:
         try:
-            answer = (g, True, self._fn(g))
+            answer = (g, True, self._fn(arg))
         except BaseException as e:  # noqa: BLE001 - raised where the batch is taken
             answer = (g, False, e)
         self.answers.append(answer)
@@ -115,7 +116,8 @@ class _Here(Worker):
 class _TunedGroups(_Groups):
     """The groups of one iterator, in order, from this process's threads or worker processes as the tuner says."""
 
-    def __init__(self, fn: Callable[[int], Any], num_groups: int, spec: Tuned):
+    def __init__(self, fn: Callable[[Any], Any], num_groups: int, spec: Tuned,
+                 args: Callable[[int], Any] | None = None):
         self._fn = fn
         self._starting: set[int] = set()  # ids of workers started for the new setting, not yet answered
         self._replacing = False  # _replace is replacing a worker of _starting
@@ -127,15 +129,15 @@ class _TunedGroups(_Groups):
         self.tuner = Tuner(max(1, cores - 1) if cores > 2 else cores, loader_cpu=self.cpu_seconds,
                            idle=idle_core_seconds if idle else None)
         self._tuning = True
-        super().__init__(fn, num_groups, Processes(0, spec.per_worker, spec.describe))  # no workers yet
+        super().__init__(fn, num_groups, Processes(0, spec.per_worker, spec.describe), args)  # no workers yet
         self.apply(self.tuner.setting)
 
     # --- workers of two kinds ------------------------------------------------------------------
-    def _send(self, worker, group: int) -> None:
+    def _send(self, worker, group: int, arg: Any) -> None:
         if isinstance(worker, _Here):
-            worker.submit(group)
+            worker.submit(group, arg)
         else:
-            super()._send(worker, group)
+            super()._send(worker, group, arg)
 
     def _handles(self, worker) -> tuple:
         return (worker.wake,) if isinstance(worker, _Here) else super()._handles(worker)

@@ -24,7 +24,7 @@ and decides:
 3. otherwise keep the setting: a caller that does not wait is served; one that waits with no core idle is bound by
    the cores, and another worker would find none.
 
-So a training step that waits for input gets workers within a few windows (seconds, not one ladder step at a time),
+So a training step that waits for input gets the workers it needs within a few windows (seconds),
 an idle loader gives back its cores, and the cores the trainer uses are never counted as free. One log line per
 change, with the figures it was decided on. The batches never depend on the setting (a group is a pure function of
 its index): tuning changes only the speed.

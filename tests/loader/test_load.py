@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import loader
-from loader.pipeline import _pack, _unpack
 from tests.conftest import REPO
 from tests.loader.conftest import SHARD_SIZES
 
@@ -119,16 +118,6 @@ def test_resume_in_a_fresh_process(converted, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(converted), str(tmp_path / "state.json")], cwd=REPO,
                           capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(proc.stdout) == expected
-
-
-def test_worker_processes_get_raw_batches_as_arrays():
-    """Raw batches cross from grain's worker processes as NumPy arrays (shared memory), not lists of bytes."""
-    batches = [[b"ab", b"", b"c"], [], [b"defg"]]  # an empty record, and an empty host share of a batch
-    packed = _pack([r for b in batches for r in b], [3, 0, 1])
-    assert sorted(packed) == ["counts", "ends", "records"]
-    assert all(isinstance(v, np.ndarray) and not v.dtype.hasobject for v in packed.values())
-    assert _unpack(packed) == batches
-    assert _unpack(_pack([], [0])) == [[]]
 
 
 def test_close_stops_reading_and_set_state_resumes(converted):

@@ -82,7 +82,7 @@ def local_crops(photos):
 def test_remote_crops_are_the_local_ones_through_a_killed_actor_a_resume_and_resizing(cluster, photos, local_crops,
                                                                                    caplog):
     it = iter(_crops(photos, **_remote(cluster)))
-    actors = it._host._groups._workers
+    actors = it._host.groups._workers
     pid_of = {id(w): ray.get(w.handle.pid.remote()) for w in actors}  # idle yet: answered at once
     assert sorted(pid_of.values()) == sorted(_actor_pids()), _actor_pids()
     got = [next(it)]  # one batch of 8 records; the next groups (16 records, 160 ms each) are in progress

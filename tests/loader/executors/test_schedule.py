@@ -29,7 +29,7 @@ class FakeWorkers(Scheduled):
     def _start(self, number):
         return Worker(number)
 
-    def _send(self, worker, group):
+    def _send(self, worker, group, arg):
         self.sent.append((self.clock.now, group))
         heapq.heappush(self.running, (self.clock.now + self.compute(group), next(self._serial), worker, group))
 

@@ -45,7 +45,7 @@ def test_auto_gives_the_batches_of_threads_while_it_moves_between_settings(conve
     it = iter(loader.load(str(converted), map_fn=_busy, worker_count="auto", **OPTIONS))
     got = _rows(it)
     assert got == expected
-    history = it._host._groups.tuner.history
+    history = it._host.groups.tuner.history
     tried = {m.setting for m in history}
     assert tuning.HERE in tried and any(s.processes for s in tried), history
     it.close()

@@ -1,0 +1,111 @@
+"""The caller's side of an executor: its groups' batches handed out one by one, what computing them cost (stage by
+stage, loader/stages.py), and the workers' controls, for every loader (plain, mixture, packed)."""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import time
+import weakref
+from collections.abc import Iterator
+
+from loader.stages import StageTimes
+
+
+class End:
+    """A group past the last one: a plan whose end is found as it goes (a packed loader's) maps its groups past the end
+    to END, and the iterator stops at the first. (grain's threads drop None results, so None cannot say it.)"""
+
+    def __reduce__(self):
+        return "END"  # unpickled as this module's END
+
+
+END = End()
+
+
+class HostBatches:
+    """Hands out, one by one, the batches of the groups the executor yields (up to END, if it comes)."""
+
+    def __init__(self, groups: Iterator):
+        self.groups = groups
+        self._pending: collections.deque = collections.deque()
+        self.times = StageTimes()
+
+    def next(self):
+        if self.groups is None:
+            raise ValueError("this loader iterator was closed; set_state() (or a new iter()) starts reading again")
+        if not self._pending:
+            cpu, wall = time.thread_time(), time.perf_counter()
+            group = next(self.groups)  # StopIteration at the end
+            if group is END:
+                raise StopIteration
+            self._pending.extend(group.batches)
+            self.times.add(group, time.thread_time() - cpu, time.perf_counter() - wall)
+        elif hasattr(self.groups, "poll"):  # workers: take what they finished, send them more (schedule.py)
+            self.groups.poll()
+        return self._pending.popleft()
+
+    def close(self) -> None:
+        """Stops the executor's threads or worker processes. grain's iterators close again when collected, which
+        fails once the interpreter has torn its modules down: drop them now, while it has not."""
+        self._pending.clear()
+        if self.groups is not None:
+            self.groups.close()
+            self.groups = None
+
+
+class WorkerControls:
+    """What an iterator over `self._host` (a HostBatches) says of its workers and lets the caller change."""
+
+    _host: HostBatches | None
+    _ray: bool = False  # its workers are Ray actors
+
+    def stage_times(self, reset: bool = False) -> StageTimes:
+        """What the groups handed out so far cost, stage by stage (loader/stages.py); `.report()` says which stage
+        bounds the rate. Counted from the last (re)start (iter(), set_state()), or the last call with reset=True,
+        which starts new totals."""
+        times = self._host.times
+        if reset:
+            self._host.times = StageTimes()
+        return times
+
+    def worker_setting(self) -> str:
+        """Where groups are computed now: "threads here", "2 worker processes", ... (worker_count="auto" changes
+        it as it measures); "closed" once the iterator is (until set_state)."""
+        groups = getattr(self._host, "groups", None)
+        if groups is None:
+            return "closed"
+        if hasattr(groups, "setting"):
+            return str(groups.setting())
+        if not hasattr(groups, "worker_count"):
+            return "threads here"
+        n = groups.worker_count
+        if self._ray:
+            return f"{n} Ray actor{'s' if n != 1 else ''}"
+        return f"{n} worker process{'es' if n != 1 else ''}"
+
+    def resize_workers(self, count: int) -> None:
+        """With worker_count= (local processes or Ray actors): `count` workers from now on (more start at once; fewer
+        stop taking groups and stop once theirs are done). The batches stay the same. With worker_count="auto":
+        `count` worker processes from now on, tuned no more."""
+        groups = getattr(self._host, "groups", None)
+        if not hasattr(groups, "resize"):
+            raise ValueError("resize_workers() needs a loader with worker_count >= 1 (this one reads on threads)")
+        groups.resize(count)
+
+
+_OPEN_ITERATORS: weakref.WeakSet = weakref.WeakSet()
+
+
+def close_at_exit(iterator) -> None:
+    """Closes `iterator` at exit if it is still open, before the interpreter tears its modules down (grain's threads
+    and the worker processes, stopped later by garbage collection, print tracebacks then)."""
+    if not _OPEN_ITERATORS:
+        atexit.unregister(_close_open_iterators)  # registered once however often the set empties and refills
+        atexit.register(_close_open_iterators)
+    _OPEN_ITERATORS.add(iterator)
+
+
+def _close_open_iterators() -> None:
+    for iterator in list(_OPEN_ITERATORS):
+        iterator.close()
