@@ -1,18 +1,12 @@
 """Worker processes that never outlive their owner: the watchdog every worker runs (the loader's worker processes,
-loader/executors/processes.py), and a process pool for calls.
-
-    pool = process_pool(2, setup, (state,))   # spawned processes; each runs setup(state) first
-    pool.submit(fn, args).result()
-"""
+loader/executors/processes.py)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 
 # A worker process checks this often (seconds) whether the process that started it is still alive.
 OWNER_POLL_SECONDS = 0.5
@@ -36,15 +30,3 @@ def exit_with_owner(owner: int, before_exit: Callable[[], None] | None = None) -
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-owner", daemon=True).start()
-
-
-def _start(owner: int, setup: Callable, args: tuple) -> None:
-    exit_with_owner(owner)
-    setup(*args)
-
-
-def process_pool(count: int, setup: Callable, args: tuple) -> ProcessPoolExecutor:
-    """`count` spawned worker processes (fork would copy JAX's threads), each running `setup(*args)` first and ending
-    when this process does."""
-    return ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
-                               initargs=(os.getpid(), setup, args))
