@@ -14,6 +14,15 @@ and its connection closed, never held whole; an error's body is kept to MAX_ERRO
 longer than its timeout is a `TimeoutError`. A connection that was idle and is found closed when reused is opened
 again once, at once (the server may close idle connections at any time).
 
+A connection is kept for the next request only as RFC 9112 (section 9.3) allows: not after an HTTP/1.0 answer without
+`Connection: keep-alive`, nor after `Connection: close`. Requests to one host take at most its limit of
+connections at once, which starts at START_CONNECTIONS and doubles with each round of answers on connections kept
+open, up to the pool's `max_connections`; a host whose answers close their connections (an HTTP/1.0 server: every
+request is a new connection) is held to CLOSING_CONNECTIONS, and a new connection that fails before its answer (a
+server whose accept queue is full resets, or never completes, the connections past it) halves the limit. So a small
+server is not flooded with new connections, and Cloud Storage gets the pool's `max_connections` within a few
+round trips.
+
     pool = Pool()
     status, pieces = await pool.get("https://host/path?alt=media", 0, 1024, {"Authorization": "Bearer ..."})
 """
@@ -21,11 +30,14 @@ again once, at once (the server may close idle connections at any time).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import ssl
 import urllib.parse
 
 MAX_HEAD = 64 << 10  # bytes of status line and headers
+START_CONNECTIONS = 16  # a host's limit of connections at first
+CLOSING_CONNECTIONS = 16  # ... and at most, for a host whose answers close their connections
 MAX_ERROR_BODY = 64 << 10  # bytes of an error's body kept (for its message); the rest is not read
 _USER_AGENT = "arrayrecord-platform-loader"
 
@@ -51,14 +63,69 @@ def _split(url: str) -> tuple[str, str, int, str]:
     return parts.scheme, parts.hostname, port, target
 
 
+class _Host:
+    """A host's limit of connections at once (see the module doc), and the requests waiting for one. A waiter that is
+    woken has its place taken for it."""
+
+    def __init__(self, most: int):
+        self.most = most
+        self.limit = min(START_CONNECTIONS, most)
+        self.busy = 0
+        self.kept = 0  # answers on kept connections since the limit last grew
+        self.closing = False  # its answers close their connections
+        self.waiting: collections.deque[asyncio.Future] = collections.deque()
+
+    async def enter(self) -> None:
+        if self.busy < self.limit and not self.waiting:
+            self.busy += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiting.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # woken, then cancelled: give the place on
+                self.leave()
+            elif waiter in self.waiting:
+                self.waiting.remove(waiter)
+            raise
+
+    def leave(self) -> None:
+        self.busy -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self.waiting and self.busy < self.limit:
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                self.busy += 1
+                waiter.set_result(None)
+
+    def answered(self, kept: bool) -> None:
+        if not kept:
+            self.closing = True
+            self.limit = min(self.limit, CLOSING_CONNECTIONS)
+        elif not self.closing and self.limit < self.most:
+            self.kept += 1
+            if self.kept >= self.limit:
+                self.limit, self.kept = min(self.most, 2 * self.limit), 0
+                self._wake()
+
+    def refused(self) -> None:
+        """A new connection failed before its answer: fewer at once."""
+        self.limit, self.kept = max(1, self.limit // 2), 0
+
+
 class Pool:
     """Keep-alive connections to each (scheme, host, port), each carrying one request at a time; as many are opened
-    as requests are in flight together. Used from one event loop."""
+    as requests are in flight together, up to the host's limit (see the module doc). Used from one event loop."""
 
-    def __init__(self, timeout: float = 120.0):
+    def __init__(self, timeout: float = 120.0, max_connections: int = 128):
         self.timeout = timeout
+        self.max_connections = max_connections
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._open: set[_Connection] = set()
+        self._hosts: dict[tuple[str, str, int], _Host] = {}
         self._ssl: ssl.SSLContext | None = None
 
     async def get(self, url: str, start: int, end: int, headers: dict[str, str]) -> tuple[int, list[bytes]]:
@@ -74,24 +141,41 @@ class Pool:
             lines.append(f"{name}: {value}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         key = (scheme, host, port)
-        for attempt in (0, 1):
-            conn, reused = await self._acquire(key)
-            try:
-                status, pieces, keep = await conn.request(head, start, end, self.timeout)
-            except _ClosedIdle:
-                self._discard(conn)
-                if reused and attempt == 0:  # closed while idle, before any answer: open one and ask again
-                    continue
-                raise ConnectionResetError(f"{host}:{port} closed the connection before answering") from None
-            except BaseException:
-                self._discard(conn)
-                raise
-            if keep:
-                self._idle.setdefault(key, []).append(conn)
-            else:
-                self._discard(conn)
-            return status, pieces
-        raise AssertionError("unreachable")
+        limit = self._hosts.get(key)
+        if limit is None:
+            limit = self._hosts[key] = _Host(self.max_connections)
+        await limit.enter()
+        try:
+            for attempt in (0, 1):
+                conn, reused = None, False
+                try:
+                    conn, reused = await self._acquire(key)
+                    status, pieces, keep = await conn.request(head, start, end, self.timeout)
+                except _ClosedIdle:
+                    self._discard(conn)
+                    if reused and attempt == 0:  # closed while idle, before any answer: open one and ask again
+                        continue
+                    limit.refused()
+                    raise ConnectionResetError(f"{host}:{port} closed the connection before answering") from None
+                except (OSError, asyncio.TimeoutError) as e:
+                    if conn is not None:
+                        self._discard(conn)
+                    if not reused and not (conn is not None and conn.answered):  # a new connection, never answered
+                        limit.refused()
+                    raise e
+                except BaseException:
+                    if conn is not None:
+                        self._discard(conn)
+                    raise
+                limit.answered(keep)
+                if keep:
+                    self._idle.setdefault(key, []).append(conn)
+                else:
+                    self._discard(conn)
+                return status, pieces
+            raise AssertionError("unreachable")
+        finally:
+            limit.leave()
 
     async def _acquire(self, key: tuple[str, str, int]) -> tuple[_Connection, bool]:
         idle = self._idle.get(key)
@@ -153,6 +237,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self):
         self._transport: asyncio.Transport | None = None
         self._done: asyncio.Future | None = None
+        self.answered = False  # a byte of an answer has come on it
         self._lost = False
         self._head = bytearray()
         self._timer: asyncio.TimerHandle | None = None
@@ -172,7 +257,7 @@ class _Connection(asyncio.Protocol):
         self._left = -1  # body bytes still to come; -1: the head has not come yet
         self._skip = self._take = 0  # of a 200's body: bytes to pass over, then bytes to keep
         self._keep_alive = True
-        self._any = False
+        self._any = False  # a byte of this answer came
         self._timer = loop.call_later(timeout, self._time_out, timeout)
         self._transport.write(head)
         return self._done
@@ -221,7 +306,7 @@ class _Connection(asyncio.Protocol):
         if self._done is None:  # bytes nobody asked for: the connection is out of step
             self.close()
             return
-        self._any = True
+        self._any = self.answered = True
         try:
             if self._left < 0:
                 data = self._read_head(data)

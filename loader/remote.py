@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import bisect
+import collections
 import functools
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 
@@ -154,7 +156,7 @@ class _Loop:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=IN_FLIGHT, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(total=_TIMEOUT_SECONDS), auto_decompress=False)
-            self._pool = http1.Pool(timeout=_TIMEOUT_SECONDS)
+            self._pool = http1.Pool(timeout=_TIMEOUT_SECONDS, max_connections=IN_FLIGHT)
             self._queue = asyncio.Queue()
             # a task for each request in flight, living as long as the loop, not a task for each request (~25 us)
             self._workers = [self.loop.create_task(self._worker()) for _ in range(IN_FLIGHT)]
@@ -200,7 +202,7 @@ class _Loop:
             if time.monotonic() + delay > deadline or storage.exiting():
                 raise OSError(f"{path}: reading bytes {start}-{end - 1} failed for {storage.RETRY_SECONDS:.0f} s "
                               f"({reason}); check the network and the bucket")
-            log.warning("Cloud Storage: %s: %s; retrying", path, reason)
+            _log_retry(path, reason)
             waited = 0.0
             while waited < delay and not storage.exiting():  # the wait ends when the interpreter exits
                 await asyncio.sleep(min(0.1, delay - waited))
@@ -224,6 +226,24 @@ class _Loop:
         if response.status == 200:
             pieces = [b"".join(pieces)[start:end]]
         return response.status, pieces
+
+
+_RETRIES_LOGGED: collections.OrderedDict = collections.OrderedDict()  # (object, cause) already logged: the newest
+
+
+def _log_retry(path: str, reason: str) -> None:
+    """One line for an object and a cause (the reason up to its first digit: "HTTP 503", "TimeoutError: no complete
+    answer in"), however often its reads retry: a server that is down for a minute leaves one line an object, not
+    one a request."""
+    cause = (path, re.split(r"\d", reason, maxsplit=1)[0] if not reason.startswith("HTTP ") else reason)
+    if cause in _RETRIES_LOGGED:
+        _RETRIES_LOGGED.move_to_end(cause)
+        return
+    _RETRIES_LOGGED[cause] = True
+    if len(_RETRIES_LOGGED) > 4096:
+        _RETRIES_LOGGED.popitem(last=False)
+    log.warning("Cloud Storage: %s: %s; retrying (for up to %.0f s; not logged again for this object and cause)",
+                path, reason, storage.RETRY_SECONDS)
 
 
 def _proxy_for(url: str) -> str | None:

@@ -4,7 +4,10 @@ is the exact bytes asked for or a clear error, within the timeout, never more th
 from __future__ import annotations
 
 import asyncio
+import http.server
 import random
+import threading
+import time
 
 import pytest
 
@@ -213,3 +216,88 @@ def test_the_loader_reads_a_chunked_answer_through_aiohttp(gcs_emulator):
     assert [bytes(body) for body in got] == [DATA[100:1100]] * 2
     assert asked == 2 and "aiohttp" not in server.requests[0] and "aiohttp" in server.requests[1]
     assert len(server.requests) == 3 and "aiohttp" in server.requests[2]  # the endpoint's next request: aiohttp's
+
+
+@pytest.mark.parametrize("first_line, headers, connections", [
+    ("HTTP/1.0 206 X", [], 3),  # HTTP/1.0 without keep-alive: a connection a request
+    ("HTTP/1.1 206 X", ["Connection: close"], 3),
+    ("HTTP/1.0 206 X", ["Connection: keep-alive"], 1),
+    ("HTTP/1.1 206 X", [], 1),
+])
+def test_a_connection_is_kept_only_as_rfc_9112_allows(first_line, headers, connections):
+    answer = ("\r\n".join([first_line, "Content-Length: 1000", "Content-Range: bytes 100-1099/16384", *headers])
+              + "\r\n\r\n").encode() + DATA[100:1100]
+    results, server = _get([answer] * 3, times=3)  # the server keeps every connection open: the client decides
+    assert results == [(206, [DATA[100:1100]])] * 3
+    assert server.connections == connections
+
+
+class _SmallServer(http.server.HTTPServer):
+    """Python's own HTTP/1.0 server as the stock GCS emulator runs it: one connection at a time, an accept queue of
+    5, every connection closed after its answer; it counts the connections open at once."""
+
+    request_queue_size = 5
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Ranges)
+        self.open = self.most_open = 0
+
+
+class _Ranges(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        first, last = map(int, self.headers["Range"].removeprefix("bytes=").split("-"))
+        body = DATA[first:last + 1]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(DATA)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_server_that_closes_every_connection_is_not_flooded_with_new_ones():
+    """128 requests in flight to a one-connection-at-a-time HTTP/1.0 server: opened all at once, most connections
+    waited past its accept queue (SYNs dropped, resent after 1, 3, 7 ... s) and timed out or were reset."""
+    server = _SmallServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/b/o?alt=media"
+    ranges = [(i * 50, i * 50 + 100) for i in range(256)]
+
+    async def main():
+        pool = http1.Pool(timeout=20, max_connections=128)
+        try:
+            got = await asyncio.gather(*[pool.get(url, start, end, {}) for start, end in ranges])
+            return got, pool._hosts[("http", "127.0.0.1", server.server_address[1])].limit
+        finally:
+            pool.close()
+    try:
+        started = time.monotonic()
+        got, limit = asyncio.run(asyncio.wait_for(main(), 60))
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got == [(206, [DATA[start:end]]) for start, end in ranges]
+    assert limit <= http1.CLOSING_CONNECTIONS and took < 15, (limit, took)
+
+
+def test_a_hosts_limit_grows_with_kept_connections_and_halves_when_a_new_one_fails():
+    host = http1._Host(128)
+    assert host.limit == http1.START_CONNECTIONS == 16
+    seen = []
+    for _ in range(16 + 32 + 64 + 10):
+        host.answered(kept=True)
+        seen.append(host.limit)
+    assert [seen[15], seen[16 + 31], seen[16 + 32 + 63], seen[-1]] == [32, 64, 128, 128]
+    host.refused()
+    host.refused()
+    assert host.limit == 32
+    host.answered(kept=False)  # its answers close their connections: at most CLOSING_CONNECTIONS, and no growth
+    for _ in range(100):
+        host.answered(kept=True)
+    assert host.limit == http1.CLOSING_CONNECTIONS
+    for _ in range(10):
+        host.refused()
+    assert host.limit == 1
