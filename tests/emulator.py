@@ -49,15 +49,18 @@ _START = (
 
 
 @contextlib.contextmanager
-def running(config_dir: Path, data_dir: Path | None = None):
+def running(config_dir: Path, data_dir: Path | None = None, stock: bool = False):
     """Starts the emulator, sets its client environment in this process (Beam's GCS filesystem and
     google-cloud-storage read it; the C++ client inside array_record reads CLOUD_STORAGE_EMULATOR_ENDPOINT) and
     yields it for subprocesses; restores the environment and stops the emulator after. In memory, or kept in
-    `data_dir` (its `.cloudstorage/.meta` and object files, read again at the next start: see `seed`)."""
+    `data_dir` (its `.cloudstorage/.meta` and object files, read again at the next start: see `seed`). `stock`: the
+    emulator as its package starts it (`gcp-storage-emulator start`: an accept queue of 5, no x-goog-generation), as
+    users run it."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     store = ["--in-memory"] if data_dir is None else []
-    proc = subprocess.Popen([sys.executable, "-c", _START, "start", "--host", "127.0.0.1", "--port", str(port), *store],
+    start = ["-m", "gcp_storage_emulator"] if stock else ["-c", _START]
+    proc = subprocess.Popen([sys.executable, *start, "start", "--host", "127.0.0.1", "--port", str(port), *store],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "STORAGE_BASE": str(data_dir or config_dir)})
     creds = config_dir / "credentials.json"

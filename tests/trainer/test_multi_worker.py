@@ -103,3 +103,37 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resume_matches(digits
                          "strategy=mirrored", devices=2)
     assert single.returncode == 0, single.stderr[-2000:]
     np.testing.assert_allclose([got[s] for s in range(1, end + 1)], _losses(tmp_path / "single"), rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def stock_gcs(tmp_path_factory):
+    """The GCS emulator as its package starts it (HTTP/1.0, one connection at a time, an accept queue of 5)."""
+    from tests import emulator
+
+    with emulator.running(tmp_path_factory.mktemp("stock-gcloud"), stock=True) as env:
+        yield env
+
+
+@pytest.mark.gcs
+@pytest.mark.timeout(300)
+def test_two_processes_train_on_gs_data_from_the_stock_emulator(digits, tmp_path, stock_gcs):
+    """Two hosts read the same gs:// dataset at once from the stock emulator, whose every answer closes its
+    connection: each trains, and their losses are the same global ones."""
+    from google.cloud import storage
+
+    from tests.emulator import upload_files
+
+    client = storage.Client(project="test")
+    client.create_bucket("stock")
+    data = upload_files(client, "stock", digits["train"], "digits-train")
+    port = _port()
+    common = (f"data={data}", "model=mlp", "steps=12", "log_every=4", "checkpoint_every=12", "batch_size=32",
+              "learning_rate=0.003", "num_classes=10", f"workdir={tmp_path / 'multi'}", "strategy=multi_worker",
+              f"coordinator_address=127.0.0.1:{port}", "num_processes=2")
+    procs = [run_trainer(*common, f"process_id={i}", popen=True, extra_env=stock_gcs) for i in range(2)]
+    started = time.monotonic()
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
+    assert not any("retrying" in out for out in outputs), outputs  # no connection refused, reset or timed out
+    losses = _losses(tmp_path / "multi")
+    assert len(losses) == 3 and all(np.isfinite(losses)) and time.monotonic() - started < 200
