@@ -34,6 +34,7 @@ import collections
 import functools
 import ssl
 import urllib.parse
+from typing import NamedTuple
 
 MAX_HEAD = 64 << 10  # bytes of status line and headers
 START_CONNECTIONS = 16  # a host's limit of connections at first
@@ -44,6 +45,12 @@ _USER_AGENT = "arrayrecord-platform-loader"
 
 class ProtocolError(ConnectionError):
     """An answer that is not valid HTTP/1.1 or not what was asked for (a transient fault: the request is retried)."""
+
+
+class Answer(NamedTuple):
+    status: int
+    pieces: list[bytes]
+    retry_after: float | None = None  # seconds, from a Retry-After header of delay-seconds
 
 
 class Unsupported(Exception):
@@ -128,10 +135,11 @@ class Pool:
         self._hosts: dict[tuple[str, str, int], _Host] = {}
         self._ssl: ssl.SSLContext | None = None
 
-    async def get(self, url: str, start: int, end: int, headers: dict[str, str]) -> tuple[int, list[bytes]]:
-        """GET bytes [start, end) (start < end) of `url`: (status, the body's pieces). 206: the range, or fewer
-        bytes where the object ends sooner; 200: the server sent the whole object, cut here to the range; any other
-        status: up to MAX_ERROR_BODY bytes of its body."""
+    async def get(self, url: str, start: int, end: int, headers: dict[str, str]) -> Answer:
+        """GET bytes [start, end) (start < end) of `url`: (status, the body's pieces, Retry-After). 206: the range,
+        or fewer bytes where the object ends sooner; 200: the server sent the whole object, cut here to the range;
+        any other status: up to MAX_ERROR_BODY bytes of its body, and the seconds its Retry-After asks for (None:
+        none, or not a number of seconds)."""
         scheme, host, port, target = _split(url)
         lines = [f"GET {target} HTTP/1.1", f"Host: {host}" if port in (80, 443) else f"Host: {host}:{port}",
                  f"Range: bytes={start}-{end - 1}", "Accept-Encoding: identity", f"User-Agent: {_USER_AGENT}"]
@@ -150,7 +158,7 @@ class Pool:
                 conn, reused = None, False
                 try:
                     conn, reused = await self._acquire(key)
-                    status, pieces, keep = await conn.request(head, start, end, self.timeout)
+                    status, pieces, keep, retry_after = await conn.request(head, start, end, self.timeout)
                 except _ClosedIdle:
                     self._discard(conn)
                     if reused and attempt == 0:  # closed while idle, before any answer: open one and ask again
@@ -172,7 +180,7 @@ class Pool:
                     self._idle.setdefault(key, []).append(conn)
                 else:
                     self._discard(conn)
-                return status, pieces
+                return Answer(status, pieces, retry_after)
             raise AssertionError("unreachable")
         finally:
             limit.leave()
@@ -257,6 +265,7 @@ class _Connection(asyncio.Protocol):
         self._left = -1  # body bytes still to come; -1: the head has not come yet
         self._skip = self._take = 0  # of a 200's body: bytes to pass over, then bytes to keep
         self._keep_alive = True
+        self._retry_after: float | None = None
         self._any = False  # a byte of this answer came
         self._timer = loop.call_later(timeout, self._time_out, timeout)
         self._transport.write(head)
@@ -269,7 +278,7 @@ class _Connection(asyncio.Protocol):
         done, self._done = self._done, None
         self._timer.cancel()
         if not done.done():
-            done.set_result((self._status, self._pieces, self._keep_alive))
+            done.set_result((self._status, self._pieces, self._keep_alive, self._retry_after))
 
     def _fail(self, error: BaseException) -> None:
         done, self._done = self._done, None
@@ -371,6 +380,8 @@ class _Connection(asyncio.Protocol):
                 raise Unsupported(f"Transfer-Encoding {value[:40]!r}")
             elif name == b"content-range":
                 content_range = value
+            elif name == b"retry-after" and value.isdigit() and len(value) <= 9:
+                self._retry_after = float(value)
             elif name == b"connection":
                 tokens = {t.strip() for t in value.lower().split(b",")}
                 self._keep_alive = b"close" not in tokens and (self._keep_alive or b"keep-alive" in tokens)
@@ -420,4 +431,4 @@ class _Connection(asyncio.Protocol):
         done, self._done = self._done, None
         self._timer.cancel()
         self.close()
-        done.set_result((self._status, self._pieces, False))
+        done.set_result((self._status, self._pieces, False, self._retry_after))

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 # 1.4x (100 KB records) to 1.7x (1 KB) the records/s of 64; 256 added nothing on 2 cores (benchmarks/gcs_read_bench.py).
 IN_FLIGHT = 128
 _TRANSIENT = {408, 429, 500, 502, 503, 504}
+MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After is waited this long (the retries' deadline still holds)
 _TIMEOUT_SECONDS = 120  # one request, connect to last byte
 
 
@@ -187,8 +188,9 @@ class _Loop:
 
         delay, deadline = 0.25, time.monotonic() + storage.RETRY_SECONDS
         while True:
+            asked = None  # the wait a Retry-After asks for
             try:
-                status, pieces = await self._get(url, start, end, headers)
+                status, pieces, asked = await self._get(url, start, end, headers)
             except (aiohttp.ClientError, OSError) as e:  # dropped, refused, timed out, cut short, malformed
                 reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             else:
@@ -199,6 +201,8 @@ class _Loop:
                 if status not in _TRANSIENT:
                     _raise_for(status, path, b"".join(pieces))
                 reason = f"HTTP {status}"
+            if asked is not None:  # the server says when: as long as it asks, within the retries' time
+                delay = max(delay, min(asked, MAX_RETRY_AFTER))
             if time.monotonic() + delay > deadline or storage.exiting():
                 raise OSError(f"{path}: reading bytes {start}-{end - 1} failed for {storage.RETRY_SECONDS:.0f} s "
                               f"({reason}); check the network and the bucket")
@@ -209,23 +213,27 @@ class _Loop:
                 waited += 0.1
             delay = min(16.0, delay * 2)
 
-    async def _get(self, url: str, start: int, end: int, headers: dict[str, str]) -> tuple[int, list[bytes]]:
-        """(status, body pieces) of a range GET: through loader/http1.py's connections, or aiohttp's session
-        through a proxy or for an answer http1 does not read (chunked, or framed by the connection's close)."""
+    async def _get(self, url: str, start: int, end: int, headers: dict[str, str]) -> http1.Answer:
+        """(status, body pieces, Retry-After) of a range GET: through loader/http1.py's connections, or aiohttp's
+        session through a proxy or for an answer http1 does not read (chunked, or framed by the connection's
+        close)."""
         proxy = _proxy_for(url)
         endpoint = url.split("/", 3)[2]
         if proxy is None and endpoint not in self._framed_otherwise:
             try:
                 return await self._pool.get(url, start, end, headers)
             except http1.Unsupported as e:  # its later requests go to aiohttp at once, not each asked twice
-                log.info("%s answers %s; its requests go through aiohttp", endpoint, e)
-                self._framed_otherwise.add(endpoint)
+                if endpoint not in self._framed_otherwise:  # (the requests in flight with this one learn it too)
+                    log.info("%s answers %s; its requests go through aiohttp", endpoint, e)
+                    self._framed_otherwise.add(endpoint)
         async with self._session.get(url, headers={**headers, "Range": f"bytes={start}-{end - 1}",
                                                    "Accept-Encoding": "identity"}, proxy=proxy) as response:
             pieces = [piece async for piece in response.content.iter_any()]
         if response.status == 200:
             pieces = [b"".join(pieces)[start:end]]
-        return response.status, pieces
+        retry_after = response.headers.get("Retry-After", "")
+        return http1.Answer(response.status, pieces,
+                            float(retry_after) if retry_after.isdigit() and len(retry_after) <= 9 else None)
 
 
 _RETRIES_LOGGED: collections.OrderedDict = collections.OrderedDict()  # (object, cause) already logged: the newest

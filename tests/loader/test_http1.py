@@ -65,7 +65,8 @@ def _get(answers, start=100, end=1100, close=False, timeout=5.0, times=1):
         async with Server(answers, close) as server:
             pool = http1.Pool(timeout=timeout)
             try:
-                results = [await pool.get(server.url, start, end, {"Authorization": "Bearer t"}) for _ in range(times)]
+                results = [(await pool.get(server.url, start, end, {"Authorization": "Bearer t"}))[:2]
+                           for _ in range(times)]
             finally:
                 pool.close()
             return results, server
@@ -90,6 +91,19 @@ def test_a_shorter_object_an_empty_answer_and_a_whole_object_cut_to_the_range():
     assert (status, b"".join(pieces)) == (200, big[70_000:70_100])
     [(status, pieces)], _ = _get([_answer(200, DATA, f"Content-Length: {len(DATA)}")], len(DATA) + 5, len(DATA) + 9)
     assert (status, pieces) == (200, [])
+
+
+def test_retry_after_in_seconds_is_read_and_anything_else_ignored():
+    async def main(*headers):
+        async with Server([_answer(503, b"busy", "Content-Length: 4", *headers)]) as server:
+            pool = http1.Pool(timeout=5)
+            try:
+                return await pool.get(server.url, 0, 10, {})
+            finally:
+                pool.close()
+    assert asyncio.run(main("Retry-After: 7")) == (503, [b"busy"], 7.0)
+    for header in ("Retry-After: Wed, 21 Oct 2026 07:28:00 GMT", "Retry-After: -1", "Retry-After: 9999999999"):
+        assert asyncio.run(main(header)).retry_after is None
 
 
 def test_an_error_body_is_kept_to_its_bound():
@@ -148,7 +162,7 @@ def test_a_kept_connection_the_server_closed_is_opened_again_once():
         async with Server([_range(100, 1100)] * 5, close=True) as server:
             pool = http1.Pool(timeout=5)
             for _ in range(5):
-                assert await pool.get(server.url, 100, 1100, {}) == (206, [DATA[100:1100]])
+                assert (await pool.get(server.url, 100, 1100, {}))[:2] == (206, [DATA[100:1100]])
             assert len(pool._open) == 1 and server.connections == 5
             pool.close()
     asyncio.run(asyncio.wait_for(main(), 30))
@@ -268,7 +282,7 @@ def test_a_server_that_closes_every_connection_is_not_flooded_with_new_ones():
     async def main():
         pool = http1.Pool(timeout=20, max_connections=128)
         try:
-            got = await asyncio.gather(*[pool.get(url, start, end, {}) for start, end in ranges])
+            got = [a[:2] for a in await asyncio.gather(*[pool.get(url, start, end, {}) for start, end in ranges])]
             return got, pool._hosts[("http", "127.0.0.1", server.server_address[1])].limit
         finally:
             pool.close()
