@@ -4,7 +4,8 @@ until its stdin closes, i.e. its owner is gone).
 An HTTP/1.1 server on 127.0.0.1 in front of the emulator at UPSTREAM: asyncio's transports and a few lines of request
 parsing, one event loop (~50 us of CPU a request; aiohttp's server spent ~200 us and a threaded Python server ~600 us,
 and on a small host the link's CPU, not the reader's, then set the pace). It answers media reads
-(`GET .../o/NAME?alt=media`, whole or ranged: `a-b`, `a-`, the suffix `-n`; 416 past the end) of the objects it
+(`GET .../o/NAME?alt=media`, or the XML API's `GET /BUCKET/NAME`; whole or ranged: `a-b`, `a-`, the suffix `-n`;
+416 past the end; with Last-Modified, ETag and x-goog-generation as Cloud Storage sends them) of the objects it
 was given from their local copies, each answer held `latency` seconds before its first byte and its body sent in
 pieces that share `bandwidth` bytes/s with every other answer (a token bucket 5 ms of the link deep, as a router's
 shaper has: over any time T, at most bandwidth x (T + 5 ms) bytes); everything else it forwards to the emulator as
@@ -18,6 +19,7 @@ POST /__link/reset clears the counts; GET /__link/stats gives {"bytes_out" (medi
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import http.client
 import json
 import os
@@ -57,11 +59,16 @@ class Link:
         return {"bytes_out": self.bytes_out, "gets": self.gets, "active": self.active, "cpu": time.process_time()}
 
     def local(self, target: str) -> str | None:
+        """The local copy a media read asks for: the JSON API's `.../b/BUCKET/o/NAME?alt=media`, or the XML API's
+        `/BUCKET/NAME` (what obstore asks)."""
         split = urllib.parse.urlsplit(target)
         match = _MEDIA.fullmatch(split.path)
-        if not match or "media" not in urllib.parse.parse_qs(split.query).get("alt", []):
-            return None
-        return self.files.get((match[1], urllib.parse.unquote(match[2])))
+        if match:
+            if "media" not in urllib.parse.parse_qs(split.query).get("alt", []):
+                return None
+            return self.files.get((match[1], urllib.parse.unquote(match[2])))
+        bucket, _, name = split.path.lstrip("/").partition("/")
+        return self.files.get((bucket, urllib.parse.unquote(name)))
 
     async def pace(self, size: int) -> None:
         """Waits for the link to carry `size` more bytes: the pieces of every answer share it, in the order they ask
@@ -199,7 +206,10 @@ class _Connection(asyncio.Protocol):
             await asyncio.sleep(max(0.0, started + self.link.latency - time.monotonic()))
             if self.transport is None:
                 raise ConnectionResetError("the client hung up")
-            headers = {"Content-Type": "application/octet-stream"}
+            stat = os.fstat(fd)  # what Cloud Storage sends with media (obstore requires Last-Modified and ETag)
+            headers = {"Content-Type": "application/octet-stream", "ETag": f'"{stat.st_size}-{stat.st_mtime_ns}"',
+                       "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
+                       "x-goog-generation": str(stat.st_mtime_ns // 1000)}
             if status == 206:
                 headers["Content-Range"] = f"bytes {begin}-{end - 1}/{size}"
             self._write_head(status, headers, end - begin, close)
