@@ -22,9 +22,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -144,10 +142,3 @@ def flex_template_argv(argv: list[str], environ: dict[str, str]) -> list[str]:
     if image and not any(a.startswith("--sdk_container_image") for a in argv):
         args += [f"--sdk_container_image={image}", "--sdk_location=container"]
     return args
-
-
-def flex_template_main() -> int:
-    """Entry point of dataflow/main.py, the file FLEX_TEMPLATE_PYTHON_PY_FILE names."""
-    from pipelines.cli import main
-
-    return main(flex_template_argv(sys.argv[1:], dict(os.environ)))

@@ -87,3 +87,83 @@ def test_the_dataset_format_package_needs_only_the_base_install():
             continue
         used |= set(imported_modules(path))
     assert used - allowed == set()
+
+
+def import_graph(root: Path = REPO) -> dict[str, set[str]]:
+    """Our modules -> the modules of ours each imports (at the top or inside a function): `from pkg import name`
+    counts as importing pkg.name where that is a module (C extensions included), else pkg itself."""
+    modules: dict[str, Path | None] = {}
+    for package in sorted(_OURS):
+        for path in (root / package).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+        for source in (root / package).rglob("_*.c"):  # C extensions: built next to their source
+            modules.setdefault(".".join(source.relative_to(root).with_suffix("").parts), None)
+    graph = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        if path is not None:
+            here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    targets |= {a.name for a in node.names if a.name in modules}
+                elif isinstance(node, ast.ImportFrom):
+                    base = node.module or ""
+                    if node.level:
+                        parts = here.split(".")[:len(here.split(".")) - node.level + 1]
+                        base = ".".join(parts + ([base] if base else []))
+                    for alias in node.names:
+                        full = f"{base}.{alias.name}"
+                        targets.add(full if full in modules else base)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected set of more than one module, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_module_imports_itself_through_others():
+    assert circles(import_graph()) == []
+
+
+def test_a_circle_is_found_through_a_lazy_import(tmp_path):
+    """The check itself: a -> b at the top, b -> a inside a function; c stands apart."""
+    package = tmp_path / "loader"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from loader import b\n")
+    (package / "b.py").write_text("def f():\n    from loader.a import g\n")
+    (package / "c.py").write_text("from loader import _ext, a\n")
+    (package / "_ext.c").write_text("")
+    graph = import_graph(tmp_path)
+    assert graph["loader.c"] == {"loader._ext", "loader.a"}
+    assert circles(graph) == [["loader.a", "loader.b"]]
