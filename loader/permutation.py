@@ -1,7 +1,7 @@
 """An exact, keyed permutation of range(n) that is never materialised.
 
-grain's index shuffle is not a bijection for some lengths (one record is lost and another
-doubled: see FIELD-NOTES), so the loader uses its own: a balanced Feistel network over
+grain's index shuffle is not a bijection for some lengths (grain 0.2.11 and 0.2.18: for some lengths of the form
+2^k + 1, k even and >= 16, one record never appears and another appears twice), so the loader uses its own: a balanced Feistel network over
 the smallest power-of-four domain >= n, with cycle-walking to stay inside range(n).
 Each Feistel network is a bijection of its domain, and cycle-walking a bijection restricted
 to a subset is a bijection of that subset, so every epoch holds every record exactly once,
