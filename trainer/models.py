@@ -5,12 +5,16 @@ classification; the ResNets keep BatchNorm statistics, which the trainer carries
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from trainer import imports
+from trainer import attention, imports
+from trainer.config import REMATS
 
 
 class MLP(nn.Module):
@@ -43,16 +47,58 @@ class CNN(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    """A pre-norm block: self-attention, then a GELU MLP of mlp_ratio * dim, each added to its input.
+
+    Called with `mask` (a [B, 1, S, S] attention mask, or none: every token sees every token), or with `segment_ids`
+    [B, S]: causal attention within segments by `attention` (trainer/attention.py: cudnn, blockwise or dense). The
+    projections' outputs are named for remat policies (`jax.ad_checkpoint.checkpoint_name`, MaxText's names):
+    query_proj, key_proj, value_proj, context (the attention's output), out_proj, mlpwi, mlpwo."""
+
     heads: int
     dim: int
     mlp_ratio: int = 4  # the MLP's hidden width is mlp_ratio * dim
+    attention: str = "dense"  # with segment_ids: trainer/attention.py's cudnn, blockwise, dense or auto
 
     @nn.compact
-    def __call__(self, x, mask=None):
-        y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.dim)(nn.LayerNorm()(x), mask=mask)
-        x = x + y
-        y = nn.Dense(self.dim)(nn.gelu(nn.Dense(self.mlp_ratio * self.dim)(nn.LayerNorm()(x))))
-        return x + y
+    def __call__(self, x, mask=None, segment_ids=None):
+        kwargs = {}
+        if segment_ids is not None:
+            kwargs["attention_fn"] = functools.partial(_named_attention, segment_ids=segment_ids, kind=self.attention)
+        y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.dim, **kwargs)(
+            nn.LayerNorm()(x), mask=mask)
+        x = x + checkpoint_name(y, "out_proj")
+        down = nn.Dense(self.dim)  # made before the MLP's first layer: named Dense_0, as checkpoints have it
+        h = checkpoint_name(nn.Dense(self.mlp_ratio * self.dim)(nn.LayerNorm()(x)), "mlpwi")
+        return x + checkpoint_name(down(nn.gelu(h)), "mlpwo")
+
+
+def _named_attention(query, key, value, *, segment_ids, kind):
+    """flax's attention_fn: causal attention within segments by `kind`, its inputs and output named for remat."""
+    query, key, value = (checkpoint_name(a, n) for a, n in ((query, "query_proj"), (key, "key_proj"),
+                                                            (value, "value_proj")))
+    kind = attention.resolve(kind, query.shape, query.dtype)
+    return checkpoint_name(attention.attend(query, key, value, segment_ids, kind), "context")
+
+
+def remat_policy(name: str):
+    """MaxText's `remat_policy` names -> what jax.checkpoint keeps of a block for the backward pass (the rest is
+    recomputed there). "none" is no remat at all (everything kept)."""
+    names = {"save_qkv_proj": ("query_proj", "key_proj", "value_proj"),
+             "save_out_proj": ("out_proj",),
+             "save_dot_except_mlp": ("query_proj", "key_proj", "value_proj", "out_proj"),
+             "save_dot_except_mlpwi": ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"),
+             "save_dot_with_context_except_mlp": ("query_proj", "key_proj", "value_proj", "context", "out_proj")}
+    policies = jax.checkpoint_policies
+    if name == "full":
+        return policies.nothing_saveable
+    if name == "minimal":
+        return policies.checkpoint_dots_with_no_batch_dims
+    if name == "minimal_with_context":
+        return policies.save_from_both_policies(policies.checkpoint_dots_with_no_batch_dims,
+                                                policies.save_only_these_names("context"))
+    if name in names:
+        return policies.save_only_these_names(*names[name])
+    raise ValueError(f"remat={name!r} is not one of {', '.join(REMATS)}")
 
 
 class Transformer(nn.Module):
@@ -88,7 +134,9 @@ class TransformerLM(nn.Module):
     Sized by the config keys of the same names (`width= depth= heads= mlp_ratio=`, validated in trainer/config.py):
     `depth` pre-norm blocks of `heads`-head attention over `width` features and a GELU MLP of
     `mlp_ratio * width`; learned position embeddings for `max_len` positions; an output layer of its own (not
-    tied to the token embedding).
+    tied to the token embedding). `attention=` picks the attention's implementation (trainer/attention.py: auto,
+    cudnn, blockwise, dense), `remat=` what the backward pass recomputes of each block instead of keeping it
+    (`remat_policy`); neither changes the parameters.
     """
 
     vocab_size: int
@@ -97,6 +145,8 @@ class TransformerLM(nn.Module):
     depth: int = 2
     heads: int = 4
     mlp_ratio: int = 4
+    attention: str = "auto"
+    remat: str = "none"
 
     @nn.compact
     def __call__(self, inputs):
@@ -107,10 +157,22 @@ class TransformerLM(nn.Module):
             segments = jnp.ones_like(tokens)
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
         x = nn.Embed(self.vocab_size, self.width)(tokens) + nn.Embed(self.max_len, self.width)(positions)
-        mask = nn.combine_masks(nn.make_causal_mask(tokens), nn.make_attention_mask(segments, segments, jnp.equal))
-        for _ in range(self.depth):
-            x = TransformerBlock(self.heads, self.width, self.mlp_ratio)(x, mask)
+        block = TransformerBlock
+        if self.remat != "none":
+            block = nn.remat(TransformerBlock, policy=remat_policy(self.remat))
+        for i in range(self.depth):  # named as unwrapped blocks are, so remat= leaves the parameter tree as it is
+            x = block(self.heads, self.width, self.mlp_ratio, self.attention, name=f"TransformerBlock_{i}")(
+                x, None, segments)
         return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token (forward and backward) at max_len: 6 per weight of each matrix multiply (the
+        projections, the MLP, the output layer; not the embedding lookups, norms or biases) plus 12 * depth *
+        max_len * width for the attention's two S x S products (PaLM's count, arXiv:2204.02311 appendix B; causal
+        kernels skip about half of that work, which the count does not credit)."""
+        w = self.width
+        matmul = self.depth * (4 + 2 * self.mlp_ratio) * w * w + w * self.vocab_size
+        return 6 * matmul + 12 * self.depth * self.max_len * w
 
 
 class ResNetBlock(nn.Module):
