@@ -111,9 +111,14 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])
 
     # --- compile ------------------------------------------------------------------------------
-    first = next(it)  # this host's rows, still in host memory
-    tasks.check(program.task, first)  # data the task cannot train on: one line before compiling, not a silent run
-    train_step = compile_step(train_step, state, first, strategy.batch_sharding)
+    try:
+        first = next(it)  # this host's rows, still in host memory
+        tasks.check(program.task, first)  # data the task cannot train on: one line before compiling, not a silent run
+        train_step = compile_step(train_step, state, first, strategy.batch_sharding)
+    except BaseException:
+        it.close()  # the loader's read-ahead threads and worker processes
+        mngr.close()
+        raise
     throughput = Throughput.of(program, strategy)
 
     if config.in_memory_batches:
@@ -227,12 +232,15 @@ def compile_step(step, state, host_batch: dict, sharding) -> jax.stages.Compiled
     compiled = step.lower(state, jax.tree.map(global_shape, host_batch)).compile()
     memory = compiled.memory_analysis()
     if memory is not None:
-        log.info("step compiled in %.1f s; per device: %.2f GiB of temporaries, %.2f GiB of arguments (state and "
-                 "batch), %.2f GiB of outputs not written over the arguments (XLA's memory analysis)",
-                 time.perf_counter() - t, memory.temp_size_in_bytes / 2**30,
-                 memory.argument_size_in_bytes / 2**30, memory.output_size_in_bytes / 2**30 -
-                 memory.alias_size_in_bytes / 2**30)
+        log.info("step compiled in %.1f s; per device: %s of temporaries, %s of arguments (state and batch), %s of "
+                 "outputs not written over the arguments (XLA's memory analysis)", time.perf_counter() - t,
+                 _size(memory.temp_size_in_bytes), _size(memory.argument_size_in_bytes),
+                 _size(memory.output_size_in_bytes - memory.alias_size_in_bytes))
     return compiled
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _component_rows(it) -> dict[str, int]:
