@@ -5,7 +5,6 @@ classification; the ResNets keep BatchNorm statistics, which the trainer carries
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -47,37 +46,81 @@ class CNN(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """A pre-norm block: self-attention, then a GELU MLP of mlp_ratio * dim, each added to its input.
-
-    Called with `mask` (a [B, 1, S, S] attention mask, or none: every token sees every token), or with `segment_ids`
-    [B, S]: causal attention within segments by `attention` (trainer/attention.py: cudnn, blockwise or dense). The
-    projections' outputs are named for remat policies (`jax.ad_checkpoint.checkpoint_name`, MaxText's names):
-    query_proj, key_proj, value_proj, context (the attention's output), out_proj, mlpwi, mlpwo."""
-
     heads: int
     dim: int
     mlp_ratio: int = 4  # the MLP's hidden width is mlp_ratio * dim
-    attention: str = "dense"  # with segment_ids: trainer/attention.py's cudnn, blockwise, dense or auto
 
     @nn.compact
-    def __call__(self, x, mask=None, segment_ids=None):
-        kwargs = {}
-        if segment_ids is not None:
-            kwargs["attention_fn"] = functools.partial(_named_attention, segment_ids=segment_ids, kind=self.attention)
-        y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.dim, **kwargs)(
-            nn.LayerNorm()(x), mask=mask)
-        x = x + checkpoint_name(y, "out_proj")
-        down = nn.Dense(self.dim)  # made before the MLP's first layer: named Dense_0, as checkpoints have it
-        h = checkpoint_name(nn.Dense(self.mlp_ratio * self.dim)(nn.LayerNorm()(x)), "mlpwi")
-        return x + checkpoint_name(down(nn.gelu(h)), "mlpwo")
+    def __call__(self, x, mask=None):
+        y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.dim)(nn.LayerNorm()(x), mask=mask)
+        x = x + y
+        y = nn.Dense(self.dim)(nn.gelu(nn.Dense(self.mlp_ratio * self.dim)(nn.LayerNorm()(x))))
+        return x + y
 
 
-def _named_attention(query, key, value, *, segment_ids, kind):
-    """flax's attention_fn: causal attention within segments by `kind`, its inputs and output named for remat."""
-    query, key, value = (checkpoint_name(a, n) for a, n in ((query, "query_proj"), (key, "key_proj"),
-                                                            (value, "value_proj")))
-    kind = attention.resolve(kind, query.shape, query.dtype)
-    return checkpoint_name(attention.attend(query, key, value, segment_ids, kind), "context")
+class SelfAttention(nn.Module):
+    """flax's MultiHeadDotProductAttention's parameters (query, key, value: [dim, heads, dim / heads]; out: [heads,
+    dim / heads, dim]; the same initialisers), in two steps: the projections, and the output after an attention."""
+
+    heads: int
+    dim: int
+
+    def setup(self):
+        head = (self.heads, self.dim // self.heads)
+        self.query, self.key, self.value = (nn.DenseGeneral(head, axis=-1) for _ in range(3))
+        self.out = nn.DenseGeneral(self.dim, axis=(-2, -1))
+
+    def project(self, x):
+        return self.query(x), self.key(x), self.value(x)
+
+    def __call__(self, context):
+        return self.out(context)
+
+
+class DecoderBlock(nn.Module):
+    """A pre-norm decoder block: causal self-attention within segments (trainer/attention.py, by `attention`), then a
+    GELU MLP of mlp_ratio * dim, each added to its input.
+
+    The backward pass recomputes the block's elementwise steps from their inputs instead of keeping what they
+    compute: the LayerNorms (a float32 centred, squared and scaled copy of the input each) and GELU (its tanh form:
+    four tensors of the MLP's width), and so also their outputs, which the next matrix multiply's weight gradient
+    needs. That costs a few elementwise passes, nothing next to the block's matrix multiplies, and halves what a
+    block keeps besides its attention (benchmarks/lm_memory_bench.py). The matrix multiplies' outputs are named for
+    remat policies (`jax.ad_checkpoint.checkpoint_name`, MaxText's names): query_proj, key_proj, value_proj, context
+    (the attention's output), out_proj, mlpwi, mlpwo. The parameters are those of flax's MultiHeadDotProductAttention
+    block, under the same names."""
+
+    heads: int
+    dim: int
+    mlp_ratio: int = 4
+    attention: str = "auto"  # trainer/attention.py's auto, cudnn, blockwise or dense
+
+    def setup(self):
+        # attribute names = the parameter tree's names (what compact auto-naming gave flax's block)
+        self.LayerNorm_0, self.LayerNorm_1 = nn.LayerNorm(), nn.LayerNorm()
+        self.MultiHeadDotProductAttention_0 = SelfAttention(self.heads, self.dim)
+        self.Dense_0 = nn.Dense(self.dim)  # the MLP's second layer
+        self.Dense_1 = nn.Dense(self.mlp_ratio * self.dim)  # its first
+
+    def __call__(self, x, segment_ids):
+        attention_names = ("query_proj", "key_proj", "value_proj")
+        q, k, v = nn.remat(_normed_projections, policy=jax.checkpoint_policies.save_only_these_names(
+            *attention_names))(self, x)
+        q, k, v = (checkpoint_name(a, n) for a, n in zip((q, k, v), attention_names))  # seen by an outer remat too
+        kind = attention.resolve(self.attention, q.shape, q.dtype)
+        context = checkpoint_name(attention.attend(q, k, v, segment_ids, kind), "context")
+        x = x + checkpoint_name(self.MultiHeadDotProductAttention_0(context), "out_proj")
+        mlp = nn.remat(_normed_mlp, policy=jax.checkpoint_policies.save_only_these_names("mlpwi"))
+        return x + checkpoint_name(mlp(self, x), "mlpwo")
+
+
+def _normed_projections(block: DecoderBlock, x):
+    return block.MultiHeadDotProductAttention_0.project(block.LayerNorm_0(x))
+
+
+def _normed_mlp(block: DecoderBlock, x):
+    h = checkpoint_name(block.Dense_1(block.LayerNorm_1(x)), "mlpwi")
+    return block.Dense_0(nn.gelu(h))
 
 
 def remat_policy(name: str):
@@ -136,7 +179,9 @@ class TransformerLM(nn.Module):
     `mlp_ratio * width`; learned position embeddings for `max_len` positions; an output layer of its own (not
     tied to the token embedding). `attention=` picks the attention's implementation (trainer/attention.py: auto,
     cudnn, blockwise, dense), `remat=` what the backward pass recomputes of each block instead of keeping it
-    (`remat_policy`); neither changes the parameters.
+    (`remat_policy`, MaxText's names; each block recomputes its LayerNorms and GELU whatever the policy:
+    DecoderBlock). Neither changes the parameters, which have the names and initial values of the blocks of flax's
+    MultiHeadDotProductAttention this model had before.
     """
 
     vocab_size: int
@@ -157,12 +202,12 @@ class TransformerLM(nn.Module):
             segments = jnp.ones_like(tokens)
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
         x = nn.Embed(self.vocab_size, self.width)(tokens) + nn.Embed(self.max_len, self.width)(positions)
-        block = TransformerBlock
+        block = DecoderBlock
         if self.remat != "none":
-            block = nn.remat(TransformerBlock, policy=remat_policy(self.remat))
-        for i in range(self.depth):  # named as unwrapped blocks are, so remat= leaves the parameter tree as it is
+            block = nn.remat(DecoderBlock, policy=remat_policy(self.remat))
+        for i in range(self.depth):  # named as flax named them, so checkpoints of earlier versions still restore
             x = block(self.heads, self.width, self.mlp_ratio, self.attention, name=f"TransformerBlock_{i}")(
-                x, None, segments)
+                x, segments)
         return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
 
     def flops_per_token(self) -> int:

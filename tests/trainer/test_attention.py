@@ -202,3 +202,20 @@ def test_the_config_refuses_unknown_attention_and_remat_and_keeps_them_to_the_lm
     assert str(e.value) == "remat=full is for model=transformer_lm; model='cnn' does not take it: drop remat="
     config = TrainConfig(data="x", workdir="w", model="transformer_lm", attention="dense", remat="minimal")
     assert config.model_size["attention"] == "dense" and config.model_size["remat"] == "minimal"
+
+
+def test_a_block_keeps_its_matrix_multiplies_outputs_and_recomputes_the_rest():
+    """What each DecoderBlock keeps for the backward pass, in tensors of [B, S, width]: its input and the MLP's input
+    (1 + 1), q, k, v and the attention's output (4, the output counted twice: as the attention's and as `context`),
+    the MLP's hidden layer (mlp_ratio = 4); not the LayerNorms' or GELU's insides (they were 30 of flax's block)."""
+    def kept(depth):
+        model = TransformerLM(vocab_size=64, max_len=128, width=64, depth=depth, heads=4, attention="blockwise")
+        batch = {k: jax.ShapeDtypeStruct((2, 128), jnp.int32) for k in ("tokens", "segment_ids", "positions")}
+        params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 128), jnp.int32)))
+        residuals = jax.eval_shape(lambda p, b: jax.vjp(lambda p: model.apply(p, b).sum(), p)[1], params, batch)
+        weights = jax.tree.leaves(params["params"]["TransformerBlock_0"])  # kept too: the backward pass uses them
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(residuals)), sum(x.size * 4 for x in weights)
+
+    (two, weights), (three, _) = kept(2), kept(3)
+    per_block = (three - two - weights) / (2 * 128 * 64 * 4)  # float32 [B, S, width] tensors
+    assert 11 <= per_block <= 12, per_block  # + each row's log-sum-exp: heads / width of a tensor
