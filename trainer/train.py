@@ -222,7 +222,8 @@ def make_train_step(program: Program, tx: optax.GradientTransformation, strategy
 
 def compile_step(step, state, host_batch: dict, sharding) -> jax.stages.Compiled:
     """`step` (jitted) compiled ahead of time for `state` and global batches shaped like this process's `host_batch`,
-    before any batch is on the devices; logs XLA's account of the device memory it needs."""
+    before any batch is on the devices (a GPU compiler's autotuning takes and frees scratch device memory: nothing
+    may be placed meanwhile); logs XLA's account of the device memory the step needs."""
     def global_shape(x):
         x = np.asarray(x)
         return jax.ShapeDtypeStruct((x.shape[0] * jax.process_count(), *x.shape[1:]),
