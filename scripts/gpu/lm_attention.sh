@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The LM at the configuration of docs/training.md's "Sizing an LM run" (width 1024, depth 8, heads 16, seq_len 1024,
+# The LM of docs/training.md's "Device memory: attention and remat" (width 1024, depth 8, heads 16, seq_len 1024,
 # bf16, packed, a pre-tokenized corpus with a BPE of 1,024) on a GPU host: tokens/s and MFU for
 #   anchor     the trainer of 5c575e8 (flax's attention, [B, H, S, S]), batches held on the device (its log has
 #              ex/s: x 1024 for tokens/s)
