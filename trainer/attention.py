@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -44,8 +45,6 @@ def attend(q, k, v, segment_ids, kind: str = "blockwise", *, block: int = BLOCK,
     if kind == "cudnn":
         return fused(q, k, v, segment_ids, implementation=implementation)
     if kind == "dense":
-        import flax.linen as nn
-
         return nn.dot_product_attention(q, k, v, mask=causal_segment_mask(segment_ids))
     raise ValueError(f"attention={kind!r} is not one of {', '.join(KINDS[1:])}")
 
@@ -74,7 +73,9 @@ def blockwise(q, k, v, segment_ids, *, block: int = BLOCK):
         widths = ((0, 0), (0, pad), (0, 0), (0, 0))
         q, k, v = (jnp.pad(x, widths) for x in (q, k, v))
         segment_ids = jnp.pad(segment_ids, ((0, 0), (0, pad)), constant_values=-1)  # attends only to itself
-    out = _flash(q, k, v, segment_ids.astype(jnp.int32), block)
+    heads_first = (0, 2, 1, 3)  # [B, H, S, D] inside: every product a batched matrix multiply over B and H
+    out = _flash(*(x.transpose(heads_first) for x in (q, k, v)), segment_ids.astype(jnp.int32), block)
+    out = out.transpose(heads_first)
     return out[:, :s] if pad else out
 
 
@@ -83,13 +84,13 @@ def _flash(q, k, v, segment_ids, block):
     return _forward(q, k, v, segment_ids, block)[0]
 
 
-def _slice(x, i, block, axis=1):
+def _slice(x, i, block, axis=2):
     return lax.dynamic_slice_in_dim(x, i * block, block, axis=axis)
 
 
 def _masked_scores(q_blk, k_blk, seg_q, seg_k, i, j, block):
     """[B, H, bq, bk] float32 scaled scores of a query block i against a key block j, and where they count."""
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q_blk, k_blk, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q_blk, k_blk, preferred_element_type=jnp.float32)
     scores = scores * (q_blk.shape[-1] ** -0.5)
     pos = jnp.arange(block)
     causal = (i * block + pos)[:, None] >= (j * block + pos)[None, :]
@@ -98,29 +99,28 @@ def _masked_scores(q_blk, k_blk, seg_q, seg_k, i, j, block):
 
 
 def _forward(q, k, v, segment_ids, block):
-    b, s, h, d = q.shape
+    b, h, s, d = q.shape
     n = s // block
 
     def query_block(i, carry):
         out, lse = carry
-        q_i, seg_i = _slice(q, i, block), _slice(segment_ids, i, block)
+        q_i, seg_i = _slice(q, i, block), _slice(segment_ids, i, block, axis=1)
 
         def key_block(j, acc):
             m, l, o = acc
-            scores, mask = _masked_scores(q_i, _slice(k, j, block), seg_i, _slice(segment_ids, j, block), i, j,
-                                          block)
+            scores, mask = _masked_scores(q_i, _slice(k, j, block), seg_i, _slice(segment_ids, j, block, axis=1),
+                                          i, j, block)
             m_new = jnp.maximum(m, jnp.where(mask, scores, _MASKED).max(-1))
             p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
             rescale = jnp.exp(m - m_new)
-            pv = jnp.einsum("bhqk,bkhd->bhqd", p.astype(v.dtype), _slice(v, j, block),
+            pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), _slice(v, j, block),
                             preferred_element_type=jnp.float32)
             return m_new, l * rescale + p.sum(-1), o * rescale[..., None] + pv
 
         init = (jnp.full((b, h, block), -jnp.inf, jnp.float32), jnp.zeros((b, h, block), jnp.float32),
                 jnp.zeros((b, h, block, d), jnp.float32))
         m, l, o = lax.fori_loop(0, i + 1, key_block, init)  # key blocks up to the diagonal: causal
-        o = (o / l[..., None]).transpose(0, 2, 1, 3).astype(q.dtype)
-        out = lax.dynamic_update_slice_in_dim(out, o, i * block, axis=1)
+        out = lax.dynamic_update_slice_in_dim(out, (o / l[..., None]).astype(q.dtype), i * block, axis=2)
         lse = lax.dynamic_update_slice_in_dim(lse, m + jnp.log(l), i * block, axis=2)
         return out, lse
 
@@ -135,33 +135,33 @@ def _flash_fwd(q, k, v, segment_ids, block):
 
 def _flash_bwd(block, residuals, d_out):
     q, k, v, segment_ids, out, lse = residuals
-    n = q.shape[1] // block
+    n = q.shape[2] // block
     scale = q.shape[-1] ** -0.5
     # D_i = rowsum(dO_i * O_i): the softmax's backward term, one per query row
-    delta = jnp.einsum("bqhd,bqhd->bhq", d_out.astype(jnp.float32), out.astype(jnp.float32))
+    delta = jnp.einsum("bhqd,bhqd->bhq", d_out.astype(jnp.float32), out.astype(jnp.float32))
 
     def key_block(j, grads):
         dq, dk, dv = grads
-        k_j, v_j, seg_j = _slice(k, j, block), _slice(v, j, block), _slice(segment_ids, j, block)
+        k_j, v_j, seg_j = _slice(k, j, block), _slice(v, j, block), _slice(segment_ids, j, block, axis=1)
 
         def query_block(i, acc):
             dq, dk_j, dv_j = acc
             q_i, do_i = _slice(q, i, block), _slice(d_out, i, block)
-            scores, mask = _masked_scores(q_i, k_j, _slice(segment_ids, i, block), seg_j, i, j, block)
-            p = jnp.where(mask, jnp.exp(scores - _slice(lse, i, block, axis=2)[..., None]), 0.0)
-            dv_j = dv_j + jnp.einsum("bhqk,bqhd->bkhd", p.astype(d_out.dtype), do_i,
+            scores, mask = _masked_scores(q_i, k_j, _slice(segment_ids, i, block, axis=1), seg_j, i, j, block)
+            p = jnp.where(mask, jnp.exp(scores - _slice(lse, i, block)[..., None]), 0.0)
+            dv_j = dv_j + jnp.einsum("bhqk,bhqd->bhkd", p.astype(d_out.dtype), do_i,
                                      preferred_element_type=jnp.float32)
-            dp = jnp.einsum("bqhd,bkhd->bhqk", do_i, v_j, preferred_element_type=jnp.float32)
-            ds = p * (dp - _slice(delta, i, block, axis=2)[..., None]) * scale
-            dq_i = jnp.einsum("bhqk,bkhd->bqhd", ds.astype(k.dtype), k_j, preferred_element_type=jnp.float32)
-            dq = lax.dynamic_update_slice_in_dim(dq, _slice(dq, i, block) + dq_i, i * block, axis=1)
-            dk_j = dk_j + jnp.einsum("bhqk,bqhd->bkhd", ds.astype(q.dtype), q_i, preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bhqd,bhkd->bhqk", do_i, v_j, preferred_element_type=jnp.float32)
+            ds = p * (dp - _slice(delta, i, block)[..., None]) * scale
+            dq_i = jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_j, preferred_element_type=jnp.float32)
+            dq = lax.dynamic_update_slice_in_dim(dq, _slice(dq, i, block) + dq_i, i * block, axis=2)
+            dk_j = dk_j + jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q_i, preferred_element_type=jnp.float32)
             return dq, dk_j, dv_j
 
         zeros = jnp.zeros(k_j.shape, jnp.float32)
         dq, dk_j, dv_j = lax.fori_loop(j, n, query_block, (dq, zeros, zeros))  # query blocks from the diagonal on
-        dk = lax.dynamic_update_slice_in_dim(dk, dk_j, j * block, axis=1)
-        dv = lax.dynamic_update_slice_in_dim(dv, dv_j, j * block, axis=1)
+        dk = lax.dynamic_update_slice_in_dim(dk, dk_j, j * block, axis=2)
+        dv = lax.dynamic_update_slice_in_dim(dv, dv_j, j * block, axis=2)
         return dq, dk, dv
 
     zeros = [jnp.zeros(x.shape, jnp.float32) for x in (q, k, v)]
