@@ -84,8 +84,9 @@ class DecoderBlock(nn.Module):
     The backward pass recomputes the block's elementwise steps from their inputs instead of keeping what they
     compute: the LayerNorms (a float32 centred, squared and scaled copy of the input each) and GELU (its tanh form:
     four tensors of the MLP's width), and so also their outputs, which the next matrix multiply's weight gradient
-    needs. That costs a few elementwise passes, nothing next to the block's matrix multiplies, and halves what a
-    block keeps besides its attention (benchmarks/lm_memory_bench.py). The matrix multiplies' outputs are named for
+    needs. That costs a few elementwise passes, nothing next to the block's matrix multiplies: a block keeps 11
+    tensors of its width a token for the backward pass (tests/trainer/test_attention.py counts them), flax's block
+    kept about 38 besides its attention's scores. The matrix multiplies' outputs are named for
     remat policies (`jax.ad_checkpoint.checkpoint_name`, MaxText's names): query_proj, key_proj, value_proj, context
     (the attention's output), out_proj, mlpwi, mlpwo. The parameters are those of flax's MultiHeadDotProductAttention
     block, under the same names."""
