@@ -21,6 +21,11 @@ SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16")
 SIZE_KEYS = ("width", "depth", "heads", "mlp_ratio")  # the keys that size the models in SIZED_MODELS
 SIZED_MODELS = ("transformer_lm",)
+ATTENTIONS = ("auto", "cudnn", "blockwise", "dense")  # trainer/attention.py
+# what the backward pass recomputes of each LM block: MaxText's remat_policy names (trainer/models.py remat_policy)
+REMATS = ("none", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj", "save_dot_except_mlp",
+          "save_dot_except_mlpwi", "save_dot_with_context_except_mlp")
+LM_KEYS = SIZE_KEYS + ("attention", "remat")  # what model=transformer_lm takes from the config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +85,12 @@ class TrainConfig:
     depth: int = 2  # Transformer blocks
     heads: int = 4  # attention heads, each width / heads features wide
     mlp_ratio: int = 4  # each block's MLP has mlp_ratio * width hidden units
+    # transformer_lm's attention: auto (cuDNN's fused kernel on a GPU where it compiles, else blockwise), cudnn,
+    # blockwise (flash attention in JAX: memory grows with seq_len, not its square) or dense ([B, H, S, S] scores)
+    attention: str = "auto"
+    # transformer_lm: what the backward pass recomputes of each block instead of keeping it (MaxText's remat_policy
+    # names): none, full, minimal, minimal_with_context, save_qkv_proj, save_out_proj, save_dot_except_mlp, ...
+    remat: str = "none"
     packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/packing.py); eval pads
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
     log_every: int = 50  # steps between log lines and metrics
@@ -119,9 +130,10 @@ class TrainConfig:
         return weights
 
     @property
-    def model_size(self) -> dict[str, int]:
-        """The size keys as model keyword arguments for the models they size ({} for any other model)."""
-        return {name: getattr(self, name) for name in SIZE_KEYS} if self.model in SIZED_MODELS else {}
+    def model_size(self) -> dict[str, int | str]:
+        """The size keys, attention and remat as model keyword arguments for the models they size ({} for any other
+        model)."""
+        return {name: getattr(self, name) for name in LM_KEYS} if self.model in SIZED_MODELS else {}
 
     @property
     def checkpoint_dir(self) -> str:
@@ -194,8 +206,12 @@ class TrainConfig:
                                  f"are: drop {name}= or pass tokenizer=")
 
     def _check_size(self):
-        """width, depth, heads, mlp_ratio: each >= 1, width a multiple of heads, and only for a model they size."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in SIZE_KEYS}
+        """width, depth, heads, mlp_ratio: each >= 1, width a multiple of heads; attention and remat: names they
+        know; all only for a model they size."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in LM_KEYS}
+        for name, allowed in (("attention", ATTENTIONS), ("remat", REMATS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         for name in SIZE_KEYS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)}); the default is "
@@ -205,10 +221,11 @@ class TrainConfig:
             wider = -(-self.width // self.heads) * self.heads
             raise ValueError(f"width={self.width} is not divisible by heads={self.heads} (each head gets width / heads "
                              f"features); use heads={fewer} or width={wider}")
-        changed = [name for name in SIZE_KEYS if getattr(self, name) != defaults[name]]
+        changed = [name for name in LM_KEYS if getattr(self, name) != defaults[name]]
         if changed and self.model not in SIZED_MODELS:
             name = changed[0]
-            raise ValueError(f"{name}={getattr(self, name)} sizes model={' or '.join(SIZED_MODELS)}; model="
+            verb = "sizes" if name in SIZE_KEYS else "is for"
+            raise ValueError(f"{name}={getattr(self, name)} {verb} model={' or '.join(SIZED_MODELS)}; model="
                              f"{self.model!r} does not take it: drop {name}=")
 
     @classmethod

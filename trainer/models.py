@@ -8,9 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from trainer import imports
+from trainer import attention, imports
+from trainer.config import REMATS
 
 
 class MLP(nn.Module):
@@ -55,6 +58,93 @@ class TransformerBlock(nn.Module):
         return x + y
 
 
+class SelfAttention(nn.Module):
+    """flax's MultiHeadDotProductAttention's parameters (query, key, value: [dim, heads, dim / heads]; out: [heads,
+    dim / heads, dim]; the same initialisers), in two steps: the projections, and the output after an attention."""
+
+    heads: int
+    dim: int
+
+    def setup(self):
+        head = (self.heads, self.dim // self.heads)
+        self.query, self.key, self.value = (nn.DenseGeneral(head, axis=-1) for _ in range(3))
+        self.out = nn.DenseGeneral(self.dim, axis=(-2, -1))
+
+    def project(self, x):
+        return self.query(x), self.key(x), self.value(x)
+
+    def __call__(self, context):
+        return self.out(context)
+
+
+class DecoderBlock(nn.Module):
+    """A pre-norm decoder block: causal self-attention within segments (trainer/attention.py, by `attention`), then a
+    GELU MLP of mlp_ratio * dim, each added to its input.
+
+    The backward pass recomputes the block's elementwise steps from their inputs instead of keeping what they
+    compute: the LayerNorms (a float32 centred, squared and scaled copy of the input each) and GELU (its tanh form:
+    four tensors of the MLP's width), and so also their outputs, which the next matrix multiply's weight gradient
+    needs. That costs a few elementwise passes, nothing next to the block's matrix multiplies: a block keeps 11
+    tensors of its width a token for the backward pass (tests/trainer/test_attention.py counts them), flax's block
+    kept about 38 besides its attention's scores. The matrix multiplies' outputs are named for
+    remat policies (`jax.ad_checkpoint.checkpoint_name`, MaxText's names): query_proj, key_proj, value_proj, context
+    (the attention's output), out_proj, mlpwi, mlpwo. The parameters are those of flax's MultiHeadDotProductAttention
+    block, under the same names."""
+
+    heads: int
+    dim: int
+    mlp_ratio: int = 4
+    attention: str = "auto"  # trainer/attention.py's auto, cudnn, blockwise or dense
+
+    def setup(self):
+        # attribute names = the parameter tree's names (what compact auto-naming gave flax's block)
+        self.LayerNorm_0, self.LayerNorm_1 = nn.LayerNorm(), nn.LayerNorm()
+        self.MultiHeadDotProductAttention_0 = SelfAttention(self.heads, self.dim)
+        self.Dense_0 = nn.Dense(self.dim)  # the MLP's second layer
+        self.Dense_1 = nn.Dense(self.mlp_ratio * self.dim)  # its first
+
+    def __call__(self, x, segment_ids):
+        attention_names = ("query_proj", "key_proj", "value_proj")
+        q, k, v = nn.remat(_normed_projections, policy=jax.checkpoint_policies.save_only_these_names(
+            *attention_names))(self, x)
+        q, k, v = (checkpoint_name(a, n) for a, n in zip((q, k, v), attention_names))  # seen by an outer remat too
+        kind = attention.resolve(self.attention, q.shape, q.dtype)
+        context = checkpoint_name(attention.attend(q, k, v, segment_ids, kind), "context")
+        x = x + checkpoint_name(self.MultiHeadDotProductAttention_0(context), "out_proj")
+        mlp = nn.remat(_normed_mlp, policy=jax.checkpoint_policies.save_only_these_names("mlpwi"))
+        return x + checkpoint_name(mlp(self, x), "mlpwo")
+
+
+def _normed_projections(block: DecoderBlock, x):
+    return block.MultiHeadDotProductAttention_0.project(block.LayerNorm_0(x))
+
+
+def _normed_mlp(block: DecoderBlock, x):
+    h = checkpoint_name(block.Dense_1(block.LayerNorm_1(x)), "mlpwi")
+    return block.Dense_0(nn.gelu(h))
+
+
+def remat_policy(name: str):
+    """MaxText's `remat_policy` names -> what jax.checkpoint keeps of a block for the backward pass (the rest is
+    recomputed there). "none" is no remat at all (everything kept)."""
+    names = {"save_qkv_proj": ("query_proj", "key_proj", "value_proj"),
+             "save_out_proj": ("out_proj",),
+             "save_dot_except_mlp": ("query_proj", "key_proj", "value_proj", "out_proj"),
+             "save_dot_except_mlpwi": ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"),
+             "save_dot_with_context_except_mlp": ("query_proj", "key_proj", "value_proj", "context", "out_proj")}
+    policies = jax.checkpoint_policies
+    if name == "full":
+        return policies.nothing_saveable
+    if name == "minimal":
+        return policies.checkpoint_dots_with_no_batch_dims
+    if name == "minimal_with_context":
+        return policies.save_from_both_policies(policies.checkpoint_dots_with_no_batch_dims,
+                                                policies.save_only_these_names("context"))
+    if name in names:
+        return policies.save_only_these_names(*names[name])
+    raise ValueError(f"remat={name!r} is not one of {', '.join(REMATS)}")
+
+
 class Transformer(nn.Module):
     """A small pre-norm Transformer encoder for sequence classification.
 
@@ -88,7 +178,11 @@ class TransformerLM(nn.Module):
     Sized by the config keys of the same names (`width= depth= heads= mlp_ratio=`, validated in trainer/config.py):
     `depth` pre-norm blocks of `heads`-head attention over `width` features and a GELU MLP of
     `mlp_ratio * width`; learned position embeddings for `max_len` positions; an output layer of its own (not
-    tied to the token embedding).
+    tied to the token embedding). `attention=` picks the attention's implementation (trainer/attention.py: auto,
+    cudnn, blockwise, dense), `remat=` what the backward pass recomputes of each block instead of keeping it
+    (`remat_policy`, MaxText's names; each block recomputes its LayerNorms and GELU whatever the policy:
+    DecoderBlock). Neither changes the parameters, which have the names and initial values of the blocks of flax's
+    MultiHeadDotProductAttention this model had before.
     """
 
     vocab_size: int
@@ -97,6 +191,8 @@ class TransformerLM(nn.Module):
     depth: int = 2
     heads: int = 4
     mlp_ratio: int = 4
+    attention: str = "auto"
+    remat: str = "none"
 
     @nn.compact
     def __call__(self, inputs):
@@ -107,10 +203,22 @@ class TransformerLM(nn.Module):
             segments = jnp.ones_like(tokens)
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
         x = nn.Embed(self.vocab_size, self.width)(tokens) + nn.Embed(self.max_len, self.width)(positions)
-        mask = nn.combine_masks(nn.make_causal_mask(tokens), nn.make_attention_mask(segments, segments, jnp.equal))
-        for _ in range(self.depth):
-            x = TransformerBlock(self.heads, self.width, self.mlp_ratio)(x, mask)
+        block = DecoderBlock
+        if self.remat != "none":
+            block = nn.remat(DecoderBlock, policy=remat_policy(self.remat))
+        for i in range(self.depth):  # named as flax named them, so checkpoints of earlier versions still restore
+            x = block(self.heads, self.width, self.mlp_ratio, self.attention, name=f"TransformerBlock_{i}")(
+                x, segments)
         return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token (forward and backward) at max_len: 6 per weight of each matrix multiply (the
+        projections, the MLP, the output layer; not the embedding lookups, norms or biases) plus 12 * depth *
+        max_len * width for the attention's two S x S products (PaLM's count, arXiv:2204.02311 appendix B; causal
+        kernels skip about half of that work, which the count does not credit)."""
+        w = self.width
+        matmul = self.depth * (4 + 2 * self.mlp_ratio) * w * w + w * self.vocab_size
+        return 6 * matmul + 12 * self.depth * self.max_len * w
 
 
 class ResNetBlock(nn.Module):

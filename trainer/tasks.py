@@ -59,6 +59,8 @@ class Task(Protocol):
     #     """On the host, per decoded record (only the task's features), before batching: e.g. tokenise, pad."""
     # def weights(self, batch) -> jax.Array:
     #     """What each example counts for in the averages, shape [batch] (default 1 each; lm: its tokens)."""
+    # def tokens(self, batch) -> jax.Array:
+    #     """In the jitted step: the batch's real tokens; the log then has tokens/s (and MFU: trainer/throughput.py)."""
     # def check(self, batch: dict[str, np.ndarray]) -> None:
     #     """On the host, the first record (a batch of one, before the model is built) and the first training batch
     #     (this host's rows, before step 1): raise ValueError naming the key, the values and the fix for data the
@@ -284,6 +286,10 @@ class LanguageModel:
 
     def weights(self, batch):
         return (batch["segment_ids"] > 0).sum(-1).astype(jnp.float32)
+
+    def tokens(self, batch):
+        """The batch's real tokens (padding left out): tokens/s and MFU in the training log (trainer/throughput.py)."""
+        return (batch["segment_ids"] > 0).sum()
 
     def losses(self, outputs, batch):
         per_token = optax.softmax_cross_entropy_with_integer_labels(outputs.astype(jnp.float32), batch["targets"])

@@ -1,9 +1,17 @@
 """`train_and_evaluate(config)`: the training loop, in named phases.
 
-setup (strategy, data, model, optimizer) -> restore (latest checkpoint, loader state included) ->
-loop (step; every log_every: metrics; every eval_every: eval; every checkpoint_every or on SIGTERM:
-checkpoint) -> summary. Metrics go to WORKDIR/metrics.jsonl, TensorBoard (WORKDIR/tensorboard) and
-the console.
+setup (strategy, data, model, optimizer; the state placed on the devices) -> restore (latest checkpoint, loader
+state included) -> compile (the step, ahead of time, for the first batch's shapes) -> loop (step; every log_every:
+metrics; every eval_every: eval; every checkpoint_every or on SIGTERM: checkpoint) -> summary. Metrics go to
+WORKDIR/metrics.jsonl, TensorBoard (WORKDIR/tensorboard) and the console.
+
+Device memory is taken in that order, and streamed batches take no more of it than batches held in memory: the
+loader hands over host arrays, and this thread places each batch right after the previous step is dispatched. A
+step's temporaries are allocated as one block while it is dispatched; a batch placed by another thread at that moment
+lands after the block, stays there when the block is freed, and splits the free memory in two halves, each of which
+can be too small for the next step's block (a GPU out of memory at the first steps with a step that needs half the
+memory). Here nothing else is placed while a step is dispatched, and the compile's own scratch memory is gone
+before the first batch arrives.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter
 from trainer.program import Program
 from trainer.preemption import PreemptionNotice
+from trainer.throughput import Throughput
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +78,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
              jax.process_count())
 
     program = Program.build(config)
-    batches = program.load_train(sharding=strategy.batch_sharding)
+    batches = program.load_train()  # host arrays: this thread places them (the module's docstring says why)
     variables = program.init_variables()
     params = variables.pop("params")
     tx = program.optimizer()
@@ -85,18 +94,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
              "grad_accum_steps=%d dtype=%s", config.optimizer, config.learning_rate, config.schedule,
              config.warmup_steps, config.weight_decay, config.grad_clip, config.grad_accum_steps, config.dtype)
 
-    def train_step(state, batch):
-        state = strategy.on_devices(state)  # central_storage: from host memory; out_shardings put it back
-        loss, grads, model_state = program.gradients(state["params"], batch, state.get("model_state"))
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
-               "step": state["step"] + 1}
-        if model_state:
-            new["model_state"] = model_state
-        return new, loss
-
-    train_step = jax.jit(train_step, in_shardings=(state_sharding, strategy.batch_sharding),
-                         out_shardings=(state_sharding, strategy.replicated), donate_argnums=(0,))
+    train_step = jax.jit(make_train_step(program, tx, strategy), in_shardings=(state_sharding, strategy.batch_sharding),
+                         out_shardings=(state_sharding, strategy.replicated, strategy.replicated), donate_argnums=(0,))
 
     # --- restore ----------------------------------------------------------------------------
     mngr = checkpoint_manager(config)
@@ -111,14 +110,30 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         it.set_state(restored["data"])
         log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])
 
+    # --- compile ------------------------------------------------------------------------------
+    try:
+        first = next(it)  # this host's rows, still in host memory
+        tasks.check(program.task, first)  # data the task cannot train on: one line before compiling, not a silent run
+        train_step = compile_step(train_step, state, first, strategy.batch_sharding)
+    except BaseException:
+        it.close()  # the loader's read-ahead threads and worker processes
+        mngr.close()
+        raise
+    throughput = Throughput.of(program, strategy)
+
     if config.in_memory_batches:
-        cached = [next(it) for _ in range(config.in_memory_batches)]
+        cached = [first, *(next(it) for _ in range(config.in_memory_batches - 1))]
+        cached = [strategy.distribute(batch) for batch in cached]
         jax.block_until_ready(cached)
         log.info("in_memory_batches=%d: cycling batches held on the devices (no input cost; for measuring the "
                  "input-bound limit)", len(cached))
         fetch = itertools.cycle(cached).__next__
     else:
-        fetch = it.__next__
+        ahead = [first]
+
+        def fetch():
+            """The next batch, placed on the devices by this thread: between steps' dispatches, never during one."""
+            return strategy.distribute(ahead.pop() if ahead else next(it))
 
     def save(step: int) -> None:
         mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -130,25 +145,25 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
 
     # --- loop -------------------------------------------------------------------------------
     losses: list = []
+    tokens: list = []
     period_start, data_wait, host_wait, longest_wait, last = time.perf_counter(), 0.0, 0.0, 0.0, {}
     try:
         for step in range(start + 1, config.steps + 1):
             t = time.perf_counter()
             batch = fetch()
             waited = time.perf_counter() - t
-            if step == start + 1:  # data the task cannot train on: one line before step 1, not a silent run
-                tasks.check(program.task, batch)
             host_wait += waited  # all time blocked on input, also while step - 1 still runs
             if not losses or losses[-1].is_ready():  # no step running: the devices may have idled this long
                 data_wait += waited
                 longest_wait = max(longest_wait, waited)
-            state, loss = train_step(state, batch)
+            state, loss, real_tokens = train_step(state, batch)
             if losses:
                 # At most two steps in flight. Unbounded asynchronous dispatch of collective programs
                 # hangs XLA:CPU's in-process all-reduce (reproduced with 8 simulated devices after ~300
                 # queued steps); on accelerators one step of lookahead is all the overlap needed.
                 losses[-1].block_until_ready()
             losses.append(loss)
+            tokens.append(real_tokens)
             stop = preemption.reached(step)
             if itstime(step, config.log_every, config.steps) or stop:
                 values = np.asarray(jax.device_get(losses), dtype=np.float64)  # waits for the steps
@@ -161,16 +176,18 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                         "examples_per_sec": len(values) * config.batch_size / elapsed,
                         "examples_per_sec_per_device": len(values) * config.batch_size / elapsed / replicas,
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed,
-                        "data_wait_longest_s": longest_wait,
-                        "host_wait_fraction": host_wait / elapsed, **_component_rows(it)}
+                        "data_wait_longest_s": longest_wait, "host_wait_fraction": host_wait / elapsed,
+                        **throughput.rates(len(values), jax.device_get(tokens), elapsed), **_component_rows(it)}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
                     last.update(program.evaluate(strategy, state["params"], state.get("model_state")))
                 if metrics:
                     metrics.write(last)
                 evals = "".join(f"{k} {v:.4f} " for k, v in last.items() if k.startswith("eval_") and k != "eval_examples")
-                log.info("step %d/%d loss %.4f %s%.0f ex/s data-wait %.1f%% (longest %.2f s)", step, config.steps,
-                         last["loss"], evals, last["examples_per_sec"], 100 * last["data_wait_fraction"], longest_wait)
-                losses, period_start, data_wait, host_wait, longest_wait = [], time.perf_counter(), 0.0, 0.0, 0.0
+                log.info("step %d/%d loss %.4f %s%.0f ex/s %sdata-wait %.1f%% (longest %.2f s)", step, config.steps,
+                         last["loss"], evals, last["examples_per_sec"], throughput.describe(last),
+                         100 * last["data_wait_fraction"], longest_wait)
+                losses, tokens = [], []
+                period_start, data_wait, host_wait, longest_wait = time.perf_counter(), 0.0, 0.0, 0.0
             if itstime(step, config.checkpoint_every, config.steps) or stop:
                 save(step)
             if stop:
@@ -185,6 +202,49 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     # --- summary ----------------------------------------------------------------------------
     final = program.evaluate(strategy, state["params"], state.get("model_state")) if config.eval_data else {}
     return {**last, **final, "preempted": False, "final_step": config.steps}
+
+
+def make_train_step(program: Program, tx: optax.GradientTransformation, strategy: strategies.Strategy):
+    """The training step, before jit: (state, batch) -> (new state, mean loss, the batch's real tokens (the task's
+    `tokens`; 0 for a task without them))."""
+    count = getattr(program.task, "tokens", None)
+
+    def train_step(state, batch):
+        state = strategy.on_devices(state)  # central_storage: from host memory; out_shardings put it back
+        loss, grads, model_state = program.gradients(state["params"], batch, state.get("model_state"))
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
+               "step": state["step"] + 1}
+        if model_state:
+            new["model_state"] = model_state
+        real = jnp.asarray(count(batch), jnp.float32) if count is not None else jnp.zeros((), jnp.float32)
+        return new, loss, real
+
+    return train_step
+
+
+def compile_step(step, state, host_batch: dict, sharding) -> jax.stages.Compiled:
+    """`step` (jitted) compiled ahead of time for `state` and global batches shaped like this process's `host_batch`,
+    before any batch is on the devices (a GPU compiler's autotuning takes and frees scratch device memory: nothing
+    may be placed meanwhile); logs XLA's account of the device memory the step needs."""
+    def global_shape(x):
+        x = np.asarray(x)
+        return jax.ShapeDtypeStruct((x.shape[0] * jax.process_count(), *x.shape[1:]),
+                                    jax.dtypes.canonicalize_dtype(x.dtype), sharding=sharding)
+
+    t = time.perf_counter()
+    compiled = step.lower(state, jax.tree.map(global_shape, host_batch)).compile()
+    memory = compiled.memory_analysis()
+    if memory is not None:
+        log.info("step compiled in %.1f s; per device: %s of temporaries, %s of arguments (state and batch), %s of "
+                 "outputs not written over the arguments (XLA's memory analysis)", time.perf_counter() - t,
+                 _size(memory.temp_size_in_bytes), _size(memory.argument_size_in_bytes),
+                 _size(memory.output_size_in_bytes - memory.alias_size_in_bytes))
+    return compiled
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _component_rows(it) -> dict[str, int]:

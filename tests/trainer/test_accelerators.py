@@ -55,3 +55,28 @@ def test_the_accelerator_extras_resolve(extra, tmp_path):
     names = {item["metadata"]["name"].lower() for item in json.loads((tmp_path / "report.json").read_text())["install"]}
     assert {"jax", "jaxlib", "grain", "flax"} <= names
     assert ("jax-cuda12-plugin" in names) if extra == "gpu" else ("libtpu" in names), sorted(names)
+
+
+@pytest.mark.parametrize("kind, tflops", [
+    ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H200", 989), ("NVIDIA A100-SXM4-80GB", 312),
+    ("NVIDIA B200", 2250), ("TPU v4", 275), ("TPU v5 lite", 197), ("TPU v5p", 459), ("TPU v5", 459),
+    ("TPU v6 lite", 918), ("cpu", None), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_the_bf16_peak_of_each_common_chip(kind, tflops):
+    peak = accelerators.bf16_peak_flops(kind)
+    assert peak == (None if tflops is None else tflops * 1e12)
+
+
+def test_tokens_per_second_and_mfu_from_a_period_of_steps():
+    from trainer.throughput import Throughput
+
+    h200 = Throughput(replicas=2, counts_tokens=True, step_tokens=64 * 1024, flops_per_token=711_000_000,
+                      peak_flops=989e12)
+    rates = h200.rates(steps=10, real_tokens=[60_000.0] * 10, elapsed=2.0)
+    assert rates["tokens_per_sec"] == 300_000 and rates["tokens_per_sec_per_device"] == 150_000
+    assert rates["mfu"] == pytest.approx(10 * 64 * 1024 * 711e6 / 2.0 / (2 * 989e12))  # every position computed
+    assert Throughput.describe(rates) == "300,000 tokens/s MFU 11.8% "
+    cpu = Throughput(replicas=1, counts_tokens=True, step_tokens=1024, flops_per_token=1000, peak_flops=None)
+    assert cpu.rates(1, [512.0], 1.0) == {"tokens_per_sec": 512.0, "tokens_per_sec_per_device": 512.0}
+    assert Throughput.describe(cpu.rates(1, [512.0], 1.0)) == "512 tokens/s "
+    assert Throughput(replicas=8, counts_tokens=False).rates(5, [0.0] * 5, 1.0) == {}  # images: examples/s only

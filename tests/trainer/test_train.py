@@ -317,3 +317,32 @@ def test_gs_data_is_cached_on_local_disk_with_data_cache_dir(gcs_bucket, digits,
     again = program.load_train(num_epochs=1)
     assert [b["label"].tolist() for b in again] == first and len(first) > 1
     assert again._reader._remote_reader.requests == 0 and again._reader._remote_reader._cache.disk.hits > 0
+
+
+def test_the_step_is_compiled_before_any_batch_is_placed_and_the_loop_places_each(digits, tmp_path, monkeypatch):
+    """Streamed batches take no more device memory than batches held in memory (trainer/train.py's docstring): the
+    step is compiled, with the state already placed, before the first batch goes to the devices, and every batch is
+    placed by the loop's own thread, one a step, so none lands while a step's temporaries are being allocated."""
+    import threading
+
+    from loader import device
+    from trainer import TrainConfig, train
+
+    events = []
+    place, compile_step = device.to_global_arrays, train.compile_step
+
+    def placed(batch, sharding):
+        events.append("place" if threading.current_thread() is threading.main_thread() else "place elsewhere")
+        return place(batch, sharding)
+
+    def compiled(step, state, *args):
+        events.append(f"compile with the state on {sorted(d.platform for d in state['step'].devices())}")
+        return compile_step(step, state, *args)
+
+    monkeypatch.setattr(device, "to_global_arrays", placed)
+    monkeypatch.setattr(train, "compile_step", compiled)
+    config = TrainConfig(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", steps=6, batch_size=32,
+                         num_classes=10, log_every=3, checkpoint_every=100)
+    summary = train.train_and_evaluate(config)
+    assert summary["final_step"] == 6 and np.isfinite(summary["loss"])
+    assert events == ["compile with the state on ['cpu']"] + ["place"] * 6

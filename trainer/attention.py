@@ -1,0 +1,212 @@
+"""Causal self-attention over packed rows, without holding [batch, heads, seq, seq] scores.
+
+`attend(q, k, v, segment_ids, kind)`: q, k, v [B, S, H, D] (flax's layout), segment_ids [B, S] -> [B, S, H, D]. A
+token attends to the positions up to its own that share its segment id (packing gives each document of a row its own
+id; padding, id 0, attends only to padding), so packed documents never see each other. Three implementations:
+
+- `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN's fused flash attention (NVIDIA GPUs, bf16 or
+  fp16, a head dim cuDNN takes). Causal by its mask type (it skips the blocks above the diagonal); the segments as a
+  [B, 1, S, S] boolean mask, which JAX hands cuDNN as an additive bias shared by every head.
+- `blockwise`: flash attention in plain JAX, for the CPU and every case cuDNN does not take. Queries and keys go in
+  blocks of `block` positions; each query block folds in its key blocks up to the diagonal with an online softmax
+  (running max and sum), so no more than [B, H, block, block] scores exist at a time. The forward pass keeps the
+  output and each row's log-sum-exp; the backward pass recomputes each block's scores from them (FlashAttention-2's
+  scheme, arXiv:2307.08691, section 3.1). Memory grows with S, not S².
+- `dense`: flax's `dot_product_attention` with a [B, 1, S, S] mask: [B, H, S, S] scores and probabilities, kept for
+  the backward pass in each layer. What the LM used before; kept as the anchor of benchmarks/lm_memory_bench.py.
+
+`resolve("auto", ...)` picks cuDNN on a GPU where a compile of it at the step's shapes succeeds, else blockwise,
+and logs the choice once per shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+log = logging.getLogger(__name__)
+
+KINDS = ("auto", "cudnn", "blockwise", "dense")
+BLOCK = 256  # positions per block: [B, H, 256, 256] float32 scores at a time
+_MASKED = -1e30  # a finite "minus infinity": exp() of it is 0, and a row of it never gives inf - inf
+
+
+def attend(q, k, v, segment_ids, kind: str = "blockwise", *, block: int = BLOCK, implementation: str = "cudnn"):
+    """Causal attention within segments by `kind` (cudnn, blockwise or dense; resolve "auto" first). `implementation`
+    is what the cudnn kind passes to jax.nn.dot_product_attention ("xla" computes the same arguments on any backend:
+    the tests check the cuDNN call's masks with it on the CPU)."""
+    if kind == "blockwise":
+        return blockwise(q, k, v, segment_ids, block=block)
+    if kind == "cudnn":
+        return fused(q, k, v, segment_ids, implementation=implementation)
+    if kind == "dense":
+        return nn.dot_product_attention(q, k, v, mask=causal_segment_mask(segment_ids))
+    raise ValueError(f"attention={kind!r} is not one of {', '.join(KINDS[1:])}")
+
+
+def causal_segment_mask(segment_ids):
+    """[B, 1, S, S] booleans: query i may attend to key j (j <= i, same segment)."""
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    n = segment_ids.shape[-1]
+    return (same & (jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]))[:, None]
+
+
+def fused(q, k, v, segment_ids, *, implementation: str = "cudnn"):
+    """jax.nn.dot_product_attention with the causal mask type and the segments as a mask (see the module doc)."""
+    same = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    return jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True, implementation=implementation)
+
+
+# --- blockwise (flash) attention ----------------------------------------------------------------------------------
+def blockwise(q, k, v, segment_ids, *, block: int = BLOCK):
+    """Flash attention in JAX (see the module doc); S need not be a multiple of `block` (the rows are padded with a
+    segment of their own, then cut)."""
+    s = q.shape[1]
+    block = min(block, s)
+    pad = -s % block
+    if pad:
+        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+        q, k, v = (jnp.pad(x, widths) for x in (q, k, v))
+        segment_ids = jnp.pad(segment_ids, ((0, 0), (0, pad)), constant_values=-1)  # attends only to itself
+    heads_first = (0, 2, 1, 3)  # [B, H, S, D] inside: every product a batched matrix multiply over B and H
+    out = _flash(*(x.transpose(heads_first) for x in (q, k, v)), segment_ids.astype(jnp.int32), block)
+    out = out.transpose(heads_first)
+    return out[:, :s] if pad else out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, segment_ids, block):
+    return _forward(q, k, v, segment_ids, block)[0]
+
+
+def _slice(x, i, block, axis=2):
+    return lax.dynamic_slice_in_dim(x, i * block, block, axis=axis)
+
+
+def _masked_scores(q_blk, k_blk, seg_q, seg_k, i, j, block):
+    """[B, H, bq, bk] float32 scaled scores of a query block i against a key block j, and where they count."""
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q_blk, k_blk, preferred_element_type=jnp.float32)
+    scores = scores * (q_blk.shape[-1] ** -0.5)
+    pos = jnp.arange(block)
+    causal = (i * block + pos)[:, None] >= (j * block + pos)[None, :]
+    mask = ((seg_q[:, :, None] == seg_k[:, None, :]) & causal)[:, None]
+    return scores, mask
+
+
+def _forward(q, k, v, segment_ids, block):
+    b, h, s, d = q.shape
+    n = s // block
+
+    def query_block(i, carry):
+        out, lse = carry
+        q_i, seg_i = _slice(q, i, block), _slice(segment_ids, i, block, axis=1)
+
+        def key_block(j, acc):
+            m, l, o = acc
+            scores, mask = _masked_scores(q_i, _slice(k, j, block), seg_i, _slice(segment_ids, j, block, axis=1),
+                                          i, j, block)
+            m_new = jnp.maximum(m, jnp.where(mask, scores, _MASKED).max(-1))
+            p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
+            rescale = jnp.exp(m - m_new)
+            pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), _slice(v, j, block),
+                            preferred_element_type=jnp.float32)
+            return m_new, l * rescale + p.sum(-1), o * rescale[..., None] + pv
+
+        init = (jnp.full((b, h, block), -jnp.inf, jnp.float32), jnp.zeros((b, h, block), jnp.float32),
+                jnp.zeros((b, h, block, d), jnp.float32))
+        m, l, o = lax.fori_loop(0, i + 1, key_block, init)  # key blocks up to the diagonal: causal
+        out = lax.dynamic_update_slice_in_dim(out, (o / l[..., None]).astype(q.dtype), i * block, axis=2)
+        lse = lax.dynamic_update_slice_in_dim(lse, m + jnp.log(l), i * block, axis=2)
+        return out, lse
+
+    out, lse = lax.fori_loop(0, n, query_block, (jnp.zeros_like(q), jnp.zeros((b, h, s), jnp.float32)))
+    return out, lse
+
+
+def _flash_fwd(q, k, v, segment_ids, block):
+    out, lse = _forward(q, k, v, segment_ids, block)
+    return out, (q, k, v, segment_ids, out, lse)
+
+
+def _flash_bwd(block, residuals, d_out):
+    q, k, v, segment_ids, out, lse = residuals
+    n = q.shape[2] // block
+    scale = q.shape[-1] ** -0.5
+    # D_i = rowsum(dO_i * O_i): the softmax's backward term, one per query row
+    delta = jnp.einsum("bhqd,bhqd->bhq", d_out.astype(jnp.float32), out.astype(jnp.float32))
+
+    def key_block(j, grads):
+        dq, dk, dv = grads
+        k_j, v_j, seg_j = _slice(k, j, block), _slice(v, j, block), _slice(segment_ids, j, block, axis=1)
+
+        def query_block(i, acc):
+            dq, dk_j, dv_j = acc
+            q_i, do_i = _slice(q, i, block), _slice(d_out, i, block)
+            scores, mask = _masked_scores(q_i, k_j, _slice(segment_ids, i, block, axis=1), seg_j, i, j, block)
+            p = jnp.where(mask, jnp.exp(scores - _slice(lse, i, block)[..., None]), 0.0)
+            dv_j = dv_j + jnp.einsum("bhqk,bhqd->bhkd", p.astype(d_out.dtype), do_i,
+                                     preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bhqd,bhkd->bhqk", do_i, v_j, preferred_element_type=jnp.float32)
+            ds = p * (dp - _slice(delta, i, block)[..., None]) * scale
+            dq_i = jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_j, preferred_element_type=jnp.float32)
+            dq = lax.dynamic_update_slice_in_dim(dq, _slice(dq, i, block) + dq_i, i * block, axis=2)
+            dk_j = dk_j + jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q_i, preferred_element_type=jnp.float32)
+            return dq, dk_j, dv_j
+
+        zeros = jnp.zeros(k_j.shape, jnp.float32)
+        dq, dk_j, dv_j = lax.fori_loop(j, n, query_block, (dq, zeros, zeros))  # query blocks from the diagonal on
+        dk = lax.dynamic_update_slice_in_dim(dk, dk_j, j * block, axis=2)
+        dv = lax.dynamic_update_slice_in_dim(dv, dv_j, j * block, axis=2)
+        return dq, dk, dv
+
+    zeros = [jnp.zeros(x.shape, jnp.float32) for x in (q, k, v)]
+    dq, dk, dv = lax.fori_loop(0, n, key_block, tuple(zeros))
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# --- choosing ---------------------------------------------------------------------------------------------------
+_CHOSEN: dict = {}
+
+
+def resolve(kind: str, q_shape: tuple, dtype, platform: str | None = None) -> str:
+    """The implementation `kind` names; for "auto": cudnn on a GPU when a compile of its forward and backward pass at
+    these shapes succeeds (bf16/fp16, a head dim cuDNN takes), else blockwise. The choice is logged once per shape."""
+    platform = platform or jax.default_backend()
+    if kind == "cudnn" and platform != "gpu":
+        raise ValueError(f"attention=cudnn runs on NVIDIA GPUs, and this backend is {platform}; use attention=auto "
+                         "(cuDNN where it runs, else blockwise) or attention=blockwise")
+    if kind != "auto":
+        return kind
+    key = (tuple(q_shape), jnp.dtype(dtype).name, platform)
+    if key not in _CHOSEN:
+        _CHOSEN[key], why = _auto(q_shape, jnp.dtype(dtype), platform)
+        log.info("attention: %s for queries %s %s (%s)", _CHOSEN[key], "x".join(map(str, q_shape)),
+                 jnp.dtype(dtype).name, why)
+    return _CHOSEN[key]
+
+
+def _auto(q_shape, dtype, platform) -> tuple[str, str]:
+    if platform != "gpu":
+        return "blockwise", f"cuDNN's fused attention runs on NVIDIA GPUs; this backend is {platform}"
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        return "blockwise", f"cuDNN's fused attention takes bf16/fp16 and these queries are {dtype.name} (dtype=bfloat16)"
+    b, s, h, d = q_shape
+    qkv = jax.ShapeDtypeStruct(q_shape, dtype)
+    seg = jax.ShapeDtypeStruct((b, s), jnp.int32)
+
+    def loss(q, k, v, segment_ids):
+        return fused(q, k, v, segment_ids).astype(jnp.float32).sum()
+
+    try:
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(qkv, qkv, qkv, seg).compile()
+    except Exception as e:  # noqa: BLE001 - any refusal (JAX's checks, cuDNN's, XLA's) means: not here
+        return "blockwise", f"cuDNN refused these shapes: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return "cudnn", "cuDNN fused attention compiled at these shapes"
