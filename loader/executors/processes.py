@@ -3,8 +3,8 @@ SIGKILL) is replaced and the groups it held are computed again, so the batches a
 
 Each worker is a spawned process (fork would copy JAX's threads) that gets the group function once, pickled with
 cloudpickle, and computes up to `per_worker` groups at once on as many threads; results come back in the order they
-finish, and this process hands them out in group order. At most `count * per_worker` groups are computed ahead of
-the caller (their results wait here until taken).
+finish, and this process hands them out in group order. At most `(count + 1) * per_worker` groups are computed ahead
+of the caller (their results wait here until taken).
 
 A result's NumPy arrays travel out of band (pickle protocol 5): the worker copies them into one file in /dev/shm and
 sends the rest through its pipe; this process maps the file, removes its name at once and hands out arrays that

@@ -45,7 +45,9 @@ Died = collections.namedtuple("Died", "worker how")
 
 
 class Scheduled(abc.ABC):
-    """fn(0), ..., fn(num_groups - 1) in order, computed by `count` workers, `per_worker` groups each at once."""
+    """fn(0), ..., fn(num_groups - 1) in order, computed by `count` workers, `per_worker` groups each at once. The
+    window of groups not yet handed out holds (count + 1) * per_worker: every worker busy, and a worker's worth done
+    ahead, so a worker that finishes while the caller is slow gets its next group at once."""
 
     def __init__(self, num_groups: int, count: int, per_worker: int, describe: Callable[[int], str],
                  args: Callable[[int], Any] | None = None):
@@ -180,7 +182,7 @@ class Scheduled(abc.ABC):
             idle[0].groups.add(g)
             idle[0].alone = True
             self._send(idle[0], g, self._arg(g))
-        window = len(active) * self._per_worker
+        window = (len(active) + 1) * self._per_worker  # every worker busy, and a worker's worth done ahead
         while self._new < min(self._n, self._next + window):
             room = [w for w in active if not w.alone and len(w.groups) < self._per_worker]
             if not room:

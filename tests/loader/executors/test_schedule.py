@@ -67,18 +67,21 @@ def test_the_window_slides_so_a_consumer_slower_than_the_workers_waits_only_for_
     # Only the first group is waited for. A window refilled only once it is empty would make the consumer wait a
     # whole group's compute time again after every 4 groups.
     assert waits == [1000] + [0] * 19
-    # Each group is sent as soon as the window reaches it: when the group 4 before it is taken.
-    assert groups.sent == [(0, 0), (0, 1), (0, 2), (0, 3)] + [(1000 + 300 * (g - 4), g) for g in range(4, 20)]
+    # The window holds every worker's groups and one worker's more, done ahead (6): each group is sent as soon as a
+    # worker has room (here, seen when the consumer takes a group) and the window reaches it.
+    assert groups.sent == [(0, 0), (0, 1), (0, 2), (0, 3), (1000, 4), (1000, 5), (1000, 6), (1300, 7), (2200, 8),
+                           (2200, 9), (2200, 10), (2500, 11), (3400, 12), (3400, 13), (3400, 14), (3700, 15),
+                           (4600, 16), (4600, 17), (4600, 18), (4900, 19)]
 
 
 def test_a_slow_group_holds_the_consumer_back_by_its_own_lateness_only():
     clock = Clock()
     groups = FakeWorkers(30, count=2, per_worker=2, compute=lambda g: 3000 if g == 10 else 1000, clock=clock)
     waits = consume(groups, clock, step=300)
-    # Group 10 is sent when group 6 is taken (at 2,800 ms) and done 3,000 ms later, at 5,800; the consumer reaches it
-    # at 4,000: it waits 1,800 ms, the group's 2,000 ms of lateness less the 200 ms the window had in hand.
-    # The groups after it were computed meanwhile: no other wait.
-    assert waits == [1000] + [0] * 9 + [1800] + [0] * 19
+    # Group 10 is sent at 2,200 ms and done 3,000 ms later, at 5,200; the consumer reaches it at 4,000: it waits
+    # 1,200 ms, the group's 2,000 ms of lateness less the 800 ms the window had in hand. The groups after it were
+    # computed meanwhile: no other wait.
+    assert waits == [1000] + [0] * 9 + [1200] + [0] * 19
 
 
 def test_a_consumer_faster_than_the_workers_waits_a_share_of_each_group():
