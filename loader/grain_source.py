@@ -12,7 +12,9 @@ same index and opens files on its first read.
     import grain
     import loader
     source = loader.DataSource("out/train")        # what loader.resolve takes: a converted dir, a glob, gs://
+    source = loader.DataSource(["a.array_record", "b.array_record"])   # or a list of files, as grain's source takes
     ds = grain.MapDataset.source(source).shuffle(seed=0).map(decode)
+    with loader.DataSource(paths) as source: ...   # a context manager, as grain's: its files are closed after
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 
 from loader.index import RecordIndex
 from loader.reader import MAX_RECORD_BYTES, BatchReader
-from loader.source import ShardedSource, resolve
+from loader.source import ShardedSource, of_files, resolve
 
 
 class DataSource:
@@ -36,7 +38,8 @@ class DataSource:
     data. Thread-safe; picklable.
 
     `data`: what `loader.resolve` takes (a directory written by `python -m pipelines convert`, a TFDS array_record
-    directory with `split=`, a glob of ArrayRecord files, local or gs://) or a `loader.ShardedSource`.
+    directory with `split=`, a glob of ArrayRecord files, local or gs://), a list of ArrayRecord files (numbered in
+    that order, as grain's `ArrayRecordDataSource(paths)`), or a `loader.ShardedSource`.
     `split`, `allow_incomplete`, `check_hashes`, `cache_bytes`, `cache_dir`, `max_record_bytes`: as for
     `loader.load`.
 
@@ -45,9 +48,11 @@ class DataSource:
         source.__getitems__([7, 3, 7])   # [record 7, record 3, record 7], in one read
     """
 
-    def __init__(self, data: str | os.PathLike | ShardedSource, *, split: str | None = None,
-                 allow_incomplete: bool = False, check_hashes: bool = True, cache_bytes: int = 0,
-                 cache_dir: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES):
+    def __init__(self, data: str | os.PathLike | Sequence[str | os.PathLike] | ShardedSource, *,
+                 split: str | None = None, allow_incomplete: bool = False, check_hashes: bool = True,
+                 cache_bytes: int = 0, cache_dir: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES):
+        if isinstance(data, (list, tuple)):
+            data = of_files([os.fspath(p) for p in data])
         if isinstance(data, ShardedSource):
             self._source = data
             more = len(data.paths) - 1
@@ -72,6 +77,19 @@ class DataSource:
         self._length = len(self._source)
         self._lock = threading.Lock()
         self._reader = None  # opened on the first read, in the process that reads
+
+    def __enter__(self) -> DataSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes its open files (a later read opens them again)."""
+        with self._lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
 
     def _read(self, indices: np.ndarray) -> list[bytes]:
         if self._reader is None:

@@ -111,6 +111,18 @@ class BatchReader:
         self._planned = state["planned"]
         self._setup()
 
+    def close(self) -> None:
+        """Closes the files it holds open (a later read opens them again)."""
+        with self._lock:
+            fds, self._fds = self._fds, np.full(len(self._paths), -1, dtype=np.int64)
+            self._open_count = 0
+            readers, self._array_readers = self._array_readers, {}
+        for fd in fds.tolist():
+            if fd >= 0:
+                os.close(fd)
+        for reader in readers.values():
+            reader.close()
+
     def __del__(self):
         fds = getattr(self, "_fds", None)
         for fd in fds.tolist() if fds is not None else ():

@@ -181,19 +181,26 @@ def _from_tfds_info(root: str, split: str) -> ShardedSource:
 
 
 def _from_glob(pattern: str) -> ShardedSource:
-    """Each file's record count from its footer (two reads at its end, loader/arrayrecord.py)."""
-    from loader.arrayrecord import read_footer
-
     paths = storage.glob(pattern)
     if not paths:
         raise FileNotFoundError(f"no files match {pattern!r}; check the path and the glob")
-    sizes, versions = _stat(paths, missing="vanished while the glob was read; check nothing is deleting shards")
+    return of_files(paths, missing="vanished while the glob was read; check nothing is deleting shards")
+
+
+def of_files(paths: list[str], missing: str = "does not exist; check the path") -> ShardedSource:
+    """ArrayRecord files, numbered in the order given; each file's record count from its footer (two reads at its
+    end, loader/arrayrecord.py)."""
+    from loader.arrayrecord import read_footer
+
+    if not paths:
+        raise ValueError("no ArrayRecord files given; pass at least one path")
+    sizes, versions = _stat(paths, missing=missing)
     lengths = []
     for p, size in zip(paths, sizes.tolist()):
         try:
             lengths.append(read_footer(p, size).num_records)
         except ValueError as e:
-            raise ValueError(f"{e}; check the glob matches only ArrayRecord shards") from None
+            raise ValueError(f"{e}; pass only ArrayRecord shards (check the glob or the list)") from None
     return ShardedSource(tuple(paths), tuple(lengths), "glob", None, tuple(sizes.tolist()), versions)
 
 

@@ -4,6 +4,7 @@ through MaxText's grain pipeline (shuffle, map, first-fit packing, batch, worker
 import hashlib
 import pickle
 import threading
+from pathlib import Path
 
 import grain
 import numpy as np
@@ -158,3 +159,66 @@ def test_maxtexts_pipeline_with_worker_processes_gives_grains_batches(sources):
         ["3:17", "4:1", "2:48", "3:52"], ["2:97", "0:10", "3:11", "2:58"], ["2:25", "4:41", "4:52", "3:32"],
         ["2:34", "2:78", "2:33", "2:23"]]
     assert (len(batches), digest(batches)) == (17, "62d3e8d617870d7e")
+
+
+# array_record's own ArrayRecordDataSource test cases (python/array_record_data_source_test.py), on the two shards of
+# digits grain ships with its tests: construction from a list of paths and from one path, the context manager.
+GRAIN_DIGITS = [Path(grain.__file__).parent / "_src" / "python" / "testdata" / f"digits.array_record-0000{i}-of-00002"
+                for i in range(2)]
+DIGITS = [str(d).encode() for d in range(10)]
+
+
+def test_a_list_of_paths_numbers_their_records_in_that_order():
+    ar = loader.DataSource(GRAIN_DIGITS)
+    assert len(ar) == 10
+    assert list(ar) == DIGITS  # iterates
+    assert ar.paths == tuple(map(str, GRAIN_DIGITS))
+    assert len(loader.DataSource([str(GRAIN_DIGITS[1]), str(GRAIN_DIGITS[0])])) == 10
+    assert loader.DataSource(GRAIN_DIGITS[::-1])[0] == loader.DataSource(GRAIN_DIGITS)[5]
+
+
+@pytest.mark.parametrize("indices", [[0, 1, 2, 3, 4], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0], [3, 0, 5, 9, 2, 1, 4, 7, 8, 6]])
+def test_as_a_context_manager_it_reads_then_closes_its_files(indices):
+    with loader.DataSource(GRAIN_DIGITS) as ar:
+        assert [ar[i] for i in indices] == [DIGITS[i] for i in indices]
+        assert ar.__getitems__(indices) == [DIGITS[i] for i in indices]
+        assert ar._reader is not None
+    assert ar._reader is None  # closed; a later read opens them again
+    assert ar[indices[0]] == DIGITS[indices[0]]
+
+
+def test_a_single_path():
+    with loader.DataSource(GRAIN_DIGITS[0]) as ar:
+        assert [ar[i] for i in range(5)] == DIGITS[:5]
+
+
+def test_an_empty_sequence_is_a_value_error():
+    with pytest.raises(ValueError, match="no ArrayRecord files given"):
+        with loader.DataSource([]):
+            pass
+
+
+def test_what_grains_pipelines_call_on_a_source():
+    """grain 0.2.18 reads a source record by record, batched or not (docs/maxtext.md says so): if a later grain asks
+    for batches, this fails and the page should say that `__getitems__` serves them."""
+    import collections
+
+    calls = collections.Counter()
+
+    class Counted(loader.DataSource):
+        def __getitem__(self, i):
+            calls["__getitem__"] += 1
+            return super().__getitem__(i)
+
+        def __getitems__(self, indices):
+            calls["__getitems__"] += 1
+            return super().__getitems__(indices)
+
+        _getitems = __getitems__
+
+    source = Counted(GRAIN_DIGITS)
+    for pipeline in (grain.MapDataset.source(source).shuffle(seed=0).map(bytes).batch(5),
+                     grain.MapDataset.source(source).shuffle(seed=0).to_iter_dataset().batch(5)):
+        calls.clear()
+        assert sorted(r for batch in pipeline for r in batch) == DIGITS
+        assert calls == {"__getitem__": 10}
