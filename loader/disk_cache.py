@@ -417,3 +417,35 @@ def _remove_other_versions(directory: str, key: str, dataset: str) -> None:
                         "free its disk", other, e)
         finally:
             os.close(fd)
+
+
+class DiskChunks:
+    """The reader's view of a DiskCache (loader/chunk_cache.py's interface), opened on first use in the process that
+    reads (`options`: DiskCache.open's arguments). What it returns may have been lost by the disk: the reader checks
+    it, and forget()s what fails."""
+
+    checked = True
+
+    def __init__(self, options: dict):
+        self._options = options
+        self._disk: DiskCache | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def disk(self) -> DiskCache:
+        if self._disk is None:
+            with self._lock:
+                if self._disk is None:
+                    self._disk = DiskCache.open(**self._options)
+        return self._disk
+
+    def lookup(self, read) -> list:
+        lengths = np.array([end - begin for _, begin, end in read.chunks], dtype=np.int64)
+        return self.disk.lookup(read.chunk_records, lengths)
+
+    def store(self, read, data: list, indices: list[int]) -> None:
+        if indices:
+            self.disk.admit(read.chunk_records[indices], [data[i] for i in indices])
+
+    def forget(self, read, indices: list[int]) -> None:
+        self.disk.forget(read.chunk_records[indices])

@@ -334,9 +334,9 @@ class Loader:
             records = min(records, MAPPED_RECORDS_PER_READ)
         self.batches_per_read = max(1, min(records // per_batch, by_bytes))
         # One reader for every iterator of this loader: a restart (set_state, a new epoch loop) keeps its open files.
-        self._reader = _reader(self.source, config)
-        if isinstance(self.plan, BatchPlan) and self.plan.shard_count > 1:
-            self._reader.plan_cache()  # a memory cache keeps what this host reads again soonest
+        # On several hosts, a memory cache keeps what this host reads again soonest.
+        self._reader = _reader(self.source, config,
+                               planned=isinstance(self.plan, BatchPlan) and self.plan.shard_count > 1)
 
     def __len__(self) -> int:
         if self.config.num_epochs is None:
@@ -444,9 +444,9 @@ def load(source: str | ShardedSource | Mapping[str, str | ShardedSource], *, bat
     return _packed(source, config) if config.packing is not None else Loader(source, config)
 
 
-def _reader(source: ShardedSource, config: LoaderConfig) -> BatchReader:
+def _reader(source: ShardedSource, config: LoaderConfig, planned: bool = False) -> BatchReader:
     return BatchReader(source, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes,
-                       cache_dir=config.cache_dir, max_record_bytes=config.max_record_bytes)
+                       cache_dir=config.cache_dir, max_record_bytes=config.max_record_bytes, planned=planned)
 
 
 def _resolved(source: str | ShardedSource, config: LoaderConfig) -> ShardedSource:

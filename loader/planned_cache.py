@@ -2,7 +2,7 @@
 
 Every epoch reads each record once, in a new permutation, and host i of n reads its rows of each global batch
 (loader/batches.py). On one host, a record read now is read again next epoch, so the first chunks read, kept (the
-fixed set, loader/reader.py `_FirstRead`), serve cache / dataset of every later epoch, the most any cache can. On n
+fixed set, loader/chunk_cache.py `FirstRead`), serve cache / dataset of every later epoch, the most any cache can. On n
 hosts, a record this host reads now is read by this host again only every ~n epochs; a fixed set spends its room on
 records other hosts read next. The loader's plan is a pure function of the seed, so the next read of each record
 on this host is known (`BatchPlan.next_reads`: the inverse permutation of the next epochs), and this cache keeps
@@ -103,3 +103,23 @@ class PlannedCache:
     def _remove(self, key) -> None:
         data, _ = self._entries.pop(key)
         self._size -= len(data)
+
+
+class PlannedChunks:
+    """The reader's view of a PlannedCache (loader/chunk_cache.py's interface): at most `capacity` bytes of chunks in
+    memory, kept by their next read on this host."""
+
+    checked = False
+
+    def __init__(self, capacity: int):
+        self.cache = PlannedCache(capacity)
+
+    def lookup(self, read) -> list:
+        return [self.cache.get(chunk) for chunk in read.chunks]
+
+    def store(self, read, data: list, indices: list[int]) -> None:
+        """Every chunk of the read is offered (those kept get their new next read), not only those downloaded."""
+        due = np.full(len(read.chunks), -1 if read.plan is not None else NEVER, dtype=np.int64)
+        if read.plan is not None:  # a chunk read twice in this read: it comes back after the later read
+            np.maximum.at(due, read.chunk_of, read.plan[0])
+        self.cache.keep(read.chunks, due, data, read.plan[1] if read.plan is not None else 0)

@@ -28,9 +28,8 @@ import numpy as np
 from dataset_format import storage
 from loader import _riegeli, remote
 from loader.arrayrecord import FIRST_CHUNK
-from loader.disk_cache import DiskCache
+from loader import chunk_cache
 from loader.index import RecordIndex, source_key
-from loader.planned_cache import NEVER, PlannedCache
 from loader.source import ShardedSource
 
 log = logging.getLogger(__name__)
@@ -60,12 +59,18 @@ def _open_limit() -> int:
 class BatchReader:
     """`reader(indices)` -> the records at those global indices, in that order. Picklable (a copy reopens files)."""
 
+    # What a copy (a worker's) is made of: everything else is made again by _setup().
+    _STATE = ("_paths", "_starts", "_total", "_check", "_cache_bytes", "_max_record", "_remote", "_disk", "_ends",
+              "_index", "_fallback", "_planned")
+
     def __init__(self, source: ShardedSource, *, check_hashes: bool = True, cache_bytes: int = 0,
                  cache_dir: str | None = None, index: RecordIndex | None = None,
-                 max_record_bytes: int = MAX_RECORD_BYTES):
+                 max_record_bytes: int = MAX_RECORD_BYTES, planned: bool = False):
         """`check_hashes`: check riegeli's chunk hashes (a flipped byte is then an error, never a wrong record).
         `cache_bytes`: on gs://, keep up to this many bytes of chunks, the first read (0: none): in memory, or in
         `cache_dir` on local disk (shared by the host's processes, kept across runs: loader/disk_cache.py).
+        `planned`: the memory cache keeps the chunks this host reads again soonest (loader/planned_cache.py), as
+        each read's `next_reads` say, instead of the first read (multi-host jobs).
         `max_record_bytes`: a larger record is an error naming it (checked before anything is allocated for it)."""
         self._paths = source.paths
         self._starts = source.starts
@@ -74,7 +79,6 @@ class BatchReader:
         self._cache_bytes = cache_bytes
         self._max_record = max_record_bytes
         self._remote = any(storage.is_remote(p) for p in source.paths)
-        self._planned = False
         self._disk = None
         if cache_dir is not None and self._remote:
             self._disk = {"directory": os.path.expanduser(cache_dir), "key": source_key(source),
@@ -86,6 +90,7 @@ class BatchReader:
         self._index = index or RecordIndex.for_source(source)
         self._fallback = np.zeros(len(source.paths), dtype=bool)
         self._fallback[list(self._index.fallback)] = True
+        self._planned = planned and self._remote and bool(cache_bytes) and self._disk is None
         self._setup()
 
     def _setup(self) -> None:
@@ -98,17 +103,10 @@ class BatchReader:
                                if self._remote else None)
 
     def __getstate__(self):
-        return {"paths": self._paths, "starts": self._starts, "total": self._total, "check": self._check,
-                "cache_bytes": self._cache_bytes, "index": self._index, "fallback": self._fallback,
-                "remote": self._remote, "max_record": self._max_record, "ends": self._ends, "disk": self._disk,
-                "planned": self._planned}
+        return {name: getattr(self, name) for name in self._STATE}
 
     def __setstate__(self, state):
-        self._paths, self._starts, self._total = state["paths"], state["starts"], state["total"]
-        self._check, self._cache_bytes, self._index = state["check"], state["cache_bytes"], state["index"]
-        self._fallback, self._remote = state["fallback"], state["remote"]
-        self._max_record, self._ends, self._disk = state["max_record"], state["ends"], state["disk"]
-        self._planned = state["planned"]
+        self.__dict__.update({name: state[name] for name in self._STATE})
         self._setup()
 
     def close(self) -> None:
@@ -131,15 +129,8 @@ class BatchReader:
 
     @property
     def wants_next_reads(self) -> bool:
-        """Whether reads should say when this host reads each record next (a planned cache: plan_cache())."""
+        """Whether reads should say when this host reads each record next (a planned cache)."""
         return self._planned
-
-    def plan_cache(self) -> None:
-        """Keep, in the memory cache, the chunks this host reads again soonest (loader/planned_cache.py), as each
-        read's `next_reads` say, instead of the first read (for multi-host jobs; before the first read)."""
-        if self._remote and self._cache_bytes and self._disk is None:
-            self._planned = True
-            self._setup()
 
     def __call__(self, indices: np.ndarray, next_reads: np.ndarray | None = None, now: int = 0) -> list[bytes]:
         """The records at global `indices`, in that order (duplicates allowed). With a planned cache, `next_reads`
@@ -263,11 +254,7 @@ class _RemoteSpans:
 
     def __init__(self, paths: tuple[str, ...], cache_bytes: int, disk: dict | None = None, planned: bool = False):
         self._paths = paths
-        self._cache: _FirstRead | _Planned | _OnDisk | None = None
-        if disk is not None:
-            self._cache = _OnDisk(disk)
-        elif cache_bytes:
-            self._cache = _Planned(cache_bytes) if planned else _FirstRead(cache_bytes)
+        self._cache = chunk_cache.make(cache_bytes, disk, planned)
         # records asked for, the bytes of their chunks, and the range requests and bytes planned to read them
         # (benchmarks/gcs_read_bench.py, the tests)
         self.requests = self.downloaded = self.records = self.served = 0
@@ -281,7 +268,7 @@ class _RemoteSpans:
         with _COUNT_LOCK:
             self.records += len(shards)
             self.served += sum(end - begin for _, begin, end in chunks)
-        read, cache = _ChunkRead(chunks, chunk_of, records, plan), self._cache
+        read, cache = chunk_cache.ChunkRead(chunks, chunk_of, records, plan), self._cache
         data = cache.lookup(read) if cache is not None else [None] * len(chunks)
         missing = [i for i, d in enumerate(data) if d is None]
         # what came from the disk is checked whatever check_hashes says: the disk may have lost it
@@ -334,110 +321,6 @@ class _RemoteSpans:
             shard, begin, end = chunks[i]
             at = requests[request_of[j]][1]
             data[i] = got[request_of[j]].view(begin - at, end - at)
-
-
-class _ChunkRead:
-    """One read's distinct chunks ((shard, begin, end), in file order), as the caches see them: `chunk_of[k]` is the
-    chunk of record `records[k]` (a global record number), `plan` the read's (next reads, position) or None."""
-
-    __slots__ = ("chunks", "chunk_of", "records", "plan", "_chunk_records")
-
-    def __init__(self, chunks: list, chunk_of: np.ndarray, records: np.ndarray, plan: tuple | None):
-        self.chunks, self.chunk_of, self.records, self.plan = chunks, chunk_of, records, plan
-        self._chunk_records: np.ndarray | None = None
-
-    @property
-    def chunk_records(self) -> np.ndarray:
-        """Each chunk's global record number (group_size 1: a chunk holds one record)."""
-        if self._chunk_records is None:
-            self._chunk_records = np.empty(len(self.chunks), dtype=np.int64)
-            self._chunk_records[self.chunk_of] = self.records
-        return self._chunk_records
-
-
-# The chunk caches, one interface: lookup(read) -> each chunk's bytes or None; store(read, data, indices) after the
-# chunks at `indices` were downloaded into data; `checked`: what lookup returns must have its hashes checked (and
-# forget(read, indices) drops what failed).
-
-
-class _FirstRead:
-    """At most `capacity` bytes of chunks in memory: the first chunks read, kept; once full it admits no more.
-    Thread-safe.
-
-    The loader reads every epoch in a new shuffled order, and each chunk (group_size 1: one record) once an epoch, so
-    a chunk's last read says nothing of its next one. Least-recently-used eviction keeps the chunks read last and
-    evicts most before the next epoch reaches them: a cache of half the dataset saved 15-20% of the bytes of each
-    later epoch, a fixed set 53% (tests/loader/test_reader.py). A fixed set serves capacity / dataset of every later
-    epoch's reads, and the whole dataset after the first epoch where it fits."""
-
-    checked = False
-
-    def __init__(self, capacity: int):
-        self._capacity = capacity
-        self._blocks: dict = {}
-        self._size = 0
-        self._lock = threading.Lock()
-
-    def lookup(self, read: _ChunkRead) -> list:
-        return [self._blocks.get(chunk) for chunk in read.chunks]  # a dict read is atomic; entries are never removed
-
-    def store(self, read: _ChunkRead, data: list, indices: list[int]) -> None:
-        with self._lock:
-            for i in indices:
-                key = read.chunks[i]
-                if key not in self._blocks and self._size + len(data[i]) <= self._capacity:
-                    self._blocks[key] = bytes(data[i])  # a view would keep the whole piece it is of
-                    self._size += len(data[i])
-
-
-class _Planned:
-    """At most `capacity` bytes of chunks in memory, kept by their next read on this host (loader/planned_cache.py)."""
-
-    checked = False
-
-    def __init__(self, capacity: int):
-        self.cache = PlannedCache(capacity)
-
-    def lookup(self, read: _ChunkRead) -> list:
-        return [self.cache.get(chunk) for chunk in read.chunks]
-
-    def store(self, read: _ChunkRead, data: list, indices: list[int]) -> None:
-        """Every chunk of the read is offered (those kept get their new next read), not only those downloaded."""
-        due = np.full(len(read.chunks), -1 if read.plan is not None else NEVER, dtype=np.int64)
-        if read.plan is not None:  # a chunk read twice in this read: it comes back after the later read
-            np.maximum.at(due, read.chunk_of, read.plan[0])
-        self.cache.keep(read.chunks, due, data, read.plan[1] if read.plan is not None else 0)
-
-
-class _OnDisk:
-    """A DiskCache (loader/disk_cache.py), opened on first use in the process that reads (`options`: its open()'s
-    arguments). What it returns may have been lost by the disk: the reader checks it, and forget()s what fails."""
-
-    checked = True
-
-    def __init__(self, options: dict):
-        self._options = options
-        self._disk: DiskCache | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def disk(self) -> DiskCache:
-        if self._disk is None:
-            with self._lock:
-                if self._disk is None:
-                    self._disk = DiskCache.open(**self._options)
-        return self._disk
-
-    def lookup(self, read: _ChunkRead) -> list:
-        lengths = np.array([end - begin for _, begin, end in read.chunks], dtype=np.int64)
-        return self.disk.lookup(read.chunk_records, lengths)
-
-    def store(self, read: _ChunkRead, data: list, indices: list[int]) -> None:
-        if indices:
-            self.disk.admit(read.chunk_records[indices], [data[i] for i in indices])
-
-    def forget(self, read: _ChunkRead, indices: list[int]) -> None:
-        self.disk.forget(read.chunk_records[indices])
 
 
 _COUNT_LOCK = threading.Lock()
