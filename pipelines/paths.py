@@ -159,12 +159,13 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
     if not tfrecords:
         names = [basename(f.path) for f in found]
         globs = split_globs(path, names)
+        whose = "one split's" if globs else "its"
         example = (f"e.g. --input '{globs[0]}'" + (f" and --input '{globs[1]}' into another --output"
                                                    if len(globs) > 1 else "")) if globs else \
-            f"e.g. --input '{path.rstrip('/')}/{names[0] if names else ''}*'"
+            f"e.g. --input '{path.rstrip('/')}/*'"
         raise FileNotFoundError(f"input directory {path!r} holds no TFRecord files (names with 'tfrecord' or "
                                 f"'tfrecords'{'; it has ' + ', '.join(names[:3]) if names else ''}); pass a glob of "
-                                f"one split's files instead, {example}")
+                                f"{whose} files instead, {example}")
     if len(tfrecords) < len(found):
         skipped = [basename(f.path) for f in found if f not in tfrecords]
         log.info("%s: converting its %d TFRecord file(s); %d other file(s) skipped (e.g. %s)", path, len(tfrecords),

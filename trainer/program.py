@@ -21,7 +21,7 @@ import optax
 import loader
 from loader.decode import collate
 from dataset_format import storage, tfds_info
-from trainer import models, optim, tasks
+from trainer import data_checks, models, optim, tasks
 from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,15 @@ class Program:
                              "does not")
         model = models.make(config.model, {**task.model_kwargs(), **config.model_size})
         return cls(config, task, model, _sample(data, split, task, config.allow_incomplete), split)
+
+    def check_data(self) -> None:
+        """The task's `ranged_features` (a classification's labels) over every record of the training data and of
+        eval_data, before anything is compiled: one line naming the range and the fix (trainer/data_checks.py)."""
+        c = self.config
+        train, evaluated = c.data_source, c.eval_source
+        sources = [(path, c.split or source_split(path, "train")) for path in _paths(train)]
+        sources += [(path, source_split(path, "test")) for path in _paths(evaluated)] if evaluated else []
+        data_checks.check_ranges(self.task, c, sources, _feature_specs(first_source(train)))
 
     # --- parameters, model state and optimizer ------------------------------------------------
     def init_variables(self) -> dict[str, Any]:
@@ -100,7 +109,11 @@ class Program:
         (threads here) on a CPU, whose cores train."""
         if self.config.data_workers is not None:
             return self.config.data_workers
-        return "auto" if jax.default_backend() != "cpu" else 0
+        backend = jax.default_backend()
+        chosen = "auto" if backend != "cpu" else 0
+        log.info("data_workers=%s: the default on a host whose devices are %s (%s)", chosen, backend,
+                 "the loader tunes its workers as it runs" if chosen == "auto" else "threads here; the cores train")
+        return chosen
 
     # --- the step's math ---------------------------------------------------------------------
     def compute(self, tree: Any) -> Any:
@@ -220,6 +233,11 @@ class Program:
 def _means(totals: dict[str, float], weight: float, examples: float) -> dict[str, float]:
     return {**{f"eval_{name}": value / weight for name, value in sorted(totals.items())},
             "eval_examples": int(examples)}
+
+
+def _paths(data: str | dict[str, str]) -> list[str]:
+    """A path, or a mixture's component paths."""
+    return list(data.values()) if isinstance(data, dict) else [data]
 
 
 def first_source(data: str | dict[str, str]) -> str:
