@@ -51,6 +51,7 @@ def check_ranges(task, config: TrainConfig, sources: list[tuple[str, str | None]
         for data, split in sources:
             found = feature_range(data, split, feature, allow_incomplete=config.allow_incomplete)
             if found is not None:
+                log.info("%r holds %d..%d%s", feature, found.low, found.high, found.where(data))
                 task.check_range(feature, found.low, found.high, found.where(data))
 
 
@@ -99,6 +100,5 @@ def _count(source, data: str, feature: str) -> FeatureRange | None:
             last = now
     if low is None:
         return None
-    log.info("%r holds %d..%d over the %s records of %s (%.1f s)", feature, low, high, f"{seen:,}", data,
-             time.monotonic() - started)
+    log.info("counted %r over the %s records of %s in %.1f s", feature, f"{seen:,}", data, time.monotonic() - started)
     return FeatureRange(low, high, seen, total, counted=True)

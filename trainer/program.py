@@ -66,8 +66,10 @@ class Program:
 
     # --- parameters, model state and optimizer ------------------------------------------------
     def init_variables(self) -> dict[str, Any]:
-        """The model's variables: "params", and any state collections (a BatchNorm's "batch_stats")."""
-        return dict(self.model.init(jax.random.key(self.config.seed), self.task.inputs(self.sample)))
+        """The model's variables: "params", and any state collections (a BatchNorm's "batch_stats"). Initialised as
+        one compiled program: op by op, each initializer compiles on its own (ResNet-18: 8.6 s against 6.1 s on a
+        CPU, the same values)."""
+        return dict(jax.jit(self.model.init)(jax.random.key(self.config.seed), self.task.inputs(self.sample)))
 
     def init_params(self) -> Any:
         return self.init_variables()["params"]
