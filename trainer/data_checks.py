@@ -42,13 +42,15 @@ class FeatureRange:
         return f" over the {self.total:,} records of {data} ({how})"
 
 
-def check_ranges(task, config: TrainConfig, sources: list[tuple[str, str | None]], specs: dict[str, dict]) -> None:
-    """Each of the task's `ranged_features` over each (data, split) in `sources`, checked by its `check_range`."""
+def check_ranges(task, config: TrainConfig, sources: list[tuple[str, str | None, dict[str, dict]]]) -> None:
+    """Each of the task's `ranged_features` over each (data, split, its TFDS feature specs) in `sources`, checked by
+    the task's `check_range`."""
     for feature in getattr(task, "ranged_features", ()):
-        if _valid_by_construction(specs.get(feature, {}), task):
-            log.info("%s: a ClassLabel of %d classes: every label is in range", feature, specs[feature]["num_classes"])
-            continue
-        for data, split in sources:
+        for data, split, specs in sources:
+            if _valid_by_construction(specs.get(feature, {}), task):
+                log.info("%r of %s: a ClassLabel of %d classes, each label in range", feature, data,
+                         specs[feature]["num_classes"])
+                continue
             found = feature_range(data, split, feature, allow_incomplete=config.allow_incomplete)
             if found is not None:
                 log.info("%r holds %d..%d%s", feature, found.low, found.high, found.where(data))

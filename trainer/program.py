@@ -59,10 +59,16 @@ class Program:
         """The task's `ranged_features` (a classification's labels) over every record of the training data and of
         eval_data, before anything is compiled: one line naming the range and the fix (trainer/data_checks.py)."""
         c = self.config
-        train, evaluated = c.data_source, c.eval_source
-        sources = [(path, c.split or source_split(path, "train")) for path in _paths(train)]
-        sources += [(path, source_split(path, "test")) for path in _paths(evaluated)] if evaluated else []
-        data_checks.check_ranges(self.task, c, sources, _feature_specs(first_source(train)))
+        sources = [(name, path, c.split or source_split(path, "train")) for name, path in _named(c.data_source)]
+        if c.eval_source is not None:
+            sources += [(name, path, source_split(path, "test")) for name, path in _named(c.eval_source)]
+        for name, path, split in sources:
+            try:
+                data_checks.check_ranges(self.task, c, [(path, split, _feature_specs(path))])
+            except (ValueError, FileNotFoundError) as e:
+                if name is None:
+                    raise
+                raise type(e)(f"mixture component {name!r}: {e}") from e
 
     # --- parameters, model state and optimizer ------------------------------------------------
     def init_variables(self) -> dict[str, Any]:
@@ -237,9 +243,9 @@ def _means(totals: dict[str, float], weight: float, examples: float) -> dict[str
             "eval_examples": int(examples)}
 
 
-def _paths(data: str | dict[str, str]) -> list[str]:
-    """A path, or a mixture's component paths."""
-    return list(data.values()) if isinstance(data, dict) else [data]
+def _named(data: str | dict[str, str]) -> list[tuple[str | None, str]]:
+    """A path as [(None, path)], a mixture as its [(name, path)]."""
+    return list(data.items()) if isinstance(data, dict) else [(None, data)]
 
 
 def first_source(data: str | dict[str, str]) -> str:
