@@ -64,7 +64,7 @@ def _names_in(directory: str) -> list[str]:
 
     try:
         return list(storage.list_sizes(directory))
-    except Exception:  # noqa: BLE001 - the error being built names the glob; a failed listing only loses the hint
+    except OSError:  # 403, a missing bucket: the error being built names the glob; the listing only adds a hint
         return []
 
 
