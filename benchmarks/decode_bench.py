@@ -5,7 +5,7 @@
 Decodes the same serialized `tf.train.Example` batches, in this one process, with:
 - per record: protobuf parse of each record, then `collate` (the loader's fallback path);
 - protobuf columns: protobuf parse of each record, columns built per feature (the previous batch path);
-- ours: `loader.example_batch.parse_examples`, every field of every record parsed at once with NumPy;
+- ours: `dataset_format.example_batch.parse_examples`, every field of every record parsed at once with NumPy;
 - `tf.io.parse_example` on the batch (TensorFlow's C++ parser; when TensorFlow is installed), with the
   feature spec given, as tf.data pipelines use it.
 Record kinds: the loader benchmark's (`data`: 1 KB bytes, `label`: int64) and the digits demo's (`image`:
@@ -63,7 +63,7 @@ def best_us_per_record(fn, n: int, repeats: int = 5) -> float:
 
 def main() -> None:
     from loader.decode import ExampleDecoder, collate
-    from loader.example_batch import parse_examples
+    from dataset_format.example_batch import parse_examples
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 16384])

@@ -45,8 +45,9 @@ def descriptions(cls) -> dict[str, str]:
     return out
 
 
-def keys_help(cls, width: int = 100) -> str:
-    """Every field of a dataclass config: `name: type = default`, then its description, indented."""
+def keys_help(cls, width: int = 100, choices: dict[str, str] | None = None) -> str:
+    """Every field of a dataclass config: `name: type = default`, then its description, indented; `choices`: for
+    some fields, the values they take (read by the caller from its registries), added to their description."""
     described = descriptions(cls)
     blocks = []
     for field in dataclasses.fields(cls):
@@ -59,6 +60,8 @@ def keys_help(cls, width: int = 100) -> str:
         kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
         head = f"  {field.name}: {kind}{default}"
         text = described.get(field.name, "")
+        if choices and field.name in choices:
+            text = f"{text} ({choices[field.name]})" if text else choices[field.name]
         body = textwrap.fill(text, width, initial_indent="      ", subsequent_indent="      ") if text else ""
         blocks.append(head + ("\n" + body if body else ""))
     return "\n".join(blocks)

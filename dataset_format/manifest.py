@@ -2,7 +2,9 @@
 
 `OUT/manifest.json` lists every output shard in reading order (sorted by source path)
 with its record count and size, so that a reader learns the dataset's layout from one
-small file instead of opening every shard. See docs/dataset-format.md.
+small file instead of opening every shard. Each shard also carries its records' feature
+statistics, gathered while it converted (`feature_stats`, below): what the trainer checks
+labels against before step 1. See docs/dataset-format.md.
 
 Both the converter (writing) and the loader (reading) import it.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from dataset_format.storage import join
@@ -35,6 +38,9 @@ class ShardEntry:
     split: str | None = None  # TFDS split, when converted from a TFDS directory
     skipped_corrupt: int = 0  # corrupt frames skipped with --skip-corrupt (see report.json)
     tokens: str | None = None  # how its records were tokenised (pipelines/tokens.py TokenizeSpec.identity), if so
+    # Its records' features (`FeatureStats`); None: not recorded (records that are not tf.train.Examples, a
+    # tokenised conversion, or a shard converted before statistics were recorded).
+    feature_stats: dict[str, dict[str, Any]] | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ShardEntry:
@@ -72,6 +78,11 @@ class Manifest:
     def complete(self) -> bool:
         """False when some source shard failed to convert: the directory lacks its records."""
         return not self.failed
+
+    @property
+    def feature_stats(self) -> dict[str, dict[str, Any]] | None:
+        """Every shard's feature statistics merged (`merge_feature_stats`); None when a shard lacks them."""
+        return merge_feature_stats(s.feature_stats for s in self.shards)
 
     def shard_paths(self, root: str) -> list[str]:
         """Absolute paths of the shards under dataset directory `root`, in reading order."""
@@ -120,6 +131,7 @@ class ShardTable:
     splits: tuple[str | None, ...]
     failed: tuple[dict[str, Any], ...] = ()
     tokens: dict[str, Any] | None = None
+    feature_stats: tuple[dict[str, dict[str, Any]] | None, ...] = ()  # each shard's (ShardEntry.feature_stats)
 
     @property
     def complete(self) -> bool:
@@ -132,12 +144,43 @@ class ShardTable:
         try:
             records = tuple(s["records"] for s in shards)
             table = cls(d["kind"], tuple(s["path"] for s in shards), records, tuple(s["bytes"] for s in shards),
-                        tuple(s.get("split") for s in shards), tuple(d.get("failed", ())), _tokens(d, path))
+                        tuple(s.get("split") for s in shards), tuple(d.get("failed", ())), _tokens(d, path),
+                        tuple(s.get("feature_stats") for s in shards))
         except (KeyError, TypeError) as e:
             raise ValueError(f"{path}: a shard entry lacks {e}; the manifest was edited or damaged, re-run the "
                              "conversion") from None
         _check_totals(d, sum(records), path)
         return table
+
+
+# Feature statistics, one dict per feature of a shard's tf.train.Examples:
+#   {"kind": "int64", "records": 1281, "min": 1, "max": 1000}   min and max over every value of every record
+#   {"kind": "bytes", "records": 1281}                           (and "float"): the records that carry the feature
+# `records` counts the records that have the feature; a shard whose records lack it has no entry for it. A feature
+# whose kind differs between shards merges to kind "mixed", without min and max.
+FeatureStats = dict[str, dict[str, Any]]
+
+
+def merge_feature_stats(parts: Iterable[FeatureStats | None]) -> FeatureStats | None:
+    """Several shards' statistics as one (the `FeatureStats` of all their records); None if any part is None."""
+    merged: FeatureStats = {}
+    for part in parts:
+        if part is None:
+            return None
+        for key, stats in part.items():
+            into = merged.get(key)
+            if into is None:
+                merged[key] = dict(stats)
+                continue
+            into["records"] += stats["records"]
+            if into["kind"] != stats["kind"]:
+                into["kind"] = "mixed"
+                into.pop("min", None)
+                into.pop("max", None)
+            elif "min" in stats:
+                into["min"] = min(into.get("min", stats["min"]), stats["min"])
+                into["max"] = max(into.get("max", stats["max"]), stats["max"])
+    return dict(sorted(merged.items()))
 
 
 def _parsed(text: str, path: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """`python -m loader {inspect,bench} SOURCE`.
 
-    python -m loader inspect out/                    # counts, shards, feature spec, a sample
+    python -m loader inspect out/                    # counts, shards, feature ranges, feature spec, a sample
     python -m loader inspect ~/tfds/mnist/3.0.1 --split test
     python -m loader bench out/ --batch_size 256     # examples/s on your own data, and which stage bounds it
     python -m loader bench imagenet/ --image image/encoded --threads 8   # images/s: decode + random crop + flip
@@ -36,6 +36,8 @@ def inspect_main(args) -> int:
         print(f"  {path}: {n:,}")
     if len(source.paths) > 5:
         print(f"  ... {len(source.paths) - 5} more")
+    for line in _ranges(source):
+        print(line)
     ds = loader.load(source, batch_size=1, shuffle=False, num_epochs=1, decode=None)
     raw = next(iter(ds))[0]
     decoder = make_decoder(args.decode, source.features_dir)
@@ -48,6 +50,23 @@ def inspect_main(args) -> int:
                 value, (np.ndarray, np.generic, int, float)) else repr(value)[:60]
             print(f"  {key}: {_describe(value)}  e.g. {sample}")
     return 0
+
+
+def _ranges(source) -> list[str]:
+    """The feature statistics the conversion recorded: each integer feature's range (what num_classes must cover),
+    and which features some records lack."""
+    stats = source.feature_stats
+    if stats is None:
+        why = ("the manifest has none: converted before they were recorded, or records that are not tf.train.Examples; "
+               "`python -m pipelines convert --force` records them") if source.kind == "manifest" else \
+            f"recorded only by `python -m pipelines convert` (this is a {source.kind} source)"
+        return [f"feature ranges: {why}"]
+    lines = [f"feature ranges (over all {len(source):,} records, from the manifest):"]
+    for key, s in stats.items():
+        values = f"{s['min']}..{s['max']}" if "min" in s else "no values" if s["kind"] == "int64" else "present"
+        share = "every record" if s["records"] == len(source) else f"{s['records']:,} of {len(source):,} records"
+        lines.append(f"  {key}: {s['kind']} {values} ({share})")
+    return lines
 
 
 def bench_main(args) -> int:
@@ -201,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("local_dir", help="where the copy goes (a directory with a manifest there is complete)")
     s.add_argument("--parallelism", type=int, default=8, help="files copied at once (default 8)")
     s.set_defaults(fn=stage_main, decode="auto")
-    helps = {"inspect": "print a dataset's shards, records, features and a first record",
+    helps = {"inspect": "print a dataset's shards, records, feature ranges (each integer feature's min..max), features "
+                        "and a first record",
              "bench": "time loader.load on a dataset: the first batch, records/s after a start window, peak memory"}
     for name, fn in (("inspect", inspect_main), ("bench", bench_main)):
         s = sub.add_parser(name, help=helps[name])

@@ -3,7 +3,7 @@
 - `tf.train.Example` records -> {feature: np.ndarray}; a feature holding one value becomes a scalar.
 - TFDS datasets -> their own FeaturesDict (`deserialize_example_np`: images decoded, labels as ints).
 A batch of decoded records is collated into {feature: array stacked on a new first axis}; a batch of
-Examples that share one layout is decoded straight into those columns (`loader.example_batch`).
+Examples that share one layout is decoded straight into those columns (`dataset_format.example_batch`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from dataset_format import storage
 from dataset_format.example_proto import decode_example, example_class
 from dataset_format.tfds_info import FEATURES_NAME
-from loader.example_batch import parse_examples
+from dataset_format.example_batch import parse_examples
 
 Decoder = Callable[[bytes], Any]
 

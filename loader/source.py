@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from dataset_format import storage, tfds_info
-from dataset_format.manifest import MANIFEST_NAME, ShardTable
+from dataset_format.manifest import MANIFEST_NAME, ShardTable, merge_feature_stats
 from dataset_format.tfds_info import FEATURES_NAME, INFO_NAME as TFDS_INFO
 from loader import _riegeli
 
@@ -39,6 +39,9 @@ class ShardedSource:
     # component's features directory (None: tf.Examples) and records; its decoder decodes each record as its own.
     component_features: tuple[str | None, ...] | None = None
     component_lengths: tuple[int, ...] | None = None
+    # Its records' feature statistics from the manifest (dataset_format/manifest.py FeatureStats: each integer
+    # feature's min and max, the records that carry each feature); None where they were not recorded.
+    feature_stats: dict | None = None
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
@@ -143,13 +146,13 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
                          f"{table.failed[0]['source']}); fix and re-run the conversion, or pass "
                          "allow_incomplete=True (python -m trainer: allow_incomplete=true) to load the shards that "
                          "converted")
-    names, records, sizes = table.paths, table.records, table.bytes
+    names, records, sizes, stats = table.paths, table.records, table.bytes, table.feature_stats
     if table.kind == "tfds":
         split = split or "train"
         keep = [i for i, s in enumerate(table.splits) if s == split]
         if not keep:
             raise ValueError(f"{path}: no shards for split {split!r}; the splits are {sorted(set(table.splits))}")
-        names, records, sizes = (tuple(column[i] for i in keep) for column in (names, records, sizes))
+        names, records, sizes, stats = (tuple(column[i] for i in keep) for column in (names, records, sizes, stats))
     elif split is not None:
         raise ValueError(f"split={split!r} was given but {root} is not a TFDS dataset; leave split unset")
     prefix = storage.join(root, "")  # one join: 100k shards paid ~0.5 s for joining each
@@ -163,7 +166,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
                          "or was replaced: re-run the conversion or restage the data")
     features = root if table.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
     tokens = table.tokens.get("dtype") if table.tokens else None
-    return ShardedSource(tuple(paths), records, "manifest", features, sizes, versions, tokens)
+    return ShardedSource(tuple(paths), records, "manifest", features, sizes, versions, tokens,
+                         feature_stats=merge_feature_stats(stats))
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:

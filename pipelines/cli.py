@@ -1,11 +1,11 @@
 """`python -m pipelines {convert,plan,verify,status,make-demo}`.
 
-    python -m pipelines convert --input 'data/train-*.tfrecord' --output out/ [Beam options]
+    python -m pipelines convert --input 'data/train-*' --output out/train [Beam options]
     python -m pipelines convert --input ~/tensorflow_datasets/digits/1.0.0 --output gs://b/digits/1.0.0
     python -m pipelines plan --input 'gs://b/raw/*.tfrecord' --output gs://b/ar [--json plan.json]
     python -m pipelines verify --output out/ [--deep]
     python -m pipelines status --output gs://b/ar      # how far a running conversion has got
-    python -m pipelines make-demo --output data/ --num-shards 4 [--kind text|digits-jpeg|photos]
+    python -m pipelines make-demo --output data/ --num-shards 4 [--kind text|digits-jpeg|imagenet|photos]
 
 Other flags of `convert` are Beam pipeline options and pass through unchanged
 (`--runner DataflowRunner --project P --region R --temp_location gs://...`: see dataflow/README.md); a flag that is
@@ -154,10 +154,11 @@ def make_demo_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines make-demo",
                                 description="Write a demo dataset as TFRecord shards of tf.train.Example: scikit-learn's "
                                             "digits (image, label), the digits as JPEG files in the ImageNet layout "
-                                            "(digits-jpeg), ImageNet-like JPEG photos (photos), or the Python "
-                                            "standard library's sources (text).")
+                                            "(digits-jpeg; imagenet: also in ImageNet's file names, train-* and "
+                                            "validation-*, and its 1-based labels), ImageNet-like JPEG photos "
+                                            "(photos), or the Python standard library's sources (text).")
     p.add_argument("--output", required=True)
-    p.add_argument("--kind", choices=("digits", "digits-jpeg", "photos", "text"), default="digits")
+    p.add_argument("--kind", choices=("digits", "digits-jpeg", "imagenet", "photos", "text"), default="digits")
     p.add_argument("--count", type=int, default=3000, help="photos: how many (default 3000)")
     p.add_argument("--num_shards", "--num-shards", dest="num_shards", type=int, default=4)
     p.add_argument("--max_mb", "--max-mb", dest="max_mb", type=float, default=4.0,
@@ -168,8 +169,9 @@ def make_demo_main(argv: list[str]) -> int:
     if args.kind == "text":
         paths = demo.write_text_tfrecords(args.output, num_shards=args.num_shards,
                                           max_bytes=int(args.max_mb * (1 << 20)))
-    elif args.kind == "digits-jpeg":
-        paths = demo.write_digits_jpeg_tfrecords(args.output, num_shards=args.num_shards)
+    elif args.kind in ("digits-jpeg", "imagenet"):
+        paths = demo.write_digits_jpeg_tfrecords(args.output, num_shards=args.num_shards,
+                                                 imagenet_files=args.kind == "imagenet")
     elif args.kind == "photos":
         paths = demo.write_photo_tfrecords(args.output, args.count, num_shards=args.num_shards)
     else:

@@ -176,11 +176,13 @@ def write_photo_tfrecords(output_dir: str, count: int, *, num_shards: int = 4, s
 DIGIT_JPEG_SIDE = 32
 
 
-def write_digits_jpeg_tfrecords(output_dir: str, *, num_shards: int = 4, side: int = DIGIT_JPEG_SIDE) -> list[str]:
+def write_digits_jpeg_tfrecords(output_dir: str, *, num_shards: int = 4, side: int = DIGIT_JPEG_SIDE,
+                                imagenet_files: bool = False) -> list[str]:
     """The digits (`digits_splits`) as JPEG files in the ImageNet TFRecord layout: each 8x8 image scaled up to
     side x side (bicubic), grey, quality 90, as `image/encoded` with `image/format` b"jpeg" and `image/class/label`
     (0-9), in `digits-jpeg-{split}.tfrecord-XXXXX-of-YYYYY` shards. Real JPEG decoding on data that trains in
-    seconds."""
+    seconds. `imagenet_files`: as ImageNet's own TFRecords are, also in their names and labels: shards
+    `train-XXXXX-of-YYYYY` and `validation-XXXXX-of-YYYYY`, labels 1-10 (ImageNet's are 1-1000)."""
     import io
 
     from PIL import Image
@@ -195,11 +197,13 @@ def write_digits_jpeg_tfrecords(output_dir: str, *, num_shards: int = 4, side: i
             buffer = io.BytesIO()
             Image.fromarray(image).resize((side, side), Image.BICUBIC).save(buffer, "JPEG", quality=PHOTO_QUALITY)
             encoded.append(buffer.getvalue())
+        name = ("train" if split == "train" else "validation") if imagenet_files else f"digits-jpeg-{split}.tfrecord"
+        first = 1 if imagenet_files else 0
         for shard, index in enumerate(np.array_split(np.arange(len(labels)), num_shards)):
-            path = os.path.join(output_dir, f"digits-jpeg-{split}.tfrecord-{shard:05d}-of-{num_shards:05d}")
+            path = os.path.join(output_dir, f"{name}-{shard:05d}-of-{num_shards:05d}")
             with open(path, "wb") as f:
                 tfrecord.write_records(f, (example_proto.encode_example(
-                    {"image/encoded": encoded[i], "image/format": b"jpeg", "image/class/label": labels[i]})
+                    {"image/encoded": encoded[i], "image/format": b"jpeg", "image/class/label": labels[i] + first})
                     for i in index))
             written.append(path)
     return written

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -47,12 +48,47 @@ def list_inputs(pattern: str) -> list[InputFile]:
         if not FileSystems.exists(pattern):
             _check_listable(_fixed_prefix(pattern))  # a file in a directory this user may not enter
             raise FileNotFoundError(f"input {pattern!r} does not exist; check the path (a file, a glob "
-                                    "such as 'data/train-*.tfrecord', a directory, or a TFDS dataset directory)")
+                                    "such as 'data/train-*', a directory, or a TFDS dataset directory)")
     files = _files(_match(pattern))
     if not files:
-        _check_listable(_fixed_prefix(pattern))  # a glob cannot see into a directory it may not read
-        raise FileNotFoundError(f"no files match {pattern!r}; check the directory and the glob")
+        directory = _fixed_prefix(pattern)
+        _check_listable(directory)  # a glob cannot see into a directory it may not read
+        raise FileNotFoundError(f"no files match {pattern!r}; check the directory and the glob"
+                                f"{_holds(directory, sorted(_names_in(directory)))}")
     return files
+
+
+def _names_in(directory: str) -> list[str]:
+    """The base names of the files directly in `directory` (none when it cannot be listed), for an error."""
+    from dataset_format import storage
+
+    try:
+        return list(storage.list_sizes(directory))
+    except OSError:  # 403, a missing bucket: the error being built names the glob; the listing only adds a hint
+        return []
+
+
+def split_globs(directory: str, names: list[str], limit: int = 3) -> list[str]:
+    """One glob per group of shards in `names` (the name up to its shard number: `train-00000-of-01024` ->
+    `DIR/train-*`, `mnist-test.tfrecord-00000-of-00001` -> `DIR/mnist-test.tfrecord-*`), the first `limit`: what
+    to convert one split at a time, where `DIR/*` would mix the splits."""
+    prefixes = sorted(dict.fromkeys(m.group(1) for m in map(_SHARD_NUMBER.match, sorted(names)) if m),
+                      key=lambda prefix: "train" not in prefix)  # the training split first, as the example
+    return [f"{directory.rstrip('/')}/{prefix}*" for prefix in prefixes[:limit]]
+
+
+_SHARD_NUMBER = re.compile(r"^([^.][^/]*?[-_.])\d")  # a name's part before its first number that follows - _ or .
+
+
+def _holds(directory: str, names: list[str]) -> str:
+    """'; DIR holds 2,048 files: a, b, c, ...: e.g. --input 'DIR/train-*'' for an error about `directory`."""
+    if not names:
+        return f"; {directory} holds no files" if directory not in (".", "") else ""
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    globs = split_globs(directory, names)
+    hint = (f"; one --input per split, e.g. --input '{globs[0]}'" + (
+        f" (and --input '{globs[1]}' into another --output)" if len(globs) > 1 else "")) if globs else ""
+    return f"; {directory} holds {len(names):,} file(s): {shown}{hint}"
 
 
 def _fixed_prefix(pattern: str) -> str:
@@ -121,14 +157,24 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
         return None  # not a prefix with objects under it: a missing file, said by the caller
     tfrecords = [f for f in found if is_tfrecord_name(basename(f.path))]
     if not tfrecords:
-        names = [basename(f.path) for f in found[:3]]
+        names = [basename(f.path) for f in found]
+        globs = split_globs(path, names)
+        whose = "one split's" if globs else "its"
+        example = (f"e.g. --input '{globs[0]}'" + (f" and --input '{globs[1]}' into another --output"
+                                                   if len(globs) > 1 else "")) if globs else \
+            f"e.g. --input '{path.rstrip('/')}/*'"
         raise FileNotFoundError(f"input directory {path!r} holds no TFRecord files (names with 'tfrecord' or "
-                                f"'tfrecords'{'; it has ' + ', '.join(names) if names else ''}); pass a glob of "
-                                f"its files instead, e.g. --input '{path.rstrip('/')}/*'")
+                                f"'tfrecords'{'; it has ' + ', '.join(names[:3]) if names else ''}); pass a glob of "
+                                f"{whose} files instead, {example}")
     if len(tfrecords) < len(found):
         skipped = [basename(f.path) for f in found if f not in tfrecords]
         log.info("%s: converting its %d TFRecord file(s); %d other file(s) skipped (e.g. %s)", path, len(tfrecords),
                  len(skipped), skipped[0])
+    groups = split_globs(path, [basename(f.path) for f in tfrecords], limit=4)
+    if len(groups) > 1:
+        log.warning("%s: its TFRecord files form %d groups (%s): they all go into one dataset; to keep splits apart, "
+                    "convert one glob per split into its own --output", path, len(groups),
+                    ", ".join(repr(g) for g in groups))
     return tfrecords
 
 

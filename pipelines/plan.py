@@ -111,7 +111,8 @@ def make_plan(config: ConvertConfig) -> Plan:
     tasks = [t for t in tasks if t.relative_path not in done]
 
     sources = {f.path for f, _, _ in inputs}
-    gone = [e for e in old.values() if e.source not in sources]
+    produced = set(names.values())  # an old entry whose shard a task writes again (its source moved) is replaced
+    gone = [e for e in old.values() if e.source not in sources and e.path not in produced]
     orphaned, pruned = ((), tuple(gone)) if config.prune else (tuple(gone), ())
     if orphaned:
         log.warning("%d output shard(s) have no source any more (e.g. %s); keeping them. Pass --prune to "

@@ -52,12 +52,12 @@ class Outcome:
         rate = f", {records / self.seconds:,.0f} records/s, {self.record_bytes / 1e6 / self.seconds:,.1f} MB/s" \
             if records and self.seconds > 0 else ""
         lines = [
-            f"converted {len(converted)} shard(s) ({records:,} records, {self.record_bytes / 1e6:,.1f} MB) in "
-            f"{self.seconds:.1f} s{rate}",
+            f"converted {len(converted)} shard(s) ({records:,} records, {self.record_bytes / 1e6:,.1f} MB of record "
+            f"data read) in {self.seconds:.1f} s{rate}",
             f"skipped {len(self.plan.kept)} up-to-date shard(s); pruned {len(self.plan.pruned)}; "
             f"orphaned (source gone, kept) {len(self.plan.orphaned)}",
             f"dataset: {len(self.manifest.shards)} shards, {self.manifest.total_records:,} records, "
-            f"{self.manifest.total_bytes / 1e6:,.1f} MB",
+            f"{self.manifest.total_bytes / 1e6:,.1f} MB of ArrayRecord files on disk",
         ]
         if self.corrupt_records:
             lines.append(f"skipped {self.corrupt_records} corrupt record(s): see {report.REPORT_NAME}")

@@ -23,6 +23,7 @@ from dataset_format.manifest import ShardEntry
 from dataset_format.storage import is_remote
 from pipelines import commits, paths, tfrecord
 from pipelines.paths import InputFile
+from pipelines.stats import ShardStats
 from pipelines.tokens import COUNTS_SUFFIX, Tokenize, TokenizeSpec
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ def convert_shard(
 
     `on_records(records, bytes)` is called now and then with the progress since its last call. With `tokenize`, each
     record is written as its text's token ids, and the counts file goes beside the shard (pipelines/tokens.py).
+    The entry carries the records' feature statistics (pipelines/stats.py), gathered as they stream; a tokenised
+    shard's records are ids, and get none.
     """
     remote = is_remote(task.output)
     if remote:
@@ -87,8 +90,9 @@ def convert_shard(
     tokens = Tokenize(tokenize, task.source.path) if tokenize is not None else None
     counts_local = local + COUNTS_SUFFIX
     try:
+        stats = ShardStats() if tokens is None else None
         written, raw_bytes = _copy_records(task, local, writer_options, on_corrupt if skip_corrupt else None,
-                                           on_records, tokens)
+                                           on_records, tokens, stats)
         _check_count(task, local, written, skip_corrupt)
         size = os.path.getsize(local)
         if tokens is not None:  # the counts land first: a committed shard always has its counts beside it
@@ -109,12 +113,14 @@ def convert_shard(
     entry = ShardEntry(path=task.relative_path, source=task.source.path, records=written, bytes=size,
                        source_bytes=task.source.size, source_fingerprint=task.source.fingerprint,
                        writer_options=writer_options, split=task.split, skipped_corrupt=len(corruptions),
-                       tokens=tokenize.identity if tokenize is not None else None)
+                       tokens=tokenize.identity if tokenize is not None else None,
+                       feature_stats=stats.result() if stats is not None else None)
     commits.write(task.output_dir, entry, tuple(corruptions))  # the shard is done, whatever happens next
     return ShardResult(entry, tuple(corruptions))
 
 
-def _copy_records(task, local, writer_options, on_corrupt, on_records, tokens=None) -> tuple[int, int]:
+def _copy_records(task, local, writer_options, on_corrupt, on_records, tokens=None,
+                  stats: ShardStats | None = None) -> tuple[int, int]:
     source = task.source
     writer = ArrayRecordWriter(local, writer_options)
     written = raw_bytes = 0
@@ -125,6 +131,8 @@ def _copy_records(task, local, writer_options, on_corrupt, on_records, tokens=No
             records = tfrecord.iter_records(f, path=source.path, on_corrupt=on_corrupt)
             for record in (tokens(records) if tokens is not None else records):
                 writer.write(record)
+                if stats is not None:
+                    stats.add(record)
                 written += 1
                 raw_bytes += len(record)
                 if written & 0x3FF == 0:  # check the clock every 1024 records

@@ -1,5 +1,5 @@
 """The docs cannot drift from the code: their links resolve, their settings tables list every setting, and every
-command or Python block runs (in a scratch directory holding the data the docs name: `data/train-*.tfrecord`,
+command or Python block runs (in a scratch directory holding the data the docs name: `data/train-*`,
 `out/train`, `out/test`, `~/tensorflow_datasets/...`, buckets in the GCS emulator), or is marked
 `<!-- docs-test: skip (why) -->` for a reason the test accepts (Google Cloud, an accelerator, a benchmark)."""
 
@@ -129,22 +129,31 @@ def test_each_benchmark_command_uses_flags_its_script_has():
 
 @pytest.fixture(scope="module")
 def doc_world(tmp_path_factory, tfds_digits, gcs_emulator):
-    """What the docs' examples name, built once: digits as `data/train-*.tfrecord` and converted as `out/train`,
-    `out/test` (and `demo_out/array_record/custom/...`), a TFDS build under `~/tensorflow_datasets/mnist/3.0.1`, and
-    in the emulator the buckets `my-bucket` and `bucket` (with `gs://bucket/ds` and `gs://bucket/digits/train`)."""
+    """What the docs' examples name, built once: digits as `data/train-*` (ImageNet's shard names) and
+    `data/exported/*.tfrecord-*` (one split, a directory input), converted as `out/train`, `out/test` (and
+    `demo_out/array_record/custom/...`); the digits in ImageNet's layout as `/mnt/imagenet` (`make-demo --kind
+    imagenet`), converted as `/mnt/imagenet-ar/{train,validation}`; a TFDS build under
+    `~/tensorflow_datasets/mnist/3.0.1`; and in the emulator the buckets `my-bucket` and `bucket` (with `gs://bucket/ds`
+    and `gs://bucket/digits/train`). (`/mnt/` is the scratch directory's `mnt/`.)"""
     from google.cloud import storage as gcs
 
     from pipelines import ConvertConfig, run_conversion
-    from pipelines.demo import write_digits_tfrecords
+    from pipelines.demo import write_digits_jpeg_tfrecords, write_digits_tfrecords
 
     root = tmp_path_factory.mktemp("docs_world")
     write_digits_tfrecords(str(root / "raw"), num_shards=2)
-    (root / "data").mkdir()
+    (root / "data" / "exported").mkdir(parents=True)
     for i, shard in enumerate(sorted((root / "raw").glob("digits-train.tfrecord-*"))):
-        shutil.copy(shard, root / "data" / f"train-{i}.tfrecord")
+        shutil.copy(shard, root / "data" / f"train-{i:05d}-of-00002")
+        shutil.copy(shard, root / "data" / "exported" / shard.name)
     for split in ("train", "test"):
         assert run_conversion(ConvertConfig(input=str(root / "raw" / f"digits-{split}.tfrecord-*"),
                                             output=str(root / "out" / split)), ["--direct_num_workers=1"]).ok
+    write_digits_jpeg_tfrecords(str(root / "mnt" / "imagenet"), num_shards=2, imagenet_files=True)
+    for split in ("train", "validation"):
+        assert run_conversion(ConvertConfig(input=str(root / "mnt" / "imagenet" / f"{split}-*"),
+                                            output=str(root / "mnt" / "imagenet-ar" / split)),
+                              ["--direct_num_workers=1"]).ok
     (root / "demo_out" / "array_record").mkdir(parents=True)
     (root / "demo_out" / "array_record" / "custom").symlink_to(root / "out")
     (root / "tensorflow_datasets" / "mnist").mkdir(parents=True)

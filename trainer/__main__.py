@@ -14,13 +14,28 @@ import sys
 PREEMPTED = 128 + signal.SIGTERM
 
 
+def registered() -> dict[str, str]:
+    """The values of the keys that name a registered thing (every model, task and strategy), for --help: read from
+    the registries themselves, so a new one is listed without editing any help text."""
+    from trainer import config, models, tasks
+
+    return {"model": "built in: " + ", ".join(models.MODELS), "task": "built in: " + ", ".join(tasks.TASKS),
+            "strategy": "one of: " + ", ".join(config.STRATEGIES)}
+
+
 def main(argv=None) -> int:
     from dataset_format.config_help import keys_help
     from trainer.config import TrainConfig
 
+    class Help(argparse.Action):  # the keys' help imports the registries (JAX, Flax): only when asked for
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.epilog = f"keys (key=value, or in the --config file):\n{keys_help(TrainConfig, choices=registered())}"
+            parser.print_help()
+            parser.exit()
+
     p = argparse.ArgumentParser(prog="python -m trainer", description="Train a JAX model on converted data.",
-                                epilog=f"keys (key=value, or in the --config file):\n{keys_help(TrainConfig)}",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+    p.add_argument("-h", "--help", action=Help, nargs=0, help="show this help, every key and its values, and exit")
     p.add_argument("--config", help="a JSON file of config keys (command-line key=value pairs override it)")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=out/train steps=500 strategy=mirrored")
     args = p.parse_args(argv)

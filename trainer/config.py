@@ -34,11 +34,10 @@ class TrainConfig:
     workdir: str  # where checkpoints and metrics go
     eval_data: str | None = None  # a path, or NAME=PATH,...: then eval_<name>_loss per component too
     weights: str | None = None  # a mixture's weights NAME=W,NAME=W (a {name: weight} in a config file)
-    task: str = "classification"  # or package.module:attr, your own (trainer/tasks.py)
-    model: str = "cnn"  # mlp, cnn, transformer, resnet18, resnet50, or package.module:attr naming a flax.linen.Module
+    task: str = "classification"  # a built-in task, or package.module:attr: your own (trainer/tasks.py)
+    model: str = "cnn"  # a built-in model, or package.module:attr naming a flax.linen.Module
     mode: str = "train"  # or evaluate: the sidecar evaluator (trainer/evaluator.py; also TF_CONFIG type "evaluator")
-    # default, one_device, mirrored, central_storage, fsdp, multi_worker, tpu or parameter_server (docs/training.md)
-    strategy: str = "default"
+    strategy: str = "default"  # how the step is distributed over devices and hosts (docs/training.md)
     device: str | None = None  # for one_device, e.g. "cpu:0" or "gpu:1"
     # multi_worker: explicit cluster (else TF_CONFIG, else JAX's auto-detection on TPU VMs, Slurm, GKE, ...)
     coordinator_address: str | None = None  # host:port of process 0
@@ -71,6 +70,7 @@ class TrainConfig:
     # decode and Inception-crop + flip to image_size x image_size for training, resize + central crop for eval
     image_size: int | None = None
     label_key: str = "label"  # classification: the integer label feature
+    label_offset: int = 0  # classification: added to each label before it is checked and trained on (1-based: -1)
     text_key: str = "text"  # lm: the token-sequence feature (int64 ids, or text read as UTF-8 bytes)
     seq_len: int = 256  # lm: tokens per row
     vocab_size: int | None = None  # lm over int64 ids (byte-level text: 258; with a tokenizer: its vocabulary)

@@ -30,6 +30,7 @@ GCS port (the chief's TF_CONFIG port), and on every node Ray's node-manager, obj
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -309,10 +310,15 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     from trainer import strategy as strategies
     from trainer.metrics import MetricsWriter
     from trainer.program import Program
-    from trainer.train import NonFiniteLoss, checkpoint_manager, itstime
+    from trainer.train import NonFiniteLoss, checkpoint_manager, finished_run, itstime
 
     tx = _ps_optimizer(config)  # refuses adafactor before anything starts
+    with contextlib.closing(checkpoint_manager(config)) as mngr:
+        done = finished_run(config, mngr)
+    if done is not None:
+        return done
     program = Program.build(config)
+    program.check_data()  # the labels' range over every record, before the workers start
     if program.has_state:
         raise ValueError(f"model={config.model!r} keeps state besides its parameters (BatchNorm statistics), which "
                          "asynchronous parameter-server training does not carry; use a synchronous strategy "

@@ -21,7 +21,7 @@ import optax
 import loader
 from loader.decode import collate
 from dataset_format import storage, tfds_info
-from trainer import models, optim, tasks
+from trainer import data_checks, models, optim, tasks
 from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,27 @@ class Program:
         model = models.make(config.model, {**task.model_kwargs(), **config.model_size})
         return cls(config, task, model, _sample(data, split, task, config.allow_incomplete), split)
 
+    def check_data(self) -> None:
+        """The task's `ranged_features` (a classification's labels) over every record of the training data and of
+        eval_data, before anything is compiled: one line naming the range and the fix (trainer/data_checks.py)."""
+        c = self.config
+        sources = [(name, path, c.split or source_split(path, "train")) for name, path in _named(c.data_source)]
+        if c.eval_source is not None:
+            sources += [(name, path, source_split(path, "test")) for name, path in _named(c.eval_source)]
+        for name, path, split in sources:
+            try:
+                data_checks.check_ranges(self.task, c, [(path, split, _feature_specs(path))])
+            except (ValueError, FileNotFoundError) as e:
+                if name is None:
+                    raise
+                raise type(e)(f"mixture component {name!r}: {e}") from e
+
     # --- parameters, model state and optimizer ------------------------------------------------
     def init_variables(self) -> dict[str, Any]:
-        """The model's variables: "params", and any state collections (a BatchNorm's "batch_stats")."""
-        return dict(self.model.init(jax.random.key(self.config.seed), self.task.inputs(self.sample)))
+        """The model's variables: "params", and any state collections (a BatchNorm's "batch_stats"). Initialised as
+        one compiled program: op by op, each initializer compiles on its own (ResNet-18: 8.6 s against 6.1 s on a
+        CPU, the same values)."""
+        return dict(jax.jit(self.model.init)(jax.random.key(self.config.seed), self.task.inputs(self.sample)))
 
     def init_params(self) -> Any:
         return self.init_variables()["params"]
@@ -100,7 +117,11 @@ class Program:
         (threads here) on a CPU, whose cores train."""
         if self.config.data_workers is not None:
             return self.config.data_workers
-        return "auto" if jax.default_backend() != "cpu" else 0
+        backend = jax.default_backend()
+        chosen = "auto" if backend != "cpu" else 0
+        log.info("data_workers=%s: the default on a host whose devices are %s (%s)", chosen, backend,
+                 "the loader tunes its workers as it runs" if chosen == "auto" else "threads here; the cores train")
+        return chosen
 
     # --- the step's math ---------------------------------------------------------------------
     def compute(self, tree: Any) -> Any:
@@ -220,6 +241,11 @@ class Program:
 def _means(totals: dict[str, float], weight: float, examples: float) -> dict[str, float]:
     return {**{f"eval_{name}": value / weight for name, value in sorted(totals.items())},
             "eval_examples": int(examples)}
+
+
+def _named(data: str | dict[str, str]) -> list[tuple[str | None, str]]:
+    """A path as [(None, path)], a mixture as its [(name, path)]."""
+    return list(data.items()) if isinstance(data, dict) else [(None, data)]
 
 
 def first_source(data: str | dict[str, str]) -> str:

@@ -22,6 +22,7 @@ ragged lists, other images) are never touched.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,6 +35,8 @@ from loader import images
 from trainer import imports
 from trainer.config import TrainConfig
 from trainer.models import images_to_float
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -65,6 +68,10 @@ class Task(Protocol):
     #     """On the host, the first record (a batch of one, before the model is built) and the first training batch
     #     (this host's rows, before step 1): raise ValueError naming the key, the values and the fix for data the
     #     task cannot train on (e.g. labels outside 0..num_classes-1, a label feature that holds images)."""
+    # ranged_features: Sequence[str]   # integer features whose range over the whole dataset `check_range` checks
+    # def check_range(self, feature: str, low: int, high: int, where: str) -> None:
+    #     """Before step 1, the min and max of `feature` over every record of the data (`where` names it and how the
+    #     range was learnt: trainer/data_checks.py): raise ValueError naming the range and the fix."""
 
 
 def check(task: Task, batch: dict[str, Any]) -> None:
@@ -90,12 +97,14 @@ def weights(task: Task, batch) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Classification:
-    """Softmax cross-entropy over `label_key` from `image_key`; reports accuracy."""
+    """Softmax cross-entropy over `label_key` (plus `label_offset`: ImageNet's 1-based labels take -1) from
+    `image_key`; reports accuracy."""
 
     image_key: str
     label_key: str
     num_classes: int
     image_size: int | None = None  # encoded images (JPEG/PNG bytes, or a TFDS Image): decode and crop to this
+    label_offset: int = 0  # added to each label before it is checked and trained on
 
     @classmethod
     def from_config(cls, config: TrainConfig, specs: dict[str, dict]) -> Classification:
@@ -111,11 +120,17 @@ class Classification:
         if num_classes is None:
             raise ValueError(f"the data has no ClassLabel metadata for {config.label_key!r} (not a TFDS dataset, or "
                              "another feature type): pass num_classes=N")
-        return cls(config.image_key, config.label_key, num_classes, config.image_size)
+        if config.num_classes is None:
+            log.info("num_classes=%d: the data's ClassLabel %r", num_classes, config.label_key)
+        return cls(config.image_key, config.label_key, num_classes, config.image_size, config.label_offset)
 
     @property
     def features(self) -> tuple[str, ...]:
         return (self.image_key, self.label_key)
+
+    @property
+    def ranged_features(self) -> tuple[str, ...]:
+        return (self.label_key,)
 
     def model_kwargs(self) -> dict[str, Any]:
         return {"num_classes": self.num_classes}
@@ -153,20 +168,40 @@ class Classification:
                 raise ValueError(f"label_key={self.label_key!r} holds {labels.dtype} values, not integer class ids; "
                                  "set label_key= to the integer label feature")
             return
-        low, high = int(labels.min()), int(labels.max())
-        if low >= 0 and high < self.num_classes:
+        self.check_range(self.label_key, int(labels.min()), int(labels.max()), "")
+
+    def check_range(self, feature: str, low: int, high: int, where: str) -> None:
+        """Labels `low`..`high` (as stored; `where`: over which records, e.g. " over the 1,281,167 records of DIR")
+        must be class ids 0..num_classes-1 once `label_offset` is added: an id outside trains silently wrong (an
+        all-zero one-hot) or makes the loss NaN. The error names the range and the fix."""
+        shift = self.label_offset
+        first, last = low + shift, high + shift
+        if 0 <= first and last < self.num_classes:
             return
-        hint = (f"1-based labels? subtract 1 from {self.label_key!r}, or set num_classes={high + 1}"
-                if low >= 1 and high == self.num_classes else f"set num_classes={high + 1} or fix the labels"
-                if low >= 0 else "class ids must not be negative")
-        raise ValueError(f"label_key={self.label_key!r} holds values {low}..{high}, outside "
-                         f"0..{self.num_classes - 1} (num_classes={self.num_classes}): {hint}")
+        shifted = f" ({first}..{last} with label_offset={shift})" if shift else ""
+        fits = last - first < self.num_classes  # an offset alone would bring them into range
+        if first >= 1 and last == self.num_classes:
+            hint = f"1-based labels: pass label_offset={shift - 1}"
+        elif first > 0 and fits:
+            hint = f"pass label_offset={shift - first} to start them at 0, or num_classes={last + 1}"
+        elif first >= 0:
+            hint = f"set num_classes={last + 1} (or check label_key=)"
+        elif fits:
+            hint = f"class ids must not be negative: pass label_offset={shift - first}"
+        else:
+            hint = "class ids must not be negative, and they span more than num_classes: check label_key="
+        raise ValueError(f"label_key={feature!r} holds {low}..{high}{where}{shifted}, outside 0..{self.num_classes - 1} "
+                         f"(num_classes={self.num_classes}): {hint}")
+
+    def labels(self, batch):
+        """The batch's class ids (its labels plus label_offset), as int32, inside the jitted step."""
+        return batch[self.label_key].astype(jnp.int32) + self.label_offset
 
     def losses(self, outputs, batch):
-        return optax.softmax_cross_entropy_with_integer_labels(outputs, batch[self.label_key].astype(jnp.int32))
+        return optax.softmax_cross_entropy_with_integer_labels(outputs, self.labels(batch))
 
     def metrics(self, outputs, batch):
-        return {"accuracy": (jnp.argmax(outputs, -1) == batch[self.label_key]).astype(jnp.float32)}
+        return {"accuracy": (jnp.argmax(outputs, -1) == self.labels(batch)).astype(jnp.float32)}
 
 
 PAD, BOS = 0, 1  # byte-level vocabulary: PAD, BOS, then byte b is token b + BYTE_OFFSET

@@ -59,6 +59,17 @@ def checkpoint_manager(config: TrainConfig) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(config.checkpoint_dir, options=ocp.CheckpointManagerOptions(max_to_keep=3))
 
 
+def finished_run(config: TrainConfig, mngr: ocp.CheckpointManager) -> dict[str, Any] | None:
+    """The summary of a run whose latest checkpoint is at `steps` or past it, after one line saying so; None when
+    there is training to do. Nothing is built for it: no model, no data, no compile."""
+    latest = mngr.latest_step()
+    if latest is None or latest < config.steps:
+        return None
+    log.info("nothing to do: %s holds a checkpoint at step %d and steps=%d; raise steps= to train on from it, or "
+             "pass another workdir=", config.checkpoint_dir, latest, config.steps)
+    return {"preempted": False, "final_step": latest, "already_finished": True}
+
+
 def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     # --- setup ------------------------------------------------------------------------------
     if config.strategy == "multi_worker" and not jax.distributed.is_initialized():
@@ -67,6 +78,11 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         jax.distributed.initialize()  # a multi-host TPU slice: JAX finds the cluster from the TPU metadata
     accelerators.warn_if_unused()  # (after jax.distributed.initialize: it must come before JAX picks a backend)
     storage.makedirs(config.workdir)
+    mngr = checkpoint_manager(config)
+    done = finished_run(config, mngr)
+    if done is not None:
+        mngr.close()
+        return done
     strategy = strategies.make(config.strategy, device=config.device)
     chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints
     replicas = strategy.num_replicas_in_sync
@@ -78,7 +94,9 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
              jax.process_count())
 
     program = Program.build(config)
+    program.check_data()  # the labels' range over every record, before anything compiles
     batches = program.load_train()  # host arrays: this thread places them (the module's docstring says why)
+    log.info("model=%s: initialising its parameters (compiling the initialisation)", config.model)
     variables = program.init_variables()
     params = variables.pop("params")
     tx = program.optimizer()
@@ -98,7 +116,6 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                          out_shardings=(state_sharding, strategy.replicated, strategy.replicated), donate_argnums=(0,))
 
     # --- restore ----------------------------------------------------------------------------
-    mngr = checkpoint_manager(config)
     it = iter(batches)
     start = 0
     if mngr.latest_step() is not None:
@@ -144,6 +161,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     metrics = MetricsWriter(config.workdir, start) if chief else None
 
     # --- loop -------------------------------------------------------------------------------
+    log.info("compiling the training step; step %d runs once it is compiled", start + 1)
     losses: list = []
     tokens: list = []
     period_start, data_wait, host_wait, longest_wait, last = time.perf_counter(), 0.0, 0.0, 0.0, {}

@@ -25,6 +25,21 @@ def test_inspect_and_bench(converted):
     assert lines[2].startswith("  the caller: ") and lines[3].startswith("  bound by "), bench.stdout
 
 
+def test_inspect_prints_each_features_range(photos, converted, capsys):
+    """The ranges the conversion recorded (what num_classes must cover), or why there are none."""
+    from loader.cli import main
+
+    assert main(["inspect", str(photos)]) == 0
+    out = capsys.readouterr().out
+    assert ("feature ranges (over all 48 records, from the manifest):\n"
+            "  image/class/label: int64 0..1 (every record)\n"
+            "  image/encoded: bytes present (every record)\n"
+            "  image/format: bytes present (every record)\n") in out, out
+    assert main(["inspect", str(converted), "--decode", "none"]) == 0  # raw records, not tf.train.Examples
+    assert "feature ranges: the manifest has none: converted before they were recorded, or records that are not " \
+           "tf.train.Examples; `python -m pipelines convert --force` records them" in capsys.readouterr().out
+
+
 def test_bench_auto_says_what_it_chose(converted):
     bench = _run("bench", str(converted), "--batch_size", "16", "--start", "3", "--batches", "5", "--decode", "none",
                  "--workers", "auto")

@@ -3,7 +3,7 @@ import pytest
 
 from dataset_format.example_proto import encode_example
 from loader.decode import ExampleDecoder, collate
-from loader.example_batch import parse_examples
+from dataset_format.example_batch import parse_examples
 
 
 def assert_same_columns(fast, slow):

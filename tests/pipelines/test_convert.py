@@ -124,6 +124,20 @@ def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path):
     assert recompressed.converted == 3
 
 
+def test_inputs_moved_elsewhere_replace_their_shards_once(tmp_path):
+    """The same shard names from another directory (the sources moved, or the output was copied): each output shard
+    is converted again and listed once, never also kept as an orphan of its old source."""
+    write_tfrecord_shards(tmp_path / "a", [synthetic_records(i, 5) for i in range(2)])
+    run_conversion(ConvertConfig(input=str(tmp_path / "a" / "*"), output=str(tmp_path / "out")), ONE_WORKER)
+    os.rename(tmp_path / "a", tmp_path / "b")
+    moved = run_conversion(ConvertConfig(input=str(tmp_path / "b" / "*"), output=str(tmp_path / "out")), ONE_WORKER)
+    assert moved.converted == 2 and not moved.plan.orphaned
+    assert [(s.path, s.source) for s in moved.manifest.shards] == [
+        (f"train-0000{i}-of-00002.array_record", str(tmp_path / "b" / f"train-0000{i}-of-00002.tfrecord"))
+        for i in range(2)]
+    assert moved.manifest.total_records == 10
+
+
 def test_corrupt_shard_fails_alone_and_leaves_no_output(tmp_path):
     in_dir = tmp_path / "in"
     paths = write_tfrecord_shards(in_dir, [synthetic_records(i, 20) for i in range(3)])

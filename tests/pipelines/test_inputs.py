@@ -33,6 +33,52 @@ def test_a_directory_converts_its_tfrecord_files(tmp_path):
     assert [s["records"] for s in manifest["shards"]] == [0, 10, 10]
 
 
+IMAGENET_NAMES = ("train-00000-of-00002", "train-00001-of-00002", "validation-00000-of-00001")
+
+
+def test_imagenet_shard_names_convert_one_split_per_glob(tmp_path):
+    """ImageNet's own shard names carry no 'tfrecord': a glob per split converts them; the directory itself is
+    refused with the globs to pass, one per split (its `DIR/*` would mix validation into train)."""
+    from pipelines.paths import list_inputs
+
+    for i, name in enumerate(IMAGENET_NAMES):
+        write_tfrecord_shards(tmp_path / "imagenet", [synthetic_records(i, 3)], pattern=name)
+    assert [f.path.rsplit("/", 1)[1] for f in list_inputs(str(tmp_path / "imagenet" / "train-*"))] == [
+        "train-00000-of-00002", "train-00001-of-00002"]
+    with pytest.raises(FileNotFoundError) as e:
+        list_inputs(str(tmp_path / "imagenet"))
+    assert str(e.value) == (
+        f"input directory '{tmp_path / 'imagenet'}' holds no TFRecord files (names with 'tfrecord' or 'tfrecords'; it "
+        "has train-00000-of-00002, train-00001-of-00002, validation-00000-of-00001); pass a glob of one split's files "
+        f"instead, e.g. --input '{tmp_path / 'imagenet'}/train-*' and --input '{tmp_path / 'imagenet'}/validation-*' "
+        "into another --output")
+
+
+def test_a_glob_that_matches_nothing_lists_its_directory(tmp_path):
+    from pipelines.paths import list_inputs
+
+    for i, name in enumerate(IMAGENET_NAMES):
+        write_tfrecord_shards(tmp_path / "imagenet", [synthetic_records(i, 3)], pattern=name)
+    with pytest.raises(FileNotFoundError) as e:
+        list_inputs(str(tmp_path / "imagenet" / "train-*.tfrecord"))  # the suffix ImageNet's names do not have
+    assert str(e.value) == (
+        f"no files match '{tmp_path / 'imagenet' / 'train-*.tfrecord'}'; check the directory and the glob; "
+        f"{tmp_path / 'imagenet'}/ holds 3 file(s): train-00000-of-00002, train-00001-of-00002, "
+        f"validation-00000-of-00001; one --input per split, e.g. --input '{tmp_path / 'imagenet'}/train-*' (and "
+        f"--input '{tmp_path / 'imagenet'}/validation-*' into another --output)")
+
+
+def test_a_directory_of_several_splits_warns_that_they_merge(tmp_path, caplog):
+    from pipelines.paths import list_inputs
+
+    write_tfrecord_shards(tmp_path / "d", [synthetic_records(0, 2)], pattern="mnist-train.tfrecord-00000-of-00001")
+    write_tfrecord_shards(tmp_path / "d", [synthetic_records(1, 2)], pattern="mnist-test.tfrecord-00000-of-00001")
+    with caplog.at_level("WARNING", logger="pipelines.paths"):
+        assert len(list_inputs(str(tmp_path / "d"))) == 2
+    assert (f"its TFRecord files form 2 groups ('{tmp_path / 'd'}/mnist-train.tfrecord-*', "
+            f"'{tmp_path / 'd'}/mnist-test.tfrecord-*'): they all go into one dataset") in caplog.text
+
+
 def test_bad_local_inputs_are_one_line(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("x")

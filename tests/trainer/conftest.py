@@ -29,6 +29,35 @@ def digits(tmp_path_factory):
     return convert_splits(root, "digits")
 
 
+@pytest.fixture(scope="session")
+def one_based(tmp_path_factory):
+    """The digits as ImageNet ships its labels: 1-based (1..10) in shards named `train-00000-of-00002` and
+    `validation-00000-of-00001`, the top label rare (one training record, the last), converted by the real
+    pipeline: {'train': dir, 'validation': dir}."""
+    import numpy as np
+
+    from dataset_format.example_proto import encode_example
+    from pipelines.demo import digits_splits
+    from tests.conftest import write_tfrecord_shards
+
+    root = tmp_path_factory.mktemp("one_based")
+    out = {}
+    for split, (images, labels) in digits_splits().items():
+        name = "train" if split == "train" else "validation"
+        labels = labels + 1
+        order = np.arange(len(labels))
+        if name == "train":
+            order = np.concatenate([np.flatnonzero(labels != 10), np.flatnonzero(labels == 10)[:1]])
+        records = [encode_example({"image": images[i].reshape(-1), "label": labels[i]}) for i in order]
+        shards = np.array_split(np.arange(len(records)), 2 if name == "train" else 1)
+        write_tfrecord_shards(root / "raw", [[records[i] for i in shard] for shard in shards],
+                              pattern=name + "-{i:05d}-of-{n:05d}")
+        out[name] = root / name
+        assert run_conversion(ConvertConfig(input=str(root / "raw" / f"{name}-*"), output=str(out[name])),
+                              ["--direct_num_workers=1"]).ok
+    return out
+
+
 def run_trainer(*overrides: str, devices: int = 1, timeout: int = 300, popen: bool = False,
                 extra_env: dict | None = None):
     """`python -m trainer key=value ...` in a fresh process with `devices` simulated CPU devices."""

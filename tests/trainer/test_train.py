@@ -201,8 +201,9 @@ def test_labels_outside_num_classes_are_one_line_before_step_1(digits, tmp_path)
     """Digits' labels are 0..9: num_classes=9 would train with the 9s' one-hot all zeros, silently."""
     proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "num_classes=9", "steps=5")
     last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 2 and last == ("error: label_key='label' holds values 0..9, outside "
-                                             "0..8 (num_classes=9): set num_classes=10 or fix the labels"), last
+    assert proc.returncode == 2 and last == (f"error: label_key='label' holds 0..9 over the 1,438 records of "
+                                             f"{digits['train']} (its manifest), outside 0..8 (num_classes=9): set "
+                                             "num_classes=10 (or check label_key=)"), last
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
@@ -212,9 +213,10 @@ def test_the_label_check_names_1_based_labels():
     task = Classification("image", "label", 10, None)
     images = np.zeros((10, 8, 8), np.uint8)
     task.check({"image": images, "label": np.arange(10)})  # 0..9: fine
-    with pytest.raises(ValueError, match=r"holds values 1\.\.10, outside 0\.\.9 \(num_classes=10\): "
-                                         r"1-based labels\? subtract 1 from 'label', or set num_classes=11"):
+    with pytest.raises(ValueError, match=r"holds 1\.\.10, outside 0\.\.9 \(num_classes=10\): "
+                                         r"1-based labels: pass label_offset=-1"):
         task.check({"image": images, "label": np.arange(1, 11)})
+    Classification("image", "label", 10, None, label_offset=-1).check({"image": images, "label": np.arange(1, 11)})
     with pytest.raises(ValueError, match="class ids must not be negative"):
         task.check({"image": images[:2], "label": np.array([-1, 3])})
 
@@ -255,6 +257,25 @@ def test_help_lists_every_key_with_its_default_and_description(capsys):
         assert f"  {field.name}: {field.type} {default}" in out, field.name
         assert described[field.name], f"TrainConfig.{field.name} has no comment to describe it in --help"
     assert "      optimizer updates to run" in out and "  steps: int = 1000\n" in out
+
+
+def test_help_names_every_registered_model_task_and_strategy(capsys):
+    """The names --help lists are the registries' own: a model added to MODELS is listed without a help edit."""
+    import re
+
+    from trainer import config, models, tasks
+    from trainer.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # the help is wrapped: compare its words
+
+    def listed(key: str, words: str) -> list[str]:
+        return re.search(rf"\b{key}: str = '[^']*' .*?\({words} (.*?)\)", out).group(1).split(", ")
+
+    assert listed("model", "built in:") == list(models.MODELS) and "transformer_lm" in models.MODELS
+    assert listed("task", "built in:") == list(tasks.TASKS)
+    assert listed("strategy", "one of:") == list(config.STRATEGIES)
 
 
 @pytest.mark.slow

@@ -1,0 +1,106 @@
+"""Before step 1: what the task's features hold over the whole dataset, not only its first batch.
+
+A label out of range in a record the first batch did not hold (ImageNet's 1-based labels 1..1000 with
+num_classes=1000, where label 1000 is rare) trains silently wrong or turns the loss NaN steps later. So the range of each
+feature the task names in `ranged_features` is checked over every record of the training data (each component of a
+mixture) and of eval_data, before the model is compiled:
+
+- from the manifest, where the conversion recorded it (dataset_format/manifest.py FeatureStats): no record is read;
+- otherwise (a manifest written before statistics were recorded, a TFDS array_record directory, a glob of shards) by
+  a counted pass that decodes only that feature (loader.load(features=(key,))), with a progress line every
+  PROGRESS_SECONDS. A TFDS ClassLabel with the task's class count holds valid ids by construction and is not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import numpy as np
+
+import loader
+from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+COUNT_BATCH = 4096  # records a batch of the counted pass
+PROGRESS_SECONDS = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureRange:
+    low: int
+    high: int
+    records: int  # records that carry the feature
+    total: int  # records of the data
+    counted: bool  # read record by record (False: from the manifest)
+
+    def where(self, data: str) -> str:
+        """' over the 1,281,167 records of DATA (its manifest)', for the task's error."""
+        how = "counted" if self.counted else "its manifest"
+        return f" over the {self.total:,} records of {data} ({how})"
+
+
+def check_ranges(task, config: TrainConfig, sources: list[tuple[str, str | None, dict[str, dict]]]) -> None:
+    """Each of the task's `ranged_features` over each (data, split, its TFDS feature specs) in `sources`, checked by
+    the task's `check_range`."""
+    for feature in getattr(task, "ranged_features", ()):
+        for data, split, specs in sources:
+            if _valid_by_construction(specs.get(feature, {}), task):
+                log.info("%r of %s: a ClassLabel of %d classes, each label in range", feature, data,
+                         specs[feature]["num_classes"])
+                continue
+            found = feature_range(data, split, feature, allow_incomplete=config.allow_incomplete)
+            if found is not None:
+                log.info("%r holds %d..%d%s", feature, found.low, found.high, found.where(data))
+                task.check_range(feature, found.low, found.high, found.where(data))
+
+
+def _valid_by_construction(spec: dict, task) -> bool:
+    """A TFDS ClassLabel encodes ids 0..num_classes-1: nothing to count when the task trains on exactly those."""
+    return (spec.get("type") == "ClassLabel" and spec.get("num_classes") == getattr(task, "num_classes", None)
+            and not getattr(task, "label_offset", 0))
+
+
+def feature_range(data: str, split: str | None, feature: str, *, allow_incomplete: bool = False) -> FeatureRange | None:
+    """The min and max of integer feature `feature` over every record of `data`: the manifest's, or counted. None
+    when it holds no integers (the first-record check names that)."""
+    source = loader.resolve(data, split=split, allow_incomplete=allow_incomplete)
+    if source.feature_stats is None:
+        return _count(source, data, feature)
+    stats = source.feature_stats.get(feature)
+    if stats is None or stats["kind"] != "int64" or "min" not in stats:
+        return None
+    return FeatureRange(stats["min"], stats["max"], stats["records"], len(source), counted=False)
+
+
+def _count(source, data: str, feature: str) -> FeatureRange | None:
+    """One pass over `feature` alone, with a progress line every PROGRESS_SECONDS."""
+    total = len(source)
+    why = ("its manifest has no feature ranges (`python -m pipelines convert --force` records them)"
+           if source.kind == "manifest" else f"a {source.kind} source has no recorded ranges")
+    log.info("checking %r over the %s records of %s: %s; reading that feature alone", feature, f"{total:,}", data, why)
+    batches = loader.load(source, batch_size=COUNT_BATCH, shuffle=False, num_epochs=1, drop_remainder=False,
+                          shard_index=0, shard_count=1, features=(feature,))
+    low = high = None
+    seen = 0
+    started = last = time.monotonic()
+    for batch in batches:
+        values = np.asarray(batch[feature])
+        if values.dtype.kind not in "iu":
+            return None
+        if values.size:
+            low = int(values.min()) if low is None else min(low, int(values.min()))
+            high = int(values.max()) if high is None else max(high, int(values.max()))
+        seen += len(values)
+        now = time.monotonic()
+        if now - last >= PROGRESS_SECONDS:
+            rate = seen / (now - started)
+            log.info("checking %r: %s of %s records (%.0f%%), %.0f s left", feature, f"{seen:,}", f"{total:,}",
+                     100 * seen / total, (total - seen) / rate if rate else 0.0)
+            last = now
+    if low is None:
+        return None
+    log.info("counted %r over the %s records of %s in %.1f s", feature, f"{seen:,}", data, time.monotonic() - started)
+    return FeatureRange(low, high, seen, total, counted=True)
