@@ -253,14 +253,33 @@ def forward_proxy(tmp_path):
         proc.wait(10)
 
 
+_FETCH = """
+import hashlib, logging, sys
+logging.basicConfig(level=logging.INFO)
+from loader import remote
+ranges = [(i * 997, i * 997 + 1500) for i in range(200)]
+got = remote.fetch([(sys.argv[1], s, e) for s, e in ranges])
+print(hashlib.sha256(b"".join(got)).hexdigest())
+"""
+
+
 @pytest.mark.gcs
-def test_through_a_forward_proxy_named_by_https_proxy(endpoint, caplog, monkeypatch, tls, forward_proxy):
+def test_through_a_forward_proxy_named_by_https_proxy(gcs_emulator, tls, forward_proxy):
+    """In a fresh process, as a user runs it: the environment names the proxy and the CA to trust before anything
+    makes a TLS context."""
+    import hashlib
+
     proxy, log = forward_proxy
-    monkeypatch.setenv("HTTPS_PROXY", proxy)
-    monkeypatch.setenv("SSL_CERT_FILE", tls[0])  # the endpoint's certificate, trusted
     with QuirkyGCS(tls=tls) as server:
-        got, took, lines = _read(endpoint(server.url), caplog)
-    assert got == [DATA[s:e] for s, e in RANGES] and took < 20 and lines == [], (took, lines)
+        env = {**os.environ, **gcs_emulator, "STORAGE_EMULATOR_HOST": server.url, "HTTPS_PROXY": proxy,
+               "SSL_CERT_FILE": tls[0], "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", _FETCH, f"gs://bucket-{time.monotonic_ns()}/shard-00000"],
+                              env=env, capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == hashlib.sha256(b"".join(DATA[s:e] for s, e in RANGES)).hexdigest()
+    assert "loader.remote" not in proc.stderr and took < 30, (took, proc.stderr[-2000:])  # nothing retried
     port = server.url.rsplit(":", 1)[1]
     assert re.search(rf"CONNECT 127\.0\.0\.1:{port}", Path(log).read_text()), Path(log).read_text()[-2000:]
     assert server.connections >= 1
