@@ -79,7 +79,8 @@ class Window:
     groups: int = 0
     records: int = 0
     wait: float = 0.0
-    busy: float = 0.0
+    busy: float = 0.0  # the caller's own time between takes ...
+    busy_records: int = 0  # ... spent on the records of the groups taken before
     cpu: float = 0.0  # CPU the groups cost to compute
     costed: int = 0  # records of groups whose CPU is known
 
@@ -133,6 +134,7 @@ class Tuner:
         self._quiet = 0  # windows in a row the caller did not wait
         self._shrink_after = SHRINK_WINDOWS
         self._shrunk = False  # the last change was a shrink: a wait after it doubles the next shrink's patience
+        self._previous = 0  # records of the group taken last
 
     def ready(self, now: float) -> None:
         """The setting in force has all its workers (at `now`): measure it from then on."""
@@ -153,7 +155,10 @@ class Tuner:
         w.groups += 1
         w.records += records
         w.wait += wait
-        w.busy += busy
+        if self._previous:  # the caller spent `busy` on the group before this one (the first has none before it)
+            w.busy += busy
+            w.busy_records += self._previous
+        self._previous = records
         if cpu is not None:
             w.cpu += cpu
             w.costed += records
@@ -170,7 +175,7 @@ class Tuner:
         loader_cores = (self._loader_cpu() - w.loader_cpu0) / span if self._loader_cpu else None
         idle = max(0.0, (self._idle() - w.idle0) / span) if self._idle else None
         return Measure(self.setting, w.records / span, min(1.0, w.wait / span),
-                       w.records / w.busy if w.busy > 0 else math.inf, w.cpu / w.costed if w.costed else None,
+                       w.busy_records / w.busy if w.busy > 0 else math.inf, w.cpu / w.costed if w.costed else None,
                        loader_cores, idle)
 
     def _decide(self, m: Measure, now: float) -> Setting | None:

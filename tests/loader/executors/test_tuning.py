@@ -174,3 +174,17 @@ def test_a_window_needs_both_its_seconds_and_its_groups():
 def test_bad_max_processes():
     with pytest.raises(ValueError, match=r"max_processes must be >= 1 \(got max_processes=0\)"):
         Tuner(0)
+
+
+def test_the_rate_asked_pairs_the_callers_time_with_the_group_it_spent_it_on():
+    """Read groups ramp up (1, 4, 16 batches ...): the caller's time before a group was spent on the group before it.
+    Paired with the group taken, the first window of a caller asking 1,000 records/s read 2,600/s."""
+    tuner = Tuner(4, window_seconds=1.0, window_groups=3)
+    tuner.ready(0.0)
+    now, previous = 0.0, 0
+    for records in (256, 1024, 4096, 4096, 4096):
+        busy = previous / 1000.0  # 1,000 records/s of its own work
+        now += busy + 0.1  # and 0.1 s waited for each group
+        tuner.taken(now, records, 0.1, busy)
+        previous = records
+    assert tuner.history[0].demand == pytest.approx(1000.0)
