@@ -6,7 +6,9 @@ processes: the cheapest), or N worker processes. The tuner watches windows of th
 `window_seconds` and `window_groups`, opened once the setting's workers have all answered) and measures, per window:
 
     wait      the share of the time the caller waited for a group (it asked before the group was done)
-    demand    records/s the caller would take if it never waited: records over its own time between takes
+    demand    records/s the caller would take if it never waited: a group's records over the caller's own time
+              spent on it (from taking it to asking for the next), the median over the window (a pause to compile
+              or evaluate is one take, not the window's rate)
     cost      CPU seconds a record costs to compute (the groups' stage times: loader/stages.py)
     idle      cores of the host (this process's affinity) that nobody used: the trainer's own cores are busy
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import statistics
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -79,8 +82,7 @@ class Window:
     groups: int = 0
     records: int = 0
     wait: float = 0.0
-    busy: float = 0.0  # the caller's own time between takes ...
-    busy_records: int = 0  # ... spent on the records of the groups taken before
+    asks: list = dataclasses.field(default_factory=list)  # records/s of the caller's own time, a take each
     cpu: float = 0.0  # CPU the groups cost to compute
     costed: int = 0  # records of groups whose CPU is known
 
@@ -156,8 +158,7 @@ class Tuner:
         w.records += records
         w.wait += wait
         if self._previous:  # the caller spent `busy` on the group before this one (the first has none before it)
-            w.busy += busy
-            w.busy_records += self._previous
+            w.asks.append(self._previous / busy if busy > 0 else math.inf)
         self._previous = records
         if cpu is not None:
             w.cpu += cpu
@@ -175,7 +176,7 @@ class Tuner:
         loader_cores = (self._loader_cpu() - w.loader_cpu0) / span if self._loader_cpu else None
         idle = max(0.0, (self._idle() - w.idle0) / span) if self._idle else None
         return Measure(self.setting, w.records / span, min(1.0, w.wait / span),
-                       w.busy_records / w.busy if w.busy > 0 else math.inf, w.cpu / w.costed if w.costed else None,
+                       statistics.median(w.asks) if w.asks else math.inf, w.cpu / w.costed if w.costed else None,
                        loader_cores, idle)
 
     def _decide(self, m: Measure, now: float) -> Setting | None:

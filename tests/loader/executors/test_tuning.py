@@ -127,10 +127,11 @@ def test_an_idle_loader_gives_back_cores_and_a_shrink_too_far_is_undone_and_not_
     tuner = tuner_for(host, 15)
     demand = lambda now: 2000 if 20 <= now < 60 else 6800  # noqa: E731
     taken = host.run(tuner, demand, 90)
-    # 2,000 x 1.25 ms x 1.6 = 4 processes, once the caller has not waited for 5 windows; back to 11 when it waits
-    # (through 8: the window the demand rose in measured part of each).
+    # 2,000 x 1.25 ms x 1.6 = 4 processes, once the caller has not waited for 5 windows; when it waits again, what
+    # the 4 delivered each against the rate it asks: 4 x 6,800 / 2,667 x 1.25 = 13 (kept: its rate needs 6,800 x
+    # 1.25 ms x 1.6 = 14 to shrink).
     assert [(round(t), s) for t, s in changes(taken)] == [
-        (1, HERE), (3, Setting(False, 11)), (23, Setting(False, 4)), (62, Setting(False, 8)), (64, Setting(False, 11))]
+        (1, HERE), (3, Setting(False, 11)), (23, Setting(False, 4)), (62, Setting(False, 13))]
     assert tuner._shrink_after == tuning.SHRINK_WINDOWS  # the caller waited when its demand rose, not after the shrink
 
 
@@ -188,3 +189,13 @@ def test_the_rate_asked_pairs_the_callers_time_with_the_group_it_spent_it_on():
         tuner.taken(now, records, 0.1, busy)
         previous = records
     assert tuner.history[0].demand == pytest.approx(1000.0)
+
+
+def test_a_pause_of_the_caller_inside_a_window_is_one_take_not_the_windows_rate():
+    tuner = Tuner(4, window_seconds=1.0, window_groups=3)
+    tuner.ready(0.0)
+    now = 0.0
+    for busy in (0.25, 0.25, 3.0, 0.25, 0.25):  # 3 s of compiling or evaluating between two takes
+        now += busy + 0.05
+        tuner.taken(now, 1000, 0.05, busy)
+    assert tuner.history[0].demand == pytest.approx(4000.0)  # 1,000 records a 0.25 s, not 5,000 over 4 s
