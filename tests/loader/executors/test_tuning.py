@@ -195,7 +195,7 @@ def test_a_pause_of_the_caller_inside_a_window_is_one_take_not_the_windows_rate(
     tuner = Tuner(4, window_seconds=1.0, window_groups=3)
     tuner.ready(0.0)
     now = 0.0
-    for busy in (0.25, 0.25, 3.0, 0.25, 0.25):  # 3 s of compiling or evaluating between two takes
+    for busy in (0.25, 0.25, 0.25, 3.0):  # 3 s of compiling or evaluating between two takes
         now += busy + 0.05
         tuner.taken(now, 1000, 0.05, busy)
     assert tuner.history[0].demand == pytest.approx(4000.0)  # 1,000 records a 0.25 s, not 5,000 over 4 s
