@@ -7,8 +7,9 @@ processes: the cheapest), or N worker processes. The tuner watches windows of th
 
     wait      the share of the time the caller waited for a group (it asked before the group was done)
     demand    records/s the caller would take if it never waited: a group's records over the caller's own time
-              spent on it (from taking it to asking for the next), the median over the window (a pause to compile
-              or evaluate is one take, not the window's rate)
+              spent on it (from taking it to asking for the next), the low median over the window (a pause to
+              compile or evaluate is one take, not the window's rate; a caller that asks for its second batch at once
+              is one take too)
     cost      CPU seconds a record costs to compute (the groups' stage times: loader/stages.py)
     idle      cores of the host (this process's affinity) that nobody used: the trainer's own cores are busy
 
@@ -176,7 +177,7 @@ class Tuner:
         loader_cores = (self._loader_cpu() - w.loader_cpu0) / span if self._loader_cpu else None
         idle = max(0.0, (self._idle() - w.idle0) / span) if self._idle else None
         return Measure(self.setting, w.records / span, min(1.0, w.wait / span),
-                       statistics.median(w.asks) if w.asks else math.inf, w.cpu / w.costed if w.costed else None,
+                       statistics.median_low(w.asks) if w.asks else math.inf, w.cpu / w.costed if w.costed else None,
                        loader_cores, idle)
 
     def _decide(self, m: Measure, now: float) -> Setting | None:
