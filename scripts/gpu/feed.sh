@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Feeding a GPU (docs/feeding-accelerators.md): ResNet-50, bf16, 224, batch 256, strategy=mirrored, on ImageNet-like
+# JPEG photos (~60 KB), images/s and data-wait per 50-step period for
+#   held       in_memory_batches=8: batches held on the device, the GPU's bound
+#   auto       data_workers=auto (the default on a GPU host), streamed from the loader
+#   w15        data_workers=15, streamed
+# and the loader alone, paced like that step (37.6 ms a batch of 256 on an H200), with auto and with 15 workers.
+# Goal: streamed >= 0.97x held, data-wait < 2% in every 50-step period after the first.
+# Two steps:
+#   here (needs Beam): bash scripts/gpu/feed.sh prepare   -> .gpu/ (wheels, 500 photos converted; add .gpu/ to
+#                      .git/info/exclude and carry it)
+#   there:             bash scripts/gpu/feed.sh           -> $OUT/feed.tgz after each run (~6 min)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ "${1:-}" = prepare ]; then
+  PY=${PY:-.venv/bin/python}
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .gpu/whl grain==0.2.18 array-record==0.8.6 simplejpeg==1.9.0 tensorboardX==2.6.5 portpicker importlib_resources
+  $PY -c "from pipelines.demo import write_photo_tfrecords; write_photo_tfrecords('.gpu/photos-in', 500, num_shards=4)"
+  $PY -m pipelines convert --input ".gpu/photos-in/photos-train.*" --output .gpu/photos
+  rm -rf .gpu/photos-in
+  exit 0
+fi
+OUT=${OUT:-/tmp/feed}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
+python3 setup.py -q build_ext --inplace
+export PYTHONPATH=$PWD:/tmp/site
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+nproc >> "$OUT/gpu.txt"
+git rev-parse --short HEAD 2>/dev/null >> "$OUT/gpu.txt" || true
+common="data=.gpu/photos model=resnet50 image_size=224 batch_size=256 dtype=bfloat16 strategy=mirrored
+        num_classes=1000 image_key=image/encoded label_key=image/class/label log_every=50 checkpoint_every=100000"
+pack() { tar czf "$OUT/feed.tgz" -C "$OUT" --exclude feed.tgz .; }
+run() {
+  name=$1; shift
+  # shellcheck disable=SC2086
+  timeout "${LIMIT:-150}" python3 -m trainer $common workdir="/tmp/feed_$name" "$@" > "$OUT/$name.log" 2>&1 \
+    || echo "$name: exit $?" >> "$OUT/gpu.txt"
+  grep -E "loader workers|step [0-9]+/|error" "$OUT/$name.log" | sed "s/^/$name: /" || true
+  pack
+}
+run held in_memory_batches=8 steps=300
+run auto data_workers=auto steps=500
+run w15 data_workers=15 steps=500
+for workers in auto 15; do
+  timeout 120 python3 -m loader bench .gpu/photos --batch_size 256 --step-time 0.0376 --workers $workers \
+    --map images:224 --start 100 --batches 800 > "$OUT/bench_$workers.log" 2>&1 || echo "bench $workers: exit $?" >> "$OUT/gpu.txt"
+  sed "s/^/bench $workers: /" "$OUT/bench_$workers.log" | grep -v Warn | head -8
+  pack
+done
