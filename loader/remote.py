@@ -1,17 +1,23 @@
 """Many byte ranges of gs:// objects at once: the loader's remote reads.
 
 `fetch([(path, start, end), ...])` returns each range's bytes, in order. Up to `IN_FLIGHT` requests of a process are
-in flight together, on one asyncio event loop (a daemon thread of the process, started on first use), over keep-alive
-connections of loader/http1.py: ~0.1 ms of the process's CPU a request, where aiohttp's client session took ~0.2 ms
-and google-cloud-storage's `requests` session ~1.5 ms, and on a small host that CPU set the pace of reading small
-records (benchmarks/gcs_read_bench.py). Through a proxy (HTTPS_PROXY), or to an endpoint that frames its answers
-otherwise than by Content-Length, requests go through aiohttp's session instead. Requests are the JSON API's media
-downloads (`GET .../o/NAME?alt=media` with a `Range`), authorised with the credentials the google-cloud-storage
-client uses (and refreshed as it refreshes them), to its endpoint (STORAGE_EMULATOR_HOST included).
+in flight together, on one asyncio event loop (a daemon thread of the process, started on first use), through
+aiohttp's client (HTTP/1.1 keep-alive connections, reused as RFC 9112 allows; proxies from HTTPS_PROXY/HTTP_PROXY and
+NO_PROXY; chunked answers), at most a host's limit at once (loader/host_limit.py: a small server is not flooded).
+Requests are the JSON API's media downloads (`GET .../o/NAME?alt=media` with a `Range`), authorised with the
+credentials the google-cloud-storage client uses (and refreshed as it refreshes them), to its endpoint
+(STORAGE_EMULATOR_HOST included). aiohttp was measured beside the alternatives (benchmarks/gcs_client_bench.py:
+obstore, tensorstore's kvstore, a client of our own): as fast as any on every link measured, at ~0.1-0.2 ms of CPU a
+request.
 
-What is transient (408, 429, 5xx, a dropped or timed-out connection, a body cut short) is retried with backoff
-(0.25 s doubling to 16 s, for up to `storage.RETRY_SECONDS`, each retry logged), and the waits end when the
-interpreter exits. A 403 is a `PermissionError` and a 404 a `FileNotFoundError`, naming the bucket and the object.
+Every answer is untrusted and bounded before it is kept: a 206 must start at the range's first byte (Content-Range)
+and hold no more than the range; a 200 (the server ignored the range) is cut to the range as it streams and its
+connection dropped, never held whole; an error's body is kept to MAX_ERROR_BODY bytes.
+
+What is transient (408, 429, 5xx, a dropped, reset or timed-out connection, a body cut short, an answer that breaks
+the bounds) is retried with backoff (0.25 s doubling to 16 s, or as long as a Retry-After asks, for up to
+`storage.RETRY_SECONDS`; one log line an object and cause), and the waits end when the interpreter exits. A 403 is
+a `PermissionError` and a 404 a `FileNotFoundError`, naming the bucket and the object.
 
     remote.fetch([("gs://bucket/ds/train.array_record-00000-of-00008", 64, 1088)])  # [b"..."]
 """
@@ -30,8 +36,10 @@ import re
 import threading
 import time
 
+from typing import NamedTuple
+
 from dataset_format import storage
-from loader import http1
+from loader.host_limit import HostLimit
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,17 @@ IN_FLIGHT = 128
 _TRANSIENT = {408, 429, 500, 502, 503, 504}
 MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After is waited this long (the retries' deadline still holds)
 _TIMEOUT_SECONDS = 120  # one request, connect to last byte
+MAX_ERROR_BODY = 64 << 10  # bytes of an error's body kept (for its message); the rest is not read
+
+
+class ProtocolError(ConnectionError):
+    """An answer that is not what was asked for (a transient fault: the request is retried)."""
+
+
+class Answer(NamedTuple):
+    status: int
+    pieces: list[bytes]
+    retry_after: float | None = None  # seconds, from a Retry-After header of delay-seconds
 
 
 def fetch(ranges: list[tuple[str, int, int]]) -> list[bytes]:
@@ -101,8 +120,7 @@ class _Loop:
         self._credentials = storage.credentials()
         self._auth_lock = threading.Lock()
         self._session = None
-        self._pool: http1.Pool | None = None
-        self._framed_otherwise: set[str] = set()  # endpoints (host:port) whose answers http1 does not read
+        self._limits: dict[str, HostLimit] = {}  # endpoint (host:port) -> its limit of requests at once
         self._queue: asyncio.Queue | None = None  # (read, index of its range) for the workers, in order
         self._workers: list[asyncio.Task] = []
         threading.Thread(target=self.loop.run_forever, name="gcs-ranges", daemon=True).start()
@@ -121,7 +139,6 @@ class _Loop:
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        self._pool.close()
         await self._session.close()
 
     @classmethod
@@ -157,7 +174,6 @@ class _Loop:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=IN_FLIGHT, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(total=_TIMEOUT_SECONDS), auto_decompress=False)
-            self._pool = http1.Pool(timeout=_TIMEOUT_SECONDS, max_connections=IN_FLIGHT)
             self._queue = asyncio.Queue()
             # a task for each request in flight, living as long as the loop, not a task for each request (~25 us)
             self._workers = [self.loop.create_task(self._worker()) for _ in range(IN_FLIGHT)]
@@ -213,27 +229,84 @@ class _Loop:
                 waited += 0.1
             delay = min(16.0, delay * 2)
 
-    async def _get(self, url: str, start: int, end: int, headers: dict[str, str]) -> http1.Answer:
-        """(status, body pieces, Retry-After) of a range GET: through loader/http1.py's connections, or aiohttp's
-        session through a proxy or for an answer http1 does not read (chunked, or framed by the connection's
-        close)."""
-        proxy = _proxy_for(url)
+    async def _get(self, url: str, start: int, end: int, headers: dict[str, str]) -> Answer:
+        """(status, body pieces, Retry-After) of a range GET, within its host's limit (loader/host_limit.py)."""
+        import aiohttp
+
         endpoint = url.split("/", 3)[2]
-        if proxy is None and endpoint not in self._framed_otherwise:
-            try:
-                return await self._pool.get(url, start, end, headers)
-            except http1.Unsupported as e:  # its later requests go to aiohttp at once, not each asked twice
-                if endpoint not in self._framed_otherwise:  # (the requests in flight with this one learn it too)
-                    log.info("%s answers %s; its requests go through aiohttp", endpoint, e)
-                    self._framed_otherwise.add(endpoint)
-        async with self._session.get(url, headers={**headers, "Range": f"bytes={start}-{end - 1}",
-                                                   "Accept-Encoding": "identity"}, proxy=proxy) as response:
-            pieces = [piece async for piece in response.content.iter_any()]
-        if response.status == 200:
-            pieces = [b"".join(pieces)[start:end]]
-        retry_after = response.headers.get("Retry-After", "")
-        return http1.Answer(response.status, pieces,
-                            float(retry_after) if retry_after.isdigit() and len(retry_after) <= 9 else None)
+        limit = self._limits.get(endpoint)
+        if limit is None:
+            limit = self._limits[endpoint] = HostLimit(IN_FLIGHT)
+        await limit.enter()
+        answered = False
+        try:
+            async with self._session.get(url, headers={**headers, "Range": f"bytes={start}-{end - 1}",
+                                                       "Accept-Encoding": "identity"}, proxy=_proxy_for(url)) as r:
+                answered = True
+                pieces = await _bounded_body(r, start, end)
+                retry_after = r.headers.get("Retry-After", "")
+                kept = r.version >= aiohttp.HttpVersion11 and "close" not in r.headers.get("Connection", "").lower() \
+                    or "keep-alive" in r.headers.get("Connection", "").lower()
+            limit.answered(kept)
+            return Answer(r.status, pieces, float(retry_after) if retry_after.isdigit() and len(retry_after) <= 9
+                          else None)
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+            if not answered:  # refused, reset or timed out before the answer's head: the host may be swamped
+                limit.refused()
+            raise
+        finally:
+            limit.leave()
+
+
+async def _bounded_body(response, start: int, end: int) -> list[bytes]:
+    """The pieces of an answer's body worth keeping, each length bounded before it is kept (see the module doc)."""
+    asked = end - start
+    if response.status == 206:
+        first = _content_range_first(response.headers.get("Content-Range"))
+        if first != start:
+            raise ProtocolError(f"a 206 with Content-Range {response.headers.get('Content-Range')!r} to a range "
+                                f"that starts at byte {start}")
+        if response.content_length is not None:
+            if response.content_length > asked:
+                raise ProtocolError(f"a 206 of {response.content_length} bytes to a range of {asked}")
+            return [await response.read()]  # bounded by its Content-Length, which aiohttp holds it to
+        skip, take = 0, asked
+    elif response.status == 200:  # the whole object: keep [start, end) of it as it passes
+        skip, take = start, asked
+    else:
+        skip, take = 0, MAX_ERROR_BODY
+    pieces: list[bytes] = []
+    got = 0
+    async for piece in response.content.iter_any():
+        if skip:
+            if len(piece) <= skip:
+                skip -= len(piece)
+                continue
+            piece, skip = piece[skip:], 0
+        if got + len(piece) > take:
+            if response.status == 206:
+                raise ProtocolError(f"a 206 longer than its range of {asked} bytes")
+            pieces.append(piece[:take - got])
+            got = take
+            break
+        pieces.append(piece)
+        got += len(piece)
+        if got == take and response.status != 206:
+            break
+    if got == take and response.status != 206 and not response.content.at_eof():
+        response.close()  # the rest is not read: the connection goes with it
+    return pieces
+
+
+def _content_range_first(value: str | None) -> int | None:
+    """The first byte of a `Content-Range: bytes first-last/size` (None: absent or malformed)."""
+    if not value or not value.startswith("bytes "):
+        return None
+    first, dash, rest = value[6:].partition("-")
+    last = rest.partition("/")[0]
+    if not dash or not first.isdigit() or not last.isdigit() or len(first) > 18 or len(last) > 18:
+        return None
+    return int(first)
 
 
 _RETRIES_LOGGED: collections.OrderedDict = collections.OrderedDict()  # (object, cause) already logged: the newest

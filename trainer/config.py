@@ -108,6 +108,19 @@ class TrainConfig:
     # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.
     in_memory_batches: int = 0
 
+    def _check_loader_options(self) -> None:
+        """The loader's own rules (loader.LoaderConfig) on the values the trainer hands it, its errors in the
+        trainer's names: one set of rules, checked where they live."""
+        from loader import LoaderConfig
+
+        try:
+            LoaderConfig(batch_size=self.batch_size, worker_count=0 if self.data_workers is None else self.data_workers,
+                         ray_address=self.data_ray_address, cache_bytes=self.data_cache_bytes,
+                         cache_dir=self.data_cache_dir,
+                         ray_resources={self.data_ray_resource: 1} if self.data_ray_resource else None)
+        except ValueError as e:
+            raise ValueError(_LOADER_NAMES.sub(lambda m: _TRAINER_NAMES[m.group(0)], str(e))) from None
+
     @property
     def data_source(self) -> str | dict[str, str]:
         """`data` for loader.load: a path, or a mixture's {name: path}."""
@@ -152,24 +165,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
         if self.eval_timeout <= 0:
             raise ValueError(f"eval_timeout must be > 0 seconds (got eval_timeout={self.eval_timeout})")
-        if isinstance(self.data_workers, str) and self.data_workers != "auto":
-            raise ValueError(f"data_workers must be a number of worker processes or auto (got "
-                             f"data_workers={self.data_workers})")
-        if self.data_cache_dir is not None and self.data_cache_bytes < 4096:
-            raise ValueError(f"data_cache_dir={self.data_cache_dir} keeps chunks on disk up to data_cache_bytes: pass "
-                             f"data_cache_bytes= (the most disk to use; got {self.data_cache_bytes})")
-        if self.data_workers == "auto" and self.data_ray_address is not None:
-            raise ValueError(f"data_workers=auto tunes this host's workers; with data_ray_address="
-                             f"{self.data_ray_address} pass the number of Ray actors (data_workers=N)")
-        for name in ("data_workers", "in_memory_batches"):
-            if getattr(self, name) not in ("auto", None) and getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
-        if self.data_ray_address is not None and (self.data_workers or 0) < 1:
-            raise ValueError(f"data_ray_address={self.data_ray_address} runs data_workers Ray actors: pass "
-                             "data_workers=N (N >= 1)")
-        if self.data_ray_resource is not None and self.data_ray_address is None:
-            raise ValueError(f"data_ray_resource={self.data_ray_resource} places the data actors on a Ray cluster: "
-                             "pass data_ray_address= too")
+        if self.in_memory_batches < 0:
+            raise ValueError(f"in_memory_batches must be >= 0 (got in_memory_batches={self.in_memory_batches})")
+        self._check_loader_options()
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0 (got learning_rate={self.learning_rate})")
         for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("dtype", DTYPES), ("mode", MODES)):
@@ -265,6 +263,11 @@ def _coerce(key: str, value, annotation):
             continue
     raise ValueError(f"{key}={value!r} is not a valid {' or '.join(o.__name__ for o in options)}")
 
+
+# The loader's option names -> the trainer's settings that set them (in the loader's error messages).
+_TRAINER_NAMES = {"worker_count": "data_workers", "ray_address": "data_ray_address",
+                  "ray_resources": "data_ray_resource", "cache_bytes": "data_cache_bytes", "cache_dir": "data_cache_dir"}
+_LOADER_NAMES = re.compile(r"\b(?:" + "|".join(_TRAINER_NAMES) + r")\b")
 
 _NAME = re.compile(r"[A-Za-z_][\w.-]*=")
 

@@ -191,3 +191,21 @@ def test_skip_corrupt_reports_each_record_and_reconciles_counts(tmp_path):
     (shard,) = report["shards"]
     assert shard["records_written"] + shard["corrupt_frames_skipped"] == len(records)
     assert outcome.manifest.shards[0].skipped_corrupt == 2
+
+
+def test_a_conversion_whose_every_shard_is_empty_ends_with_one_clear_error(tmp_path):
+    """It would convert and then fail at load time (no records to batch): it fails here, before a manifest."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    write_tfrecord_shards(tmp_path / "in", [[], []])
+    with pytest.raises(ValueError, match=r"every shard of '.*in/\*' holds no records \(2 shard\(s\), 0 records\): "
+                                         "there would be nothing to load"):
+        run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(tmp_path / "out")), ONE_WORKER)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    proc = subprocess.run([sys.executable, "-m", "pipelines", "convert", "--input", str(tmp_path / "in" / "*"),
+                           "--output", str(tmp_path / "out2")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: every shard of "), \
+        proc.stderr[-2000:]

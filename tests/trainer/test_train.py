@@ -295,10 +295,10 @@ def test_in_memory_batches_train_on_the_loaders_first_batches_cycled(digits, tmp
 def test_data_workers_on_ray_need_their_partner_keys():
     from trainer.config import TrainConfig
 
-    with pytest.raises(ValueError, match=r"data_ray_address=auto runs data_workers Ray actors: pass data_workers=N"):
+    with pytest.raises(ValueError, match=r"data_ray_address='auto' runs data_workers workers on the Ray cluster: pass "
+                                         r"data_workers=N \(N >= 1\)"):
         TrainConfig(data="x", workdir="w", data_ray_address="auto")
-    with pytest.raises(ValueError, match="data_ray_resource=data_cpu places the data actors on a Ray cluster: pass "
-                                         "data_ray_address= too"):
+    with pytest.raises(ValueError, match="data_ray_resource= places Ray actors: pass data_ray_address= too"):
         TrainConfig(data="x", workdir="w", data_workers=2, data_ray_resource="data_cpu")
     config = TrainConfig(data="x", workdir="w", data_workers=2, data_ray_address="auto", data_ray_resource="data_cpu")
     assert (config.data_ray_address, config.data_ray_resource) == ("auto", "data_cpu")
@@ -309,10 +309,10 @@ def test_data_workers_auto_from_the_command_line():
 
     assert TrainConfig.from_args(["data=x", "workdir=w", "data_workers=auto"]).data_workers == "auto"
     assert TrainConfig.from_args(["data=x", "workdir=w", "data_workers=3"]).data_workers == 3
-    with pytest.raises(ValueError, match="data_workers must be a number of worker processes or auto "
-                                         r"\(got data_workers=many\)"):
+    with pytest.raises(ValueError, match="data_workers must be a number of worker processes or 'auto' "
+                                         r"\(got data_workers='many'\)"):
         TrainConfig.from_args(["data=x", "workdir=w", "data_workers=many"])
-    with pytest.raises(ValueError, match="data_workers=auto tunes this host's workers; with data_ray_address=auto "
+    with pytest.raises(ValueError, match="data_workers='auto' tunes this host's workers; with data_ray_address='auto' "
                                          r"pass the number of Ray actors \(data_workers=N\)"):
         TrainConfig(data="x", workdir="w", data_workers="auto", data_ray_address="auto")
 
@@ -327,7 +327,7 @@ def test_gs_data_is_cached_on_local_disk_with_data_cache_dir(gcs_bucket, digits,
     for f in Path(digits["train"]).iterdir():
         if f.is_file():
             client.bucket(bucket).blob(f"digits/{f.name}").upload_from_filename(str(f))
-    with pytest.raises(ValueError, match="data_cache_dir=c keeps chunks on disk up to data_cache_bytes: pass "
+    with pytest.raises(ValueError, match="data_cache_dir='c' keeps chunks on disk up to data_cache_bytes: pass "
                                          "data_cache_bytes="):
         TrainConfig.from_args([f"data=gs://{bucket}/digits", "workdir=w", "data_cache_dir=c"])
     config = TrainConfig.from_args([f"data=gs://{bucket}/digits", f"workdir={tmp_path / 'w'}",
