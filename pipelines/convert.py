@@ -155,9 +155,6 @@ def finalize(config: ConvertConfig, plan: Plan, converted: list[ShardResult], fa
         for e in entries:
             lengths.setdefault(e.split, []).append(e.records)
         tfds_dir.write_metadata(config.input, config.output, lengths)
-    if entries and not failed and not any(e.records for e in entries):
-        raise ValueError(f"every shard of {config.input!r} holds no records ({len(entries)} shard(s), 0 records): "
-                         "there would be nothing to load; check the input files and the --input glob")
     spec = spec_for(config)
     manifest = Manifest(input=config.input, kind=plan.kind, shards=tuple(entries),
                         tool_version=TOOL_VERSION, failed=tuple(failed),

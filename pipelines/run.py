@@ -113,6 +113,9 @@ def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_datafl
         # Nothing to convert: no pipeline (a Dataflow job would cost minutes). Rewrite the
         # manifest locally so that pruning and a changed input spelling are recorded.
         manifest = finalize(config, plan, [], [])
+    if manifest is not None and manifest.shards and not manifest.failed and not any(e.records for e in manifest.shards):
+        raise ValueError(f"every shard of {config.input!r} holds no records ({len(manifest.shards)} shard(s), 0 "
+                         "records): there is nothing to load; check the input files and the --input glob")
     body = report.read(config.output) or {}
     return Outcome(plan, manifest, len(body.get("corrupt_records", [])), time.monotonic() - started, record_bytes)
 
