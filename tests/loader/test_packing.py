@@ -354,3 +354,36 @@ def test_worker_processes_give_the_same_packed_batches_and_resume(token_data):
     assert with_workers + [b["tokens"].tolist() for b in again] == alone
     # The work travels with cloudpickle: a lambda as the tokenize function too.
     assert [b["tokens"].tolist() for b in _packed(token_data, worker_count=2, num_epochs=3)] == alone
+
+
+@pytest.mark.timeout(180)
+def test_auto_workers_pack_the_batches_of_threads_plain_and_mixed(token_data, monkeypatch):
+    """The packed loaders run on the common executors: worker_count="auto" moves from threads here to worker processes
+    (windows of 20 ms, idle cores taken as unknown so a waiting caller always gets more) and the batches stay those
+    of threads; the iterator says where it computes and what each stage cost."""
+    from loader.executors import tuned, tuning
+
+    monkeypatch.setattr(tuning, "WINDOW_SECONDS", 0.02)
+    monkeypatch.setattr(tuning, "WINDOW_GROUPS", 2)
+    monkeypatch.setattr(tuning, "HOLD_SECONDS", 0.2)
+    monkeypatch.setattr(tuned, "idle_core_seconds", lambda *args: None)
+    packing = loader.Packing("ids", seq_len=6, tokenize=flat_ids)
+    for source, options in ((token_data, {}), ({"a": token_data, "b": token_data},
+                                                                {"weights": {"a": 2, "b": 1}})):
+        def load(workers):
+            return iter(loader.load(source, batch_size=2, seed=0, worker_count=workers, packing=packing, **options))
+
+        it, got = load("auto"), []
+        history = it._host.groups.tuner.history
+        deadline = time.monotonic() + 60
+        while not any(m.setting.processes for m in history) and time.monotonic() < deadline:  # until processes ran
+            got.append(next(it)["tokens"].tolist())
+        assert any(m.setting.processes for m in history), history
+        got += [next(it)["tokens"].tolist() for _ in range(20)]
+        threads = load(0)
+        assert got == [next(threads)["tokens"].tolist() for _ in range(len(got))]
+        threads.close()
+        assert it.stage_times().records > 0 and it.stage_times().cpu["map"] > 0  # tokenising, in the "map" stage
+        assert it.worker_setting() != "closed"
+        it.close()
+        assert it.worker_setting() == "closed"
