@@ -12,24 +12,18 @@
 #   there:             bash scripts/gpu/feed.sh           -> $OUT/feed.tgz after each run (~6 min)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh
 if [ "${1:-}" = prepare ]; then
   PY=${PY:-.venv/bin/python}
-  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .gpu/whl grain==0.2.18 array-record==0.8.6 simplejpeg==1.9.0 tensorboardX==2.6.5 portpicker importlib_resources
+  wheels
   $PY -c "from pipelines.demo import write_photo_tfrecords; write_photo_tfrecords('.gpu/photos-in', 500, num_shards=4)"
   $PY -m pipelines convert --input ".gpu/photos-in/photos-train.*" --output .gpu/photos
   rm -rf .gpu/photos-in
   exit 0
 fi
 OUT=${OUT:-/tmp/feed}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
-python3 setup.py -q build_ext --inplace
-export PYTHONPATH=$PWD:/tmp/site
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-nproc >> "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null >> "$OUT/gpu.txt" || true
+on_the_host "$OUT"
 common="data=.gpu/photos model=resnet50 image_size=224 batch_size=256 dtype=bfloat16 strategy=mirrored
         num_classes=1000 image_key=image/encoded label_key=image/class/label log_every=50 checkpoint_every=100000"
 pack() { tar czf "$OUT/feed.tgz" -C "$OUT" --exclude feed.tgz .; }

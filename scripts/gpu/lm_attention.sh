@@ -14,11 +14,11 @@
 #   there:             bash scripts/gpu/lm_attention.sh            -> $OUT/lm_attention.tgz after each run (~8 min)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh
 if [ "${1:-}" = prepare ]; then
   PY=${PY:-.venv/bin/python}
-  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .gpu/whl grain==0.2.18 array-record==0.8.6 tensorboardX==2.6.5 portpicker importlib_resources
+  wheels
   $PY -m pipelines make-demo --kind text --output .gpu/text
   $PY -m pipelines convert --input ".gpu/text/text-train.*" --output .gpu/text/train
   $PY -m trainer.tokenizer .gpu/text/train --kind bpe --vocab_size 1024 --output .gpu/tokenizer.json
@@ -28,12 +28,7 @@ if [ "${1:-}" = prepare ]; then
   exit 0
 fi
 OUT=${OUT:-/tmp/lm_attention}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
-python3 setup.py -q build_ext --inplace
-export PYTHONPATH=$PWD:/tmp/site
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null >> "$OUT/gpu.txt" || true
+on_the_host "$OUT"
 common="data=.gpu/lm_tok task=lm model=transformer_lm packing=true seq_len=1024 width=1024 depth=8 heads=16
         dtype=bfloat16 steps=${STEPS:-150} log_every=50 checkpoint_every=100000"
 run() {

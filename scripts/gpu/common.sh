@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# What every scripts/gpu/*.sh does alike (sourced): `wheels` here (the GPU host has no network: what it lacks, as
+# cp312 wheels, in .gpu/whl), `on_the_host OUT` there (install them, build our C extensions in place, PYTHONPATH,
+# and the GPU, cores and revision in OUT/gpu.txt).
+
+wheels() {
+  ${PY:-.venv/bin/python} -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .gpu/whl grain==0.2.18 array-record==0.8.6 simplejpeg==1.9.0 tensorboardX==2.6.5 portpicker importlib_resources
+}
+
+on_the_host() {
+  mkdir -p "$1"
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
+  python3 setup.py -q build_ext --inplace
+  export PYTHONPATH=$PWD:/tmp/site
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$1/gpu.txt"
+  nproc >> "$1/gpu.txt"
+  git rev-parse --short HEAD 2>/dev/null >> "$1/gpu.txt" || true
+}
