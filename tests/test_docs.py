@@ -76,7 +76,7 @@ def test_the_loading_options_table_lists_every_option():
 def test_no_page_narrates_the_projects_development():
     words = re.compile(r"\b((?<!Ray's )session|this VM|FIELD-NOTES|issue \d+|(?:commit|revision) [0-9a-f]{7}|"
                        r"an hour earlier|dev machine|before \w+ became the default|previous (?:reader|revision|version)|"
-                       r"used to \w+|--previous [0-9a-f]{7,}|git history|earlier figures)\b", re.I)
+                       r"used to \w+|git history|earlier figures)\b|--previous [0-9a-f]{7,}\b|\b[0-9a-f]{7}\)", re.I)
     found = [(page.relative_to(REPO), m.group(0)) for page in PAGES if page.name != "CHANGELOG.md"
              for m in words.finditer(page.read_text())]
     assert not found, found
