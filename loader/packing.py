@@ -482,12 +482,16 @@ class Jobs:
 
     def __call__(self, k: int) -> Job | None:
         with self._lock:
-            while self._next <= k:
-                got = self._make(self._next, self._at) if self._at is not None else None
-                self._made[self._next], self._at = got if got is not None else (None, None)
-                self._next += 1
-                self._positions[self._next] = self._at
+            self._make_to(k)
             return self._made[k]
+
+    def _make_to(self, k: int) -> None:
+        """Makes the Jobs up to batch k (the lock held)."""
+        while self._next <= k:
+            got = self._make(self._next, self._at) if self._at is not None else None
+            self._made[self._next], self._at = got if got is not None else (None, None)
+            self._next += 1
+            self._positions[self._next] = self._at
 
     def describe(self, k: int, source) -> str:
         """Batch k and its records, for errors."""
@@ -500,8 +504,7 @@ class Jobs:
     def position(self, k: int) -> Any:
         """Where batch k begins (None: past the last batch)."""
         with self._lock:
-            if k not in self._positions:  # not made yet (nothing read ahead)
-                self(k)
+            self._make_to(k - 1)  # batch k begins where k - 1 ends (made already unless nothing was read ahead)
             return self._positions[k]
 
     def taken(self, k: int) -> None:

@@ -35,7 +35,6 @@ import os
 import re
 import threading
 import time
-
 from typing import NamedTuple
 
 from dataset_format import storage
@@ -245,8 +244,8 @@ class _Loop:
                 answered = True
                 pieces = await _bounded_body(r, start, end)
                 retry_after = r.headers.get("Retry-After", "")
-                kept = r.version >= aiohttp.HttpVersion11 and "close" not in r.headers.get("Connection", "").lower() \
-                    or "keep-alive" in r.headers.get("Connection", "").lower()
+                connection = r.headers.get("Connection", "").lower()  # RFC 9112 9.3: does the server keep it?
+                kept = "keep-alive" in connection if r.version < aiohttp.HttpVersion11 else "close" not in connection
             limit.answered(kept)
             return Answer(r.status, pieces, float(retry_after) if retry_after.isdigit() and len(retry_after) <= 9
                           else None)
