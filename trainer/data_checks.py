@@ -16,11 +16,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 import loader
 from trainer.config import TrainConfig
+from trainer.sources import Source
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +44,29 @@ class FeatureRange:
         return f" over the {self.total:,} records of {data} ({how})"
 
 
-def check_ranges(task, config: TrainConfig, sources: list[tuple[str, str | None, dict[str, dict]]]) -> None:
-    """Each of the task's `ranged_features` over each (data, split, its TFDS feature specs) in `sources`, checked by
-    the task's `check_range`."""
+def check_ranges(task, config: TrainConfig, sources: Sequence[Source]) -> None:
+    """Each of the task's `ranged_features` over each source (trainer/sources.py: its path, split and TFDS feature
+    specs), checked by the task's `check_range`; a mixture component's error names it."""
+    for source in sources:
+        try:
+            _check_source(task, config, source)
+        except (ValueError, FileNotFoundError) as e:
+            if source.name is None:
+                raise
+            raise type(e)(f"mixture component {source.name!r}: {e}") from e
+
+
+def _check_source(task, config: TrainConfig, source: Source) -> None:
+    data = source.path
     for feature in getattr(task, "ranged_features", ()):
-        for data, split, specs in sources:
-            if _valid_by_construction(specs.get(feature, {}), task):
-                log.info("%r of %s: a ClassLabel of %d classes, each label in range", feature, data,
-                         specs[feature]["num_classes"])
-                continue
-            found = feature_range(data, split, feature, allow_incomplete=config.allow_incomplete)
-            if found is not None:
-                log.info("%r holds %d..%d%s", feature, found.low, found.high, found.where(data))
-                task.check_range(feature, found.low, found.high, found.where(data))
+        if _valid_by_construction(source.specs.get(feature, {}), task):
+            log.info("%r of %s: a ClassLabel of %d classes, each label in range", feature, data,
+                     source.specs[feature]["num_classes"])
+            continue
+        found = feature_range(data, source.split, feature, allow_incomplete=config.allow_incomplete)
+        if found is not None:
+            log.info("%r holds %d..%d%s", feature, found.low, found.high, found.where(data))
+            task.check_range(feature, found.low, found.high, found.where(data))
 
 
 def _valid_by_construction(spec: dict, task) -> bool:

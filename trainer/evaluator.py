@@ -13,6 +13,7 @@ line, not fatal (the next one is evaluated).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -34,7 +35,8 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     if not config.eval_data:
         raise ValueError("mode=evaluate needs eval_data= (the data each checkpoint is evaluated on)")
     accelerators.warn_if_unused()
-    program = Program.build(config, data=config.eval_source)
+    config = dataclasses.replace(config, mode="evaluate")  # (eval_data shapes the model; data= is not read)
+    program = Program.build(config)
     # The evaluator's own devices: the training strategy where it is a local one, else all local devices.
     strategy = strategies.make(config.strategy if config.strategy in _LOCAL_STRATEGIES else "mirrored",
                                device=config.device)

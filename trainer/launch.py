@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -23,7 +22,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     if config.mode == "evaluate" or (spec is not None and spec.is_evaluator):
         from trainer.evaluator import evaluate_checkpoints
 
-        return evaluate_checkpoints(dataclasses.replace(config, mode="evaluate"))
+        return evaluate_checkpoints(config)
     if config.strategy == "parameter_server":
         from trainer import parameter_server
 

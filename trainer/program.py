@@ -19,17 +19,11 @@ import numpy as np
 import optax
 
 import loader
-from loader.decode import collate
-from dataset_format import storage, tfds_info
-from trainer import data_checks, models, optim, tasks
+from trainer import data_checks, models, optim, sources, tasks
 from trainer.config import TrainConfig
+from trainer.sources import Source, Sources
 
 log = logging.getLogger(__name__)
-
-
-def source_split(path: str, default: str | None) -> str | None:
-    """TFDS sources (local or gs://) need a split; others must not get one."""
-    return default if storage.exists(storage.join(path, tfds_info.INFO_NAME)) else None
 
 
 @dataclasses.dataclass
@@ -38,37 +32,23 @@ class Program:
     task: Any
     model: Any
     sample: dict[str, np.ndarray]  # one record as the task sees it, a batch of one: shapes the model
-    train_split: str | None
+    data: Sources | None  # the run's sources, resolved once (None: a program that reads no data, e.g. a benchmark's)
 
     @classmethod
-    def build(cls, config: TrainConfig, data: str | None = None) -> Program:
-        """The task and model of `config`, shaped by the first record of `data` (default: config.data; the
-        evaluator passes eval_data)."""
-        data = first_source(data or config.data_source)  # a mixture's components are alike: its first shapes the model
-        training = data == first_source(config.data_source)
-        split = config.split if training else None
-        split = split or source_split(data, "train" if training else "test")
-        task = tasks.make(config, _feature_specs(data))
-        if config.packing and not hasattr(task, "packing"):
-            raise ValueError(f"packing=true needs a task that packs token sequences (task=lm); task={config.task!r} "
-                             "does not")
+    def build(cls, config: TrainConfig) -> Program:
+        """The run's setup, in one direction: its sources resolved (each one's metadata read once), the task made for
+        the shaping source's metadata, its first record read, the model made. The sidecar evaluator (mode=evaluate)
+        is shaped by eval_data."""
+        data = sources.resolve(config)
+        task = tasks.make(config, data.shaping.specs)
+        sample = sources.first_record(data.shaping, task, config.allow_incomplete)
         model = models.make(config.model, {**task.model_kwargs(), **config.model_size})
-        return cls(config, task, model, _sample(data, split, task, config.allow_incomplete), split)
+        return cls(config, task, model, sample, data)
 
     def check_data(self) -> None:
         """The task's `ranged_features` (a classification's labels) over every record of the training data and of
         eval_data, before anything is compiled: one line naming the range and the fix (trainer/data_checks.py)."""
-        c = self.config
-        sources = [(name, path, c.split or source_split(path, "train")) for name, path in _named(c.data_source)]
-        if c.eval_source is not None:
-            sources += [(name, path, source_split(path, "test")) for name, path in _named(c.eval_source)]
-        for name, path, split in sources:
-            try:
-                data_checks.check_ranges(self.task, c, [(path, split, _feature_specs(path))])
-            except (ValueError, FileNotFoundError) as e:
-                if name is None:
-                    raise
-                raise type(e)(f"mixture component {name!r}: {e}") from e
+        data_checks.check_ranges(self.task, self.config, self.data.train + self.data.eval)
 
     # --- parameters, model state and optimizer ------------------------------------------------
     def init_variables(self) -> dict[str, Any]:
@@ -103,13 +83,14 @@ class Program:
         augment = getattr(self.task, "augment", None)
         task_args = ({"packing": self.task.packing} if c.packing else
                      {"features": self.task.features, "random_map_fn": augment} if augment is not None else
-                     {"features": self.task.features, "map_fn": _preprocess(self.task)})
-        options = dict(batch_size=c.batch_size, seed=c.seed, split=self.train_split, worker_count=self.data_workers(),
+                     {"features": self.task.features, "map_fn": tasks.preprocess(self.task)})
+        split = self.data.train[0].split if len(self.data.train) == 1 else c.split  # a mixture's: the loader's default
+        options = dict(batch_size=c.batch_size, seed=c.seed, split=split, worker_count=self.data_workers(),
                        allow_incomplete=c.allow_incomplete, ray_address=c.data_ray_address,
                        cache_bytes=c.data_cache_bytes, cache_dir=c.data_cache_dir,
                        ray_resources={c.data_ray_resource: 1} if c.data_ray_resource else None, **task_args)
         if isinstance(c.data_source, dict):  # TFDS components default to their train split
-            options.update(split=c.split, weights=c.data_weights)
+            options.update(weights=c.data_weights)
         return loader.load(c.data_source, **{**options, **kwargs})
 
     def data_workers(self) -> int | str:
@@ -197,24 +178,23 @@ class Program:
         components, each one's too ("eval_<name>_loss", ...), and the overall means over all their examples."""
         params = strategy.on_devices(params)
         model_state = strategy.on_devices(model_state) if model_state else {}
-        source = self.config.eval_source
-        if isinstance(source, str):
-            return _means(*self._eval_sums(strategy, params, model_state, source))
+        evaluation = self.data.eval
+        if evaluation[0].name is None:
+            return _means(*self._eval_sums(strategy, params, model_state, evaluation[0]))
         out, totals, weight, examples = {}, {}, 0.0, 0.0
-        for name, path in source.items():
-            sums, w, n = self._eval_sums(strategy, params, model_state, path)
-            out.update({f"eval_{name}_{k[len('eval_'):]}": v for k, v in _means(sums, w, n).items()})
+        for source in evaluation:
+            sums, w, n = self._eval_sums(strategy, params, model_state, source)
+            out.update({f"eval_{source.name}_{k[len('eval_'):]}": v for k, v in _means(sums, w, n).items()})
             totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
             weight, examples = weight + w, examples + n
         return {**_means(totals, weight, examples), **out}
 
-    def _eval_sums(self, strategy, params, model_state, data: str) -> tuple[dict[str, float], float, float]:
-        """(summed metrics, summed weights, examples) over one pass of `data`."""
+    def _eval_sums(self, strategy, params, model_state, source: Source) -> tuple[dict[str, float], float, float]:
+        """(summed metrics, summed weights, examples) over one pass of `source`."""
         config, task = self.config, self.task
-        batches = loader.load(data, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                              drop_remainder=False, split=source_split(data, "test"),
-                              allow_incomplete=config.allow_incomplete,
-                              features=task.features, map_fn=_preprocess(task))
+        batches = loader.load(source.path, batch_size=config.batch_size, shuffle=False, num_epochs=1,
+                              drop_remainder=False, split=source.split, allow_incomplete=config.allow_incomplete,
+                              features=task.features, map_fn=tasks.preprocess(task))
         per_process = config.batch_size // jax.process_count()
         totals: dict[str, float] = {}
         weight = examples = 0.0
@@ -241,53 +221,3 @@ class Program:
 def _means(totals: dict[str, float], weight: float, examples: float) -> dict[str, float]:
     return {**{f"eval_{name}": value / weight for name, value in sorted(totals.items())},
             "eval_examples": int(examples)}
-
-
-def _named(data: str | dict[str, str]) -> list[tuple[str | None, str]]:
-    """A path as [(None, path)], a mixture as its [(name, path)]."""
-    return list(data.items()) if isinstance(data, dict) else [(None, data)]
-
-
-def first_source(data: str | dict[str, str]) -> str:
-    """A path as it is; a mixture's first component."""
-    return next(iter(data.values())) if isinstance(data, dict) else data
-
-
-def _feature_specs(data: str) -> dict[str, dict]:
-    """The TFDS feature metadata (features.json) of a dataset directory; a pre-tokenized dataset's `tokens` (its
-    manifest's vocabulary); {} for other sources."""
-    if storage.has_glob(data):
-        return {}
-    tokens = loader.token_info(data)
-    if tokens is not None:
-        return {"tokens": {"type": "Tokens", "dtype": tokens["dtype"], "vocab_size": int(tokens["vocab_size"])}}
-    features = tfds_info.read_features(data)
-    return tfds_info.feature_specs(features) if features else {}
-
-
-def _sample(data: str, split: str | None, task, allow_incomplete: bool) -> dict[str, np.ndarray]:
-    """The first record as the task sees it, a batch of one (all features are decoded once, to name them if one
-    is missing)."""
-    one = dict(batch_size=1, shuffle=False, split=split, shard_index=0, shard_count=1,
-               allow_incomplete=allow_incomplete)
-    record = next(iter(loader.load(data, **one)))
-    missing = [f for f in task.features if f not in record]
-    if missing:
-        raise ValueError(f"task reads feature {missing[0]!r}, which {data} does not have; its features are "
-                         f"{sorted(record)} (set image_key= / label_key= / text_key=, or the task's own keys)")
-    preprocess = _preprocess(task)
-    sample = {f: record[f] for f in task.features} if preprocess is None else \
-        collate([preprocess({f: record[f][0] for f in task.features})])
-    for name, value in sample.items():
-        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
-            hint = " (encoded images: pass image_size=, e.g. image_size=224, to decode and crop them)" \
-                if name == getattr(task, "image_key", None) else ""
-            kind = type(value[0]).__name__ if isinstance(value, list) and value else type(value).__name__
-            raise ValueError(f"feature {name!r} of {data} holds {kind} values, not numbers the model can take{hint}")
-    tasks.check(task, sample)  # shapes and values the task cannot train on: named before the model is built
-    return sample
-
-
-def _preprocess(task):
-    """The task's per-record function for evaluation (and for training when it has no `augment`), or None."""
-    return getattr(task, "preprocess", None)

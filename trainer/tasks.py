@@ -87,6 +87,11 @@ def _local(array) -> np.ndarray:
     return np.asarray(array)
 
 
+def preprocess(task: Task):
+    """The task's per-record function for evaluation (and for training when it has no `augment`), or None."""
+    return getattr(task, "preprocess", None)
+
+
 def weights(task: Task, batch) -> jax.Array:
     """The task's per-example weights, or ones."""
     if hasattr(task, "weights"):
@@ -364,4 +369,7 @@ def make(config: TrainConfig, specs: dict[str, dict]) -> Task:
     if isinstance(task.features, str) or not task.features:
         raise ValueError(f"task={config.task!r}: features must be a non-empty list of feature names "
                          f"(got {task.features!r})")
+    if config.packing and not hasattr(task, "packing"):
+        raise ValueError(f"packing=true needs a task that packs token sequences (task=lm); task={config.task!r} "
+                         "does not")
     return task

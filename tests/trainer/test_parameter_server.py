@@ -81,12 +81,14 @@ def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
 
 @pytest.mark.slow
 def test_labels_outside_num_classes_stop_the_run_before_a_step_with_the_cause(digits, tmp_path):
-    """A worker's first batch is checked as the synchronous loop's is: the run exits 2, its last line the cause
-    (raised in a Ray actor, it would otherwise end in Ray's traceback, or be retried as a dead worker)."""
+    """The labels' range over the whole dataset is checked as the synchronous loop's is, before any worker starts:
+    the run exits 2, its last line the cause (raised in a Ray actor, it would end in Ray's traceback, or be retried
+    as a dead worker)."""
     proc = run_trainer(*_args(digits, tmp_path, 20, "num_classes=9"))
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert last.endswith("0..8 (num_classes=9): set num_classes=10 or fix the labels"), last
+    assert last.endswith("(its manifest), outside 0..8 (num_classes=9): set num_classes=10 (or check label_key=)"), last
+    assert "worker 0" not in proc.stderr
 
 
 @pytest.mark.slow

@@ -1,0 +1,80 @@
+"""The run's setup in one pass: each source's metadata read once, the task, the first record and the model made once,
+whatever the run evaluates or checks afterwards."""
+
+import collections
+import functools
+
+import numpy as np
+import pytest
+
+from trainer import data_checks, models, sources, tasks, train
+from trainer.config import TrainConfig
+from trainer.program import Program
+
+
+def _counted(monkeypatch, calls, module, name, key=lambda *a, **k: None):
+    original = getattr(module, name)
+
+    @functools.wraps(original)
+    def counted(*args, **kwargs):
+        calls[(name, key(*args, **kwargs))] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+
+
+def test_each_setup_step_runs_once_per_run(digits, tmp_path, monkeypatch):
+    """A run that evaluates three times and checks its labels' range: every setup function is called once (per
+    source, where it takes one), and nothing reads a source's metadata again after the setup."""
+    calls = collections.Counter()
+    for module, name, key in [
+        (sources, "resolve", lambda config: None),
+        (sources, "source_split", lambda path, default: path),
+        (sources, "_feature_specs", lambda path: path),
+        (sources, "first_record", lambda source, task, allow: source.path),
+        (tasks, "make", lambda config, specs: None),
+        (models, "make", lambda name, kwargs: name),
+        (data_checks, "check_ranges", lambda task, config, found: tuple(s.path for s in found)),
+    ]:
+        _counted(monkeypatch, calls, module, name, key)
+    build = Program.build.__func__
+    monkeypatch.setattr(Program, "build", classmethod(
+        lambda cls, config: (calls.update([("Program.build", None)]), build(cls, config))[1]))
+
+    train_dir, test_dir = str(digits["train"]), str(digits["test"])
+    config = TrainConfig(data=train_dir, eval_data=test_dir, workdir=str(tmp_path), model="mlp", steps=6,
+                         batch_size=32, num_classes=10, log_every=3, eval_every=2, checkpoint_every=100)
+    summary = train.train_and_evaluate(config)
+
+    assert summary["final_step"] == 6 and np.isfinite(summary["eval_loss"])
+    assert dict(calls) == {
+        ("Program.build", None): 1,
+        ("resolve", None): 1,
+        ("source_split", train_dir): 1, ("source_split", test_dir): 1,
+        ("_feature_specs", train_dir): 1, ("_feature_specs", test_dir): 1,
+        ("make", None): 1,  # tasks.make
+        ("first_record", train_dir): 1,
+        ("make", "mlp"): 1,  # models.make
+        ("check_ranges", (train_dir, test_dir)): 1,
+    }
+
+
+def test_sources_resolve_splits_specs_and_mixture_names(digits, rich_tfds):
+    """A converted directory has no split; a TFDS directory gets `train` (eval: `test`) and its feature metadata;
+    a mixture's components keep their names; the sidecar evaluator is shaped by eval_data and reads no `data`."""
+    train_dir, tfds_dir = str(digits["train"]), str(rich_tfds)
+    found = sources.resolve(TrainConfig(data=f"a={train_dir},b={tfds_dir}", weights="a=1,b=1", eval_data=tfds_dir,
+                                        workdir="w"))
+    assert [(s.name, s.path, s.split) for s in found.train] == [("a", train_dir, None), ("b", tfds_dir, "train")]
+    assert [(s.name, s.path, s.split) for s in found.eval] == [(None, tfds_dir, "test")]
+    assert found.train[0].specs == {} and found.train[1].specs["label"] == {"type": "ClassLabel", "num_classes": 10}
+    assert found.shaping is found.train[0]
+
+    evaluator = sources.resolve(TrainConfig(eval_data=tfds_dir, workdir="w", mode="evaluate", data="missing/dir"))
+    assert evaluator.train == () and evaluator.shaping is evaluator.eval[0]
+
+
+def test_packing_needs_a_task_that_packs(digits):
+    with pytest.raises(ValueError, match=r"packing=true needs a task that packs token sequences \(task=lm\); "
+                                         r"task='classification' does not"):
+        Program.build(TrainConfig(data=str(digits["train"]), workdir="w", packing=True, num_classes=10))

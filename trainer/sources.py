@@ -1,0 +1,105 @@
+"""The run's data, resolved once: each source of `data=` and `eval_data=` with its split and its feature metadata, and
+the first record as the task sees it.
+
+    data = sources.resolve(config)            # every path's split and metadata, each read once
+    task = tasks.make(config, data.shaping.specs)
+    sample = sources.first_record(data.shaping, task, config.allow_incomplete)
+
+Everything after it (the task, the model, the range checks, the training and evaluation loaders) takes these values;
+nothing reads a source's metadata again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+import loader
+from dataset_format import storage, tfds_info
+from loader.decode import collate
+from trainer import tasks
+from trainer.config import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One path of `data=` or `eval_data=`: its split (TFDS directories) and its feature metadata."""
+
+    path: str
+    split: str | None
+    specs: dict[str, dict]  # TFDS feature metadata, or a pre-tokenized dataset's `tokens`; {} for other sources
+    name: str | None = None  # a mixture component's name
+
+
+@dataclasses.dataclass(frozen=True)
+class Sources:
+    train: tuple[Source, ...]  # () for the sidecar evaluator, which reads eval_data only
+    eval: tuple[Source, ...]  # () without eval_data
+    evaluating: bool = False  # the sidecar evaluator: eval_data shapes the model
+
+    @property
+    def shaping(self) -> Source:
+        """The source whose first record shapes the model: a mixture's components are alike, so its first."""
+        return (self.eval if self.evaluating else self.train)[0]
+
+
+def resolve(config: TrainConfig) -> Sources:
+    """Each source of the run, its metadata read once. The sidecar evaluator (mode=evaluate) reads eval_data only."""
+    evaluating = config.mode == "evaluate"
+    train = () if evaluating else tuple(
+        _source(path, name, config.split or source_split(path, "train")) for name, path in _named(config.data_source))
+    evaluation = () if config.eval_source is None else tuple(
+        _source(path, name, source_split(path, "test")) for name, path in _named(config.eval_source))
+    return Sources(train, evaluation, evaluating)
+
+
+def source_split(path: str, default: str | None) -> str | None:
+    """TFDS sources (local or gs://) need a split; others must not get one."""
+    return default if storage.exists(storage.join(path, tfds_info.INFO_NAME)) else None
+
+
+def _source(path: str, name: str | None, split: str | None) -> Source:
+    return Source(path, split, _feature_specs(path), name)
+
+
+def _named(data: str | dict[str, str]) -> list[tuple[str | None, str]]:
+    """A path as [(None, path)], a mixture as its [(name, path)]."""
+    return list(data.items()) if isinstance(data, dict) else [(None, data)]
+
+
+def _feature_specs(data: str) -> dict[str, dict]:
+    """The TFDS feature metadata (features.json) of a dataset directory; a pre-tokenized dataset's `tokens` (its
+    manifest's vocabulary); {} for other sources."""
+    if storage.has_glob(data):
+        return {}
+    tokens = loader.token_info(data)
+    if tokens is not None:
+        return {"tokens": {"type": "Tokens", "dtype": tokens["dtype"], "vocab_size": int(tokens["vocab_size"])}}
+    features = tfds_info.read_features(data)
+    return tfds_info.feature_specs(features) if features else {}
+
+
+def first_record(source: Source, task: Any, allow_incomplete: bool) -> dict[str, np.ndarray]:
+    """The first record of `source` as the task sees it, a batch of one (all features are decoded once, to name them
+    if one is missing)."""
+    one = dict(batch_size=1, shuffle=False, split=source.split, shard_index=0, shard_count=1,
+               allow_incomplete=allow_incomplete)
+    data = source.path
+    record = next(iter(loader.load(data, **one)))
+    missing = [f for f in task.features if f not in record]
+    if missing:
+        raise ValueError(f"task reads feature {missing[0]!r}, which {data} does not have; its features are "
+                         f"{sorted(record)} (set image_key= / label_key= / text_key=, or the task's own keys)")
+    preprocess = tasks.preprocess(task)
+    sample = {f: record[f] for f in task.features} if preprocess is None else \
+        collate([preprocess({f: record[f][0] for f in task.features})])
+    for name, value in sample.items():
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+            hint = " (encoded images: pass image_size=, e.g. image_size=224, to decode and crop them)" \
+                if name == getattr(task, "image_key", None) else ""
+            kind = type(value[0]).__name__ if isinstance(value, list) and value else type(value).__name__
+            raise ValueError(f"feature {name!r} of {data} holds {kind} values, not numbers the model can take{hint}")
+    tasks.check(task, sample)  # shapes and values the task cannot train on: named before the model is built
+    return sample
