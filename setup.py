@@ -1,8 +1,7 @@
-"""The C parts of the loader: loader/_riegeli.c (ArrayRecord chunks read with the GIL released), loader/_pack.c
-(the packer of token rows) and loader/_jpeg.c
-(JPEG crop decode with libjpeg; optional: without libjpeg's headers it is skipped and images decode through
-simplejpeg). Everything else is in pyproject.toml. Images that copy only the conversion (dataflow/Dockerfile) have
-no loader/ and build nothing."""
+"""The C parts of the loader: loader/format/_riegeli.c (ArrayRecord chunks read with the GIL released),
+loader/planning/_pack.c (the packer of token rows) and loader/decoding/_jpeg.c (JPEG crop decode with libjpeg; optional:
+without libjpeg's headers it is skipped and images decode through simplejpeg). Everything else is in pyproject.toml.
+Images that copy only the conversion (dataflow/Dockerfile) have no loader/ and build nothing."""
 
 from pathlib import Path
 
@@ -12,7 +11,8 @@ LOADER = Path(__file__).parent / "loader"
 FLAGS = ["-O3", "-std=gnu11"]
 
 setup(ext_modules=[
-    Extension("loader._riegeli", ["loader/_riegeli.c"], extra_compile_args=FLAGS, libraries=["dl"]),
-    Extension("loader._pack", ["loader/_pack.c"], extra_compile_args=FLAGS),
-    Extension("loader._jpeg", ["loader/_jpeg.c"], extra_compile_args=FLAGS, libraries=["jpeg"], optional=True),
+    Extension("loader.format._riegeli", ["loader/format/_riegeli.c"], extra_compile_args=FLAGS, libraries=["dl"]),
+    Extension("loader.planning._pack", ["loader/planning/_pack.c"], extra_compile_args=FLAGS),
+    Extension("loader.decoding._jpeg", ["loader/decoding/_jpeg.c"], extra_compile_args=FLAGS, libraries=["jpeg"],
+              optional=True),
 ] if LOADER.exists() else [])

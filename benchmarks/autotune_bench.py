@@ -5,7 +5,7 @@
 
 Workloads (each contender yields the same batches):
 - images: ImageNet-like JPEGs (benchmarks/image_bench.py's photos, ~50 KB), batches of 128 random-resized crops
-  to 224 (`loader.images.RandomResizedCrop`): JPEG decode and resize in C, with the GIL released;
+  to 224 (`loader.decoding.images.RandomResizedCrop`): JPEG decode and resize in C, with the GIL released;
 - 1kb raw / 1kb decode: 1 KB tf.train.Example records (benchmarks/loader_bench.py's), batches of 256, raw bytes
   or decoded: read-bound, where this process's threads are cheapest;
 - python map: the same records decoded, then a map_fn in Python bytecode (a hash of 512 bytes, ~50 us a record):
@@ -34,7 +34,7 @@ import json, logging, os, sys, time
 os.sched_setaffinity(0, set(range({cores})))
 logging.basicConfig(level=logging.WARNING)
 import loader
-from loader import images
+from loader.decoding import images
 options = {options}
 if {image!r}:
     options["random_map_fn"] = images.RandomResizedCrop("image/encoded", size=224)

@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/cache_policy_bench.py                      # 200,000 chunks, 1 and 8 hosts
     .venv/bin/python benchmarks/cache_policy_bench.py --chunks 20000 --hosts 1
 
-The loader reads every record once an epoch, each epoch in a new permutation (loader/permutation.py), and each
+The loader reads every record once an epoch, each epoch in a new permutation (loader/planning/permutation.py), and each
 record is one chunk of its shard (group_size 1). A cache of K of the N chunks' bytes is measured over `--epochs`
 epochs by the chunks it serves (hits) in each epoch after the first, for three policies on the same permutations:
 
-- ours, fixed set (loader/reader.py `_ChunkCache`, what one host uses): the first K chunks read, none evicted;
-- ours, planned (loader/planned_cache.py, what each of several hosts uses): the chunks this host reads again
+- ours, fixed set (loader/fetch/reader.py `_ChunkCache`, what one host uses): the first K chunks read, none evicted;
+- ours, planned (loader/fetch/planned_cache.py, what each of several hosts uses): the chunks this host reads again
   soonest, by the plan's next reads (`BatchPlan.next_reads`, up to 2 epochs a host ahead), read group by read
   group (32 an epoch) as the loader calls it;
 - least recently used: what a general-purpose cache (a page cache, gcsfuse's file cache) does;
@@ -30,8 +30,8 @@ import heapq
 
 import numpy as np
 
-from loader.batches import BatchPlan
-from loader.planned_cache import PlannedCache
+from loader.fetch.planned_cache import PlannedCache
+from loader.planning.batches import BatchPlan
 
 NEVER = np.iinfo(np.int64).max
 ROWS = 256  # a host's rows of each global batch

@@ -42,7 +42,7 @@ def record_kinds(rng: np.random.Generator) -> dict:
 def measure(path: str, records: list[bytes], compression: str, order: np.ndarray) -> dict:
     from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
-    from loader.reader import RANDOM_ACCESS
+    RANDOM_ACCESS = "readahead_buffer_size:0,max_parallelism:0"  # ArrayRecord's reader for random reads
 
     writer = ArrayRecordWriter(path, f"group_size:1,{compression}")
     for record in records:

@@ -38,7 +38,7 @@ def tf_parser(records: list[bytes]):
         import tensorflow as tf
     except ImportError:
         return None
-    from loader.decode import ExampleDecoder
+    from loader.decoding.decode import ExampleDecoder
 
     first = ExampleDecoder()(records[0])
     spec = {}
@@ -62,7 +62,7 @@ def best_us_per_record(fn, n: int, repeats: int = 5) -> float:
 
 
 def main() -> None:
-    from loader.decode import ExampleDecoder, collate
+    from loader.decoding.decode import ExampleDecoder, collate
     from dataset_format.example_batch import parse_examples
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

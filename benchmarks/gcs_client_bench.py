@@ -1,6 +1,6 @@
-"""HTTP clients for gs:// range reads, side by side through one shaped link: the loader's (loader/remote.py: aiohttp
-with its bounds and host limits), bare aiohttp, obstore (Apache Arrow's Rust object_store) and tensorstore's kvstore
-(C++, installed with orbax).
+"""HTTP clients for gs:// range reads, side by side through one shaped link: the loader's (loader/fetch/remote.py:
+aiohttp with its bounds and host limits), bare aiohttp, obstore (Apache Arrow's Rust object_store) and tensorstore's
+kvstore (C++, installed with orbax).
 
     .venv/bin/pip install -e ".[bench]"   # obstore: not a dependency of the loader, only of this benchmark
     .venv/bin/python benchmarks/gcs_client_bench.py [--record-kb 1,100] [--latency-ms 20,50] [--mbps 400,1000]
@@ -28,7 +28,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +82,7 @@ import urllib.parse
 url = f"{{link}}/download/storage/v1/b/{{bucket}}/o/{{urllib.parse.quote(name, safe='')}}?alt=media"
 if client == "loader":
     os.environ["STORAGE_EMULATOR_HOST"] = link
-    from loader import remote
+    from loader.fetch import remote
     remote.fetch([(f"gs://{{bucket}}/{{name}}", 0, 1)])  # its client, credentials and event loop made before timing
     async def make():
         got = await asyncio.to_thread(remote.fetch_bodies, [(f"gs://{{bucket}}/{{name}}", s, e) for s, e in ranges])

@@ -153,7 +153,7 @@ def main() -> None:
     p.add_argument("--image-batch-size", type=int, default=32, help="records a batch, for larger records")
     p.add_argument("--cache-mb", type=float, default=0, help="ours: a chunk cache of this many MB (0: none)")
     p.add_argument("--in-flight", type=int, default=0,
-                   help="ours: range requests in flight a process (default: loader.remote.IN_FLIGHT)")
+                   help="ours: range requests in flight a process (default: loader.fetch.remote.IN_FLIGHT)")
     p.add_argument("--worker-count", default="0",
                    help="ours: loader.load(worker_count=): worker processes, each with its own requests in flight "
                         "(0: this process's threads; 'auto': tuned)")
@@ -182,7 +182,7 @@ def main() -> None:
             from google.cloud import storage
 
             import loader
-            from loader import reader, remote
+            from loader.fetch import reader, remote
 
             if args.in_flight:
                 remote.IN_FLIGHT = args.in_flight

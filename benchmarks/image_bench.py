@@ -14,8 +14,8 @@ crop (8-100% of the area, aspect 3:4-4:3) resized to 224, flipped at random, wit
   `sample_distorted_bounding_box` + `decode_and_crop_jpeg` (decodes only the crop window), `resize` (bilinear),
   `random_flip_left_right`, `batch`, everything AUTOTUNE;
 - grain stock: `MapDataset.source(ArrayRecordDataSource(shards)).shuffle(seed)`, our Example decode, `random_map`
-  with the same crop as ours (loader.images), `batch`, `to_iter_dataset` (2 threads and 4 batches ahead a worker:
-  grain's default of 500 batches ahead held ~10 GB a worker here), `mp_prefetch` with one worker a core;
+  with the same crop as ours (loader.decoding.images), `batch`, `to_iter_dataset` (2 threads and 4 batches ahead a
+  worker: grain's default of 500 batches ahead held ~10 GB a worker here), `mp_prefetch` with one worker a core;
 - bare loop: one thread decoding and cropping the records (already in memory) in a Python loop: the rate times the
   cores is what perfect scaling would reach;
 - ours: `loader.load(dir, random_map_fn=images.RandomResizedCrop("image/encoded", 224))`, threads = cores, no
@@ -37,7 +37,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,8 +70,8 @@ batches = iter(ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator())
 import grain, numpy as np
 from absl import flags
 flags.FLAGS.mark_as_parsed()
-from loader import images
-from loader.decode import ExampleDecoder
+from loader.decoding import images
+from loader.decoding.decode import ExampleDecoder
 decode = ExampleDecoder(("image/encoded", "image/class/label"))
 crop = images.RandomResizedCrop("image/encoded", size=SIZE)
 class Crop(grain.transforms.RandomMap):
@@ -87,10 +86,10 @@ batches = iter(ds)
 """,
     "bare loop": """
 import numpy as np
-from loader import images
-from loader.decode import ExampleDecoder
-from loader.reader import BatchReader
-from loader.source import resolve
+from loader.decoding import images
+from loader.decoding.decode import ExampleDecoder
+from loader.fetch.reader import BatchReader
+from loader.format.source import resolve
 source = resolve(OUT)
 records = BatchReader(source)(np.arange(len(source)))
 decode = ExampleDecoder(("image/encoded", "image/class/label"))
@@ -105,19 +104,19 @@ batches = loop()
 """,
     "ours": """
 import loader
-from loader import images
+from loader.decoding import images
 batches = iter(loader.load(OUT, batch_size=BATCH, seed=0, num_threads=CORES,
                            random_map_fn=images.RandomResizedCrop("image/encoded", size=SIZE)))
 """,
     "ours, workers": """
 import loader
-from loader import images
+from loader.decoding import images
 batches = iter(loader.load(OUT, batch_size=BATCH, seed=0, worker_count=CORES,
                            random_map_fn=images.RandomResizedCrop("image/encoded", size=SIZE)))
 """,
     "ours, Ray actors": """
 import ray, loader
-from loader import images
+from loader.decoding import images
 # A Ray node started by this process (on its cores): its actors are separate processes, the batches come back
 # through the object store.
 ray.init(num_cpus=CORES, include_dashboard=False, object_store_memory=2 << 30, logging_level="ERROR")
@@ -128,7 +127,7 @@ def cleanup():
 """,
     "ours, 1 core + Ray actors on the rest": """
 import os, ray, loader
-from loader import images
+from loader.decoding import images
 # The trainer's process on the first core, a Ray node (its actors) on the others: what workers on other machines
 # add to a host whose own cores are busy. Compare with "ours" on 1 core.
 os.sched_setaffinity(0, set(range(1, CORES)))
@@ -165,9 +164,9 @@ os.killpg(0, 9)  # this process and every worker it started (a stock grain worke
 
 DECODERS = """
 import io, json, time, numpy as np
-from loader.decode import ExampleDecoder
-from loader.reader import BatchReader
-from loader.source import resolve
+from loader.decoding.decode import ExampleDecoder
+from loader.fetch.reader import BatchReader
+from loader.format.source import resolve
 source = resolve({out!r})
 decode = ExampleDecoder(("image/encoded",))
 data = [decode(r)["image/encoded"] for r in BatchReader(source)(np.arange(min(len(source), 600)))]

@@ -25,7 +25,7 @@ _READ = """
 import os, sys, time
 import numpy as np
 import loader
-from loader.reader import BatchReader
+from loader.fetch.reader import BatchReader
 reader = BatchReader(loader.resolve(sys.argv[1] + "/*.array_record"))
 count, per_group = int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)

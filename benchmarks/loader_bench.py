@@ -55,7 +55,7 @@ def _sequential(options: str) -> str:
     """A raw read of each shard in order, 256 records a call, with ArrayRecord reader `options`."""
     return """
 from array_record.python.array_record_module import ArrayRecordReader
-from loader.decode import ExampleDecoder
+from loader.decoding.decode import ExampleDecoder
 t0 = time.perf_counter()
 def gen():
     dec = ExampleDecoder()
@@ -103,7 +103,7 @@ it = iter(ds)
 """,
     "grain stock": """
 import grain
-from loader.decode import ExampleDecoder
+from loader.decoding.decode import ExampleDecoder
 t0 = time.perf_counter()
 src = grain.sources.ArrayRecordDataSource(SHARDS)
 ds = grain.MapDataset.source(src).shuffle(seed=0).repeat()

@@ -25,7 +25,7 @@ from packing_scale_bench import make_corpus  # (beside this script)
 
 def _resume(data: dict, state: dict) -> tuple[float, int, dict]:
     import loader
-    from loader import packing
+    from loader.planning import packing
 
     laid_out = []
     real = packing.Layout.rows_in

@@ -60,7 +60,7 @@ def main() -> None:
     import grain
 
     import loader
-    from loader.decode import ExampleDecoder
+    from loader.decoding.decode import ExampleDecoder
     from trainer import TrainConfig
     from trainer.tasks import LanguageModel
 

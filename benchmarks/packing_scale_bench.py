@@ -171,7 +171,7 @@ def main() -> None:
         data = make_corpus(root, docs, tuple(int(x) for x in args.lengths.split("-")))
         if any(c.startswith("ours") for c in contenders):
             started = time.monotonic()
-            subprocess.run([sys.executable, "-c", f"import loader; from loader import index; "
+            subprocess.run([sys.executable, "-c", f"import loader; from loader.format import index; "
                             f"index.RecordIndex.for_source(loader.resolve({data!r}))"], check=True,
                            env={**os.environ, "PYTHONPATH": str(REPO)})
             print(f"{docs:>12,} {'ours: index':<12} built or checked once per corpus and host in "

@@ -36,8 +36,8 @@ RETRY_SECONDS = 120.0
 PARALLEL_REQUESTS = 32  # concurrent Cloud Storage requests one process makes (its connection pool holds as many)
 _READ_BUFFER = 1 << 20
 _GLOB_CHARS = re.compile(r"[*?\[]")
-# Set when the interpreter starts to exit: the loader's ranged reads (loader/remote.py) waiting to retry give up at
-# once instead of holding the exit for up to RETRY_SECONDS; a loader closed with reads in flight exits promptly.
+# Set when the interpreter starts to exit: the loader's ranged reads (loader/fetch/remote.py) waiting to retry give up
+# at once instead of holding the exit for up to RETRY_SECONDS; a loader closed with reads in flight exits promptly.
 _EXITING = threading.Event()
 
 

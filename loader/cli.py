@@ -27,7 +27,7 @@ def _describe(value) -> str:
 
 def inspect_main(args) -> int:
     import loader
-    from loader.decode import make_decoder
+    from loader.decoding.decode import make_decoder
 
     source = loader.resolve(args.source, split=args.split)
     print(f"source: {args.source} ({source.kind})")
@@ -169,7 +169,7 @@ def _bench_map(args) -> tuple[dict, str]:
         size = int(value)
     if not args.image and args.map is None:
         return {}, "examples"
-    from loader import images
+    from loader.decoding import images
 
     feature = args.image or _image_feature(args.source, args.split, args.decode)
     return ({"random_map_fn": images.RandomResizedCrop(feature, size=size)},

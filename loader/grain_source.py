@@ -1,9 +1,9 @@
 """The loader's reader as a grain data source: a drop-in for `grain.sources.ArrayRecordDataSource`.
 
 For a grain pipeline of your own (MaxText's, Flax's) on converted data. Record i is the record grain's source gives
-at i (the shards in the same order), read by the loader's reader (loader/reader.py: a batch of indices in one call,
-grouped by chunk, riegeli's hashes checked, the GIL released) through the compact index (loader/index.py): one
-memory-mapped file per dataset whose pages every process on the host shares, where ArrayRecord's readers hold 8
+at i (the shards in the same order), read by the loader's reader (loader/fetch/reader.py: a batch of indices in one
+call, grouped by chunk, riegeli's hashes checked, the GIL released) through the compact index (loader/format/index.py):
+one memory-mapped file per dataset whose pages every process on the host shares, where ArrayRecord's readers hold 8
 bytes a record in each reader of each process.
 
 It pickles as its shard list, its options and the index file's path; a copy (in a grain worker process) maps the
@@ -28,9 +28,9 @@ from typing import SupportsIndex
 
 import numpy as np
 
-from loader.index import RecordIndex
-from loader.reader import MAX_RECORD_BYTES, BatchReader
-from loader.source import ShardedSource, of_files, resolve
+from loader.fetch.reader import BatchReader, MAX_RECORD_BYTES
+from loader.format.index import RecordIndex
+from loader.format.source import ShardedSource, of_files, resolve
 
 
 class DataSource:

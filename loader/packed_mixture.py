@@ -3,13 +3,14 @@
     packing = loader.Packing("text", seq_len=1024, tokenize=ids_of)
     batches = loader.load({"web": W, "code": C}, weights={"web": 0.7, "code": 0.3}, batch_size=32, packing=packing)
 
-Component c's rows form an endless stream: its epoch e is the block-wise layout (loader/packing.py) of its examples
-in its own permutation for (seed, name, e), laid out as it is reached, epoch after epoch, every row kept. Row t of the mixed stream is row j of
-component c's stream (loader/mixture.py), so the weights count rows of `seq_len` tokens: token proportions, which is
-what a pretraining mixture sets. Global batch k is rows [k*B, (k+1)*B) of the mixed stream and host i of n takes rows
-[i*B/n, (i+1)*B/n), so the global batches are the same for any host count. The state is the mixture's (rows taken
-from each component), so resume is exact and new weights continue each component's stream where it stopped. A
-packed mixture is endless (a component's epochs repeat), and `component` says each row's component.
+Component c's rows form an endless stream: its epoch e is the block-wise layout (loader/planning/packing.py) of its
+examples in its own permutation for (seed, name, e), laid out as it is reached, epoch after epoch, every row kept. Row t
+of the mixed stream is row j of component c's stream (loader/planning/mixture.py), so the weights count rows of
+`seq_len` tokens: token proportions, which is what a pretraining mixture sets. Global batch k is rows [k*B, (k+1)*B) of
+the mixed stream and host i of n takes rows [i*B/n, (i+1)*B/n), so the global batches are the same for any host count.
+The state is the mixture's (rows taken from each component), so resume is exact and new weights continue each
+component's stream where it stopped. A packed mixture is endless (a component's epochs repeat), and `component` says
+each row's component.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ import threading
 
 import numpy as np
 
-from loader.mixture import COMPONENT_KEY, MixturePlan, component_seed
-from loader.packing import BLOCK, START, WINDOW, Inputs, Job, Jobs, Layout, PackedIterator, PackedLoader
+from loader.packed import Inputs, Jobs, PackedIterator, PackedLoader
+from loader.planning.mixture import MixturePlan, component_seed, COMPONENT_KEY
+from loader.planning.packing import Job, Layout, BLOCK, START, WINDOW
 
 
 class RowStream:
     """A component's rows, epoch after epoch, every row kept: `row(j)` -> the pieces (record, first target, targets)
-    of row j. The rows are its Layout's blocks in order (loader/packing.py), laid out as they are reached, from the
-    stream's start or from an anchor: (i, r), its block i (epoch i // blocks, block i % blocks) begins at row r, which
-    a saved state holds so that a resume lays out nothing before it."""
+    of row j. The rows are its Layout's blocks in order (loader/planning/packing.py), laid out as they are reached, from
+    the stream's start or from an anchor: (i, r), its block i (epoch i // blocks, block i % blocks) begins at row r,
+    which a saved state holds so that a resume lays out nothing before it."""
 
     def __init__(self, name: str, layout: Layout):
         self._name, self._layout = name, layout

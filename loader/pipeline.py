@@ -7,8 +7,8 @@
     state = it.get_state()            # small, JSON-serialisable
     it.set_state(state)               # continues with bitwise-identical batches
 
-Reads are batched (nearby records of a shard come in one read: loader/reader.py), so batching comes first: the plan
-cuts the epochs into read groups of consecutive global batches, and an executor (loader/executors) computes them:
+Reads are batched (nearby records of a shard come in one read: loader/fetch/reader.py), so batching comes first: the
+plan cuts the epochs into read groups of consecutive global batches, and an executor (loader/executors) computes them:
 
     read_group(g)            reading schedule from the start batch: 1, 4, 16, ... G batches a group; per batch k: the
                              exact permutation of (seed, epoch), this host's rows; one gather of the group's records;
@@ -28,16 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from loader.batches import BatchPlan
-from loader.decode import Decoder, collate, decoder_at, source_decoder
-from loader import mixture
-from loader.device import DevicePrefetcher
-from loader.packing import Inputs, PackedLoader, Packing
-from loader.reader import MAX_RECORD_BYTES, BatchReader
-from loader.source import ShardedSource, resolve
 from loader import executors
+from loader.decoding.decode import Decoder, collate, decoder_at, source_decoder
+from loader.executors.device import DevicePrefetcher
 from loader.executors.handout import HostBatches, WorkerControls, close_at_exit
-from loader.stages import Group, Stopwatch
+from loader.executors.stages import Group, Stopwatch
+from loader.fetch.reader import MAX_RECORD_BYTES, BatchReader
+from loader.format.source import ShardedSource, resolve
+from loader.packed import Inputs, PackedLoader
+from loader.planning import mixture
+from loader.planning.batches import BatchPlan
+from loader.planning.packing import Packing
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,13 @@ class LoaderConfig:
     shard_count: int | None = None  # default: jax.process_count() when JAX is in use, else 1
     decode: str | Decoder | None = "auto"
     features: tuple[str, ...] | None = None  # decode, collate and place only these features (None: all)
-    packing: Packing | None = None  # pack a token feature into rows (loader/packing.py); batch_size counts rows
+    packing: Packing | None = None  # token rows (loader/planning/packing.py); batch_size counts rows
     map_fn: Callable[[Any], Any] | None = None  # applied to each record after decoding
     # Or, for augmentation: fn(record, rng) with a numpy Generator seeded from (seed, epoch, global record index),
     # so the same record in the same epoch gets the same draw on any host count, worker count, and after a resume.
     random_map_fn: Callable[[Any, np.random.Generator], Any] | None = None
     split: str | None = None  # for TFDS sources; default "train"
-    weights: Mapping[str, float] | None = None  # a mixture's weight per component (loader/mixture.py)
+    weights: Mapping[str, float] | None = None  # a mixture's weight per component (loader/planning/mixture.py)
     # Worker processes (0: none, reads run on this process's threads; one that dies is replaced), or "auto": this
     # process's threads, or as many worker processes as the caller's demand needs, measured as it runs
     # (loader/executors/tuning.py).
@@ -80,11 +81,11 @@ class LoaderConfig:
     allow_incomplete: bool = False
     check_hashes: bool = True  # check riegeli's chunk hashes: a damaged byte is an error naming shard and record
     # gs:// sources: keep up to this many bytes of chunks (the first read), in memory, or on local disk in cache_dir
-    # (shared by this host's processes, kept for later runs: loader/disk_cache.py)
+    # (shared by this host's processes, kept for later runs: loader/fetch/disk_cache.py)
     cache_bytes: int = 0
     cache_dir: str | None = None
     # A larger record is an error, checked before it is allocated; a read group may decode to this much, or 1,024 times
-    # its stored bytes when that is more (loader/_riegeli.c: decompression bombs).
+    # its stored bytes when that is more (loader/format/_riegeli.c: decompression bombs).
     max_record_bytes: int = MAX_RECORD_BYTES
     sharding: Any = None  # a jax.sharding.Sharding: yield global jax.Arrays placed ahead of time
     device_prefetch: int = 2  # batches in flight to the devices when sharding is set
@@ -209,7 +210,7 @@ class _ReadGroup:
         return len(self._ramp_offsets) - 1 + -(-(remaining - ramp_total) // self._max)
 
     def __call__(self, g: int) -> Group:
-        """Group g's batches, with what each stage cost (loader/stages.py)."""
+        """Group g's batches, with what each stage cost (loader/executors/stages.py)."""
         clock = Stopwatch()
         clock.stage("plan")
         first, end = self.first_batch(int(g)), self.first_batch(int(g) + 1)
@@ -435,7 +436,7 @@ class LoaderIterator(WorkerControls, Iterator):
 
 def load(source: str | ShardedSource | Mapping[str, str | ShardedSource], *, batch_size: int, **options) -> Loader:
     """Batches from `source` (see module doc), or from a mixture {name: source} with weights={name: weight}
-    (loader/mixture.py). Options: the fields of `LoaderConfig`."""
+    (loader/planning/mixture.py). Options: the fields of `LoaderConfig`."""
     unknown = set(options) - {f.name for f in dataclasses.fields(LoaderConfig)}
     if unknown:
         raise TypeError(f"load() got unknown options {sorted(unknown)}; the options are "
@@ -484,7 +485,7 @@ def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_cou
 
 
 def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
-    """A loader of packed rows (loader/packing.py): the same source, reader, decoder, host sharding and executor."""
+    """A loader of packed rows (loader/packed.py): the same source, reader, decoder, host sharding and executor."""
     if config.map_fn is not None or config.random_map_fn is not None or not config.drop_remainder:
         raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn= or "
                          "drop_remainder=False (tokenise in Packing.tokenize)")
@@ -504,8 +505,8 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
 def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> Inputs:
     """The records of a packed source and their token counts: a pre-tokenized dataset's own (its `.counts` files), or
     counted from the decoded feature (cached under the index's directory when the packing names a cache_key)."""
-    from loader import index
-    from loader.counts import TokenCounts
+    from loader.format import index
+    from loader.planning.counts import TokenCounts
 
     packing = config.packing
     if packing.tokenized and src.tokens_dtype is None and packing.feature is None:

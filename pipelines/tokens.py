@@ -3,8 +3,8 @@
 `python -m pipelines convert --tokenizer PATH --text-key KEY` writes, for each shard, records that are the token ids
 of one document each (little-endian, the narrowest unsigned type the vocabulary fits: uint16 for up to 65,536 ids)
 and a `.counts` file beside it (one little-endian uint32 per record: the ids in it), which the loader memory-maps to
-pack without reading the corpus (loader/counts.py). The manifest's `tokens` section names the tokenizer (its file's
-SHA-256), the vocabulary size, the id type and the text key; a shard is converted again when any of them changes.
+pack without reading the corpus (loader/planning/counts.py). The manifest's `tokens` section names the tokenizer (its
+file's SHA-256), the vocabulary size, the id type and the text key; a shard is converted again when any of them changes.
 
 Texts are tokenised a batch at a time through the tokenizer library's batch call, which runs in native threads on
 every core (Hugging Face `tokenizers`' encode_batch, SentencePiece's num_threads).
@@ -28,7 +28,7 @@ from dataset_format.example_proto import example_class
 from dataset_format.manifest import token_dtype
 
 BATCH = 2048  # texts per batch call of the tokenizer
-COUNTS_SUFFIX = ".counts"  # beside each shard; loader/counts.py reads it
+COUNTS_SUFFIX = ".counts"  # beside each shard; loader/planning/counts.py reads it
 
 
 class TextKeyError(ValueError):

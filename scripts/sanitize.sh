@@ -19,10 +19,10 @@ include=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 suffix=$("$py" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 flags=(-fsanitize=address,undefined -fno-sanitize-recover=all -g -O1 -fno-omit-frame-pointer -std=gnu11 -shared -fPIC
        -I"$include")
-echo "==> building loader/_riegeli.c, loader/_jpeg.c and loader/_pack.c with -fsanitize=address,undefined"
-gcc "${flags[@]}" loader/_riegeli.c -o "$work/loader/_riegeli$suffix" -ldl -lpthread
-gcc "${flags[@]}" loader/_jpeg.c -o "$work/loader/_jpeg$suffix" -ljpeg
-gcc "${flags[@]}" loader/_pack.c -o "$work/loader/_pack$suffix"
+echo "==> building loader/format/_riegeli.c, loader/decoding/_jpeg.c and loader/planning/_pack.c with -fsanitize=address,undefined"
+gcc "${flags[@]}" loader/format/_riegeli.c -o "$work/loader/format/_riegeli$suffix" -ldl -lpthread
+gcc "${flags[@]}" loader/decoding/_jpeg.c -o "$work/loader/decoding/_jpeg$suffix" -ljpeg
+gcc "${flags[@]}" loader/planning/_pack.c -o "$work/loader/planning/_pack$suffix"
 
 cd "$work"
 export PYTHONPATH="$work"
@@ -31,6 +31,6 @@ export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=lib
 # a crash its test sees, and the parent's fails the run.
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-"$py" -c "import loader._riegeli as r, loader._pack as p; assert r.__file__.startswith('$work') and p.__file__.startswith('$work'); print('==> sanitized', r.__file__, p.__file__)"
+"$py" -c "import loader.format._riegeli as r, loader.planning._pack as p; assert r.__file__.startswith('$work') and p.__file__.startswith('$work'); print('==> sanitized', r.__file__, p.__file__)"
 exec "$py" -m pytest -q -p no:cacheprovider -m "not slow" tests/loader/test_hostile.py tests/loader/test_fuzz.py \
-  tests/loader/test_reader.py tests/loader/test_images.py tests/loader/test_packing.py "$@"
+  tests/loader/fetch/test_reader.py tests/loader/decoding/test_images.py tests/loader/test_packing.py "$@"

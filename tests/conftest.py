@@ -108,7 +108,7 @@ def gcs_bucket(gcs_emulator):
 
 @pytest.fixture(scope="session", autouse=True)
 def loader_index_dir(tmp_path_factory):
-    """The loader's index cache (loader/index.py) in a temporary directory, for this process and its children."""
+    """The loader's index cache (loader/format/index.py) in a temporary directory, for this process and its children."""
     directory = tmp_path_factory.mktemp("loader-index")
     previous = os.environ.get("LOADER_INDEX_DIR")
     os.environ["LOADER_INDEX_DIR"] = str(directory)

@@ -167,3 +167,68 @@ def test_a_circle_is_found_through_a_lazy_import(tmp_path):
     graph = import_graph(tmp_path)
     assert graph["loader.c"] == {"loader._ext", "loader.a"}
     assert circles(graph) == [["loader.a", "loader.b"]]
+
+
+# loader/'s rooms, one layer each. A room imports itself and the rooms listed for it, nothing else of the loader; the
+# package's own modules (loader/*.py: the loaders, the grain source, the CLI) put the rooms together, and no room
+# imports them.
+LOADER_ROOMS = {
+    "format": set(),  # ArrayRecord files: the C reader, the index, what a dataset is
+    "decoding": set(),  # records -> arrays: Examples, TFDS features, images
+    "executors": set(),  # where groups are computed: threads, processes, Ray; placing batches on devices
+    "fetch": {"format"},  # records' bytes: the batch reader, gs://, the chunk caches, staging
+    "planning": {"format"},  # what each batch holds: permutation, batches, mixtures, packing, token counts
+}
+
+
+def room(module: str) -> str:
+    """'loader.fetch.reader' -> 'fetch'; the package's own modules ('loader', 'loader.pipeline') -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LOADER_ROOMS else ""
+
+
+def room_violations(root: Path = REPO) -> list[str]:
+    graph = import_graph(root)
+    bad = []
+    for module, targets in sorted(graph.items()):
+        here = room(module)
+        if not module.startswith("loader.") or not here:
+            continue
+        for target in sorted(t for t in targets if t == "loader" or t.startswith("loader.")):
+            there = room(target)
+            if there != here and there not in LOADER_ROOMS[here]:
+                bad.append(f"{module} ({here}) imports {target} ({there or 'the package'})")
+    return bad
+
+
+def test_loader_rooms_import_one_way():
+    assert room_violations() == []
+    rooms = {p.name for p in (REPO / "loader").iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(LOADER_ROOMS)  # a new folder of the loader says here which rooms it builds on
+
+
+def test_a_room_importing_upwards_is_found(tmp_path):
+    """The check itself: planning -> fetch (a room not listed for it) and format -> the package are caught, lazy
+    imports too; fetch -> format and the package -> any room are allowed."""
+    package = tmp_path / "loader"
+    for room_name in ("format", "fetch", "planning"):
+        (package / room_name).mkdir(parents=True)
+        (package / room_name / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("from loader.pipeline import load\n")
+    (package / "pipeline.py").write_text("from loader.fetch import reader\nfrom loader.planning import plan\n")
+    (package / "fetch" / "reader.py").write_text("from loader.format import index\n")
+    (package / "format" / "index.py").write_text("def f():\n    from loader import pipeline\n")
+    (package / "planning" / "plan.py").write_text("from loader.fetch.reader import x\n")
+    assert room_violations(tmp_path) == ["loader.format.index (format) imports loader.pipeline (the package)",
+                                         "loader.planning.plan (planning) imports loader.fetch.reader (fetch)"]
+
+
+def test_import_loader_keeps_its_public_names():
+    import loader
+
+    assert sorted(loader.__all__) == ["DataSource", "Loader", "LoaderConfig", "LoaderIterator", "Packing",
+                                      "ShardedSource", "StageResult", "load", "resolve", "stage", "token_info"]
+    assert [name for name in loader.__all__ if not hasattr(loader, name)] == []
+    from loader import images  # the image ops for random_map_fn=, by their short name
+
+    assert images.RandomResizedCrop.__module__ == "loader.decoding.images"

@@ -91,7 +91,7 @@ class TrainConfig:
     # transformer_lm: what the backward pass recomputes of each block instead of keeping it (MaxText's remat_policy
     # names): none, full, minimal, minimal_with_context, save_qkv_proj, save_out_proj, save_dot_except_mlp, ...
     remat: str = "none"
-    packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/packing.py); eval pads
+    packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/planning/packing.py); eval pads
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
     log_every: int = 50  # steps between log lines and metrics
     eval_every: int = 250  # steps between evaluations of eval_data
@@ -187,7 +187,7 @@ class TrainConfig:
                              f"{self.batch_size}")
         data, weights = self.data_source, self.data_weights
         if isinstance(data, dict) and self.mode == "train":  # (the evaluator reads eval_data only)
-            from loader.mixture import check_weights
+            from loader.planning.mixture import check_weights
 
             check_weights(tuple(data), weights)  # one line for missing, unknown, negative or all-zero weights
         elif weights is not None:

@@ -18,7 +18,7 @@ import numpy as np
 
 import loader
 from dataset_format import storage, tfds_info
-from loader.decode import collate
+from loader.decoding.decode import collate
 from trainer import tasks
 from trainer.config import TrainConfig
 

@@ -99,7 +99,7 @@ class Strategy:
 
     def distribute(self, batch: Any) -> Any:
         """This process's rows of a batch -> global jax.Arrays split over the data axis."""
-        from loader.device import to_global_arrays
+        from loader.executors.device import to_global_arrays
 
         return to_global_arrays(batch, self.batch_sharding)
 

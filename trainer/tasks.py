@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from loader import images
+from loader.decoding import images
 from trainer import imports
 from trainer.config import TrainConfig
 from trainer.models import images_to_float
@@ -142,7 +142,7 @@ class Classification:
 
     @property
     def augment(self):
-        """Training, with image_size: decode, Inception crop to image_size, random flip (loader.images)."""
+        """Training, with image_size: decode, Inception crop to image_size, random flip (loader.decoding.images)."""
         if self.image_size is None:
             return None
         return images.RandomResizedCrop(self.image_key, size=self.image_size, output=self.image_key)

@@ -1,6 +1,6 @@
 """Executors: where the loader's groups are computed, apart from what they hold.
 
-A group (a plain loader's read group, loader/pipeline.py `_ReadGroup`; a packed loader's batch, loader/packing.py
+A group (a plain loader's read group, loader/pipeline.py `_ReadGroup`; a packed loader's batch, loader/packed.py
 `Assembler`) is a pure function of what the plan says it holds: which records, which random numbers each record's
 `random_map_fn` gets, which pieces of which documents go in which row. So any process can compute any group, and a
 group computed twice is the same group: an executor may retry, move or spread groups as it likes, and the batches

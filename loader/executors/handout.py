@@ -1,5 +1,5 @@
 """The caller's side of an executor: its groups' batches handed out one by one, what computing them cost (stage by
-stage, loader/stages.py), and the workers' controls, for every loader (plain, mixture, packed)."""
+stage, loader/executors/stages.py), and the workers' controls, for every loader (plain, mixture, packed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import weakref
 from collections.abc import Iterator
 
-from loader.stages import StageTimes
+from loader.executors.stages import StageTimes
 
 
 class End:
@@ -61,8 +61,8 @@ class WorkerControls:
     _ray: bool = False  # its workers are Ray actors
 
     def stage_times(self, reset: bool = False) -> StageTimes:
-        """What the groups handed out so far cost, stage by stage (loader/stages.py); `.report()` says which stage
-        bounds the rate. Counted from the last (re)start (iter(), set_state()), or the last call with reset=True,
+        """What the groups handed out so far cost, stage by stage (loader/executors/stages.py); `.report()` says which
+        stage bounds the rate. Counted from the last (re)start (iter(), set_state()), or the last call with reset=True,
         which starts new totals."""
         times = self._host.times
         if reset:

@@ -14,7 +14,7 @@ by the workers themselves when their owner dies; files of an owner killed with i
 that starts workers on the host.
 
 Replacing workers, computing groups again and naming a group that kills its workers: loader/executors/schedule.py.
-Workers end with their owner (loader/workers.py `exit_with_owner`) and when the iterator is closed.
+Workers end with their owner (loader/executors/workers.py `exit_with_owner`) and when the iterator is closed.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 
 from loader.executors import transport
 from loader.executors.schedule import Died, Result, Scheduled, Worker
-from loader.workers import exit_with_owner
+from loader.executors.workers import exit_with_owner
 
 log = logging.getLogger(__name__)
 

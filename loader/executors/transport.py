@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.stages import Group
+from loader.executors.stages import Group
 
 
 @dataclasses.dataclass(frozen=True)

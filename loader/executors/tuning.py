@@ -10,7 +10,7 @@ processes: the cheapest), or N worker processes. The tuner watches windows of th
               spent on it (from taking it to asking for the next), the low median over the window (a pause to
               compile or evaluate is one take, not the window's rate; a caller that asks for its second batch at once
               is one take too)
-    cost      CPU seconds a record costs to compute (the groups' stage times: loader/stages.py)
+    cost      CPU seconds a record costs to compute (the groups' stage times: loader/executors/stages.py)
     idle      cores of the host (this process's affinity) that nobody used: the trainer's own cores are busy
 
 and decides:

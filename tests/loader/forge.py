@@ -2,7 +2,7 @@
 key is public, so hashes stop random damage, not intent), footers re-encoded, sizes that wrap around 2^64.
 
 Positions are file positions; the bytes of a chunk skip the 24-byte header of every 64 KiB block it crosses, as
-riegeli lays them out (loader/_riegeli.c's module doc).
+riegeli lays them out (loader/format/_riegeli.c's module doc).
 
     data = bytearray(open(path, "rb").read())
     header, body = chunk_at(data, 64)                       # the first record's chunk
@@ -15,8 +15,8 @@ import struct
 
 import numpy as np
 
-from loader import _riegeli
-from loader.arrayrecord import _varint as _read_varint
+from loader.format import _riegeli
+from loader.format.arrayrecord import _varint as _read_varint
 
 BLOCK = 1 << 16
 BLOCK_HEADER = 24

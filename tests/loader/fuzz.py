@@ -24,7 +24,6 @@ import json
 import os
 import resource
 import select
-import struct
 import subprocess
 import sys
 import tempfile
@@ -131,7 +130,7 @@ def _forge_chunk(out: bytearray, rng, offsets: list[int], forge) -> None:
 
 def _forge_footer(out: bytearray, rng, footer_offset: int, forge) -> None:
     """The footer re-encoded (uncompressed, which any file may use) with one change, hashes recomputed."""
-    from loader import _riegeli
+    from loader.format import _riegeli
 
     raw = bytes(out[footer_offset:len(out) - BLOCK])
     sizes, values = _riegeli.decode_chunk(raw, footer_offset, True, len(raw))
@@ -180,7 +179,7 @@ class Child:
     """The child's side: seeds read once, one case at a time."""
 
     def __init__(self, seeds: Path, work: Path, kinds: tuple[str, ...] = KINDS):
-        from loader.arrayrecord import read_footer
+        from loader.format.arrayrecord import read_footer
 
         self.seeds = [(seeds / f"seed-{i}.array_record").read_bytes() for i in range(len(CODECS))]
         self.records = [seed_records(i) for i in range(len(CODECS))]

@@ -135,7 +135,7 @@ class Child:
 
     def _check(self, batches) -> str | None:
         """Why a row is wrong (its tokens are not its pieces' ids), or None. Walks the plan beside the batches."""
-        from loader.packing import START
+        from loader.planning.packing import START
 
         at = START
         for k, batch in enumerate(batches):

@@ -16,11 +16,10 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 
 import loader
-from loader import _riegeli
-from loader.arrayrecord import read_footer
-from loader.index import RecordIndex
-from loader.reader import BatchReader
-from loader.source import resolve
+from loader.fetch.reader import BatchReader
+from loader.format import _riegeli
+from loader.format.arrayrecord import read_footer
+from loader.format.source import resolve
 from tests.conftest import REPO
 from tests.loader import forge
 
@@ -182,9 +181,9 @@ def test_a_damaged_index_file_is_rebuilt_with_one_log_line(converted, all_record
 import json, logging, os, shutil, sys
 import numpy as np
 os.environ["LOADER_INDEX_DIR"] = {str(index_dir)!r}
-from loader.index import RecordIndex
-from loader.reader import BatchReader
-from loader.source import resolve
+from loader.fetch.reader import BatchReader
+from loader.format.index import RecordIndex
+from loader.format.source import resolve
 source = resolve({str(converted)!r})
 path = RecordIndex.for_source(source).path
 good = open(path, "rb").read()
@@ -194,8 +193,8 @@ logged = []
 class Catch(logging.Handler):
     def emit(self, record):
         logged.append(record.getMessage())
-logging.getLogger("loader.index").addHandler(Catch())
-logging.getLogger("loader.index").setLevel(logging.INFO)
+logging.getLogger("loader.format.index").addHandler(Catch())
+logging.getLogger("loader.format.index").setLevel(logging.INFO)
 wrong = errors = rebuilt = 0
 for trial in range({FLIPS}):
     bad = bytearray(good)
@@ -254,8 +253,8 @@ def test_a_forged_decompression_bomb_is_refused_without_allocating_it(tmp_path):
     path.write_bytes(bytes(data))
     code = f"""
 import resource, numpy as np
-from loader.reader import BatchReader
-from loader.source import resolve
+from loader.fetch.reader import BatchReader
+from loader.format.source import resolve
 reader = BatchReader(resolve({str(tmp_path / "*.array_record")!r}))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:

@@ -77,12 +77,12 @@ def test_resume_is_exact_and_state_is_small_json(converted):
 
 def test_a_restored_or_new_iterator_reuses_the_open_shards(converted, monkeypatch):
     """A loader opens each shard once, however often it restarts (its files stay open under the process limit)."""
-    import loader.reader
+    import loader.fetch.reader
 
     opened = []
-    real = loader.reader.BatchReader._open
-    monkeypatch.setattr(loader.reader.BatchReader, "_open", lambda self, shard: opened.append(self._paths[shard]) or
-                        real(self, shard))
+    real = loader.fetch.reader.BatchReader._open
+    monkeypatch.setattr(loader.fetch.reader.BatchReader, "_open",
+                        lambda self, shard: opened.append(self._paths[shard]) or real(self, shard))
     ds = loader.load(str(converted), batch_size=8, seed=2, decode=None)
     it = iter(ds)
     first = _take(it, 40)  # more than an epoch: every non-empty shard is read
@@ -247,7 +247,7 @@ def test_corrupt_shard_with_the_right_size_fails_naming_the_shard(rotten_copy):
 
 
 def test_batch_decoding_equals_record_by_record_decoding():
-    from loader.decode import ExampleDecoder, collate
+    from loader.decoding.decode import ExampleDecoder, collate
     from dataset_format.example_proto import encode_example
 
     decoder = ExampleDecoder()

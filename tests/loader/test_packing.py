@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import loader
-from loader.packing import START, assemble, pack_rows
+from loader.packed import assemble
+from loader.planning.packing import pack_rows, START
 from tests.loader.conftest import LENGTHS, flat_ids
 from tests.loader.conftest import token_ids as _ids
 
@@ -75,7 +76,7 @@ def test_every_target_is_packed_once_per_epoch(token_data):
 
 
 def _plan(counts, batch_size=4, block=None, **options):
-    from loader.packing import Layout, PackedPlan
+    from loader.planning.packing import Layout, PackedPlan
 
     counts = np.asarray(counts)
     layout = Layout(lambda r: counts[r], len(counts), options.pop("seq_len", 32), options.pop("fit", "first"),
@@ -113,7 +114,7 @@ def test_best_fit_is_pinned_and_pads_less_than_first_fit():
 
 
 def _reference_rows(targets, seq_len, window, best):
-    """The packing rule, one piece at a time, as loader/_pack.c's comment states it (the C code keeps a long
+    """The packing rule, one piece at a time, as loader/planning/_pack.c's comment states it (the C code keeps a long
     document's full pieces as one run; this keeps every piece)."""
     rows, open_ = [], []  # open_: [row, free] of the newest `window` rows
     for doc, total in enumerate(targets):
@@ -148,7 +149,7 @@ def test_the_packer_follows_its_rule_piece_by_piece(fit):
 def test_counts_of_billions_cost_no_memory_or_time():
     """A damaged or crafted count (4e9 targets at seq_len 1) lays out in bounded memory and time: a run of rows is
     one segment. The rows are still exact: row r of the run holds target r."""
-    from loader.packing import Layout
+    from loader.planning.packing import Layout
 
     counts = np.array([5, 2**32 - 1, 3] * 20_000, np.uint32)  # one block
     started = time.monotonic()
@@ -169,7 +170,7 @@ def test_the_first_batch_of_a_huge_corpus_lays_out_one_block(monkeypatch):
         asked.append(len(records))
         return counts[records]
 
-    from loader.packing import BLOCK, Layout, PackedPlan
+    from loader.planning.packing import Layout, PackedPlan, BLOCK
 
     plan = PackedPlan(Layout(count, len(counts), 1024), batch_size=8)
     rows, after = plan.batch_at(START)
@@ -178,7 +179,7 @@ def test_the_first_batch_of_a_huge_corpus_lays_out_one_block(monkeypatch):
 
 
 def test_resume_from_a_position_lays_out_nothing_before_it(token_data, monkeypatch):
-    from loader import packing
+    from loader.planning import packing
 
     whole = _packed(token_data, num_epochs=4)
     it = iter(whole)
@@ -256,7 +257,7 @@ def test_counts_that_disagree_with_the_records_are_an_error_naming_the_record(to
 def test_a_packed_mixture_over_many_blocks_is_pinned_and_resumes(token_data, monkeypatch):
     """Blocks of 4 documents: each component's row stream crosses blocks and epochs; the rows are pinned, and a
     state taken mid-way resumes to the same batches."""
-    from loader import packing
+    from loader.planning import packing
 
     monkeypatch.setattr(packing, "BLOCK", 4)
 
@@ -277,7 +278,7 @@ def test_a_packed_mixture_over_many_blocks_is_pinned_and_resumes(token_data, mon
 def test_a_packed_mixture_resumes_without_laying_out_the_blocks_before_its_state(token_data, monkeypatch):
     """Blocks of 2 documents, 6 an epoch: after 40 batches (several epochs of each component) the state holds each
     component's block; a resumed loader lays out only blocks from there on, and gives the same batches."""
-    from loader import packing
+    from loader.planning import packing
 
     monkeypatch.setattr(packing, "BLOCK", 2)
 

@@ -1,8 +1,8 @@
 import pytest
 
-from loader.batches import BatchPlan
-from loader.pipeline import RAMP_GROWTH, _ReadGroup
-from loader.source import ShardedSource
+from loader.format.source import ShardedSource
+from loader.pipeline import _ReadGroup, RAMP_GROWTH
+from loader.planning.batches import BatchPlan
 
 
 @pytest.mark.parametrize("num_epochs", [1, 3, None])

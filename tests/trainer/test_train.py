@@ -182,7 +182,7 @@ def test_an_incomplete_conversion_is_refused_unless_allow_incomplete(digits, tmp
 def test_a_shard_damaged_during_training_ends_the_run_with_the_shard_as_the_last_line(digits, tmp_path):
     """A chunk damaged after the run started (its first batch read): the failure's last line names the shard and the
     fix, not grain's note on the frames it removed."""
-    from loader.source import resolve
+    from loader.format.source import resolve
 
     data = tmp_path / "train"
     shutil.copytree(digits["train"], data)
@@ -346,7 +346,7 @@ def test_the_step_is_compiled_before_any_batch_is_placed_and_the_loop_places_eac
     placed by the loop's own thread, one a step, so none lands while a step's temporaries are being allocated."""
     import threading
 
-    from loader import device
+    from loader.executors import device
     from trainer import TrainConfig, train
 
     events = []

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import loader
-from loader import images
+from loader.decoding import images
 
 ray = pytest.importorskip("ray")
 

@@ -3,7 +3,7 @@ import pickle
 import numpy as np
 
 from loader.executors import transport
-from loader.stages import Group
+from loader.executors.stages import Group
 
 
 def _group(batches):

@@ -83,7 +83,7 @@ def test_stage_times_name_the_stage_that_bounds_the_rate(converted):
 
 
 def test_busy_cores_call_for_more_cores():
-    from loader.stages import StageTimes
+    from loader.executors.stages import StageTimes
 
     times = StageTimes(groups=10, records=1000, take=0.01, wait=0.9)
     times.cpu.update(read=0.1, map=1.8)

@@ -1,0 +1,347 @@
+"""Image ops for the loader: decode JPEG/PNG, Inception-style random-resized crop and flip for training, resize and
+center crop for evaluation. uint8 RGB out; normalising is left to the device.
+
+    import loader
+    from loader.decoding import images
+
+    train = loader.load("imagenet/", batch_size=256, seed=0,
+                        random_map_fn=images.RandomResizedCrop("image/encoded", size=224))
+    batch = next(iter(train))   # {"image": uint8 [256, 224, 224, 3], "image/class/label": int64 [256], ...}
+    evaluate = loader.load("imagenet-val/", batch_size=256, shuffle=False,
+                           map_fn=images.CenterCrop("image/encoded", size=224))
+
+Decoders, measured one thread on ImageNet-like photos (benchmarks/image_bench.py, docs/benchmarks.md): simplejpeg
+(libjpeg-turbo) decodes fastest, ahead of OpenCV and well ahead of Pillow, and scales the DCT (a 1/2, 1/4 ... decode)
+when the crop is large; OpenCV resizes (the fastest resize measured) and decodes what is not a JPEG (PNG, ...). Both
+release the GIL, so the loader's threads decode in parallel.
+
+Hostile or damaged files (tests/fixtures/fuzz/images): a decoder allocates for the size an image's header declares, not
+for the data behind it (a progressive JPEG's whole coefficient buffer: 239 bytes declaring 30000x30000 took 2.6 GB in a
+crop, 5 GB in a whole decode), so the header is read first and an image declaring more than `max_pixels` pixels (default
+MAX_IMAGE_PIXELS, Pillow's decompression-bomb limit) is an error before anything decodes. A JPEG or PNG without its end
+marker (cut short) is an error too, and a JPEG decodes through libjpeg-turbo or not at all: its warnings (corrupt data)
+are errors, where OpenCV would pad what it cannot read with grey.
+
+A crop depends only on the record's bytes and the `numpy.random.Generator` the loader hands `random_map_fn` (seeded
+from the loader's seed, the epoch and the record's global index), so an augmented batch is the same for any host
+count, worker count and after a resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+
+import numpy as np
+
+JPEG_MAGIC = b"\xff\xd8"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC (it holds no data, so its CRC is fixed)
+# A whole image's end marker (JPEG's FF D9, PNG's IEND chunk) lies within its last bytes (some have a trailer).
+EOI_WITHIN = 1024
+# The most pixels (height x width) an image may declare: Pillow's decompression-bomb error threshold (2 x 89,478,485),
+# above any camera's photos. At the cap, a progressive JPEG's coefficients take 1 GB (6 bytes a pixel), its RGB 0.5 GB.
+MAX_IMAGE_PIXELS = 2 * 89_478_485
+
+# Inception / big_vision "inception_crop" defaults: 8%-100% of the area, aspect 3:4 to 4:3, 10 tries.
+AREA_RANGE = (0.08, 1.0)
+ASPECT_RANGE = (3 / 4, 4 / 3)
+ATTEMPTS = 10
+# Evaluation: resize the short side to size / CROP_FRACTION, then take the central size x size (224 of 256).
+CROP_FRACTION = 0.875
+
+
+def _cv2():
+    import cv2
+
+    cv2.setNumThreads(1)  # the loader's threads are the parallelism; OpenCV's own pool would oversubscribe cores
+    return cv2
+
+
+def _described(data) -> str:
+    return f"{len(data)} bytes starting {bytes(data[:8])!r}"
+
+
+def _check_pixels(height: int, width: int, max_pixels: int) -> None:
+    if height * width > max_pixels:
+        raise ValueError(f"an image declaring {height}x{width} = {height * width:,} pixels, over "
+                         f"max_pixels={max_pixels:,} (a decompression bomb?); pass a larger max_pixels= to the image "
+                         "op if your images really are this large")
+
+
+def _declared_size(data, max_pixels: int) -> tuple[int, int] | None:
+    """(height, width) from a JPEG's or a PNG's header, refused over `max_pixels` before anything decodes; None for
+    other formats (OpenCV reads their headers: its own limit, OPENCV_IO_MAX_IMAGE_PIXELS, 2^30, bounds their decode, and
+    `max_pixels` is checked on what it decoded)."""
+    if data[:2] == JPEG_MAGIC:
+        import simplejpeg
+
+        try:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError as e:
+            raise ValueError(f"{_described(data)}: not a JPEG that decodes ({e})") from None
+    elif data[:8] == PNG_MAGIC and data[12:16] == b"IHDR" and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])  # IHDR: width, height (4 bytes each, big-endian), ...
+    else:
+        return None
+    _check_pixels(height, width, max_pixels)
+    return height, width
+
+
+def _check_whole(data) -> None:
+    """Refuse a JPEG or PNG without its end marker near its end: a file cut short. A crop decode stops below its
+    window and OpenCV pads missing rows with grey, so neither would tell."""
+    if data[:2] == JPEG_MAGIC:
+        if bytes(data[-EOI_WITHIN:]).rfind(b"\xff\xd9") < 0:
+            raise ValueError(f"{_described(data)}: a JPEG without its end-of-image marker (FF D9) in its last "
+                             f"{EOI_WITHIN} bytes: the file was cut short; replace it or leave the record out")
+    elif data[:8] == PNG_MAGIC and bytes(data[-EOI_WITHIN:]).rfind(PNG_END) < 0:
+        raise ValueError(f"{_described(data)}: a PNG without its IEND chunk in its last {EOI_WITHIN} bytes: the file "
+                         "was cut short; replace it or leave the record out")
+
+
+def image_size(data: bytes, *, max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[int, int]:
+    """(height, width) of an encoded image, from its header (JPEG, PNG; other formats decode). An image declaring more
+    than `max_pixels` pixels is a ValueError."""
+    size = _declared_size(data, max_pixels)
+    if size is None:
+        size = decode(data, max_pixels=max_pixels).shape[:2]
+    return size
+
+
+def decode(data: bytes, *, min_height: int = 0, min_width: int = 0,
+           max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """An encoded image (JPEG, PNG, or anything OpenCV reads) -> uint8 [H, W, 3] RGB. With `min_height`/`min_width`,
+    a JPEG may decode scaled down (a DCT-domain 1/2 .. 1/8 decode) as long as it keeps at least that size. A ValueError
+    for an image that does not decode, declares more than `max_pixels` pixels, or is cut short."""
+    size = _declared_size(data, max_pixels)
+    _check_whole(data)
+    return _decoded(data, size, min_height, min_width, max_pixels)
+
+
+def _decoded(data, size: tuple[int, int] | None, min_height: int, min_width: int, max_pixels: int) -> np.ndarray:
+    """`decode` once `_declared_size` gave `size` and `_check_whole` passed."""
+    if data[:2] == JPEG_MAGIC:
+        import simplejpeg
+
+        try:  # simplejpeg converts CMYK/YCCK too; its strict mode makes libjpeg's warnings (corrupt data) errors
+            return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
+                                          min_height=min_height, min_width=min_width)
+        except ValueError as e:  # not on to OpenCV: it ignores those warnings and pads what it cannot read with grey
+            raise ValueError(f"{_described(data)}: not a JPEG that decodes ({e})") from None
+    cv2 = _cv2()
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError(f"{_described(data)} are not an image that decodes (JPEG, PNG, or another format OpenCV "
+                         "reads)")
+    if size is None:
+        _check_pixels(image.shape[0], image.shape[1], max_pixels)
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def sample_crop(rng: np.random.Generator, height: int, width: int, *, area_range=AREA_RANGE,
+                aspect_range=ASPECT_RANGE, attempts: int = ATTEMPTS) -> tuple[int, int, int, int]:
+    """An Inception-style crop box (top, left, h, w) of an image of height x width: area a uniform fraction in
+    `area_range` of the image, log-uniform aspect (w/h) in `aspect_range`; after `attempts` misses, the largest
+    central box of an aspect within the range."""
+    total = height * width
+    log_low, log_high = math.log(aspect_range[0]), math.log(aspect_range[1])
+    for _ in range(attempts):
+        area = total * rng.uniform(*area_range)
+        aspect = math.exp(rng.uniform(log_low, log_high))
+        w = int(round(math.sqrt(area * aspect)))
+        h = int(round(math.sqrt(area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    aspect = width / height
+    if aspect < aspect_range[0]:
+        w, h = width, int(round(width / aspect_range[0]))
+    elif aspect > aspect_range[1]:
+        h, w = height, int(round(height * aspect_range[1]))
+    else:
+        h, w = height, width
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    if image.shape[:2] == (height, width):
+        return np.ascontiguousarray(image)
+    cv2 = _cv2()
+    return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
+
+
+def _rgb(image: np.ndarray) -> np.ndarray:
+    """A decoded uint8 image as [H, W, 3] (grey [H, W] or [H, W, 1] repeated, as decoding its PNG would give)."""
+    if image.ndim == 3 and image.shape[2] == 3:
+        return image
+    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
+        return np.repeat(image.reshape(image.shape[0], image.shape[1], 1), 3, axis=2)
+    raise ValueError(f"a decoded image of shape {image.shape}: expected [H, W], [H, W, 1] or [H, W, 3]")
+
+
+def _crop_decoder():
+    """loader.decoding._jpeg (libjpeg crop decode), or None where it was not built (no libjpeg headers at install)."""
+    try:
+        from loader.decoding import _jpeg
+    except ImportError:
+        return None
+    return _jpeg
+
+
+def decode_crop(data, box: tuple[int, int, int, int], min_size: tuple[int, int], *,
+                max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """The `box` (top, left, h, w) of an encoded image (or of a decoded array) as uint8 [h', w', 3] RGB, at the
+    smallest scale n/8 that keeps it at least `min_size` (h, w) pixels (or full size when it is smaller). A JPEG
+    decodes only the box's rows and columns (loader/decoding/_jpeg.c, like tf.image.decode_and_crop_jpeg) and a scaled
+    DCT; other formats decode whole, then the box is cut out. The errors of `decode`."""
+    top, left, h, w = box
+    if isinstance(data, np.ndarray):
+        image, sy, sx = _rgb(data), 1.0, 1.0
+    else:
+        _check_whole(data)
+        if data[:2] == JPEG_MAGIC and (jpeg := _crop_decoder()) is not None:
+            try:
+                pixels, rows, cols, x_offset, n = jpeg.crop(data, top, left, h, w, *min_size, max_pixels)
+            except NotImplementedError:  # CMYK/YCCK: simplejpeg converts it, below
+                pass
+            else:
+                width = max(1, -(-(left + w) * n // 8) - left * n // 8)
+                return np.frombuffer(pixels, np.uint8).reshape(rows, cols, 3)[:, x_offset:x_offset + width]
+        size = _declared_size(data, max_pixels)
+        if size is None:  # neither JPEG nor PNG: OpenCV decodes it whole, once
+            image = _decoded(data, None, 0, 0, max_pixels)
+            height, width = image.shape[:2]
+        else:
+            height, width = size
+            image = _decoded(data, size, -(-min_size[0] * height // h), -(-min_size[1] * width // w), max_pixels)
+        sy, sx = image.shape[0] / height, image.shape[1] / width
+    y0, x0 = int(top * sy), int(left * sx)
+    y1, x1 = max(y0 + 1, int(round((top + h) * sy))), max(x0 + 1, int(round((left + w) * sx)))
+    return image[y0:y1, x0:x1]
+
+
+def _size_of(data, max_pixels: int) -> tuple[int, int]:
+    return data.shape[:2] if isinstance(data, np.ndarray) else image_size(data, max_pixels=max_pixels)
+
+
+def random_resized_crop(data, rng: np.random.Generator, size: int, *, flip: bool = True,
+                        area_range=AREA_RANGE, aspect_range=ASPECT_RANGE,
+                        max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Encoded image (or a decoded uint8 [H, W, 3]) -> uint8 [size, size, 3]: an Inception crop (`sample_crop`)
+    resized to size x size, mirrored left-right with probability 1/2 when `flip`. The JPEG decodes at the smallest
+    DCT scale that keeps the crop at least `size` pixels on each side. The errors of `decode`."""
+    height, width = _size_of(data, max_pixels)
+    top, left, h, w = sample_crop(rng, height, width, area_range=area_range, aspect_range=aspect_range)
+    mirror = flip and rng.random() < 0.5
+    out = _resize(decode_crop(data, (top, left, h, w), (size, size), max_pixels=max_pixels), size, size)
+    return _cv2().flip(out, 1) if mirror else out  # (NumPy copies a reversed 3-byte-pixel view ~20x slower)
+
+
+def center_crop(data, size: int, *, crop_fraction: float = CROP_FRACTION,
+                max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Encoded image (or a decoded uint8 [H, W, 3]) -> uint8 [size, size, 3]: the short side resized to
+    size / crop_fraction, then the central size x size. The errors of `decode`."""
+    height, width = _size_of(data, max_pixels)
+    # The central square of side min(H, W) * crop_fraction, resized to size (the same pixels as resizing the short
+    # side to size / crop_fraction and cutting the central size x size, with only the crop decoded).
+    side = max(1, int(round(min(height, width) * crop_fraction)))
+    box = ((height - side) // 2, (width - side) // 2, side, side)
+    return _resize(decode_crop(data, box, (size, size), max_pixels=max_pixels), size, size)
+
+
+def _image_of(record, feature: str):
+    """The encoded bytes (or decoded array) of `feature` in a decoded record."""
+    if not isinstance(record, dict) or feature not in record:
+        got = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise KeyError(f"no image feature {feature!r} in this record (it has {got}); pass the feature that holds "
+                       "the encoded image, e.g. 'image/encoded' for ImageNet-layout TFRecords or 'image' for TFDS")
+    value = record[feature]
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        value = value.item() if value.size == 1 else value
+    return value
+
+
+def _in_feature(feature: str, op, *args, **kwargs) -> np.ndarray:
+    """op(*args) with an error naming the feature (the loader adds the shard and record)."""
+    try:
+        return op(*args, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"feature {feature!r}: {e}") from e
+
+
+def _check_max_pixels(max_pixels) -> None:
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+        raise ValueError(f"max_pixels must be a whole number of pixels >= 1 (got max_pixels={max_pixels!r}); the "
+                         f"default, MAX_IMAGE_PIXELS, is {MAX_IMAGE_PIXELS:,}")
+
+
+def _replace(record: dict, feature: str, output: str, image: np.ndarray) -> dict:
+    out = {k: v for k, v in record.items() if k != feature}
+    out[output] = image
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomResizedCrop:
+    """`random_map_fn=` for training: record[feature] (encoded bytes, or a decoded array) -> record[output], an
+    uint8 [size, size, 3] Inception crop, flipped at random (`random_resized_crop`). The encoded feature is dropped.
+    An image declaring more than `max_pixels` pixels is an error before it decodes (a decompression bomb)."""
+
+    feature: str = "image"
+    size: int = 224
+    flip: bool = True
+    output: str = "image"
+    area_range: tuple[float, float] = AREA_RANGE
+    aspect_range: tuple[float, float] = ASPECT_RANGE
+    max_pixels: int = MAX_IMAGE_PIXELS
+
+    def __post_init__(self):
+        if self.size < 1:
+            raise ValueError(f"size must be >= 1 pixel (got size={self.size})")
+        if not 0 < self.area_range[0] <= self.area_range[1] <= 1:
+            raise ValueError(f"area_range must satisfy 0 < low <= high <= 1 (got area_range={self.area_range})")
+        if not 0 < self.aspect_range[0] <= self.aspect_range[1]:
+            raise ValueError(f"aspect_range must satisfy 0 < low <= high (got aspect_range={self.aspect_range})")
+        _check_max_pixels(self.max_pixels)
+
+    @property
+    def encoded_features(self) -> tuple[str, ...]:
+        """Features the loader hands over still encoded (a TFDS Image stays PNG/JPEG bytes: decoded here, faster)."""
+        return (self.feature,)
+
+    def __call__(self, record: dict, rng: np.random.Generator) -> dict:
+        image = _in_feature(self.feature, random_resized_crop, _image_of(record, self.feature), rng, self.size,
+                            flip=self.flip, area_range=self.area_range, aspect_range=self.aspect_range,
+                            max_pixels=self.max_pixels)
+        return _replace(record, self.feature, self.output, image)
+
+
+@dataclasses.dataclass(frozen=True)
+class CenterCrop:
+    """`map_fn=` for evaluation: record[feature] -> record[output], uint8 [size, size, 3] (`center_crop`). An image
+    declaring more than `max_pixels` pixels is an error before it decodes."""
+
+    feature: str = "image"
+    size: int = 224
+    output: str = "image"
+    crop_fraction: float = CROP_FRACTION
+    max_pixels: int = MAX_IMAGE_PIXELS
+
+    def __post_init__(self):
+        if self.size < 1:
+            raise ValueError(f"size must be >= 1 pixel (got size={self.size})")
+        if not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction must be in (0, 1] (got crop_fraction={self.crop_fraction})")
+        _check_max_pixels(self.max_pixels)
+
+    @property
+    def encoded_features(self) -> tuple[str, ...]:
+        return (self.feature,)
+
+    def __call__(self, record: dict) -> dict:
+        image = _in_feature(self.feature, center_crop, _image_of(record, self.feature), self.size,
+                            crop_fraction=self.crop_fraction, max_pixels=self.max_pixels)
+        return _replace(record, self.feature, self.output, image)

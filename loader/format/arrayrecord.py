@@ -1,0 +1,164 @@
+"""An ArrayRecord file's footer: where each record's chunk is, read without ArrayRecord's reader.
+
+The layout (array_record's `cpp/layout.proto` and `array_record_writer.cc`; riegeli's
+`doc/riegeli_records_file_format.md`), for files written with `group_size:1` (one record per chunk):
+
+    64 KiB blocks, each starting with a 24-byte block header
+    [signature chunk at 0] [chunk of record 0 at 64] [chunk of record 1] ... [footer chunk] [postscript chunk]
+    footer chunk:     a simple chunk of records: RiegeliFooterMetadata{array_record_metadata{version,
+                      num_chunks, num_records, writer_options}}, then one ArrayRecordFooter{chunk_offset,
+                      decoded_data_size, num_records} per data chunk; compressed like the data
+    postscript chunk: at the start of the last 64 KiB block, uncompressed: RiegeliPostscript{footer_offset,
+                      magic = 0x71930e704fdae05e}
+
+A record's chunk ends where the next begins (the last one where the footer begins). The chunks themselves are
+decoded by the C extension (loader/format/_riegeli.c), which checks riegeli's hashes.
+
+Nothing in a footer is trusted (its hashes can be recomputed by anyone): its chunk offsets must increase from the
+first data chunk (64) to the footer, each entry's record count must agree with the writer's group_size and the
+counts add up to the metadata's record count. A file that fails is refused by name before ArrayRecord's own reader
+(the fallback for chunks of several records, transposed or brotli chunks) ever sees it.
+
+    footer = read_footer("/data/x.array_record-00000-of-00008")
+    footer.offsets[:3]           # chunk offsets of records 0..2 (uint64)
+    footer.fallback_reason       # None, or why this reader leaves the file to ArrayRecord's
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from dataset_format import storage
+from loader.format import _riegeli
+
+BLOCK_SIZE = 1 << 16
+MAGIC = 0x71930E704FDAE05E
+
+
+FIRST_CHUNK = 64  # the file signature (a 24-byte block header and a 40-byte chunk header) comes first: no chunk before
+MIN_CHUNK = 40  # a chunk header: no chunk is shorter
+
+
+@dataclasses.dataclass(frozen=True)
+class Footer:
+    offsets: np.ndarray  # uint64, the chunk offset of each chunk (of each record with group_size:1)
+    counts: np.ndarray  # uint64, the records in each chunk
+    footer_offset: int  # where the last chunk ends
+    writer_options: str
+    fallback_reason: str | None  # why our reader cannot read this file (ArrayRecord's reader is used instead)
+
+    @property
+    def num_records(self) -> int:
+        return int(self.counts.sum())
+
+
+def _fields(message: bytes) -> dict[int, int | bytes]:
+    """The varint and length-delimited fields of a protobuf message (last one wins), enough for these messages."""
+    fields: dict[int, int | bytes] = {}
+    at = 0
+    while at < len(message):
+        key, at = _varint(message, at)
+        if key & 7 == 0:
+            fields[key >> 3], at = _varint(message, at)
+        elif key & 7 == 2:
+            size, at = _varint(message, at)
+            fields[key >> 3], at = message[at:at + size], at + size
+        else:
+            raise ValueError(f"unexpected protobuf wire type {key & 7}")
+    return fields
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data):
+            raise ValueError("a varint runs past the end")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _records(chunk: bytes, position: int) -> list[bytes]:
+    sizes, values = _riegeli.decode_chunk(chunk, position, True, len(chunk))  # (a record takes at least a byte)
+    ends = np.cumsum(np.frombuffer(sizes, dtype="<u8")).tolist()
+    return [values[start:end] for start, end in zip([0] + ends[:-1], ends)]
+
+
+def read_footer(path: str, size: int) -> Footer:
+    """The chunk offsets of the ArrayRecord file of `size` bytes at `path` (local or gs://), from two reads at its
+    end. Raises ValueError naming the file when it is not a whole ArrayRecord file (truncated, not ArrayRecord).
+    """
+    try:
+        if size < 2 * BLOCK_SIZE or size % BLOCK_SIZE:
+            raise ValueError(f"its size ({size} bytes) is not a multiple of 64 KiB of at least 128 KiB")
+        last = size - BLOCK_SIZE
+        postscript = _fields(_records(storage.read_range(path, last, size), last)[0])
+        if postscript.get(2) != MAGIC or not isinstance(postscript.get(1), int) or not 0 < postscript[1] < last:
+            raise ValueError("its last block holds no ArrayRecord postscript")
+        footer_offset = postscript[1]
+        # a footer record per chunk (and the metadata): each chunk takes at least MIN_CHUNK bytes before the footer
+        most = (footer_offset - FIRST_CHUNK) // MIN_CHUNK + 1
+        sizes, values = _riegeli.decode_chunk(storage.read_range(path, footer_offset, last), footer_offset, True, most)
+        first = int(np.frombuffer(sizes, dtype="<u8", count=1)[0]) if sizes else 0
+        metadata = _fields(_fields(values[:first]).get(1, b""))
+        options = metadata.get(4, b"").decode("utf-8", "replace") if isinstance(metadata.get(4), bytes) else ""
+        settings = _settings(options)
+        group = settings.get("group_size", "")
+        group = min(int(group), 1 << 62) if group.isdigit() else 0  # (0: not said; the checks then skip it)
+        offsets, counts, total = _riegeli.footer_offsets(sizes, values, footer_offset, group)
+        del sizes, values
+        offsets, counts = np.frombuffer(offsets, dtype="<u8"), np.frombuffer(counts, dtype="<u8")
+        if isinstance(metadata.get(3), int) and metadata[3] != total:
+            raise ValueError(f"footer record counts that add up to {total}, not the {metadata[3]} of its metadata")
+        if isinstance(metadata.get(2), int) and metadata[2] != len(counts):
+            raise ValueError(f"{len(counts)} footer entries, not the {metadata[2]} chunks of its metadata")
+    except (ValueError, _riegeli.CorruptError, _riegeli.UnsupportedError) as e:
+        if _is_tfrecord(path, size):
+            raise ValueError(f"{path} is a TFRecord file, not ArrayRecord: convert it first (python -m pipelines "
+                             f"convert --input {path} --output DIR), then load DIR") from None
+        raise ValueError(f"{path} is not a whole ArrayRecord file ({_reason(e)}); it is truncated or damaged: re-run "
+                         "the conversion or restage the data") from e
+    return Footer(offsets, counts, footer_offset, options, _fallback_reason(settings, total == len(counts)))
+
+
+def _is_tfrecord(path: str, size: int) -> bool:
+    """Whether the file begins with a TFRecord frame: a length that fits the file, and its masked CRC-32C."""
+    if size < 16:
+        return False
+    try:
+        import google_crc32c  # (google-cloud-storage's dependency)
+
+        head = storage.read_range(path, 0, 12)
+    except (ImportError, OSError):
+        return False
+    length, crc = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
+    value = google_crc32c.value(head[:8])
+    masked = (((value >> 15) | (value << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    return masked == crc and 16 + length <= size
+
+
+def _settings(options: str) -> dict[str, str]:
+    return dict(part.partition(":")[::2] for part in options.split(",") if part)
+
+
+def _reason(e: Exception) -> str:
+    return e.args[0] if isinstance(e, (_riegeli.CorruptError, _riegeli.UnsupportedError)) else str(e)
+
+
+def _fallback_reason(settings: dict[str, str], single: bool) -> str | None:
+    """Why this file goes to ArrayRecord's reader, or None: it reads simple chunks of one record, stored
+    uncompressed or with snappy or zstd (zstd through the system's libzstd.so.1)."""
+    if not single:
+        return f"chunks of several records (group_size:{settings.get('group_size', '?')})"
+    if settings.get("transpose") == "true":
+        return "transposed chunks"
+    if "brotli" in settings:
+        return "brotli compression"
+    if "zstd" in settings and not _riegeli.HAS_ZSTD:
+        return "zstd compression and no libzstd.so.1 on this machine"
+    return None

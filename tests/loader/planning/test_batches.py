@@ -1,0 +1,74 @@
+import numpy as np
+import pytest
+
+from loader.planning.batches import BatchPlan
+
+
+def _global_batches(n_hosts, *, num_batches, **kw):
+    plans = [BatchPlan(shard_index=h, shard_count=n_hosts, **kw) for h in range(n_hosts)]
+    return [np.concatenate([p.host_indices(k) for p in plans]) for k in range(num_batches)]
+
+
+def test_host_count_invariance():
+    kw = dict(num_records=103, batch_size=8, seed=5)
+    one = _global_batches(1, num_batches=40, **kw)
+    for n in (2, 4, 8):
+        assert all(np.array_equal(a, b) for a, b in zip(one, _global_batches(n, num_batches=40, **kw)))
+
+
+def test_each_epoch_is_a_permutation_and_epochs_differ():
+    plan = BatchPlan(num_records=50, batch_size=10, seed=1, num_epochs=3)
+    assert plan.num_batches == 15
+    stream = np.concatenate([plan.host_indices(k) for k in range(plan.num_batches)])
+    epochs = stream.reshape(3, 50)
+    for e in epochs:
+        assert sorted(e.tolist()) == list(range(50))
+    assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_batches_span_epoch_boundaries_and_remainders():
+    plan = BatchPlan(num_records=10, batch_size=4, shuffle=False, num_epochs=2, drop_remainder=False)
+    assert [plan.host_indices(k).tolist() for k in range(plan.num_batches)] == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1], [2, 3, 4, 5], [6, 7, 8, 9]]
+    dropped = BatchPlan(num_records=10, batch_size=4, shuffle=False, num_epochs=1)
+    assert dropped.num_batches == 2
+    kept = BatchPlan(num_records=10, batch_size=4, shuffle=False, num_epochs=1, drop_remainder=False)
+    assert kept.host_indices(2).tolist() == [8, 9]
+
+
+def test_bad_plans_are_named():
+    with pytest.raises(ValueError, match="batch_size=10 does not split evenly over shard_count=4"):
+        BatchPlan(num_records=10, batch_size=10, shard_index=0, shard_count=4)
+    with pytest.raises(ValueError, match="shard_index must be in"):
+        BatchPlan(num_records=10, batch_size=4, shard_index=2, shard_count=2)
+    with pytest.raises(ValueError, match="num_epochs must be"):
+        BatchPlan(num_records=10, batch_size=4, num_epochs=0)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_next_reads_are_this_hosts_next_read_of_each_record(shuffle):
+    """Against the host's own stream read forward: the next position of the same record, within the horizon."""
+    from loader.planning.batches import NEVER
+
+    for host in range(4):
+        plan = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=6, shard_index=host, shard_count=4)
+        positions = np.concatenate(plan.host_positions_range(0, plan.num_batches))
+        records = plan.indices_at(positions)
+        expected, seen = np.full(len(positions), NEVER), {}
+        for t in range(len(positions) - 1, -1, -1):
+            later = seen.get(int(records[t]))
+            if later is not None and later // 1000 - positions[t] // 1000 <= 3:
+                expected[t] = later
+            seen[int(records[t])] = int(positions[t])
+        assert np.array_equal(plan.next_reads(positions, records, horizon=3), expected)
+    endless = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=None, shard_index=1, shard_count=4)
+    bounded = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=9, shard_index=1, shard_count=4)
+    positions = np.concatenate(endless.host_positions_range(0, 25))  # epoch 0: its next reads lie in epochs 1-3
+    records = endless.indices_at(positions)
+    assert np.array_equal(endless.next_reads(positions, records, 3), bounded.next_reads(positions, records, 3))
+    plan = BatchPlan(10, 4, seed=0, num_epochs=4, shard_index=0, shard_count=2)
+    positions = np.concatenate(plan.host_positions_range(0, 2))
+    assert plan.indices_at(positions).tolist() == [7, 4, 5, 3]  # host 0's rows: positions p with p % 4 in {0, 1}
+    # epoch 1 is [7, 0, 1, 6, 2, 5, 3, 8, 4, 9], epoch 2 [8, 1, 5, 3, 9, 0, 7, 2, 6, 4]: 4 comes back to host 0 at 29
+    # (20 + 9), 3 at 16 (10 + 6); 7 (at 10 and 26) and 5 (at 15 and 22) go to host 1
+    assert plan.next_reads(positions, plan.indices_at(positions), 2).tolist() == [NEVER, 29, NEVER, 16]

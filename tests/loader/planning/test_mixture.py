@@ -1,0 +1,407 @@
+"""Mixtures: stratified component counts, each component's exact permutation across its epochs, host-count
+invariance, exact resume with and without worker processes, weights changed (and a component added) mid-run."""
+
+import collections
+
+import numpy as np
+import pytest
+from array_record.python.array_record_module import ArrayRecordWriter
+
+import loader
+from dataset_format import example_proto
+from loader.planning.mixture import MixturePlan, integer_weights, quota_schedule
+
+SIZES = {"web": 1000, "code": 300, "tiny": 10, "big": 100_000}
+
+
+def write_component(path, name: str, count: int) -> str:
+    """`count` tf.Examples {"id": i, "name": name} in two ArrayRecord shards; returns their glob."""
+    path.mkdir(parents=True, exist_ok=True)
+    for shard, part in enumerate(np.array_split(np.arange(count), 2)):
+        writer = ArrayRecordWriter(str(path / f"{name}-{shard}.array_record"), "group_size:1")
+        for i in part:
+            writer.write(example_proto.encode_example({"id": int(i), "name": name.encode()}))
+        writer.close()
+    return str(path / f"{name}-*.array_record")
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpora")
+    return {name: write_component(root / name, name, n) for name, n in SIZES.items()}
+
+
+def mix(corpora, names, weights, **options):
+    return loader.load({n: corpora[n] for n in names}, weights=dict(zip(names, weights)), **options)
+
+
+def rows(batch, names) -> list[tuple[str, int]]:
+    """(component, record id) per row; the row's record says which component it came from, too."""
+    out = [(names[c], int(i)) for c, i in zip(batch["component"], batch["id"])]
+    assert [n for n, _ in out] == [bytes(v).decode() for v in batch["name"]]
+    return out
+
+
+# -- the schedule --------------------------------------------------------------------------------------------------
+
+def test_weights_become_small_integers_and_bad_weights_are_one_line():
+    assert integer_weights({"a": 0.7, "b": 0.3}) == {"a": 7, "b": 3}
+    assert integer_weights({"a": 0.5, "b": 0.3, "c": 0.2}) == {"a": 5, "b": 3, "c": 2}
+    assert integer_weights({"a": 1, "b": 1, "c": 1}) == {"a": 1, "b": 1, "c": 1}
+    assert integer_weights({"a": 0.6, "b": 0.25, "c": 0.15}) == {"a": 12, "b": 5, "c": 3}
+    assert integer_weights({"a": 0, "b": 5}) == {"a": 0, "b": 1}
+    assert sum(integer_weights({"a": 0.123456, "b": 0.5, "c": 0.376544}).values()) == 2000  # to 1 part in 10,000
+    with pytest.raises(ValueError, match=r"^weights\['b'\] = -0.1 is negative; weights must be >= 0$"):
+        integer_weights({"a": 1, "b": -0.1})
+    with pytest.raises(ValueError, match=r"^all weights are 0 .*give at least one component a positive weight$"):
+        integer_weights({"a": 0, "b": 0.0})
+    with pytest.raises(ValueError, match=r"weights\['a'\] = nan is not a number"):
+        integer_weights({"a": float("nan")})
+
+
+@pytest.mark.parametrize("weights, first", [
+    ((7, 3), [[6, 2], [5, 3], [6, 2], [6, 2], [5, 3]]),  # the schedule's period: a a b a a b a a a b
+    ((5, 3, 2), [[4, 3, 1], [4, 2, 2], [4, 2, 2], [4, 3, 1], [4, 2, 2]]),  # a b a c a b a b a c
+])
+def test_every_prefix_of_1000_batches_is_within_one_row_of_the_weights(weights, first):
+    plan = MixturePlan(tuple("abc"[:len(weights)]), (50,) * len(weights), weights, batch_size=8)
+    per_batch = [np.bincount(plan.components_at(p), minlength=len(weights))
+                 for p in plan.host_positions_range(0, 1000)]
+    assert [c.tolist() for c in per_batch[:5]] == first
+    cumulative = np.cumsum(per_batch, axis=0)
+    exact = np.arange(1, 1001)[:, None] * 8 * np.asarray(weights) / sum(weights)
+    assert np.abs(cumulative - exact).max() < 1
+    assert [plan.counts_at(k) for k in (0, 1, 1000)] == [(0,) * len(weights), tuple(first[0]),
+                                                          tuple(8000 * w // sum(weights) for w in weights)]
+
+
+def test_the_quota_schedule_is_within_one_row_for_random_weights():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        weights = tuple(int(w) for w in rng.integers(0, 40, size=rng.integers(2, 7)))
+        if not sum(weights):
+            continue
+        schedule = quota_schedule(weights)
+        prefix = np.cumsum(np.eye(len(weights), dtype=int)[schedule], axis=0)
+        exact = np.arange(1, len(schedule) + 1)[:, None] * np.asarray(weights) / sum(weights)
+        assert np.abs(prefix - exact).max() < 1, weights
+        assert prefix[-1].tolist() == list(weights)
+
+
+# -- through the loader ------------------------------------------------------------------------------------------
+
+# Pinned: a change to the schedule, the per-component keys or the permutation fails here loudly.
+FIRST_BATCH_SEED_0 = [("web", 23), ("web", 7), ("code", 55), ("web", 984), ("web", 531), ("code", 40),
+                      ("web", 305), ("web", 101)]
+
+
+def test_a_mixture_yields_fixed_rows_labelled_with_their_component(corpora):
+    batches = mix(corpora, ["web", "code"], [0.7, 0.3], batch_size=8, seed=0)
+    assert batches.components == ("web", "code")
+    assert rows(next(iter(batches)), batches.components) == FIRST_BATCH_SEED_0
+
+
+def test_each_component_walks_its_own_exact_permutation_epoch_after_epoch(corpora):
+    """10 records mixed with 100,000: the tiny one repeats ~100 times while the big one passes one epoch boundary;
+    every epoch of each holds each record exactly once, and the two orders are unrelated."""
+    names = ["tiny", "big"]
+    batches = mix(corpora, names, [0.01, 0.99], batch_size=1024, seed=3)
+    seen = collections.defaultdict(list)
+    it = iter(batches)
+    for _ in range(100):
+        for name, i in rows(next(it), names):
+            seen[name].append(i)
+    tiny, big = np.asarray(seen["tiny"]), np.asarray(seen["big"])
+    assert len(tiny) == 1024 and len(big) == 100 * 1024 - 1024  # 1% of 102,400 rows exactly
+    assert len(big) > SIZES["big"]  # into its second epoch
+    for epoch in range(len(tiny) // 10):
+        assert sorted(tiny[epoch * 10:(epoch + 1) * 10]) == list(range(10))
+    assert sorted(big[:SIZES["big"]]) == list(range(SIZES["big"]))
+    assert len(set(big[SIZES["big"]:])) == len(big) - SIZES["big"]  # the second epoch repeats nothing so far
+    assert tiny[:10].tolist() != tiny[10:20].tolist()  # each epoch its own order
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_hosts_together_yield_the_global_batches(corpora, hosts):
+    names = ["web", "code", "tiny"]
+    whole = [rows(b, names) for b, _ in zip(mix(corpora, names, [0.5, 0.3, 0.2], batch_size=16, seed=1), range(30))]
+    parts = [[rows(b, names) for b, _ in zip(mix(corpora, names, [0.5, 0.3, 0.2], batch_size=16, seed=1,
+                                                shard_index=h, shard_count=hosts), range(30))]
+             for h in range(hosts)]
+    assert [sum((p[k] for p in parts), []) for k in range(30)] == whole
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_is_bitwise(corpora, workers):
+    names = ["web", "code", "tiny"]
+    options = dict(batch_size=32, seed=2, worker_count=workers)
+    it = iter(mix(corpora, names, [0.5, 0.3, 0.2], **options))
+    reference = [rows(next(it), names) for _ in range(20)]
+    it.close()
+    it = iter(mix(corpora, names, [0.5, 0.3, 0.2], **options))
+    for _ in range(7):
+        next(it)
+    state = it.get_state()
+    it.close()
+    assert state["mixture"]["components"]["code"]["rows"] == 67  # 224 rows: 22 periods (66), then a b a c
+    resumed = iter(mix(corpora, names, [0.5, 0.3, 0.2], **options))
+    resumed.set_state(state)
+    assert [rows(next(resumed), names) for _ in range(13)] == reference[7:]
+    resumed.close()
+
+
+def stream(name: str, count: int, seed: int) -> list[int]:
+    """Component `name`'s first `count` records in a mixture with `seed`, by itself (its own permutation)."""
+    plan = MixturePlan((name,), (SIZES[name],), (1,), batch_size=1, seed=seed)
+    return [int(i) for i in plan.indices_at(np.arange(count))]
+
+
+def test_changing_weights_and_adding_a_component_continue_every_component(corpora):
+    """Run 1 (web 0.7, code 0.3) stops after 10 batches; run 2 restores its state with web 0.2, code 0.5 and a new
+    component tiny 0.3. Each component's records over both runs are its own stream, none skipped or repeated; after
+    the change every prefix follows the new weights within one row."""
+    first = iter(mix(corpora, ["web", "code"], [0.7, 0.3], batch_size=20, seed=4))
+    before = [rows(next(first), ["web", "code"]) for _ in range(10)]
+    state = first.get_state()
+    first.close()
+    names = ["web", "code", "tiny"]
+    second = iter(mix(corpora, names, [0.2, 0.5, 0.3], batch_size=20, seed=4))
+    second.set_state(state)
+    after = [rows(next(second), names) for _ in range(40)]
+    new_state = second.get_state()
+    second.close()
+    per = collections.defaultdict(list)
+    for batch in before + after:
+        for name, i in batch:
+            per[name].append(i)
+    for name in names:
+        assert per[name] == stream(name, len(per[name]), seed=4), name
+    counts = np.cumsum([[sum(n == c for n, _ in b) for c in names] for b in after], axis=0)
+    exact = np.arange(1, 41)[:, None] * 20 * np.asarray([0.2, 0.5, 0.3])
+    assert np.abs(counts - exact).max() < 1
+    assert new_state["mixture"]["start_batch"] == 10
+    assert {n: c["rows"] for n, c in new_state["mixture"]["components"].items()} == \
+        {n: len(per[n]) for n in names}
+
+
+def test_a_component_left_out_and_brought_back_continues_where_it_stopped(corpora):
+    it = iter(mix(corpora, ["web", "code"], [0.5, 0.5], batch_size=10, seed=5))
+    code = [i for _ in range(4) for n, i in rows(next(it), ["web", "code"]) if n == "code"]
+    state = it.get_state()
+    it.close()
+    only_web = iter(mix(corpora, ["web"], [1], batch_size=10, seed=5))
+    only_web.set_state(state)
+    next(only_web)
+    state = only_web.get_state()
+    only_web.close()
+    assert state["mixture"]["dormant"] == {"code": 20}
+    back = iter(mix(corpora, ["web", "code"], [0.5, 0.5], batch_size=10, seed=5))
+    back.set_state(state)
+    code += [i for _ in range(4) for n, i in rows(next(back), ["web", "code"]) if n == "code"]
+    back.close()
+    assert code == stream("code", 40, seed=5)
+
+
+def test_num_epochs_per_component_ends_the_mix(corpora):
+    batches = mix(corpora, ["tiny", "web"], [0.5, 0.5], batch_size=4, seed=0, num_epochs={"tiny": 2})
+    assert len(batches) == 10  # tiny's 20 rows run out after 40 rows of the mix
+    seen = [r for b in batches for r in rows(b, ["tiny", "web"])]
+    assert sorted(i for n, i in seen if n == "tiny") == sorted(list(range(10)) * 2)
+
+
+def test_bad_mixtures_are_one_line_each(corpora, tmp_path):
+    two = {"web": corpora["web"], "code": corpora["code"]}
+    cases = [
+        (dict(), r"^a mixture of \['web', 'code'\] needs weights=, e\.g\. weights=\{'web': 1, 'code': 1\}$"),
+        (dict(weights={"web": 1}), r"^weights do not match the mixture's components \['web', 'code'\]: no weight "
+                                   r"for \['code'\]$"),
+        (dict(weights={"web": 1, "code": 1, "books": 1}), r"weights for unknown \['books'\]$"),
+        (dict(weights={"web": 1, "code": -2}), r"^weights\['code'\] = -2 is negative"),
+        (dict(weights={"web": 0, "code": 0}), r"^all weights are 0"),
+        (dict(weights={"web": 1, "code": 1}, num_epochs={"books": 1}), r"num_epochs names \['books'\]"),
+    ]
+    for options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            loader.load(two, batch_size=4, **options)
+    with pytest.raises(ValueError, match=r"^weights= is for a mixture"):
+        loader.load(corpora["web"], batch_size=4, weights={"web": 1})
+    empty = tmp_path / "empty-0.array_record"
+    ArrayRecordWriter(str(empty), "group_size:1").close()
+    with pytest.raises(ValueError, match=r"^mixture component 'void': the source has no records"):
+        loader.load({"web": corpora["web"], "void": str(empty)}, batch_size=4, weights={"web": 1, "void": 1})
+    with pytest.raises(FileNotFoundError, match=r"^mixture component 'gone': no files match"):
+        loader.load({"web": corpora["web"], "gone": str(tmp_path / "nothing-*")}, batch_size=4,
+                    weights={"web": 1, "gone": 1})
+
+
+def test_a_state_of_another_kind_is_refused(corpora):
+    it = iter(loader.load(corpora["web"], batch_size=4))
+    next(it)
+    state = it.get_state()
+    it.close()
+    mixed = iter(mix(corpora, ["web", "code"], [1, 1], batch_size=4))
+    with pytest.raises(ValueError, match="saved by a single-source loader and this loader is a mixture"):
+        mixed.set_state(state)
+    mixed.close()
+    it = iter(mix(corpora, ["web", "code"], [1, 1], batch_size=4, seed=1))
+    next(it)
+    state = it.get_state()
+    it.close()
+    other = iter(mix(corpora, ["web", "code"], [1, 1], batch_size=4, seed=2))
+    with pytest.raises(ValueError, match=r"cannot restore the mixture's state: seed: saved 1, now 2"):
+        other.set_state(state)
+    other.close()
+
+
+def test_random_map_fn_draws_depend_on_the_record_not_the_mix(corpora):
+    def draw(example, rng):
+        return {**example, "draw": rng.integers(1 << 30)}
+
+    def draws(names, weights):
+        it = iter(mix(corpora, names, weights, batch_size=16, seed=6, random_map_fn=draw))
+        out = {}
+        for _ in range(5):
+            batch = next(it)
+            out.update({(names[c], int(i)): int(d) for c, i, d in zip(batch["component"], batch["id"], batch["draw"])})
+        it.close()
+        return out
+
+    a, b = draws(["web", "code"], [0.5, 0.5]), draws(["code", "web", "tiny"], [0.2, 0.2, 0.6])
+    common = set(a) & set(b)
+    assert len(common) >= 10 and all(a[k] == b[k] for k in common)
+
+
+# -- packed mixtures -----------------------------------------------------------------------------------------------
+
+PACKED = {"long": 60, "short": 200, "tiny": 10}  # examples per component
+SEQ = 32
+
+
+def text_of(c: int, i: int) -> bytes:
+    """Example i of component c: 'c:i:' then a run of x's, 3 to 60 tokens in all."""
+    return f"{c}:{i}:".encode() + b"x" * ((i * 7 + c) % 50 + (40 if c == 0 else 0))
+
+
+def key_tokens(value) -> np.ndarray:
+    """Token t of an example is key * 1000 + t, its key c * 10000 + i read from the text: a row's tokens say which
+    example and which of its tokens they are."""
+    text = bytes(value[0]) if isinstance(value, np.ndarray) else bytes(value)
+    c, i, _ = text.split(b":", 2)
+    return (int(c) * 10_000 + int(i)) * 1000 + np.arange(len(text), dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def packed_corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("packed")
+    paths = {}
+    for c, (name, count) in enumerate(PACKED.items()):
+        (root / name).mkdir()
+        writer = ArrayRecordWriter(str(root / name / f"{name}-0.array_record"), "group_size:1")
+        for i in range(count):
+            writer.write(example_proto.encode_example({"text": text_of(c, i)}))
+        writer.close()
+        paths[name] = str(root / name / f"{name}-*.array_record")
+    return paths
+
+
+def packed(paths, names, weights, **options):
+    return loader.load({n: paths[n] for n in names}, weights=dict(zip(names, weights)), batch_size=8, seed=7,
+                       packing=loader.Packing("text", SEQ, key_tokens), **options)
+
+
+def rows_of(batch) -> list[tuple[int, tuple]]:
+    """(component, the row's tokens) per row."""
+    return [(int(c), tuple(t[s > 0].tolist())) for c, t, s in zip(batch["component"], batch["tokens"],
+                                                                    batch["segment_ids"])]
+
+
+def test_a_packed_mixture_draws_rows_by_weight_from_each_components_own_packing(packed_corpora):
+    names = list(PACKED)
+    it = iter(packed(packed_corpora, names, [0.5, 0.3, 0.2]))
+    batches = [next(it) for _ in range(40)]
+    it.close()
+    assert [np.bincount(b["component"], minlength=3).tolist() for b in batches[:3]] == [[4, 3, 1], [4, 2, 2], [4, 2, 2]]
+    seen = collections.Counter()
+    for batch in batches:
+        for c, tokens in rows_of(batch):
+            keys = {t // 1000 for t in tokens}
+            assert {k // 10_000 for k in keys} == {names.index(names[c])}  # a row holds its own component's examples
+            seen.update((t // 1000 % 10_000, t % 1000) for t in tokens if t // 10_000_000 == 2)
+    tiny = collections.Counter(seen)  # component 2 (tiny): each of its tokens as often as any other, +-1 epoch
+    counts = list(tiny.values())
+    assert len({i for i, _ in tiny}) == 10 and max(counts) - min(counts) <= 1 and max(counts) >= 3
+
+
+def test_packed_mixture_batches_are_host_invariant_and_resume_bitwise(packed_corpora):
+    names = list(PACKED)
+    whole = [rows_of(b) for b, _ in zip(packed(packed_corpora, names, [0.5, 0.3, 0.2]), range(12))]
+    halves = [[rows_of(b) for b, _ in zip(packed(packed_corpora, names, [0.5, 0.3, 0.2], shard_index=h,
+                                                 shard_count=2), range(12))] for h in range(2)]
+    assert [halves[0][k] + halves[1][k] for k in range(12)] == whole
+    it = iter(packed(packed_corpora, names, [0.5, 0.3, 0.2]))
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    it.close()
+    resumed = iter(packed(packed_corpora, names, [0.5, 0.3, 0.2]))
+    resumed.set_state(state)
+    assert [rows_of(next(resumed)) for _ in range(7)] == whole[5:]
+    resumed.close()
+
+
+def test_new_weights_continue_each_packed_components_stream(packed_corpora):
+    """Rows of each component over a run under (0.5, 0.5) and its continuation under (0.1, 0.9) plus a new component
+    are that component's own stream of packed rows (the rows of a mixture of it alone)."""
+    first = iter(packed(packed_corpora, ["long", "short"], [0.5, 0.5]))
+    got = collections.defaultdict(list)
+    for _ in range(6):
+        for c, tokens in rows_of(next(first)):
+            got[["long", "short"][c]].append(tokens)
+    state = first.get_state()
+    first.close()
+    names = ["long", "short", "tiny"]
+    second = iter(packed(packed_corpora, names, [0.1, 0.6, 0.3]))
+    second.set_state(state)
+    for _ in range(10):
+        for c, tokens in rows_of(next(second)):
+            got[names[c]].append(tokens)
+    second.close()
+    for name in names:
+        alone = iter(packed(packed_corpora, [name], [1]))
+        stream = []
+        while len(stream) < len(got[name]):
+            stream += [tokens for _, tokens in rows_of(next(alone))]
+        alone.close()
+        assert got[name] == stream[:len(got[name])], name
+
+
+def test_a_packed_mixture_is_endless(packed_corpora):
+    with pytest.raises(ValueError, match=r"^a packed mixture is endless .*leave num_epochs unset"):
+        packed(packed_corpora, ["long", "short"], [1, 1], num_epochs=1)
+    with pytest.raises(TypeError, match="endless"):
+        len(packed(packed_corpora, ["long", "short"], [1, 1]))
+
+
+def test_a_tfds_dataset_and_a_tfrecord_corpus_mix_each_decoded_as_its_own(tfds_digits_array_record, tmp_path):
+    """TFDS digits (PNG images, decoded through its features.json) beside tf.Examples of the same feature names (64
+    int64 pixels): each record decodes as its own component's; a mix of them was refused."""
+    from pipelines import ConvertConfig, run_conversion
+    from tests.conftest import write_tfrecord_shards
+
+    examples = [example_proto.encode_example({"image": np.full(64, 100 + i), "label": [i % 10]}) for i in range(40)]
+    write_tfrecord_shards(tmp_path / "raw", [examples])
+    run_conversion(ConvertConfig(input=str(tmp_path / "raw" / "*.tfrecord"), output=str(tmp_path / "ex")),
+                   ["--direct_num_workers=1"])
+    mixed = loader.load({"tfds": str(tfds_digits_array_record), "ex": str(tmp_path / "ex")},
+                        weights={"tfds": 1, "ex": 1}, batch_size=4, features=["image"], seed=0)
+    it = iter(mixed)
+    seen = {0: 0, 1: 0}
+    for _ in range(6):
+        batch = next(it)
+        for image, component in zip(batch["image"], batch["component"].tolist()):
+            seen[component] += 1
+            if component == 0:
+                assert image.dtype == np.uint8 and image.shape == (8, 8, 1)
+            else:
+                assert image.dtype == np.int64 and image.shape == (64,) and (image >= 100).all()
+    assert seen == {0: 12, 1: 12}
