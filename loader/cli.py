@@ -1,4 +1,4 @@
-"""`python -m loader {inspect,bench} SOURCE`.
+"""`python -m loader {inspect,bench,stage} SOURCE`.
 
     python -m loader inspect out/                    # counts, shards, feature ranges, feature spec, a sample
     python -m loader inspect ~/tfds/mnist/3.0.1 --split test

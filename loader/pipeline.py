@@ -13,7 +13,8 @@ plan cuts the epochs into read groups of consecutive global batches, and an exec
     read_group(g)            reading schedule from the start batch: 1, 4, 16, ... G batches a group; per batch k: the
                              exact permutation of (seed, epoch), this host's rows; one gather of the group's records;
                              decode (~4k records a call), map_fn, collate
-    executor.map(read_group) in order, computed ahead: this process's threads (grain), or worker processes
+    executor.map(read_group) in order, computed ahead: this process's threads, worker processes, Ray actors or auto
+                             (loader/executors)
     then the iterator hands the group's batches out one by one (and, with sharding=, onto devices).
 """
 

@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv with $PY"
   "$PY" -m venv .venv
 fi
-stamp=.venv/.installed-$(cat pyproject.toml setup.py loader/format/_riegeli.c loader/decoding/_jpeg.c | sha1sum | cut -c1-12)-${EXTRAS:-convert,train,demo,test}
+stamp=.venv/.installed-$(cat pyproject.toml setup.py loader/format/_riegeli.c loader/decoding/_jpeg.c loader/planning/_pack.c | sha1sum | cut -c1-12)-${EXTRAS:-convert,train,demo,test}
 if [ ! -f "$stamp" ]; then
   echo "==> installing the project and its dependencies into .venv (first run: ~2 min)"
   .venv/bin/python -m pip install -q --upgrade pip

@@ -2,7 +2,7 @@
 center crop for evaluation. uint8 RGB out; normalising is left to the device.
 
     import loader
-    from loader.decoding import images
+    from loader import images  # (this module)
 
     train = loader.load("imagenet/", batch_size=256, seed=0,
                         random_map_fn=images.RandomResizedCrop("image/encoded", size=224))

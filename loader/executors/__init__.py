@@ -20,7 +20,9 @@ this process; `fn` is the work, run wherever the executor runs it. Results trave
 - `ray_actors.RayActors`: Ray actors anywhere in a Ray cluster, healed the same way.
 - `tuned.Tuned` (worker_count="auto"): threads here, or as many worker processes as the caller's demand needs.
 
-`make` chooses one from the loader's options.
+`make` chooses one from the loader's options. Also here: `schedule` (the sliding window every process-based
+executor shares), `workers` (the watchdog that ends a worker with its owner), `stages` (each group's stage times) and
+`device` (placing batches on devices ahead of the step).
 """
 
 from __future__ import annotations

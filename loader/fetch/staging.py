@@ -1,7 +1,7 @@
 """Staging a remote dataset (gs://...) to local disk before training.
 
-array_record reads gs:// directly, but each random read is then a remote request: fine for
-`inspect`, slow for shuffled training. `stage` copies the shards listed in the manifest (or
+The loader reads gs:// directly (loader/fetch/remote.py: batched range requests, chunk caches); staging gives
+local-disk speed where the dataset fits on the host's disk. `stage` copies the shards listed in the manifest (or
 dataset_info.json) in parallel through google-cloud-storage (checksums checked, transient errors
 retried: dataset_format/storage.py), checks each copy's size against the metadata, and skips files
 already staged, so an interrupted staging resumes where it stopped. Metadata files are copied last,

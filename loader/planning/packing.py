@@ -21,8 +21,9 @@ targets_position).
     batches = loader.load("out/tokens", batch_size=32, packing=loader.Packing(seq_len=1024))  # pre-tokenized
     packing = loader.Packing("text", 1024, tokenize=my_ids, cache_key="my-tokenizer-v1")      # tokenised on the fly
 
-The plan (which pieces go in which row of batch k: a `Job`) is made here, in order; the work (reading, decoding and
-tokenising the records, laying the pieces into arrays) is loader/packed.py's, on the loader's executor.
+The plan's parts are defined here (`PackedPlan.batch_at`: which pieces go in which row of batch k; `Job`: one batch's
+pieces and the records they read); loader/packed.py makes each batch's Job in order (`Jobs`) and does the work
+(reading, decoding and tokenising the records, laying the pieces into arrays: `Assembler`) on the loader's executor.
 """
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+"""The plain loader's read groups (loader/pipeline.py): how they ramp up from the start batch."""
+
 import pytest
 
 from loader.format.source import ShardedSource
