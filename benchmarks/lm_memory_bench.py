@@ -2,10 +2,11 @@
 
 Each configuration's training step (forward, backward, Adam update: what trainer/train.py's step computes) is lowered
 and compiled in a process of its own, never run; `compiled.memory_analysis()` gives its temporaries (what the step
-allocates besides its arguments and outputs). The anchor is `trainer/` of `--previous` (default: the revision whose
-LM used flax's MultiHeadDotProductAttention with a [B, 1, S, S] mask, materialising [B, H, S, S] scores and
-probabilities per layer); ours is this checkout's, with each `--attentions` kind. With `--remat`, per remat policy:
-ours' temporaries and the bytes jax.vjp keeps from the forward pass for the backward (shapes only).
+allocates besides its arguments and outputs). The anchor is the project as it was at `--previous` (a git worktree of
+it; default: the revision whose LM used flax's MultiHeadDotProductAttention with a [B, 1, S, S] mask, materialising
+[B, H, S, S] scores and probabilities per layer); ours is this checkout's, with each `--attentions` kind. With
+`--remat`, per remat policy: ours' temporaries and the bytes jax.vjp keeps from the forward pass for the backward
+(shapes only).
 
 On the CPU the step is compiled with XLA:CPU's memory-minimising scheduler
 (`--xla_cpu_enable_concurrency_optimized_scheduler=false`), as GPU and TPU compilers schedule with memory in view:
@@ -29,6 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+import revision  # benchmarks/revision.py
 
 _CHILD = r"""
 import dataclasses, json, sys, time
@@ -80,7 +83,7 @@ print(json.dumps({"temp": memory.temp_size_in_bytes, "arguments": memory.argumen
 
 
 def measure(code: Path, spec: dict, env: dict) -> dict:
-    """Runs _CHILD with `code`'s trainer package first on the path (the rest of the project from this checkout)."""
+    """Runs _CHILD with the project at `code` first on the path (its trainer, and the loader it was written for)."""
     path = os.pathsep.join(dict.fromkeys([str(code), str(REPO)]))
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], cwd=code, capture_output=True, text=True,
                           env={**env, "PYTHONPATH": path})
@@ -114,25 +117,28 @@ def main() -> None:
     size = {"width": args.width, "depth": args.depth, "heads": args.heads, "batch_size": args.batch_size,
             "vocab_size": args.vocab_size, "dtype": args.dtype}
     with tempfile.TemporaryDirectory() as tmp:
-        codes = {}
-        if args.previous:
-            archive = subprocess.run(["git", "archive", args.previous, "trainer"], cwd=REPO, capture_output=True,
-                                     check=True).stdout
-            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-            codes[f"previous ({args.previous})"] = (Path(tmp), None)
-        for kind in args.attentions:
-            codes[f"ours, attention={kind}"] = (REPO, kind)
-        rows = {}
-        print(f"{platform.machine()}, {os.cpu_count()} cores; width {args.width} depth {args.depth} heads {args.heads} "
-              f"batch {args.batch_size} vocab {args.vocab_size} {args.dtype}, Adam; XLA:CPU scheduler: "
-              f"{args.cpu_scheduler}\n")
-        print("| seq_len | step | temporaries GiB | arguments GiB | compile s |\n| ---: | --- | ---: | ---: | ---: |")
-        for seq_len in args.seq_lens:
-            for name, (code, kind) in codes.items():
-                spec = {**size, "seq_len": seq_len, "attention": kind, "measure": "memory"}
-                rows[seq_len, name] = r = measure(code, spec, env)
-                print(f"| {seq_len} | {name} | {gib(r['temp'])} | {gib(r['arguments'])} | {r['compile_s']:.0f} |",
-                      flush=True)
+        previous = Path(tmp) / "previous"
+        try:
+            codes = {}
+            if args.previous:
+                codes[f"previous ({args.previous})"] = (revision.checkout(args.previous, previous), None)
+            for kind in args.attentions:
+                codes[f"ours, attention={kind}"] = (REPO, kind)
+            rows = {}
+            print(f"{platform.machine()}, {os.cpu_count()} cores; width {args.width} depth {args.depth} "
+                  f"heads {args.heads} batch {args.batch_size} vocab {args.vocab_size} {args.dtype}, Adam; "
+                  f"XLA:CPU scheduler: {args.cpu_scheduler}\n")
+            print("| seq_len | step | temporaries GiB | arguments GiB | compile s |\n"
+                  "| ---: | --- | ---: | ---: | ---: |")
+            for seq_len in args.seq_lens:
+                for name, (code, kind) in codes.items():
+                    spec = {**size, "seq_len": seq_len, "attention": kind, "measure": "memory"}
+                    rows[seq_len, name] = r = measure(code, spec, env)
+                    print(f"| {seq_len} | {name} | {gib(r['temp'])} | {gib(r['arguments'])} | {r['compile_s']:.0f} |",
+                          flush=True)
+        finally:
+            if previous.exists():
+                revision.remove(previous)  # (the worktree's registration in the repository too)
     anchor = next(iter(codes))
     print()
     for seq_len in args.seq_lens:

@@ -14,7 +14,7 @@ def checkout(revision: str, path: Path) -> Path:
     if not path.exists():
         subprocess.run(["git", "worktree", "add", "--detach", str(path), revision], cwd=REPO, check=True,
                        capture_output=True)
-    if (path / "setup.py").exists() and list((path / "loader").glob("*.c")):
+    if (path / "setup.py").exists() and list((path / "loader").rglob("*.c")):
         subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-q"], cwd=path, check=True,
                        capture_output=True)
     return path

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The LM of docs/training.md's "Device memory: attention and remat" (width 1024, depth 8, heads 16, seq_len 1024,
 # bf16, packed, a pre-tokenized corpus with a BPE of 1,024) on a GPU host: tokens/s and MFU for
-#   anchor     the trainer of 5c575e8 (flax's attention, [B, H, S, S]), batches held on the device (its log has
-#              ex/s: x 1024 for tokens/s)
+#   anchor     the trainer (and loader) of 5c575e8 (flax's attention, [B, H, S, S]), batches held on the device
+#              (its log has ex/s: x 1024 for tokens/s)
 #   dense      attention=dense, batches held on the device
 #   in_memory  attention=auto, batches held on the device
 #   streamed   attention=auto, batches streamed from the loader, default memory fraction
@@ -24,22 +24,28 @@ if [ "${1:-}" = prepare ]; then
   $PY -m trainer.tokenizer .gpu/text/train --kind bpe --vocab_size 1024 --output .gpu/tokenizer.json
   $PY -m pipelines convert --input ".gpu/text/text-train.*" --output .gpu/lm_tok --tokenizer .gpu/tokenizer.json \
     --text-key text --add-eos
-  rm -rf .gpu/text .gpu/prev && mkdir -p .gpu/prev && git archive 5c575e8 trainer | tar -x -C .gpu/prev
+  # the anchor's project as it was (its trainer, and the loader that trainer imports), its C extensions built there
+  rm -rf .gpu/text .gpu/prev && mkdir -p .gpu/prev
+  git archive 5c575e8 trainer loader dataset_format setup.py pyproject.toml | tar -x -C .gpu/prev
   exit 0
 fi
 OUT=${OUT:-/tmp/lm_attention}
 on_the_host "$OUT"
-common="data=.gpu/lm_tok task=lm model=transformer_lm packing=true seq_len=1024 width=1024 depth=8 heads=16
+common="data=$PWD/.gpu/lm_tok task=lm model=transformer_lm packing=true seq_len=1024 width=1024 depth=8 heads=16
         dtype=bfloat16 steps=${STEPS:-150} log_every=50 checkpoint_every=100000"
-run() {
+run() {  # run NAME [DIR] ARGS...: python -m trainer from DIR (default: here; -m puts the working directory first)
   name=$1; shift
+  dir=.
+  if [ -d "${1:-}" ]; then dir=$1; shift; fi
   # shellcheck disable=SC2086
-  timeout "${LIMIT:-180}" python3 -m trainer $common workdir="/tmp/lm_$name" "$@" > "$OUT/$name.log" 2>&1 \
-    || echo "$name: exit $?" >> "$OUT/gpu.txt"
+  (cd "$dir" && echo "$name: $(python3 -c 'import trainer, loader; print(trainer.__file__, loader.__file__)')" \
+     >> "$OUT/gpu.txt" && timeout "${LIMIT:-180}" python3 -m trainer $common workdir="/tmp/lm_$name" "$@") \
+    > "$OUT/$name.log" 2>&1 || echo "$name: exit $?" >> "$OUT/gpu.txt"
   grep -E "attention:|step compiled|MFU|step [0-9]+/|error|Out of memory" "$OUT/$name.log" | sed "s/^/$name: /" || true
   tar czf "$OUT/lm_attention.tgz" -C "$OUT" --exclude lm_attention.tgz .
 }
-PYTHONPATH=$PWD/.gpu/prev:$PYTHONPATH run anchor batch_size=64 in_memory_batches=8
+(cd .gpu/prev && python3 setup.py -q build_ext --inplace)
+run anchor .gpu/prev batch_size=64 in_memory_batches=8  # the anchor's own trainer and loader (its directory first)
 run dense batch_size=64 in_memory_batches=8 attention=dense
 run in_memory batch_size=64 in_memory_batches=8
 run streamed batch_size=64
