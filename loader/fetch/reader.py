@@ -59,10 +59,6 @@ def _open_limit() -> int:
 class BatchReader:
     """`reader(indices)` -> the records at those global indices, in that order. Picklable (a copy reopens files)."""
 
-    # What a copy (a worker's) is made of: everything else is made again by _setup().
-    _STATE = ("_paths", "_starts", "_total", "_check", "_cache_bytes", "_max_record", "_remote", "_disk", "_ends",
-              "_index", "_fallback", "_planned")
-
     def __init__(self, source: ShardedSource, *, check_hashes: bool = True, cache_bytes: int = 0,
                  cache_dir: str | None = None, index: RecordIndex | None = None,
                  max_record_bytes: int = MAX_RECORD_BYTES, planned: bool = False):
@@ -91,6 +87,8 @@ class BatchReader:
         self._fallback = np.zeros(len(source.paths), dtype=bool)
         self._fallback[list(self._index.fallback)] = True
         self._planned = planned and self._remote and bool(cache_bytes) and self._disk is None
+        # What a copy (a worker's) is made of: every field set above; what _setup() makes is made again in the copy.
+        self._state = tuple(vars(self))
         self._setup()
 
     def _setup(self) -> None:
@@ -103,10 +101,10 @@ class BatchReader:
                                if self._remote else None)
 
     def __getstate__(self):
-        return {name: getattr(self, name) for name in self._STATE}
+        return {name: getattr(self, name) for name in (*self._state, "_state")}
 
     def __setstate__(self, state):
-        self.__dict__.update({name: state[name] for name in self._STATE})
+        self.__dict__.update(state)
         self._setup()
 
     def close(self) -> None:

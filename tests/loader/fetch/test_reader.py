@@ -440,3 +440,18 @@ def test_a_cache_never_adds_requests_and_downloads_at_most_half_again_what_a_rea
     assert cached(everything) == all_records
     assert 0 < spans.requests <= bare._remote_reader.requests
     assert spans.downloaded <= 1.5 * spans.served and spans.downloaded <= bare._remote_reader.downloaded
+
+
+def test_a_pickled_copy_carries_every_field_the_constructor_sets_and_reopens_the_rest(converted):
+    """A copy (a worker's) is made of what __init__ set; the per-process parts (file descriptors, locks, the remote
+    client) are made again, and the copy reads the same records."""
+    import pickle
+
+    reader = BatchReader(resolve(str(converted)))
+    indices = np.array([5, 0, 17, 5])
+    first = reader(indices)
+    state = reader.__getstate__()
+    per_process = {"_lock", "_fds", "_open_count", "_limit", "_array_readers", "_remote_reader"}
+    assert set(state) == set(vars(reader)) - per_process
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy(indices) == first and copy._fds.tolist() != reader._fds.tolist()
