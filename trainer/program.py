@@ -84,13 +84,13 @@ class Program:
         task_args = ({"packing": self.task.packing} if c.packing else
                      {"features": self.task.features, "random_map_fn": augment} if augment is not None else
                      {"features": self.task.features, "map_fn": tasks.preprocess(self.task)})
-        split = self.data.train[0].split if len(self.data.train) == 1 else c.split  # a mixture's: the loader's default
-        options = dict(batch_size=c.batch_size, seed=c.seed, split=split, worker_count=self.data_workers(),
+        options = dict(batch_size=c.batch_size, seed=c.seed, split=self.data.train[0].split,
+                       worker_count=self.data_workers(),
                        allow_incomplete=c.allow_incomplete, ray_address=c.data_ray_address,
                        cache_bytes=c.data_cache_bytes, cache_dir=c.data_cache_dir,
                        ray_resources={c.data_ray_resource: 1} if c.data_ray_resource else None, **task_args)
         if isinstance(c.data_source, dict):  # TFDS components default to their train split
-            options.update(weights=c.data_weights)
+            options.update(split=c.split, weights=c.data_weights)
         return loader.load(c.data_source, **{**options, **kwargs})
 
     def data_workers(self) -> int | str:

@@ -37,12 +37,12 @@ class Source:
 class Sources:
     train: tuple[Source, ...]  # () for the sidecar evaluator, which reads eval_data only
     eval: tuple[Source, ...]  # () without eval_data
-    evaluating: bool = False  # the sidecar evaluator: eval_data shapes the model
 
     @property
     def shaping(self) -> Source:
-        """The source whose first record shapes the model: a mixture's components are alike, so its first."""
-        return (self.eval if self.evaluating else self.train)[0]
+        """The source whose first record shapes the model: training's (the sidecar evaluator's: eval_data's); a
+        mixture's components are alike, so its first."""
+        return (self.train or self.eval)[0]
 
 
 def resolve(config: TrainConfig) -> Sources:
@@ -52,7 +52,7 @@ def resolve(config: TrainConfig) -> Sources:
         _source(path, name, config.split or source_split(path, "train")) for name, path in _named(config.data_source))
     evaluation = () if config.eval_source is None else tuple(
         _source(path, name, source_split(path, "test")) for name, path in _named(config.eval_source))
-    return Sources(train, evaluation, evaluating)
+    return Sources(train, evaluation)
 
 
 def source_split(path: str, default: str | None) -> str | None:
