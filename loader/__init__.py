@@ -6,7 +6,7 @@
 `loader.images` holds the image ops for `random_map_fn=` / `map_fn=` (loader/decoding/images.py).
 """
 
-from loader.decoding import images
+from loader.decoding import images as images  # (re-exported: `from loader import images`)
 from loader.fetch.staging import StageResult, stage
 from loader.format.source import ShardedSource, resolve, token_info
 from loader.grain_source import DataSource

@@ -13,7 +13,7 @@ from trainer import TrainConfig
 from trainer.models import TransformerLM
 from trainer.program import Program
 from tests.conftest import REPO
-from tests.trainer.conftest import run_trainer, trainer_here
+from tests.trainer.conftest import trainer_here
 from tests.trainer.test_lm import stdlib_text  # noqa: F401 - the fixture
 
 
