@@ -27,6 +27,7 @@ import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 log = logging.getLogger(__name__)
@@ -176,24 +177,26 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 _CHOSEN: dict = {}
 
 
-def resolve(kind: str, q_shape: tuple, dtype, platform: str | None = None) -> str:
+def resolve(kind: str, q_shape: tuple, dtype, platform: str | None = None, *, implementation: str = "cudnn") -> str:
     """The implementation `kind` names; for "auto": cudnn on a GPU when a compile of its forward and backward pass at
-    these shapes succeeds (bf16/fp16, a head dim cuDNN takes), else blockwise. The choice is logged once per shape."""
+    these shapes succeeds (bf16/fp16, a head dim cuDNN takes) and its outputs and gradients on two packed rows match
+    blockwise attention's, else blockwise. The choice is logged once per shape. `implementation`: what the cudnn kind
+    passes to jax.nn.dot_product_attention (the tests check the choosing with "xla" on the CPU)."""
     platform = platform or jax.default_backend()
     if kind == "cudnn" and platform != "gpu":
         raise ValueError(f"attention=cudnn runs on NVIDIA GPUs, and this backend is {platform}; use attention=auto "
                          "(cuDNN where it runs, else blockwise) or attention=blockwise")
     if kind != "auto":
         return kind
-    key = (tuple(q_shape), jnp.dtype(dtype).name, platform)
+    key = (tuple(q_shape), jnp.dtype(dtype).name, platform, implementation)
     if key not in _CHOSEN:
-        _CHOSEN[key], why = _auto(q_shape, jnp.dtype(dtype), platform)
+        _CHOSEN[key], why = _auto(q_shape, jnp.dtype(dtype), platform, implementation)
         log.info("attention: %s for queries %s %s (%s)", _CHOSEN[key], "x".join(map(str, q_shape)),
                  jnp.dtype(dtype).name, why)
     return _CHOSEN[key]
 
 
-def _auto(q_shape, dtype, platform) -> tuple[str, str]:
+def _auto(q_shape, dtype, platform, implementation) -> tuple[str, str]:
     if platform != "gpu":
         return "blockwise", f"cuDNN's fused attention runs on NVIDIA GPUs; this backend is {platform}"
     if dtype not in (jnp.bfloat16, jnp.float16):
@@ -203,10 +206,50 @@ def _auto(q_shape, dtype, platform) -> tuple[str, str]:
     seg = jax.ShapeDtypeStruct((b, s), jnp.int32)
 
     def loss(q, k, v, segment_ids):
-        return fused(q, k, v, segment_ids).astype(jnp.float32).sum()
+        return fused(q, k, v, segment_ids, implementation=implementation).astype(jnp.float32).sum()
 
     try:
         jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(qkv, qkv, qkv, seg).compile()
+        error = _error_against_blockwise(s, h, d, dtype, implementation)
     except Exception as e:  # noqa: BLE001 - any refusal (JAX's checks, cuDNN's, XLA's) means: not here
         return "blockwise", f"cuDNN refused these shapes: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    return "cudnn", "cuDNN fused attention compiled at these shapes"
+    if not error <= AGREEMENT:
+        return "blockwise", (f"cuDNN's outputs or gradients on packed rows differ from blockwise attention's by "
+                             f"{error:.3f} (relative; at most {AGREEMENT} expected in {dtype.name}): this cuDNN does "
+                             f"not apply the packed documents' mask as asked")
+    return "cudnn", f"cuDNN fused attention compiled at these shapes; it matches blockwise attention ({error:.4f})"
+
+
+AGREEMENT = 0.05  # the relative error cuDNN may show against blockwise attention in float32 (bf16 gives ~0.005)
+
+
+def check_segments(s: int) -> np.ndarray:
+    """Two packed rows of `s` positions for the agreement check: documents of uneven lengths that cross block edges,
+    the second row ending in padding (id 0)."""
+    cuts = [(0, 1), (s * 3 // 10, 2), (s * 11 // 20, 3), (s * 4 // 5, 4)]
+    rows = np.zeros((2, s), np.int32)
+    for start, doc in cuts:
+        rows[0, start:] = doc
+    rows[1, : s * 2 // 3] = 1
+    rows[1, s * 2 // 3: s - s // 8] = 2  # then padding
+    return rows
+
+
+def _error_against_blockwise(s: int, h: int, d: int, dtype, implementation: str) -> float:
+    """The largest relative error (L2) of the cudnn kind's output and gradients, in `dtype`, against blockwise
+    attention's in float32, on random inputs over check_segments(s)."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    q, k, v, weights = (jax.random.normal(key, (2, s, h, d), jnp.float32) for key in keys)
+    segments = jnp.asarray(check_segments(s))
+
+    def outputs(fn, dt):
+        def loss(q, k, v):
+            out = fn(q, k, v, segments)
+            return jnp.sum(out.astype(jnp.float32) * weights), out
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(
+            *(x.astype(dt) for x in (q, k, v)))
+        return [np.asarray(x, np.float32) for x in (out, *grads)]
+
+    got = outputs(functools.partial(fused, implementation=implementation), dtype)
+    want = outputs(blockwise, jnp.float32)
+    return max(float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)) for g, w in zip(got, want))

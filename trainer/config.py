@@ -85,7 +85,8 @@ class TrainConfig:
     depth: int = 2  # Transformer blocks
     heads: int = 4  # attention heads, each width / heads features wide
     mlp_ratio: int = 4  # each block's MLP has mlp_ratio * width hidden units
-    # transformer_lm's attention: auto (cuDNN's fused kernel on a GPU where it compiles, else blockwise), cudnn,
+    # transformer_lm's attention: auto (cuDNN's fused kernel on a GPU where it compiles and matches blockwise on
+    # packed rows, else blockwise), cudnn,
     # blockwise (flash attention in JAX: memory grows with seq_len, not its square) or dense ([B, H, S, S] scores)
     attention: str = "auto"
     # transformer_lm: what the backward pass recomputes of each block instead of keeping it (MaxText's remat_policy

@@ -116,6 +116,39 @@ def test_auto_on_a_gpu_falls_back_when_cudnn_refuses(caplog):
     assert caplog.text == ""  # once per shape
 
 
+def test_auto_on_a_gpu_takes_cudnn_when_it_compiles_and_matches_blockwise(caplog):
+    """The choosing as on a GPU, with jax.nn.dot_product_attention's XLA implementation standing in for cuDNN: it
+    compiles at the step's shapes and its outputs and gradients match blockwise attention's on packed rows."""
+    caplog.set_level(logging.INFO, "trainer.attention")
+    assert attention.resolve("auto", (2, 96, 2, 16), jnp.bfloat16, platform="gpu", implementation="xla") == "cudnn"
+    assert "cudnn for queries 2x96x2x16 bfloat16 (cuDNN fused attention compiled at these shapes; it matches " \
+           "blockwise attention (0.00" in caplog.text
+
+
+def test_auto_on_a_gpu_refuses_a_fused_kernel_that_lets_documents_see_each_other(monkeypatch, caplog):
+    """A fused kernel that compiles but drops the packed documents' mask (only causal) is caught by the agreement
+    check, not trained with."""
+    def unmasked(q, k, v, segment_ids, *, implementation):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+
+    monkeypatch.setattr(attention, "fused", unmasked)
+    caplog.set_level(logging.INFO, "trainer.attention")
+    assert attention.resolve("auto", (2, 112, 2, 16), jnp.bfloat16, platform="gpu", implementation="xla") == "blockwise"
+    assert "cuDNN's outputs or gradients on packed rows differ from blockwise attention's by 0." in caplog.text
+    assert "(relative; at most 0.05 expected in bfloat16): this cuDNN does not apply the packed documents' mask" \
+           in caplog.text
+
+
+def test_the_agreement_check_rows_have_documents_across_block_edges_and_padding():
+    np.testing.assert_array_equal(attention.check_segments(20), [
+        [1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 4, 4, 4, 4],
+        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 0, 0]])
+    rows = attention.check_segments(1024)
+    edges = range(attention.BLOCK, 1024, attention.BLOCK)
+    assert all(any(row[e - 1] == row[e] > 0 for e in edges) for row in rows)
+    assert (rows[1, -128:] == 0).all() and (rows[0] > 0).all()
+
+
 # --- the LM: remat, memory ----------------------------------------------------------------------------------------
 def _lm_batch(b=2, s=40, vocab=61):
     rng = np.random.default_rng(3)
