@@ -38,7 +38,14 @@ def main(argv=None) -> int:
     p.add_argument("-h", "--help", action=Help, nargs=0, help="show this help, every key and its values, and exit")
     p.add_argument("--config", help="a JSON file of config keys (command-line key=value pairs override it)")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=out/train steps=500 strategy=mirrored")
-    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    dashed = [a for a in argv if a.startswith("--") and a[2:].partition("=")[0] not in ("help", "config", "")]
+    if dashed:  # `--steps=5` for `steps=5`: say the form, not argparse's "unrecognized arguments"
+        key, _, value = dashed[0][2:].partition("=")
+        print(f"error: {dashed[0]}: keys are written key=value without dashes: {key}={value or 'VALUE'} "
+              "(python -m trainer --help lists every key)", file=sys.stderr)
+        return 2
+    args = p.parse_intermixed_args(argv)  # --config may come anywhere among the key=value pairs
     from dataset_format import logs
 
     logs.setup()

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -232,7 +233,14 @@ class TrainConfig:
         values: dict = {}
         if config_file:
             with open(config_file) as f:
-                values.update(json.load(f))
+                try:
+                    loaded = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"--config {config_file} is not JSON: {e}") from None
+            if not isinstance(loaded, dict):
+                raise ValueError(f"--config {config_file} holds a {type(loaded).__name__}; it must be a JSON object "
+                                 'of keys, e.g. {"steps": 500, "strategy": "mirrored"}')
+            values.update(loaded)
         for item in overrides:
             key, sep, raw = item.partition("=")
             if not sep:
@@ -241,13 +249,23 @@ class TrainConfig:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
         if unknown:
-            raise ValueError(f"unknown config key(s) {unknown}; the keys are {sorted(fields)}")
+            guesses = {k: close[0] for k in unknown if (close := difflib.get_close_matches(k, fields, n=1))}
+            if len(unknown) == 1:
+                guesses = list(guesses.values())
+            else:
+                guesses = [f"{known} for {k}" for k, known in guesses.items()]
+            raise ValueError(f"unknown config key(s) {unknown}"
+                             + (f"; did you mean {', '.join(guesses)}?" if guesses else "")
+                             + " (python -m trainer --help lists every key)")
         if values.get("mode") == "evaluate" and "data" not in values and "eval_data" in values:
             values["data"] = values["eval_data"]  # the evaluator reads eval_data only
         missing = [k for k in ("data", "workdir") if k not in values]
         if missing:
             raise ValueError(f"missing required key(s) {missing}, e.g. data=out/train workdir=/tmp/run")
         return cls(**{k: _coerce(k, v, fields[k].type) for k, v in values.items()})
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _coerce(key: str, value, annotation):
@@ -258,11 +276,16 @@ def _coerce(key: str, value, annotation):
     if value.lower() in ("none", "null") and isinstance(hint, types.UnionType):
         return None
     for option in options:
+        if option is bool:
+            if value.lower() in _TRUE + _FALSE:
+                return value.lower() in _TRUE
+            continue
         try:
-            return option(value) if option is not bool else value.lower() in ("1", "true", "yes")
+            return option(value)
         except ValueError:
             continue
-    raise ValueError(f"{key}={value!r} is not a valid {' or '.join(o.__name__ for o in options)}")
+    names = " or ".join(o.__name__ if o is not bool else "bool (true or false)" for o in options)
+    raise ValueError(f"{key}={value!r} is not a valid {names}")
 
 
 # The loader's option names -> the trainer's settings that set them (in the loader's error messages).

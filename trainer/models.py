@@ -5,6 +5,7 @@ classification; the ResNets keep BatchNorm statistics, which the trainer carries
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import flax.linen as nn
@@ -306,10 +307,21 @@ def make(spec: str, kwargs: dict[str, Any]) -> nn.Module:
     try:
         model = factory(**kwargs)
     except TypeError as e:
-        raise ValueError(f"model={spec!r} does not take the task's arguments {sorted(kwargs)} ({e})") from e
+        fitting = [name for name, built_in in MODELS.items() if _takes(built_in, kwargs)]
+        hint = f"; the built-in models that take them: {', '.join(fitting)} (model={fitting[0]})" if fitting else ""
+        raise ValueError(f"model={spec!r} does not take the task's arguments {sorted(kwargs)} ({e}){hint}") from e
     if not isinstance(model, nn.Module):
         raise ValueError(f"model={spec!r} returned a {type(model).__name__}, not a flax.linen.Module")
     return model
+
+
+def _takes(factory, kwargs: dict) -> bool:
+    """Whether `factory` can be called with exactly these keyword arguments (its other parameters have defaults)."""
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError:
+        return False
+    return True
 
 
 def images_to_float(images):

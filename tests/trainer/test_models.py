@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from trainer import TrainConfig
+from trainer import TrainConfig, models
 from trainer.models import TransformerLM
 from trainer.program import Program
 from tests.conftest import REPO
@@ -82,3 +82,15 @@ def test_a_bad_size_stops_the_trainer_before_it_reads_data(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == ("error: width=96 is not divisible by heads=5 (each head gets "
                                                     "width / heads features); use heads=4 or width=100")
+
+
+def test_a_model_that_does_not_fit_the_task_names_the_built_in_ones_that_do():
+    """task=lm with the default model=cnn: the line says which built-in model takes an LM's arguments."""
+    with pytest.raises(ValueError) as e:
+        models.make("cnn", {"vocab_size": 512, "max_len": 128})
+    assert str(e.value) == ("model='cnn' does not take the task's arguments ['max_len', 'vocab_size'] (CNN.__init__() "
+                            "got an unexpected keyword argument 'vocab_size'); the built-in models that take them: "
+                            "transformer_lm (model=transformer_lm)")
+    with pytest.raises(ValueError, match=r"the built-in models that take them: mlp, cnn, transformer, resnet18, "
+                                         r"resnet50 \(model=mlp\)$"):
+        models.make("transformer_lm", {"num_classes": 10})

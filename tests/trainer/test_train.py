@@ -152,7 +152,19 @@ def test_strategy_without_its_hardware_says_what_was_found(digits, tmp_path):
 
 def test_bad_config_is_one_line(tmp_path):
     proc = trainer_here("data=x", f"workdir={tmp_path}", "stepz=3")
-    assert proc.returncode == 2 and "unknown config key(s) ['stepz']" in proc.stderr
+    assert proc.returncode == 2 and "unknown config key(s) ['stepz']; did you mean steps? (python -m trainer " \
+        "--help lists every key)" in proc.stderr
+    proc = trainer_here("data=x", f"workdir={tmp_path}", "packing=ture")  # was read as false, silently
+    assert proc.returncode == 2 and "packing='ture' is not a valid bool (true or false)" in proc.stderr
+    proc = trainer_here("--steps=3", "data=x", f"workdir={tmp_path}")
+    assert proc.returncode == 2 and "--steps=3: keys are written key=value without dashes: steps=3" in proc.stderr
+    config = tmp_path / "c.json"
+    config.write_text('{"steps": "many"}')  # --config among the pairs is read (it was "unrecognized arguments")
+    proc = trainer_here("data=x", "--config", str(config), f"workdir={tmp_path}")
+    assert proc.returncode == 2 and "steps='many' is not a valid int" in proc.stderr
+    config.write_text('{"steps": 3')
+    proc = trainer_here("data=x", "--config", str(config), f"workdir={tmp_path}")
+    assert proc.returncode == 2 and f"--config {config} is not JSON: Expecting ',' delimiter" in proc.stderr
     proc = trainer_here("data=x", f"workdir={tmp_path}", "steps=many")
     assert proc.returncode == 2 and "steps='many' is not a valid int" in proc.stderr
     proc = trainer_here("data=x", f"workdir={tmp_path}", "strategy=tpu_pod")
