@@ -199,12 +199,16 @@ def train_sentencepiece(texts: Iterable[bytes | str], vocab_size: int, path: str
     if not path.endswith(".model"):
         raise ValueError(f"path={path} must end in .model")
     model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.Train(sentence_iterator=iter(_texts(list(texts))), model_writer=model,
-                                             vocab_size=vocab_size, pad_id=0, bos_id=1, eos_id=2, unk_id=3,
-                                             byte_fallback=True, max_sentence_length=1 << 16,
-                                             # keep every byte as written (code: newlines, runs of spaces)
-                                             normalization_rule_name="identity", remove_extra_whitespaces=False,
-                                             allow_whitespace_only_pieces=True, minloglevel=2)
+    try:
+        sentencepiece.SentencePieceTrainer.Train(sentence_iterator=iter(_texts(list(texts))), model_writer=model,
+                                                 vocab_size=vocab_size, pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+                                                 byte_fallback=True, max_sentence_length=1 << 16,
+                                                 # keep every byte as written (code: newlines, runs of spaces)
+                                                 normalization_rule_name="identity", remove_extra_whitespaces=False,
+                                                 allow_whitespace_only_pieces=True, minloglevel=2)
+    except RuntimeError as e:  # e.g. "Vocabulary size is too high (N). Please set it to a value <= M."
+        raise ValueError(f"sentencepiece cannot train vocab_size={vocab_size} on this text: "
+                         f"{str(e).strip().splitlines()[-1].rpartition('] ')[2]}") from e
     with open(path, "wb") as f:
         f.write(model.getvalue())
     return path

@@ -6,6 +6,9 @@ converter uses them too); their names are re-exported here.
 from __future__ import annotations
 
 import os
+import sys
+
+import numpy as np
 
 from dataset_format.tokenizer import (HuggingFace, SentencePiece, TokenizerError, load, train_bpe,
                                       train_sentencepiece)
@@ -17,31 +20,48 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m trainer.tokenizer SOURCE --kind bpe|sentencepiece --vocab_size N --output FILE [--text_key text]`:
     a tokenizer trained on the text of a converted dataset (anything loader.load takes)."""
     import argparse
-    import sys
 
     p = argparse.ArgumentParser(prog="python -m trainer.tokenizer",
                                 description="Train a tokenizer on the text feature of a converted dataset, offline.")
     p.add_argument("source", help="a converted dataset (directory, TFDS directory or glob)")
     p.add_argument("--kind", choices=("bpe", "sentencepiece"), default="bpe",
                    help="bpe: a byte-level BPE, a Hugging Face tokenizer.json; sentencepiece: a unigram .model")
-    p.add_argument("--vocab_size", "--vocab-size", dest="vocab_size", type=int, default=1024)
-    p.add_argument("--text_key", "--text-key", dest="text_key", default="text")
+    p.add_argument("--vocab_size", "--vocab-size", dest="vocab_size", type=int, default=1024,
+                   help="the vocabulary to learn, special tokens included (default: 1024); a small text may give fewer")
+    p.add_argument("--text_key", "--text-key", dest="text_key", default="text",
+                   help="the feature holding the text (default: text)")
     p.add_argument("--output", required=True, help="the file to write (.json for bpe, .model for sentencepiece)")
     args = p.parse_args(argv)
+    suffix = ".json" if args.kind == "bpe" else ".model"
+    if not args.output.endswith(suffix):
+        print(f"error: --output {args.output} must end in {suffix} for --kind {args.kind} (the trainer and the "
+              f"converter tell a tokenizer's kind by its suffix: .json for bpe, .model for sentencepiece)",
+              file=sys.stderr)
+        return 2
     import loader
 
     try:
+        first = next(iter(loader.load(args.source, batch_size=1, shuffle=False, num_epochs=1)), {})
+        if args.text_key not in first:
+            texts = [k for k, v in first.items() if np.asarray(v).dtype.kind in "SOU"]
+            raise ValueError(f"{args.source} has no feature {args.text_key!r} (its features are {sorted(first)}); "
+                             f"pass --text_key {texts[0] if texts else 'NAME'}")
         batches = loader.load(args.source, batch_size=1024, shuffle=False, num_epochs=1, drop_remainder=False,
                               features=[args.text_key])
         texts = [bytes(t) for batch in batches for t in batch[args.text_key]]
         train = train_bpe if args.kind == "bpe" else train_sentencepiece
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         path = train(texts, args.vocab_size, args.output)
+        size = load(path).vocab_size
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote a {args.kind} tokenizer of {args.vocab_size} tokens, trained on {len(texts):,} texts "
+    print(f"wrote a {args.kind} tokenizer of {size:,} tokens, trained on {len(texts):,} texts "
           f"({sum(map(len, texts)):,} bytes), to {path}")
+    if size < args.vocab_size:
+        print(f"note: this text gives a {args.kind} tokenizer {size:,} tokens, fewer than --vocab_size "
+              f"{args.vocab_size} asked for; the converter and the trainer take the tokenizer's own size",
+              file=sys.stderr)
     return 0
 
 

@@ -37,8 +37,31 @@ def tokenizers(stdlib_text, tmp_path_factory):  # noqa: F811
 def test_training_a_tokenizer_on_a_missing_feature_is_one_line(stdlib_text, tmp_path):  # noqa: F811
     proc = subprocess.run([sys.executable, "-m", "trainer.tokenizer", str(stdlib_text["train"]), "--text_key", "body",
                            "--output", str(tmp_path / "t.json")], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "body" in proc.stderr, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr and not (tmp_path / "t.json").exists()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr == f"error: {stdlib_text['train']} has no feature 'body' (its features are ['text']); pass " \
+        "--text_key text\n"
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_the_tokenizer_command_says_what_it_wrote_and_refuses_what_cannot_work(stdlib_text, tmp_path, capsys):  # noqa: F811
+    """The size written is the tokenizer's own (a small text gives fewer tokens than asked); an --output whose suffix
+    names the other kind, and a SentencePiece vocabulary the text cannot give, are one line each."""
+    source = str(stdlib_text["train"])
+    assert tokenizer.main([source, "--vocab_size", "1000000", "--output", str(tmp_path / "big.json")]) == 0
+    out, err = capsys.readouterr()
+    size = tokenizer.load(str(tmp_path / "big.json")).vocab_size
+    assert size < 1000000 and f"wrote a bpe tokenizer of {size:,} tokens" in out
+    assert err == f"note: this text gives a bpe tokenizer {size:,} tokens, fewer than --vocab_size 1000000 asked " \
+        "for; the converter and the trainer take the tokenizer's own size\n"
+    assert tokenizer.main([source, "--kind", "sentencepiece", "--output", str(tmp_path / "sp.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --output {tmp_path / 'sp.json'} must end in .model for "
+                                              "--kind sentencepiece")
+    assert tokenizer.main([source, "--kind", "sentencepiece", "--vocab_size", "1000000",
+                           "--output", str(tmp_path / "sp.model")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: sentencepiece cannot train vocab_size=1000000 on this text: Vocabulary size too "
+                          "high (1000000). Please set it to a value <= ") and err.count("\n") == 1
+    assert not (tmp_path / "sp.model").exists()
 
 
 @pytest.mark.parametrize("kind", ["bpe", "sentencepiece"])
