@@ -310,7 +310,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     from trainer import strategy as strategies
     from trainer.metrics import MetricsWriter
     from trainer.program import Program
-    from trainer.train import NonFiniteLoss, checkpoint_manager, finished_run, itstime
+    from trainer.train import NonFiniteLoss, check_restorable, checkpoint_manager, config_record, finished_run, itstime
 
     tx = _ps_optimizer(config)  # refuses adafactor before anything starts
     with contextlib.closing(checkpoint_manager(config)) as mngr:
@@ -352,6 +352,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                 raise ValueError(f"the checkpoint at step {start} was written with num_ps={data['num_ps']} "
                                  f"num_workers={data['num_workers']}; resume with those (each worker's loader "
                                  "position and each ps's optimizer state belong to that layout)")
+            check_restorable(mngr, start, abstract, config)
             restored = mngr.restore(start, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
             parts = split({k: np.asarray(v) for k, v in _flat(restored["state"]["params"]).items()}, shards,
                           config.num_ps)
@@ -376,7 +377,8 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
             mngr.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave({"params": params, "opt_state": opts, "step": np.asarray(step, np.int32)}),
                 data=ocp.args.JsonSave({"workers": coordinator.loader_states, "versions": vers,
-                                        "num_ps": config.num_ps, "num_workers": config.num_workers})), force=True)
+                                        "num_ps": config.num_ps, "num_workers": config.num_workers}),
+                config=config_record(config)), force=True)
             mngr.wait_until_finished()
 
         evaluator = strategies.make("default")

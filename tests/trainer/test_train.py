@@ -127,6 +127,25 @@ def test_resume_after_a_crash_between_log_and_checkpoint_logs_each_step_once(dig
     assert [r["loss"] for r in got] == [r["loss"] for r in want]  # the repeated steps, bitwise
 
 
+def test_resuming_with_settings_that_reshape_the_model_is_one_line_naming_them(digits, tmp_path):
+    """A workdir resumed with another num_classes: one line before any restore, naming the array and the setting the
+    checkpoint was written with (orbax's own error, hundreds of lines long, advised an orbax API change)."""
+    first = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=2", "checkpoint_every=2"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "num_classes=12")
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert again.stderr.splitlines()[-1] == (
+        f"error: {tmp_path / 'checkpoints'} holds step 2 of a model other than this one (params['Dense_2']['bias'] "
+        "is (10,) there and (12,) here, and 1 more arrays differ): resume with num_classes=10 (what it was written "
+        "with), or pass another workdir= to start afresh")
+    shutil.rmtree(tmp_path / "checkpoints" / "2" / "config")  # a checkpoint written before the settings were kept
+    older = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "num_classes=12")
+    assert older.returncode == 2 and older.stderr.splitlines()[-1].endswith(
+        "resume with the settings it was written with (model=, width=, depth=, heads=, seq_len=, vocab_size=, "
+        "num_classes=, ...), or pass another workdir= to start afresh")
+    assert (tmp_path / "checkpoints" / "2" / "state").is_dir()  # nothing written over
+
+
 def test_transformer_learns_rows_as_a_sequence(digits, tmp_path):
     proc = run_trainer(*_common(digits, tmp_path, "model=transformer", "steps=120", "log_every=40", "eval_every=120"))
     assert proc.returncode == 0, proc.stderr[-3000:]
