@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from dataset_format import storage
 from dataset_format.manifest import Manifest
-from pipelines import commits, dataflow, report, tasks as shard_tasks
+from pipelines import commits, dataflow, report, tokens, tasks as shard_tasks
 from pipelines.config import ConvertConfig
 from pipelines.convert import ConvertToArrayRecord, finalize
 from pipelines.lease import Lease
@@ -76,6 +76,7 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
     if on_dataflow:
         dataflow.check_remote_paths(config.input, config.output)
     plan = make_plan(config)  # reads only: bad input fails here, before anything is written
+    tokens.check_first_record(config, plan.tasks)
     storage.check_writable(config.output)
     if on_dataflow:
         return _run(config, beam_args, wait, started, on_dataflow, plan)

@@ -107,6 +107,27 @@ def spec_for(config) -> TokenizeSpec | None:
     return _spec(config.tokenizer, config.text_key, config.add_bos, config.add_eos)
 
 
+def check_first_record(config, tasks, *, shards: int = 8) -> None:
+    """Before anything is written: the first record of the shards to convert (up to `shards` of them, past empty
+    ones) must hold the text to tokenise. A --text-key that names no feature failed every shard one by one, and the
+    manifest of an output that had converted then listed none of them."""
+    spec = spec_for(config)
+    if spec is None:
+        return
+    from pipelines import paths, tfrecord
+
+    for task in list(tasks)[:shards]:
+        with paths.open_source(task.source.path) as f:
+            record = next(tfrecord.iter_records(f, path=task.source.path, on_corrupt=lambda _: None), None)
+        if record is None:
+            continue
+        try:
+            Tokenize(spec, task.source.path)._text(record, 0)
+        except TextKeyError as e:
+            raise ValueError(f"{e} (checked before converting: nothing was written)") from None
+        return
+
+
 class Tokenize:
     """Records (serialized tf.Examples) in, token-id records out, a batch at a time; `counts` collects the lengths."""
 

@@ -96,16 +96,36 @@ def test_a_rerun_converts_nothing_and_a_new_tokenisation_converts_everything(cor
     assert got[0] == 1 and got[-1] == 2  # BOS ... EOS
 
 
-def test_a_record_without_the_text_key_fails_its_shard_naming_the_record_and_the_keys(corpus, tmp_path):
+def test_a_text_key_the_records_lack_stops_before_anything_is_written(corpus, tmp_path):
+    """Checked on the first record before converting: one error, and an output converted before keeps its manifest
+    (every shard failed one by one, and the manifest then listed none of them)."""
     root, tok = corpus
+    _convert(root, tmp_path / "out", tok)
+    manifest = (tmp_path / "out" / "manifest.json").read_bytes()
     config = ConvertConfig(input=str(root / "raw" / "*.tfrecord"), output=str(tmp_path / "out"), tokenizer=tok,
                            text_key="body")
+    with pytest.raises(ValueError) as e:
+        run_conversion(config, ["--direct_num_workers=1"])
+    assert str(e.value) == (f"{root / 'raw' / 'train-00000-of-00003.tfrecord'}: record 0 has no feature 'body' (it has ['id', "
+                            "'text']); pass its text feature as --text-key (checked before converting: nothing was "
+                            "written)")
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == manifest
+
+
+def test_a_record_without_the_text_key_fails_its_shard_naming_the_record_and_the_keys(corpus, tmp_path):
+    root, tok = corpus
+    records = [example_proto.encode_example({"text": t, "id": [i]}) for i, t in enumerate(TEXTS[:20])]
+    records[7] = example_proto.encode_example({"id": [7]})  # the first record has the text: the shard fails later
+    write_tfrecord_shards(tmp_path / "raw", [records[:10], records[10:]])
+    config = ConvertConfig(input=str(tmp_path / "raw" / "*.tfrecord"), output=str(tmp_path / "out"), tokenizer=tok,
+                           text_key="text")
     outcome = run_conversion(config, ["--direct_num_workers=1"])
     assert not outcome.ok
-    errors = [f["error"] for f in json.loads((tmp_path / "out" / "manifest.json").read_text())["failed"]]
-    assert len(errors) == 3 and all(e.endswith("record 0 has no feature 'body' (it has ['id', 'text']); pass its "
-                                                "text feature as --text-key") for e in errors)
-    assert not any(name.endswith(".counts") for name in os.listdir(tmp_path / "out"))
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    errors = [f["error"] for f in manifest["failed"]]
+    assert errors == [f"{tmp_path / 'raw' / 'train-00000-of-00002.tfrecord'}: record 7 has no feature 'text' (it has ['id']); "
+                      "pass its text feature as --text-key"]
+    assert [s["records"] for s in manifest["shards"]] == [10]  # the other shard converted
 
 
 def test_packing_text_without_tokens_says_how_to_convert(corpus, tmp_path):
