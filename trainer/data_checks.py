@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import loader
+from loader.format.source import resolve as resolve_source
 from trainer.config import TrainConfig
 from trainer.sources import Source
 
@@ -42,6 +43,19 @@ class FeatureRange:
         """' over the 1,281,167 records of DATA (its manifest)', for the task's error."""
         how = "counted" if self.counted else "its manifest"
         return f" over the {self.total:,} records of {data} ({how})"
+
+
+def check_records(config: TrainConfig, sources: Sequence[Source], key: str) -> None:
+    """Each of `sources` (the config's `key`) holds records: one line naming the key, before anything is compiled (an
+    empty eval_data was found by the first evaluation, after the step had compiled and trained)."""
+    for source in sources:
+        try:
+            resolve_source(source.path, split=source.split, allow_incomplete=config.allow_incomplete)
+        except ValueError as e:
+            part = f" (mixture component {source.name!r})" if source.name is not None else ""
+            text = str(e)
+            said = text.startswith(source.path.rstrip("/"))  # the loader's line begins with the path: not twice
+            raise ValueError(f"{key}={text}" if said and not part else f"{key}={source.path}{part}: {text}") from None
 
 
 def check_ranges(task, config: TrainConfig, sources: Sequence[Source]) -> None:

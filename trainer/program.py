@@ -46,8 +46,10 @@ class Program:
         return cls(config, task, model, sample, data)
 
     def check_data(self) -> None:
-        """The task's `ranged_features` (a classification's labels) over every record of the training data and of
-        eval_data, before anything is compiled: one line naming the range and the fix (trainer/data_checks.py)."""
+        """Before anything is compiled: eval_data holds records (the training data's first record is read already),
+        and the task's `ranged_features` (a classification's labels) over every record of the training data and of
+        eval_data: one line naming the source, the range and the fix (trainer/data_checks.py)."""
+        data_checks.check_records(self.config, self.data.eval, "eval_data")
         data_checks.check_ranges(self.task, self.config, self.data.train + self.data.eval)
 
     # --- parameters, model state and optimizer ------------------------------------------------

@@ -45,8 +45,9 @@ class ShardedSource:
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
-            raise ValueError(f"the source has no records ({len(self.paths)} shard(s), all empty); "
-                             "check that the conversion finished")
+            where = self.paths[0].rsplit("/", 1)[0] if self.paths else "the source"  # local or gs://
+            raise ValueError(f"{where} has no records ({len(self.paths)} shard(s), all empty); "
+                             "check that the conversion finished and that its input had records")
 
     def __len__(self) -> int:
         return int(sum(self.lengths))

@@ -65,6 +65,24 @@ def test_eval_data_is_checked_too(one_based, digits, tmp_path):
         "label_offset=-1), outside 0..9 (num_classes=10): class ids must not be negative: pass label_offset=0"]
 
 
+def test_an_empty_eval_data_is_named_before_anything_compiles(digits, tmp_path):
+    """A converted eval_data whose shards are all empty: one line naming eval_data (it was found by the first
+    evaluation, after compiling and training, with an error that named neither the key nor the path)."""
+    from pipelines import ConvertConfig, run_conversion
+    from tests.conftest import write_tfrecord_shards
+
+    write_tfrecord_shards(tmp_path / "raw", [[], []])
+    with pytest.raises(ValueError, match="holds no records"):  # the conversion says so too, and writes its manifest
+        run_conversion(ConvertConfig(input=str(tmp_path / "raw" / "*.tfrecord"), output=str(tmp_path / "empty")),
+                       ["--direct_num_workers=1"])
+    proc = trainer_here(f"data={digits['train']}", f"eval_data={tmp_path / 'empty'}", f"workdir={tmp_path / 'run'}",
+                        "model=mlp", "num_classes=10", "steps=5")
+    assert proc.returncode == 2 and _errors(proc) == [
+        f"error: eval_data={tmp_path / 'empty'} has no records (2 shard(s), all empty); check that the conversion "
+        "finished and that its input had records"]
+    assert "step compiled" not in proc.stderr and _no_checkpoint(tmp_path / "run")
+
+
 @pytest.mark.parametrize("low, high, num_classes, offset, hint", [
     (1, 1000, 1000, 0, "1-based labels: pass label_offset=-1"),
     (0, 10, 10, 0, "set num_classes=11 (or check label_key=)"),
