@@ -91,7 +91,8 @@ class TrainConfig:
     # blockwise (flash attention in JAX: memory grows with seq_len, not its square) or dense ([B, H, S, S] scores)
     attention: str = "auto"
     # transformer_lm: what the backward pass recomputes of each block instead of keeping it (MaxText's remat_policy
-    # names): none, full, minimal, minimal_with_context, save_qkv_proj, save_out_proj, save_dot_except_mlp, ...
+    # names): none, full, minimal, minimal_with_context, save_qkv_proj, save_out_proj, save_dot_except_mlp,
+    # save_dot_except_mlpwi, save_dot_with_context_except_mlp
     remat: str = "none"
     packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/planning/packing.py); eval pads
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
@@ -191,6 +192,9 @@ class TrainConfig:
         if isinstance(data, dict) and self.mode == "train":  # (the evaluator reads eval_data only)
             from loader.planning.mixture import check_weights
 
+            if weights is None:  # the loader's line gives the Python form, weights={'web': 1, ...}
+                raise ValueError(f"a mixture of {list(data)} needs weights=, e.g. weights="
+                                 + ",".join(f"{name}=1" for name in data))
             check_weights(tuple(data), weights)  # one line for missing, unknown, negative or all-zero weights
         elif weights is not None:
             raise ValueError("weights= goes with a mixture, data=NAME=PATH,NAME=PATH (e.g. data=web=out/web,"

@@ -357,6 +357,9 @@ def make(config: TrainConfig, specs: dict[str, dict]) -> Task:
     factory = imports.resolve(config.task, TASKS, "task")
     if not callable(factory):
         raise ValueError(f"task={config.task!r} is a {type(factory).__name__}, not a class or function")
+    owner = getattr(factory, "__self__", factory)  # a built-in task's class (TASKS holds its from_config)
+    if config.packing and isinstance(owner, type) and not hasattr(owner, "packing"):
+        raise _packing_refused(config)  # before the task reads the data (its own errors would come first)
     try:
         task = factory(config, specs)
     except TypeError as e:
@@ -369,7 +372,14 @@ def make(config: TrainConfig, specs: dict[str, dict]) -> Task:
     if isinstance(task.features, str) or not task.features:
         raise ValueError(f"task={config.task!r}: features must be a non-empty list of feature names "
                          f"(got {task.features!r})")
-    if config.packing and not hasattr(task, "packing"):
-        raise ValueError(f"packing=true needs a task that packs token sequences (task=lm); task={config.task!r} "
-                         "does not")
+    packs = hasattr(type(task), "packing") or "packing" in getattr(task, "__dict__", {})  # (not computed here)
+    if config.packing and not packs:
+        raise _packing_refused(config)
+    if packs and not config.packing and config.mode == "train":
+        log.info("task=%s packing=false: each example is cut to its first seq_len=%d tokens (packing=true splits a "
+                 "longer one over rows and keeps every token)", config.task, config.seq_len)
     return task
+
+
+def _packing_refused(config: TrainConfig) -> ValueError:
+    return ValueError(f"packing=true needs a task that packs token sequences (task=lm); task={config.task!r} does not")

@@ -36,7 +36,7 @@ def test_a_mixture_trains_reports_rows_per_component_and_takes_new_weights_on_re
     (("weights=a=1",), "error: weights do not match the mixture's components ['a', 'b']: no weight for ['b']"),
     (("weights=a=1,b=-1",), "error: weights['b'] = -1.0 is negative; weights must be >= 0"),
     (("weights=a=0,b=0",), "error: all weights are 0"),
-    ((), "error: a mixture of ['a', 'b'] needs weights="),
+    ((), "error: a mixture of ['a', 'b'] needs weights=, e.g. weights=a=1,b=1"),
 ])
 def test_bad_mixture_settings_are_one_line_and_exit_2(digits, tmp_path, overrides, message):
     proc = trainer_here(f"data=a={digits['train']},b={digits['test']}", f"workdir={tmp_path}", "model=mlp",

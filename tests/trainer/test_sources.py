@@ -78,3 +78,6 @@ def test_packing_needs_a_task_that_packs(digits):
     with pytest.raises(ValueError, match=r"packing=true needs a task that packs token sequences \(task=lm\); "
                                          r"task='classification' does not"):
         Program.build(TrainConfig(data=str(digits["train"]), workdir="w", packing=True, num_classes=10))
+    # on text data too: the packing is named, not the image feature a classification reads
+    with pytest.raises(ValueError, match=r"packing=true needs a task that packs token sequences"):
+        tasks.make(TrainConfig(data="x", workdir="w", packing=True), {"text": {"type": "Text"}})
