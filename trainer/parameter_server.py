@@ -310,7 +310,8 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     from trainer import strategy as strategies
     from trainer.metrics import MetricsWriter
     from trainer.program import Program
-    from trainer.train import NonFiniteLoss, check_restorable, checkpoint_manager, config_record, finished_run, itstime
+    from trainer.checkpoints import check_restorable, checkpoint_manager, config_record, finished_run
+    from trainer.train import NonFiniteLoss, itstime
 
     tx = _ps_optimizer(config)  # refuses adafactor before anything starts
     with contextlib.closing(checkpoint_manager(config)) as mngr:

@@ -16,9 +16,7 @@ before the first batch arrives.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import json
 import logging
 import os
 import time
@@ -32,6 +30,7 @@ import orbax.checkpoint as ocp
 
 from dataset_format import storage
 from trainer import accelerators, tasks
+from trainer.checkpoints import check_restorable, checkpoint_manager, config_record, finished_run
 from trainer import strategy as strategies
 from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter
@@ -54,72 +53,6 @@ def _on_multi_host_tpu() -> bool:
 def itstime(step: int, every: int, last_step: int) -> bool:
     """Periodic work (big_vision's helper): every `every` steps, and at the last step."""
     return step % every == 0 or step == last_step
-
-
-def checkpoint_manager(config: TrainConfig) -> ocp.CheckpointManager:
-    """The run's checkpoints (config.checkpoint_dir), the last 3 kept; the parameter-server coordinator's too. Each
-    holds `state` (arrays), `data` (the loader's position) and `config` (the settings of the run that wrote it)."""
-    return ocp.CheckpointManager(config.checkpoint_dir, options=ocp.CheckpointManagerOptions(max_to_keep=3),
-                                 item_handlers={"state": ocp.StandardCheckpointHandler(),
-                                                "data": ocp.JsonCheckpointHandler(),
-                                                "config": ocp.JsonCheckpointHandler()})
-
-
-# The settings that give the parameters their shapes: named when a checkpoint's shapes differ from this run's.
-SHAPING_KEYS = ("data", "task", "model", "width", "depth", "heads", "mlp_ratio", "seq_len", "vocab_size", "tokenizer",
-                "text_key", "num_classes", "image_size", "optimizer")
-
-
-def config_record(config: TrainConfig) -> ocp.args.JsonSave:
-    """The run's settings as saved beside each checkpoint (read back only to explain a mismatch)."""
-    return ocp.args.JsonSave(json.loads(json.dumps(dataclasses.asdict(config), default=str)))
-
-
-def check_restorable(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: TrainConfig) -> None:
-    """One line before any restore when the checkpoint at `step` holds parameters of other shapes than this run's
-    model (orbax would fail inside the restore with its own advice, which is not the fix): the first array that
-    differs, and the shaping settings the run that wrote it had otherwise."""
-    try:
-        stored = mngr.item_metadata(step)["state"]
-    except Exception:  # noqa: BLE001 - no readable metadata: orbax's restore reports what is wrong
-        return
-    if stored is None:
-        return
-    ours = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(abstract.get("params", {}))}
-    theirs = {jax.tree_util.keystr(p): x
-              for p, x in jax.tree_util.tree_leaves_with_path(dict(stored).get("params", {}))}
-    differs = [(k, getattr(theirs.get(k), "shape", None), getattr(ours.get(k), "shape", None))
-               for k in sorted(ours.keys() | theirs.keys())
-               if k not in ours or k not in theirs or tuple(ours[k].shape) != tuple(theirs[k].shape)]
-    if not differs:
-        return
-    name, there, here = differs[0]
-    what = (f"params{name} is {tuple(there) if there is not None else 'absent'} there and "
-            f"{tuple(here) if here is not None else 'absent'} here")
-    written = {}
-    try:
-        written = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"] or {}
-    except Exception:  # noqa: BLE001 - checkpoints written before the settings were saved beside them
-        pass
-    now = json.loads(json.dumps(dataclasses.asdict(config), default=str))
-    changed = [f"{k}={written[k]}" for k in SHAPING_KEYS if k in written and written[k] != now.get(k)]
-    fix = (f"resume with {' '.join(changed)} (what it was written with)" if changed else
-           "resume with the settings it was written with (model=, width=, depth=, heads=, seq_len=, vocab_size=, "
-           "num_classes=, ...)")
-    more = f", and {len(differs) - 1} more arrays differ" if len(differs) > 1 else ""
-    raise ValueError(f"{config.checkpoint_dir} holds step {step} of a model other than this one ({what}{more}): "
-                     f"{fix}, or pass another workdir= to start afresh")
-
-
-def finished_run(config: TrainConfig, mngr: ocp.CheckpointManager) -> dict[str, Any] | None:
-    """The summary of a run whose latest checkpoint is at `steps` or past it, after one line saying so; None when
-    there is training to do. Nothing is built for it: no model, no data, no compile."""
-    latest = mngr.latest_step()
-    if latest is None or latest < config.steps:
-        return None
-    log.info("nothing to do: %s holds a checkpoint at step %d and steps=%d; raise steps= to train on from it, or "
-             "pass another workdir=", config.checkpoint_dir, latest, config.steps)
-    return {"preempted": False, "final_step": latest, "already_finished": True}
 
 
 def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
