@@ -18,6 +18,7 @@ import functools
 import itertools
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator
 
@@ -53,8 +54,15 @@ class TokenizeSpec:
         if data is None:
             raise FileNotFoundError(f"--tokenizer {tokenizer}: no such file; pass a Hugging Face tokenizer.json or a "
                                     "SentencePiece .model")
+        from dataset_format.tokenizer import TokenizerError  # noqa: PLC0415 - as load() imports it
+
         spec = cls(tokenizer, text_key, hashlib.sha256(data).hexdigest(), 0, add_bos, add_eos)
-        return dataclasses.replace(spec, vocab_size=int(spec.load().vocab_size))
+        try:
+            loaded = spec.load()
+        except TokenizerError as e:  # its lines name the trainer's keys (tokenizer=, add_bos=): here they are flags
+            text = re.sub(r"\btokenizer=", "--tokenizer ", str(e))
+            raise TokenizerError(re.sub(r"\badd_(bos|eos)=(\w+)", r"--add-\1 \2", text)) from None
+        return dataclasses.replace(spec, vocab_size=int(loaded.vocab_size))
 
     @property
     def dtype(self) -> str:

@@ -155,3 +155,12 @@ def test_verify_deep_tokenises_the_sources_again_and_checks_the_counts(corpus, t
     counts.write_bytes(bytes(damaged[:-4]))
     assert verify(str(tmp_path / "out")).problems[0].endswith("bytes for 40 records (4 a record); the file is "
                                                               "damaged, re-run the conversion with --force")
+
+
+def test_a_file_that_is_no_tokenizer_is_named_by_the_converters_flag(tmp_path):
+    from pipelines.tokens import TokenizeSpec
+
+    (tmp_path / "notes.txt").write_text("not a tokenizer")
+    with pytest.raises(ValueError) as e:
+        TokenizeSpec.of(str(tmp_path / "notes.txt"), "text")
+    assert str(e.value).startswith(f"--tokenizer {tmp_path / 'notes.txt'} is not a SentencePiece model (")
