@@ -54,7 +54,9 @@ class Outcome:
         lines = [
             f"converted {len(converted)} shard(s) ({records:,} records, {self.record_bytes / 1e6:,.1f} MB of record "
             f"data read) in {self.seconds:.1f} s{rate}",
-            f"skipped {len(self.plan.kept)} up-to-date shard(s); pruned {len(self.plan.pruned)}; "
+            f"skipped {len(self.plan.kept)} up-to-date shard(s)"
+            + (f" and {len(self.plan.recovered)} converted earlier (their commit records)" if self.plan.recovered else "")
+            + f"; pruned {len(self.plan.pruned)}; "
             f"orphaned (source gone, kept) {len(self.plan.orphaned)}",
             f"dataset: {len(self.manifest.shards)} shards, {self.manifest.total_records:,} records, "
             f"{self.manifest.total_bytes / 1e6:,.1f} MB of ArrayRecord files on disk",

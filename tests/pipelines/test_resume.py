@@ -43,6 +43,8 @@ def test_a_killed_conversion_resumes_without_redoing_committed_shards(job, point
     assert f"converted {SHARDS - len(before)} shard(s)" in rerun.stdout
     if before:
         assert f"{len(before)} recovered from an interrupted run" in rerun.stderr
+        assert f"skipped 0 up-to-date shard(s) and {len(before)} converted earlier (their commit records)" \
+            in rerun.stdout  # the summary counts them (it said "converted N, skipped 0" of a dataset of 8)
     assert [p.name for p in [*out.iterdir(), *(out / ".shards").iterdir()] if p.name.startswith(".tmp-")] == []
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["totals"] == {"shards": SHARDS, "records": SHARDS * 3000,
