@@ -120,7 +120,15 @@ def test_auto_on_a_gpu_takes_cudnn_when_it_compiles_and_matches_blockwise(caplog
     """The choosing as on a GPU, with jax.nn.dot_product_attention's XLA implementation standing in for cuDNN: it
     compiles at the step's shapes and its outputs and gradients match blockwise attention's on packed rows."""
     caplog.set_level(logging.INFO, "trainer.attention")
-    assert attention.resolve("auto", (2, 96, 2, 16), jnp.bfloat16, platform="gpu", implementation="xla") == "cudnn"
+    chosen = []
+
+    @jax.jit
+    def step(q):  # chosen as the model is traced, as in the training step (the check's own arrays are concrete)
+        chosen.append(attention.resolve("auto", q.shape, q.dtype, platform="gpu", implementation="xla"))
+        return q
+
+    step(jnp.zeros((2, 96, 2, 16), jnp.bfloat16))
+    assert chosen == ["cudnn"]
     assert "cudnn for queries 2x96x2x16 bfloat16 (cuDNN fused attention compiled at these shapes; it matches " \
            "blockwise attention (0.00" in caplog.text
 
