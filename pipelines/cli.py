@@ -87,9 +87,14 @@ def convert_main(argv: list[str]) -> int:
     _flag(p, "break_lock", "take over the output's lease from a run known to be dead (OUT/.lease.json)")
     args, beam_args = p.parse_known_args(argv)
     unknown = unknown_beam_flags(beam_args)
-    if unknown:  # Beam would drop them with a warning: a misspelled --tokenizer would convert untokenised
-        p.error(f"unrecognized arguments: {' '.join(unknown)} (neither a flag of convert, listed by --help, nor a Beam "
+    flags = [a for a in unknown if a.startswith("-")]
+    if flags:  # Beam would drop them with a warning: a misspelled --tokenizer would convert untokenised
+        p.error(f"unrecognized arguments: {' '.join(flags)} (neither a flag of convert, listed by --help, nor a Beam "
                 "pipeline option)")
+    if unknown:  # Beam would drop them too: an --input glob the shell expanded converts its first file only
+        p.error(f"{len(unknown)} argument(s) that no flag takes: {' '.join(unknown[:3])}"
+                f"{' ...' if len(unknown) > 3 else ''}; if the shell expanded an --input glob, quote it "
+                f"(--input '{args.input.rsplit('/', 1)[0]}/...*'), so that every file it matches is converted")
     from pipelines.run import run_conversion
 
     outcome = run_conversion(_config(args), beam_args, wait=not args.no_wait, break_lock=args.break_lock)
@@ -98,8 +103,8 @@ def convert_main(argv: list[str]) -> int:
 
 
 def unknown_beam_flags(beam_args: list[str]) -> list[str]:
-    """The flags in `beam_args` that no Beam pipeline options class declares (Beam itself only warns and drops
-    them)."""
+    """The arguments in `beam_args` that no Beam pipeline options class takes: flags it does not declare, and values
+    no flag takes (Beam itself only warns and drops them)."""
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
     parser = _BeamArgumentParser(allow_abbrev=False)
@@ -107,7 +112,7 @@ def unknown_beam_flags(beam_args: list[str]) -> list[str]:
     for cls in classes.values():
         cls._add_argparse_args(parser)  # noqa: SLF001 - how PipelineOptions.get_all_options builds the same parser
     _, unknown = parser.parse_known_args(beam_args)
-    return [a for a in unknown if a.startswith("-")]
+    return unknown
 
 
 def plan_main(argv: list[str]) -> int:

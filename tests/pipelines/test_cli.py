@@ -79,3 +79,13 @@ def test_an_unknown_flag_of_convert_is_an_error_naming_it(tmp_path, capsys):
         "error: unrecognized arguments: --tokeniser (neither a flag of convert, listed by --help, nor a Beam "
         "pipeline option)")
     assert not (tmp_path / "out").exists()
+
+    # an unquoted glob, expanded by the shell: --input takes the first file, Beam dropped the others with a warning
+    with pytest.raises(SystemExit) as e:
+        pipelines_cli.main(["convert", "--input", str(tmp_path / "in" / "a-0.tfrecord"), str(tmp_path / "in" /
+                            "a-1.tfrecord"), "--output", str(tmp_path / "out"), "--direct_num_workers=1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"error: 1 argument(s) that no flag takes: {tmp_path / 'in' / 'a-1.tfrecord'}; if the shell expanded an "
+        f"--input glob, quote it (--input '{tmp_path / 'in'}/...*'), so that every file it matches is converted")
+    assert not (tmp_path / "out").exists()
