@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import difflib
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -294,6 +295,13 @@ class _ReadGroup:
     def _decode(self, record: bytes, index: int):
         try:
             return decoder_at(self._decoder, index)(record)
+        except KeyError as e:  # a feature asked for (features=, an image op's) that the data does not have
+            text = str(e.args[0]) if e.args else ""
+            if not text.startswith("no feature "):
+                raise ValueError(f"{self._where(index)} does not decode (KeyError: {e}); pass decode=None for raw "
+                                 "bytes, or another decode=") from e
+            raise ValueError(f"{self._where(index)}: {text}: check the names in features= (and the features the "
+                             "map_fn's image ops read)") from e
         except Exception as e:  # noqa: BLE001 - re-raised with the shard and record named
             raise ValueError(f"{self._where(index)} does not decode ({type(e).__name__}: {e}); pass decode=None for "
                              "raw bytes, or another decode=") from e
@@ -325,6 +333,7 @@ class Loader:
             self.source = _resolved(source, config)
             self.plan = BatchPlan(len(self.source), config.batch_size, config.seed, config.shuffle, config.num_epochs,
                                   config.drop_remainder, shard_index, shard_count)
+            _check_batch_fits(len(self.source), config, self.source.paths[0].rsplit("/", 1)[0])
         map_fn = config.map_fn or config.random_map_fn
         self._decoder = source_decoder(config.decode, self.source, config.features,
                                        tuple(getattr(map_fn, "encoded_features", ())))
@@ -438,12 +447,29 @@ class LoaderIterator(WorkerControls, Iterator):
 def load(source: str | ShardedSource | Mapping[str, str | ShardedSource], *, batch_size: int, **options) -> Loader:
     """Batches from `source` (see module doc), or from a mixture {name: source} with weights={name: weight}
     (loader/planning/mixture.py). Options: the fields of `LoaderConfig`."""
-    unknown = set(options) - {f.name for f in dataclasses.fields(LoaderConfig)}
+    known = [f.name for f in dataclasses.fields(LoaderConfig) if f.name != "batch_size"]
+    unknown = sorted(set(options) - set(known))
     if unknown:
-        raise TypeError(f"load() got unknown options {sorted(unknown)}; the options are "
-                        f"{sorted(f.name for f in dataclasses.fields(LoaderConfig) if f.name != 'batch_size')}")
+        close = {name: match[0] for name in unknown if (match := difflib.get_close_matches(name, known, 1))}
+        guesses = list(close.values()) if len(unknown) == 1 else [f"{m} for {name}" for name, m in close.items()]
+        raise TypeError(f"load() got unknown options {unknown}" + (f" (did you mean {', '.join(guesses)}?)"
+                                                                  if guesses else "")
+                        + f"; the options are {sorted(known)}")
     config = LoaderConfig(batch_size=batch_size, **options)
     return _packed(source, config) if config.packing is not None else Loader(source, config)
+
+
+def _check_batch_fits(records: int, config: LoaderConfig, where: str) -> None:
+    """A batch larger than the records: with num_epochs and drop_remainder, no batch at all (an empty loop, without a
+    word); endless, each batch holds records several times over (a warning)."""
+    if config.batch_size <= records:
+        return
+    if config.num_epochs is not None and config.drop_remainder and config.batch_size > records * config.num_epochs:
+        raise ValueError(f"batch_size={config.batch_size} is more than the {records:,} records of {where} over "
+                         f"num_epochs={config.num_epochs}: no batch would be made; lower batch_size, raise num_epochs, "
+                         "or pass drop_remainder=False")
+    log.warning("batch_size=%d is more than the %s records of %s: each batch spans epochs and holds records more than "
+                "once", config.batch_size, f"{records:,}", where)
 
 
 def _reader(source: ShardedSource, config: LoaderConfig, planned: bool = False) -> BatchReader:

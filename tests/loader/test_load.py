@@ -168,6 +168,19 @@ def test_map_fn_and_example_decoding(tmp_path):
     np.testing.assert_array_equal(batch["x2"][1], [2, 4, 6])
     assert batch["name"] == [b"r0", b"r1", b"r2", b"r3", b"r4", b"r5"]
 
+    # a misspelt features= name is named as one, not as a record that does not decode (with decode= advice)
+    with pytest.raises(ValueError) as e:
+        next(iter(loader.load(str(tmp_path / "out"), batch_size=6, shuffle=False, features=["x", "nmae"])))
+    assert str(e.value) == (f"{tmp_path / 'out' / 'train-00000-of-00002.array_record'}: record 0: no feature 'nmae' "
+                            "in this record; its features are ['name', 'x', 'y']: check the names in features= (and "
+                            "the features the map_fn's image ops read)")
+    # a batch larger than the 30 records over the epochs asked for: no batch at all, said at once
+    with pytest.raises(ValueError, match=rf"^batch_size=64 is more than the 30 records of {re.escape(str(tmp_path))}"
+                                         r"/out over num_epochs=2: no batch would be made; lower batch_size, raise "
+                                         r"num_epochs, or pass drop_remainder=False$"):
+        loader.load(str(tmp_path / "out"), batch_size=64, num_epochs=2)
+    assert len(loader.load(str(tmp_path / "out"), batch_size=64, num_epochs=2, drop_remainder=False)) == 1
+
 
 def test_group_decoding_gives_the_batches_of_record_by_record_decoding(tmp_path, monkeypatch):
     """Runs of batches in a read group decode in one call (NumPy parse) and are cut into batches; the same
@@ -236,7 +249,7 @@ def test_bad_sources_are_named(converted, tmp_path):
     (tmp_path / "junk.array_record").write_bytes(b"\0" * 100)
     with pytest.raises(ValueError, match="junk.array_record is not a whole ArrayRecord file"):
         loader.load(str(tmp_path / "junk.array_record"), batch_size=4)
-    with pytest.raises(TypeError, match=r"unknown options \['shufle'\]"):
+    with pytest.raises(TypeError, match=r"unknown options \['shufle'\] \(did you mean shuffle\?\)"):
         loader.load(str(converted), batch_size=4, shufle=False)
 
 
