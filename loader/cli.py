@@ -97,7 +97,8 @@ def bench_main(args) -> int:
         rates.append(batches * args.batch_size / max(time.perf_counter() - t, 1e-9))
     elapsed = time.perf_counter() - t
     setting = it.worker_setting()
-    report = it.stage_times().report(elapsed, compute_cores=loader_cores(), setting=setting)
+    report = it.stage_times().report(elapsed, compute_cores=loader_cores(), setting=setting,
+                                     tuned=args.workers == "auto")
     it.close()  # also ends the worker processes, whose peak RSS is then counted below
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -138,7 +139,8 @@ def _paced(it, args, first: float, unit: str) -> int:
         time.sleep(max(0.0, due - time.perf_counter()))
     end = time.perf_counter()
     setting = it.worker_setting()
-    report = it.stage_times().report(end - steady, compute_cores=loader_cores(), setting=setting)
+    report = it.stage_times().report(end - steady, compute_cores=loader_cores(), setting=setting,
+                                     tuned=args.workers == "auto")
     it.close()
     asked = args.batch_size / step
 

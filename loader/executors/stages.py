@@ -81,9 +81,9 @@ class StageTimes:
         self.wait += wait
 
     def report(self, elapsed: float | None = None, compute_cores: float | None = None,
-               setting: str | None = None) -> Report:
+               setting: str | None = None, tuned: bool = False) -> Report:
         elapsed = time.perf_counter() - self.started if elapsed is None else elapsed
-        return Report(self, elapsed, compute_cores, setting)
+        return Report(self, elapsed, compute_cores, setting, tuned)
 
 
 @dataclasses.dataclass
@@ -94,7 +94,8 @@ class Report:
     times: StageTimes
     elapsed: float
     compute_cores: float | None = None
-    setting: str | None = None
+    setting: str | None = None  # where groups were computed (worker_setting(): "threads here", "2 worker processes")
+    tuned: bool = False  # worker_count="auto" chose the setting
 
     def per_record_ms(self) -> dict[str, float]:
         n = max(1, self.times.records)
@@ -115,7 +116,8 @@ class Report:
                 io_wait > 0.5 * self.elapsed * self.compute_cores:
             return ("read (I/O)", "reads wait on storage: raise num_threads= or prefetch= (more reads in flight), "
                     "cache_bytes= for gs://, or stage the dataset on local disk (python -m loader stage)")
-        if self.compute_cores and t.take > 0.5 * self.elapsed:
+        elsewhere = self.setting is None or "process" in self.setting or "actor" in self.setting
+        if self.compute_cores and elsewhere and t.take > 0.5 * self.elapsed:  # (threads here hand over nothing)
             return ("transfer", "the caller's process is busy taking groups from the workers: fewer, larger groups "
                     "(records_per_read=), or decode less in workers (features=)")
         busy = work / self.elapsed / self.compute_cores if self.compute_cores else None
@@ -131,6 +133,9 @@ class Report:
         elif busy >= 0.85:
             more = (f"the {self.compute_cores:g} cores are busy: more cores (Ray actors on other machines: "
                     "docs/ray-workers.md)")
+        elif self.tuned:
+            more = (f"{100 * (1 - busy):.0f}% of the cores idle with worker_count=\"auto\" (it starts workers while "
+                    "the caller waits)")
         else:
             more = f"{100 * (1 - busy):.0f}% of the cores idle: more workers (worker_count=, or \"auto\")"
         where = f" ({100 * busy:.0f}% of {self.compute_cores:g} cores busy)" if busy is not None else ""
@@ -150,7 +155,9 @@ class Report:
                 f"CPU per 1,000 records (ms): {stages or 'none'}; read's I/O wait {io:,.1f} ms",
                 f"the caller: {1e3 * t.take / max(1, t.groups):,.2f} ms CPU a group taking it, waited "
                 f"{100 * t.wait / max(self.elapsed, 1e-12):.0f}% of the time",
-                f"bound by {bound}: {advice}"]
+                f"bound by {bound}: {advice}"] + (
+            [f"timed over {self.elapsed:.2f} s only: too short for a steady figure (take more batches)"]
+            if self.elapsed < 1.0 else [])
 
     def __str__(self) -> str:
         return "\n".join(self.lines())

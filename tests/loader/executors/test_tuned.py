@@ -78,7 +78,7 @@ def test_stage_times_name_the_stage_that_bounds_the_rate(converted):
     assert bound.startswith("map (") and advice.startswith("map is ")
     assert "of the cores idle: more workers (worker_count=, or \"auto\"), or a cheaper map function" in advice
     lines = report.lines()
-    assert lines[0].startswith("256 records in ") and lines[-1].startswith("bound by map")
+    assert lines[0].startswith("256 records in ") and lines[3].startswith("bound by map")
     assert "map " in lines[1] and "read " in lines[1]
 
 
@@ -93,6 +93,24 @@ def test_busy_cores_call_for_more_cores():
     times.read_wall = 1.9  # reads that mostly wait: storage bounds it
     times.cpu.update(read=0.1, map=0.1)
     assert times.report(elapsed=1.0, compute_cores=2).bound()[0] == "read (I/O)"
+
+
+def test_transfer_is_named_only_where_workers_hand_groups_over_and_auto_is_not_told_to_use_auto():
+    """Threads here hand over nothing: a caller busy taking groups from them is not "transfer" (bench with workers=0
+    said so); worker_count="auto" is not advised to use "auto"; a window under a second says it is short."""
+    from loader.executors.stages import StageTimes
+
+    times = StageTimes(groups=10, records=1000, take=0.9, wait=0.5)
+    times.cpu.update(read=0.1, decode=0.2)
+    assert times.report(elapsed=1.0, compute_cores=4, setting="2 worker processes").bound()[0] == "transfer"
+    here = times.report(elapsed=1.0, compute_cores=4, setting="threads here")
+    assert here.bound() == ("decode (8% of 4 cores busy)", "decode is 67% of the work; 92% of the cores idle: more "
+                            "workers (worker_count=, or \"auto\"), or decode only the features you need (features=)")
+    tuned = times.report(elapsed=1.0, compute_cores=4, setting="threads here", tuned=True).bound()[1]
+    assert "92% of the cores idle with worker_count=\"auto\" (it starts workers while the caller waits)" in tuned
+    assert here.lines()[-1].startswith("bound by decode")
+    assert times.report(elapsed=0.2, compute_cores=4, setting="threads here").lines()[-1] == \
+        "timed over 0.20 s only: too short for a steady figure (take more batches)"
 
 
 def test_a_caller_slower_than_the_loader_is_what_bounds_it(converted):
