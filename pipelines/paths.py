@@ -55,6 +55,8 @@ def list_inputs(pattern: str) -> list[InputFile]:
         _check_listable(directory)  # a glob cannot see into a directory it may not read
         raise FileNotFoundError(f"no files match {pattern!r}; check the directory and the glob"
                                 f"{_holds(directory, sorted(_names_in(directory)))}")
+    if has_glob(pattern):
+        _warn_if_splits_mix(pattern, files[0].path.rsplit("/", 1)[0], files)
     return files
 
 
@@ -170,12 +172,24 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
         skipped = [basename(f.path) for f in found if f not in tfrecords]
         log.info("%s: converting its %d TFRecord file(s); %d other file(s) skipped (e.g. %s)", path, len(tfrecords),
                  len(skipped), skipped[0])
-    groups = split_globs(path, [basename(f.path) for f in tfrecords], limit=4)
-    if len(groups) > 1:
-        log.warning("%s: its TFRecord files form %d groups (%s): they all go into one dataset; to keep splits apart, "
-                    "convert one glob per split into its own --output", path, len(groups),
-                    ", ".join(repr(g) for g in groups))
+    _warn_if_splits_mix(path, path, tfrecords)
     return tfrecords
+
+
+_WARNED: set[tuple[str, tuple[str, ...]]] = set()  # a conversion plans twice (before and under its lease): once each
+
+
+def _warn_if_splits_mix(what: str, directory: str, files: list[InputFile]) -> None:
+    """A warning when the files of one --input (a directory, or a glob in one directory) are several splits' shards
+    (train-*, validation-*): they all go into one dataset."""
+    if any(f.path.rsplit("/", 1)[0] != directory.rstrip("/") for f in files):
+        return  # a glob across directories: its groups are not told by name
+    groups = tuple(split_globs(directory, [basename(f.path) for f in files], limit=4))
+    if len(groups) > 1 and (what, groups) not in _WARNED:
+        _WARNED.add((what, groups))
+        log.warning("%s: its TFRecord files form %d groups (%s): they all go into one dataset; to keep splits apart, "
+                    "convert one glob per split into its own --output", what, len(groups),
+                    ", ".join(repr(g) for g in groups))
 
 
 def check_output_outside(inputs: list[InputFile], pattern: str, output: str) -> None:

@@ -77,6 +77,16 @@ def test_a_directory_of_several_splits_warns_that_they_merge(tmp_path, caplog):
         assert len(list_inputs(str(tmp_path / "d"))) == 2
     assert (f"its TFRecord files form 2 groups ('{tmp_path / 'd'}/mnist-train.tfrecord-*', "
             f"'{tmp_path / 'd'}/mnist-test.tfrecord-*'): they all go into one dataset") in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipelines.paths"):  # a glob over both splits: the same warning, once
+        assert len(list_inputs(str(tmp_path / "d" / "*"))) == 2
+        assert len(list_inputs(str(tmp_path / "d" / "*"))) == 2
+    assert caplog.text.count(f"{tmp_path / 'd'}/*: its TFRecord files form 2 groups ('{tmp_path / 'd'}/mnist-"
+                             "train.tfrecord-*', ") == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipelines.paths"):  # one split's glob: nothing to say
+        assert len(list_inputs(str(tmp_path / "d" / "mnist-train.*"))) == 1
+    assert caplog.text == ""
 
 
 def test_bad_local_inputs_are_one_line(tmp_path):
