@@ -150,7 +150,7 @@ def verify_main(argv: list[str]) -> int:
     result = verify(args.output, deep=args.deep)
     for problem in result.problems:
         print(f"PROBLEM: {problem}")
-    print(f"verify {'--deep ' if args.deep else ''}{args.output}: {result.shards} shards, {result.records} records, "
+    print(f"verify {'--deep ' if args.deep else ''}{args.output}: {result.shards:,} shards, {result.records:,} records, "
           f"{len(result.problems)} problem(s), {time.monotonic() - started:.1f} s")
     return 0 if result.ok else 1
 

@@ -106,6 +106,18 @@ def _check_counts(path: str, entry: ShardEntry, size: int | None) -> str | None:
     return None
 
 
+def _rerun(entry: ShardEntry) -> str:
+    """What converts the shard again: a plain re-run when its source changed since (the plan sees that), else
+    --force (the output changed under an unchanged source)."""
+    try:
+        now = paths.list_inputs(entry.source)[0].fingerprint
+    except OSError:
+        now = None
+    if now is not None and now != entry.source_fingerprint:
+        return "its source changed after the conversion: re-run the conversion (it converts changed sources again)"
+    return "re-run the conversion with --force"
+
+
 def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = None) -> str | None:
     """Every record against its source's (tokenised by `spec` when the dataset is pre-tokenized, and then its
     counts against the records' ids)."""
@@ -125,13 +137,13 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
                 wanted = list(itertools.islice(expected, len(got)))
                 if len(wanted) < len(got):
                     return (f"{path}: holds {entry.records} records but {entry.source} has only "
-                            f"{start + len(wanted)}; re-run with --force")
+                            f"{start + len(wanted)}; {_rerun(entry)}")
                 for offset, (want, have) in enumerate(zip(wanted, got)):
                     if want != have:
                         return (f"{path}: record {start + offset} differs from record {start + offset} of "
-                                f"{entry.source} (sha256 {_digest(have)} vs {_digest(want)}); re-run with --force")
+                                f"{entry.source} (sha256 {_digest(have)} vs {_digest(want)}); {_rerun(entry)}")
             if next(expected, None) is not None:
-                return f"{path}: {entry.source} has more records than the {entry.records} converted; re-run"
+                return f"{path}: {entry.source} has more records than the {entry.records} converted; {_rerun(entry)}"
         if tokens is not None:
             counts = storage.read_bytes(path + COUNTS_SUFFIX)
             if counts != tokens.counts_bytes():

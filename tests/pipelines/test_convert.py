@@ -95,6 +95,11 @@ def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path):
     with open(changed, "wb") as f:
         tfrecord.write_records(f, [b"new-content"])
     os.utime(changed, (1, 1))
+    from pipelines.verify import verify
+
+    assert verify(str(tmp_path / "out"), deep=True).problems == [  # the advice: a plain re-run, not --force
+        f"{tmp_path / 'out' / 'train-00001-of-00003.array_record'}: holds 50 records but {changed} has only 1; its "
+        "source changed after the conversion: re-run the conversion (it converts changed sources again)"]
     with open(in_dir / "train-00003-of-00003.tfrecord", "wb") as f:
         tfrecord.write_records(f, [b"added"])
     third = run_conversion(config, ONE_WORKER)

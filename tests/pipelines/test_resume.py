@@ -50,7 +50,7 @@ def test_a_killed_conversion_resumes_without_redoing_committed_shards(job, point
     assert manifest["complete"] and manifest["totals"] == {"shards": SHARDS, "records": SHARDS * 3000,
                                                           "bytes": manifest["totals"]["bytes"]}
     verify = run_cli("verify", "--output", str(out), "--deep", check=True)
-    assert f"{SHARDS} shards, {SHARDS * 3000} records, 0 problem(s)" in verify.stdout
+    assert f"{SHARDS} shards, {SHARDS * 3000:,} records, 0 problem(s)" in verify.stdout
     again = run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(out), check=True)
     assert "converted 0 shard(s)" in again.stdout and _committed(out) == after
 
@@ -100,7 +100,7 @@ def test_a_killed_conversion_to_gcs_resumes_without_redoing_committed_shards(job
     names = {b.name for b in client.list_blobs(bucket)}
     assert not [n for n in names if "/.tmp-" in n] and "out/manifest.json" in names
     verify = run_cli("verify", "--output", output, "--deep", env=gcs_emulator, check=True)
-    assert f"{SHARDS} shards, {SHARDS * 3000} records, 0 problem(s)" in verify.stdout
+    assert f"{SHARDS} shards, {SHARDS * 3000:,} records, 0 problem(s)" in verify.stdout
 
 
 def test_a_rerun_removes_temporary_files_beside_shards_and_commit_records(tmp_path):
