@@ -20,6 +20,7 @@ import numpy as np
 
 from dataset_format import storage, tfds_info
 from dataset_format.manifest import MANIFEST_NAME, ShardTable, merge_feature_stats
+from dataset_format.naming import is_tfrecord_name
 from dataset_format.tfds_info import FEATURES_NAME, INFO_NAME as TFDS_INFO
 from loader.format import _riegeli
 
@@ -106,6 +107,10 @@ def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = F
             return _from_tfds_info(source, split or "train")
         below = _datasets_below(source)
         hint = f"; datasets below it: {', '.join(below)} (pass one of those)" if below else ""
+        tfrecords = _tfrecords_in(source)
+        if tfrecords and not below:
+            hint = (f"; it holds TFRecord files ({tfrecords[0]}{', ...' if len(tfrecords) > 1 else ''}): convert them "
+                    f"first: python -m pipelines convert --input {source} --output OUT")
         raise FileNotFoundError(f"{source} has neither {MANIFEST_NAME} nor {TFDS_INFO}; pass a directory written "
                                 "by `python -m pipelines convert` or `tfds build --file_format=array_record`, or a "
                                 f"glob of ArrayRecord files{hint}")
@@ -118,6 +123,16 @@ def token_info(source: str) -> dict | None:
         return None
     path = storage.join(source, MANIFEST_NAME)
     return ShardTable.from_json(_read_text(path), path=path).tokens
+
+
+def _tfrecords_in(directory: str) -> list[str]:
+    """The TFRecord file names directly in local `directory` (sorted), for the error when one is passed to load."""
+    if storage.is_remote(directory):
+        return []
+    try:
+        return sorted(e.name for e in os.scandir(directory) if e.is_file() and is_tfrecord_name(e.name))
+    except OSError:
+        return []
 
 
 def _datasets_below(root: str, depth: int = 3, limit: int = 5) -> list[str]:

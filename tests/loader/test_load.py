@@ -224,6 +224,13 @@ def test_bad_sources_are_named(converted, tmp_path):
     with pytest.raises(FileNotFoundError, match="has neither manifest.json nor dataset_info.json") as empty:
         loader.load(str(tmp_path / "empty"), batch_size=4)
     assert "datasets below it" not in str(empty.value)
+    (tmp_path / "raw").mkdir()  # TFRecord shards not converted yet: the line says to convert them
+    for name in ("train.tfrecord-00001-of-00002", "train.tfrecord-00000-of-00002"):
+        (tmp_path / "raw" / name).write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as raw:
+        loader.load(str(tmp_path / "raw"), batch_size=4)
+    assert str(raw.value).endswith(f"; it holds TFRecord files (train.tfrecord-00000-of-00002, ...): convert them "
+                                   f"first: python -m pipelines convert --input {tmp_path / 'raw'} --output OUT")
     for split in ("train", "test"):  # the parent of converted datasets: the error names them
         (tmp_path / "parent" / "custom" / split).mkdir(parents=True)
         manifest = (converted / "manifest.json").read_bytes()
