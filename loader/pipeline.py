@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import difflib
+import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -129,6 +130,27 @@ class LoaderConfig:
                              "rng argument may go unused)")
         if (self.shard_index is None) != (self.shard_count is None):
             raise ValueError("pass both shard_index and shard_count, or neither (to use JAX's process index/count)")
+        for name, fn, arguments, other in (("map_fn", self.map_fn, 1, "random_map_fn"),
+                                           ("random_map_fn", self.random_map_fn, 2, "map_fn")):
+            if fn is not None and _takes(fn, arguments) is False and _takes(fn, 3 - arguments):
+                what = "(record, rng)" if arguments == 1 else "(record) only"
+                raise ValueError(f"{name}={_name(fn)} takes {what}: pass it as {other}= (map_fn is called with the "
+                                 "record, random_map_fn with the record and a numpy Generator)")
+
+
+def _takes(fn, arguments: int) -> bool | None:
+    """Whether `fn` can be called with `arguments` positional arguments (None: its signature cannot be read)."""
+    try:
+        inspect.signature(fn).bind(*([None] * arguments))
+    except TypeError:
+        return False
+    except ValueError:
+        return None
+    return True
+
+
+def _name(fn) -> str:
+    return type(fn).__name__ + "(...)" if dataclasses.is_dataclass(fn) else getattr(fn, "__name__", repr(fn))
 
 
 def _host_shard(config: LoaderConfig) -> tuple[int, int]:

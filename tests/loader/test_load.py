@@ -180,6 +180,13 @@ def test_map_fn_and_example_decoding(tmp_path):
                                          r"num_epochs, or pass drop_remainder=False$"):
         loader.load(str(tmp_path / "out"), batch_size=64, num_epochs=2)
     assert len(loader.load(str(tmp_path / "out"), batch_size=64, num_epochs=2, drop_remainder=False)) == 1
+    # an image op given to the other hook: said at load(), not as a TypeError at the first batch
+    with pytest.raises(ValueError, match=r"^map_fn=RandomResizedCrop\(\.\.\.\) takes \(record, rng\): pass it as "
+                                         r"random_map_fn="):
+        loader.load(str(tmp_path / "out"), batch_size=6, map_fn=loader.images.RandomResizedCrop("x"))
+    with pytest.raises(ValueError, match=r"^random_map_fn=CenterCrop\(\.\.\.\) takes \(record\) only: pass it as "
+                                         r"map_fn="):
+        loader.load(str(tmp_path / "out"), batch_size=6, random_map_fn=loader.images.CenterCrop("x"))
 
 
 def test_group_decoding_gives_the_batches_of_record_by_record_decoding(tmp_path, monkeypatch):
