@@ -448,6 +448,10 @@ class LoaderIterator(WorkerControls, Iterator):
         return state
 
     def set_state(self, state: dict) -> None:
+        if not isinstance(state, dict) or "version" not in state or "next_batch" not in state:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"set_state() takes what get_state() returned (a dict with 'version' and 'next_batch'); "
+                             f"this is not a loader state ({keys})")
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by "
                              "another version of the loader")

@@ -149,6 +149,8 @@ def test_restoring_a_state_from_other_options_is_refused(converted):
     it = iter(loader.load(str(converted), batch_size=8, seed=3, decode=None))
     with pytest.raises(ValueError, match="seed: saved 2, now 3"):
         it.set_state(state)
+    with pytest.raises(ValueError, match=r"this is not a loader state \(\['step'\]\)$"):
+        it.set_state({"step": 10})  # a training state handed over by mistake
 
 
 def test_map_fn_and_example_decoding(tmp_path):
