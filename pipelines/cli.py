@@ -17,6 +17,7 @@ Boolean flags also take a value (`--prune=true`), as Flex Template launches pass
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import sys
@@ -44,9 +45,27 @@ def _flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
     p.add_argument(*flags, dest=name, nargs="?", const=True, default=False, type=_boolean, metavar="BOOL", help=help)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A required flag reported missing names a misspelt one given instead (`--ouput` for `--output`)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message):
+        if "arguments are required" in message:
+            ours = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            given = [a.split("=", 1)[0] for a in getattr(self, "_given", []) if a.startswith("--")]
+            close = [f"{g} (did you mean {m[0]}?)" for g in given if g not in ours
+                     if (m := difflib.get_close_matches(g, ours, n=1, cutoff=0.75))]
+            if close:
+                message += f"; given instead: {', '.join(close)}"
+        super().error(message)
+
+
 def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.ArgumentParser:
     """The conversion's flags; dataflow/metadata.json declares the same ones (a test checks)."""
-    p = argparse.ArgumentParser(prog=prog, description=
+    p = _Parser(prog=prog, description=
                                 "Convert TFRecord shards (a glob or a TFDS directory) to matched ArrayRecord shards. "
                                 "Other flags are Beam pipeline options.")
     p.add_argument("--input", required=True, help="TFRecord file or glob (local or gs://), or a TFDS "

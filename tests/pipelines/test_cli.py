@@ -80,6 +80,13 @@ def test_an_unknown_flag_of_convert_is_an_error_naming_it(tmp_path, capsys):
         "pipeline option)")
     assert not (tmp_path / "out").exists()
 
+    # a misspelt required flag: the line names it beside the one it was meant to be
+    with pytest.raises(SystemExit) as e:
+        pipelines_cli.main(["convert", "--input", str(tmp_path / "in"), "--ouput", str(tmp_path / "out")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: the following arguments are required: --output; given instead: --ouput (did you mean --output?)")
+
     # an unquoted glob, expanded by the shell: --input takes the first file, Beam dropped the others with a warning
     with pytest.raises(SystemExit) as e:
         pipelines_cli.main(["convert", "--input", str(tmp_path / "in" / "a-0.tfrecord"), str(tmp_path / "in" /
