@@ -229,6 +229,9 @@ def test_record_that_does_not_decode_is_named(converted):
 def test_bad_sources_are_named(converted, tmp_path):
     with pytest.raises(FileNotFoundError, match="no files match"):
         loader.load(str(tmp_path / "nothing-*.array_record"), batch_size=4)
+    with pytest.raises(FileNotFoundError, match=re.escape(f"no files match '{converted.parent / 'otu'}'; check the "
+                                                          f"path and the glob; did you mean {converted}?")):
+        loader.load(str(converted.parent / "otu"), batch_size=4)  # a misspelt dataset directory
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="has neither manifest.json nor dataset_info.json") as empty:
         loader.load(str(tmp_path / "empty"), batch_size=4)
