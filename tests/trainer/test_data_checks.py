@@ -118,6 +118,6 @@ def test_label_offset_trains_auto_workers_log_their_choice_and_a_finished_run_st
     assert again.returncode == 0 and elapsed < 5, (elapsed, again.stderr)
     lines = again.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith(
-        f"INFO trainer.train: nothing to do: {tmp_path}/checkpoints holds a checkpoint at step 300 and steps=300; "
+        f"INFO trainer.checkpoints: nothing to do: {tmp_path}/checkpoints holds a checkpoint at step 300 and steps=300; "
         "raise steps= to train on from it, or pass another workdir="), again.stderr
     assert json.loads(again.stdout)["summary"] == {"preempted": False, "final_step": 300, "already_finished": True}
