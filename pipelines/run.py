@@ -83,11 +83,11 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
     if on_dataflow:
         return _run(config, beam_args, wait, started, on_dataflow, plan)
     with Lease(config.output, break_lock=break_lock):
+        _remove_dead_temp_files(config.output)  # the lease holder's alone: no live run owns them
         return _run(config, beam_args, wait, started, on_dataflow, make_plan(config))  # again, as the lease holder
 
 
 def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_dataflow: bool, plan: Plan) -> Outcome:
-    _remove_dead_temp_files(config.output)
     log.info("plan: %s", plan.describe())
     options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks), tokenize=config.tokenizer is not None)
     template = dataflow.template_location(options)
@@ -125,7 +125,8 @@ def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_datafl
 
 def _remove_dead_temp_files(output: str) -> None:
     """Temporary files a killed run left beside the shards and the commit records (`.tmp-*`, never a committed
-    name). One conversion writes an output at a time, so none of them belongs to a live run."""
+    name), and its shard lists. Called only under the output's lease: then no live local run owns them. A Dataflow
+    launch (or a job description written) holds no lease and removes nothing: it deleted a live run's shard lists."""
     dead = []
     for directory in (output, storage.join(output, commits.COMMITS_DIR)):  # shards, and commit records
         for name in storage.list_sizes(directory):

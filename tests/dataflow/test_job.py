@@ -68,6 +68,19 @@ def test_job_with_the_image_names_image_options_and_steps(tmp_path, gcs_bucket):
     assert list(client.list_blobs(bucket, prefix="ar/")) == []
 
 
+def test_a_job_description_for_an_output_in_use_leaves_its_files_alone(tmp_path, gcs_bucket):
+    """Writing a Dataflow job description holds no lease: it must not clean up an output a local run is writing (it
+    deleted that run's shard lists and temporary files, and the run died: "the staged plan is gone")."""
+    bucket, client = gcs_bucket
+    source = _upload_shards(tmp_path, bucket, client, count=1)
+    live = ["ar/.tmp-123-shard", "ar/.tasks/live-00000.jsonl", "ar/.tasks/live-finalize.json"]
+    for name in live:
+        client.bucket(bucket).blob(name).upload_from_string(b"{}")
+    run_cli("convert", "--input", source, "--output", f"gs://{bucket}/ar", *_dataflow_args(bucket, tmp_path / "j.json"),
+            check=True)
+    assert sorted(b.name for b in client.list_blobs(bucket, prefix="ar/")) == sorted(live)
+
+
 TRAINING_STACK = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorboardx")
 
 
