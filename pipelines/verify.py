@@ -73,11 +73,14 @@ def _check_shard(path: str, entry: ShardEntry, size: int | None) -> str | None:
     if size != entry.bytes:
         return (f"{path}: {size} bytes, the manifest says {entry.bytes}; the file was changed or truncated, "
                 "delete it and re-run the conversion")
-    reader = ArrayRecordReader(path)
     try:
-        records = reader.num_records()
-    finally:
-        reader.close()
+        reader = ArrayRecordReader(path)
+        try:
+            records = reader.num_records()
+        finally:
+            reader.close()
+    except RuntimeError as e:  # riegeli's errors: a damaged footer or index (it was a traceback)
+        return _corrupt(path, e)
     if records != entry.records:
         return f"{path}: holds {records} records, the manifest says {entry.records}; re-run the conversion"
     return None
@@ -123,7 +126,10 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
     counts against the records' ids)."""
     if not storage.exists(entry.source):
         return f"{path}: its source {entry.source} no longer exists, cannot compare records"
-    reader = ArrayRecordReader(path, "readahead_buffer_size:16M")
+    try:
+        reader = ArrayRecordReader(path, "readahead_buffer_size:16M")
+    except RuntimeError as e:  # riegeli's errors: a damaged footer or index
+        return _corrupt(path, e)
     skipped: list = []
     tokens = Tokenize(spec, entry.source) if spec is not None else None
     try:
@@ -150,9 +156,17 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
                 return f"{path}{COUNTS_SUFFIX}: the token counts differ from the records' ids; re-run with --force"
     except tfrecord.CorruptRecordError as e:
         return f"{path}: cannot compare, the source is corrupt: {e}"
+    except RuntimeError as e:  # riegeli's errors: a damaged chunk of the output (it was a traceback)
+        return _corrupt(path, e)
     finally:
         reader.close()
     return None
+
+
+def _corrupt(path: str, error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return (f"{path}: cannot be read ({lines[0] if lines else type(error).__name__}); the shard is corrupt: delete it "
+            "and re-run the conversion, which writes it again")
 
 
 def _digest(record: bytes) -> str:

@@ -213,3 +213,34 @@ def test_a_conversion_whose_every_shard_is_empty_ends_with_one_clear_error(tmp_p
                            "--output", str(tmp_path / "out2")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: every shard of "), \
         proc.stderr[-2000:]
+
+
+def test_a_damaged_output_shard_is_a_problem_line_of_verify_deep_and_deleting_it_repairs_it(tmp_path):
+    """A flipped byte in a chunk of an output: verify --deep names the shard (it ended in riegeli's traceback), and
+    deleting it and re-running the conversion writes it again (a re-run alone keeps it: size and source unchanged)."""
+    from pipelines.verify import verify
+
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 200) for i in range(2)])
+    config = ConvertConfig(input=str(tmp_path / "in" / "*.tfrecord"), output=str(tmp_path / "out"))
+    run_conversion(config, ONE_WORKER)
+    shard = tmp_path / "out" / "train-00001-of-00002.array_record"
+    whole = shard.read_bytes()
+    data = bytearray(whole)
+    data[100] ^= 0xFF  # in the first chunk of records (the file is padded to 64 KiB blocks: its middle is padding)
+    shard.write_bytes(bytes(data))
+    assert verify(str(tmp_path / "out")).problems == []  # plain verify checks sizes and counts, as documented
+    problems = verify(str(tmp_path / "out"), deep=True).problems
+    assert len(problems) == 1 and problems[0].startswith(f"{shard}: cannot be read (") and problems[0].endswith(
+        "); the shard is corrupt: delete it and re-run the conversion, which writes it again")
+    assert run_conversion(config, ONE_WORKER).converted == 0  # what the line says is needed: a re-run keeps it
+    footer = []  # a damaged index (after the records' chunks) fails plain verify too: a line, not a traceback
+    for offset in range(0, len(whole.rstrip(b"\0")), 256):
+        data = bytearray(whole)
+        data[offset] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        if footer := verify(str(tmp_path / "out")).problems:
+            break
+    assert len(footer) == 1 and footer[0].startswith(f"{shard}: cannot be read (") and "the shard is corrupt" in footer[0]
+    shard.unlink()
+    assert run_conversion(config, ONE_WORKER).converted == 1
+    assert verify(str(tmp_path / "out"), deep=True).problems == []
