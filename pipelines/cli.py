@@ -25,7 +25,7 @@ import time
 
 from dataset_format import logs
 from pipelines.lease import LeaseHeld
-from pipelines.config import ConvertConfig, DEFAULT_COMPRESSION
+from pipelines.config import ConvertConfig, DEFAULT_COMPRESSION, recorded_options
 
 log = logging.getLogger("pipelines")
 
@@ -39,10 +39,11 @@ def _boolean(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
-def _flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
+def _flag(p: argparse.ArgumentParser, name: str, help: str, default: bool | None = False) -> None:
     """`--name`, `--name=true|false` and the dashed spelling `--na-me`."""
     flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
-    p.add_argument(*flags, dest=name, nargs="?", const=True, default=False, type=_boolean, metavar="BOOL", help=help)
+    p.add_argument(*flags, dest=name, nargs="?", const=True, default=default, type=_boolean, metavar="BOOL",
+                   help=help)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,8 +72,9 @@ def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.Argum
     p.add_argument("--input", required=True, help="TFRecord file or glob (local or gs://), or a TFDS "
                    "dataset version directory (holding dataset_info.json)")
     p.add_argument("--output", required=True, help="output directory, local or gs://")
-    p.add_argument("--compression", default=DEFAULT_COMPRESSION,
-                   help="ArrayRecord compression: zstd:N, brotli:N, snappy or uncompressed (default %(default)s)")
+    p.add_argument("--compression", default=None,
+                   help="ArrayRecord compression: zstd:N, brotli:N, snappy or uncompressed (default: the output's, "
+                   f"from its manifest; {DEFAULT_COMPRESSION} for a new output)")
     p.add_argument("--writer_options", "--writer-options", dest="writer_options", default=None,
                    help="full ArrayRecord writer options, e.g. 'group_size:1,zstd:1' (overrides --compression)")
     _flag(p, "skip_corrupt", "skip corrupt TFRecord frames and list them in OUT/report.json instead of failing "
@@ -80,12 +82,13 @@ def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.Argum
     _flag(p, "prune", "delete outputs whose source no longer exists")
     _flag(p, "force", "convert every shard, even up-to-date ones")
     p.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer.json or SentencePiece .model: write "
-                   "each record's text as token ids, with a token count column, for packing (docs/converting.md)")
-    p.add_argument("--text_key", "--text-key", dest="text_key", default="text",
-                   help="with --tokenizer: the tf.Example feature holding the text (default %(default)s)")
+                   "each record's text as token ids, with a token count column, for packing (docs/converting.md; "
+                   "default: the output's tokenisation, from its manifest, if it has one)")
+    p.add_argument("--text_key", "--text-key", dest="text_key", default=None,
+                   help="with --tokenizer: the tf.Example feature holding the text (default: text)")
     p.add_argument("--add_bos", "--add-bos", dest="add_bos", nargs="?", const=True, default=None, type=_boolean,
                    metavar="BOOL", help="with --tokenizer: begin each document with BOS (default: as the tokenizer does)")
-    _flag(p, "add_eos", "with --tokenizer: end each document with the tokenizer's EOS id")
+    _flag(p, "add_eos", "with --tokenizer: end each document with the tokenizer's EOS id", default=None)
     return p
 
 
@@ -94,10 +97,13 @@ LAUNCH_FLAGS = ("no_wait", "break_lock")
 
 
 def _config(args: argparse.Namespace) -> ConvertConfig:
-    return ConvertConfig(input=args.input, output=args.output, compression=args.compression,
-                         writer_options=args.writer_options, skip_corrupt=args.skip_corrupt,
-                         prune=args.prune, force=args.force, tokenizer=args.tokenizer, text_key=args.text_key,
-                         add_bos=args.add_bos, add_eos=args.add_eos)
+    """The flags given; those not given keep what the output's manifest recorded (a rerun or a scheduled refresh
+    that names only --input and --output keeps a zstd or pre-tokenized dataset as it is), else the defaults."""
+    given = {"compression": args.compression, "writer_options": args.writer_options, "tokenizer": args.tokenizer,
+             "text_key": args.text_key, "add_bos": args.add_bos, "add_eos": args.add_eos}
+    given = {k: v for k, v in given.items() if v is not None}
+    return ConvertConfig(input=args.input, output=args.output, skip_corrupt=args.skip_corrupt, prune=args.prune,
+                         force=args.force, **recorded_options(args.output, given), **given)
 
 
 def convert_main(argv: list[str]) -> int:

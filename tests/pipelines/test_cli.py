@@ -96,3 +96,33 @@ def test_an_unknown_flag_of_convert_is_an_error_naming_it(tmp_path, capsys):
         f"error: 1 argument(s) that no flag takes: {tmp_path / 'in' / 'a-1.tfrecord'}; if the shell expanded an "
         f"--input glob, quote it (--input '{tmp_path / 'in'}/...*'), so that every file it matches is converted")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_rerun_without_the_options_keeps_the_outputs_own(tmp_path, capsys):
+    """A rerun (or a scheduled refresh) that names only --input and --output keeps the compression and the
+    tokenisation the output's manifest records; it reconverted a zstd or pre-tokenized dataset as plain snappy."""
+    from dataset_format import tokenizer as tokenizers
+    from pipelines import cli as pipelines_cli
+    from dataset_format import example_proto
+
+    texts = [f"line {i} of the corpus".encode() for i in range(40)]
+    write_tfrecord_shards(tmp_path / "in", [[example_proto.encode_example({"body": t}) for t in texts[:20]],
+                                            [example_proto.encode_example({"body": t}) for t in texts[20:]]])
+    tok = tokenizers.train_bpe(texts, 280, str(tmp_path / "tok.json"))
+    base = ["convert", "--input", str(tmp_path / "in" / "*.tfrecord"), "--output", str(tmp_path / "out"),
+            "--direct_num_workers=1"]
+    assert pipelines_cli.main([*base, "--compression", "zstd:3", "--tokenizer", tok, "--text-key", "body",
+                               "--add-eos"]) == 0
+    first = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    capsys.readouterr()
+    assert pipelines_cli.main(base) == 0
+    out, err = capsys.readouterr()
+    assert "converted 0 shard(s)" in out
+    assert (f"keeping {tmp_path / 'out'}'s options (from its manifest): --compression zstd:3 --tokenizer {tok} "
+            "--text-key body --add-eos True; pass the flags to change them") in err
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["shards"] == first["shards"]
+    assert pipelines_cli.main([*base, "--compression", "snappy"]) == 0  # a flag given changes it
+    assert "converted 2 shard(s)" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert {s["writer_options"] for s in manifest["shards"]} == {"group_size:1,snappy"}
+    assert manifest["tokens"]["text_key"] == "body"  # the tokenisation kept
