@@ -50,6 +50,10 @@ if [ -n "${PIN:-}" ]; then
   case "$PIN" in
     *[!0-9a-f]*) echo "error: PIN=$PIN is not a commit SHA (hex digits, as cloudbuild.yaml tags the image)" >&2; exit 2 ;;
   esac
+  if [ ${#PIN} -ne 40 ]; then  # cloudbuild.yaml tags the image and names the spec by the full SHA
+    echo "error: PIN=$PIN has ${#PIN} hex digits; pass the full commit SHA (git rev-parse $PIN), as cloudbuild.yaml tags the image" >&2
+    exit 2
+  fi
   substitutions+="~_IMAGE=\${_REGION}-docker.pkg.dev/\${_PROJECT}/\${_REPOSITORY}/\${_IMAGE_NAME}:${PIN}"
   substitutions+="~_TEMPLATE=gs://\${_BUCKET}/templates/tfrecord-to-arrayrecord-${PIN}.json"
 fi

@@ -71,7 +71,13 @@ def split_gcs(path: str) -> tuple[str, str]:
     bucket, _, name = path[len(GCS):].partition("/")
     if not bucket:
         raise ValueError(f"{path!r} names no bucket; write gs://BUCKET/PATH")
+    if not 3 <= len(bucket) <= 222 or not _BUCKET.match(bucket):
+        raise ValueError(f"{path!r}: {bucket!r} is not a Cloud Storage bucket name (3-63 lower-case letters, digits, "
+                         "'-', '_' and '.', beginning and ending with a letter or digit); check the path")
     return bucket, name
+
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
 
 
 # ---------------------------------------------------------------- Cloud Storage: client, retries, errors

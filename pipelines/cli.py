@@ -1,11 +1,11 @@
 """`python -m pipelines {convert,plan,verify,status,make-demo}`.
 
     python -m pipelines convert --input 'data/train-*' --output out/train [Beam options]
-    python -m pipelines convert --input ~/tensorflow_datasets/digits/1.0.0 --output gs://b/digits/1.0.0
-    python -m pipelines plan --input 'gs://b/raw/*.tfrecord' --output gs://b/ar [--json plan.json]
+    python -m pipelines convert --input ~/tensorflow_datasets/digits/1.0.0 --output gs://my-bucket/digits/1.0.0
+    python -m pipelines plan --input 'gs://my-bucket/raw/*.tfrecord' --output gs://my-bucket/ar [--json plan.json]
     python -m pipelines verify --output out/ [--deep]
-    python -m pipelines status --output gs://b/ar      # how far a running conversion has got
-    python -m pipelines make-demo --output data/ --num-shards 4 [--kind text|digits-jpeg|imagenet|photos]
+    python -m pipelines status --output gs://my-bucket/ar      # how far a running conversion has got
+    python -m pipelines make-demo --output data/ --num-shards 4 [--kind digits|text|digits-jpeg|imagenet|photos]
 
 Other flags of `convert` are Beam pipeline options and pass through unchanged
 (`--runner DataflowRunner --project P --region R --temp_location gs://...`: see dataflow/README.md); a flag that is
@@ -175,8 +175,8 @@ def verify_main(argv: list[str]) -> int:
     result = verify(args.output, deep=args.deep)
     for problem in result.problems:
         print(f"PROBLEM: {problem}")
-    print(f"verify {'--deep ' if args.deep else ''}{args.output}: {result.shards:,} shards, {result.records:,} records, "
-          f"{len(result.problems)} problem(s), {time.monotonic() - started:.1f} s")
+    print(f"verify {'--deep ' if args.deep else ''}{args.output}: {result.shards:,} shards, {result.records:,} "
+          f"records, {len(result.problems)} problem(s), {time.monotonic() - started:.1f} s")
     return 0 if result.ok else 1
 
 

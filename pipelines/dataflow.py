@@ -13,8 +13,8 @@ A run that writes a job description (`--template_location`, what a Flex Template
 offline tests do) or is told not to wait (`--no_wait`) ends at submission; the job itself writes
 OUT/manifest.json as its last step.
 
-    python -m pipelines convert --input 'gs://b/raw/*.tfrecord' --output gs://b/ar --runner DataflowRunner \
-        --project P --region us-central1 --temp_location gs://b/tmp --sdk_container_image IMAGE --sdk_location container
+    python -m pipelines convert --input 'gs://bkt/raw/*.tfrecord' --output gs://bkt/ar --runner DataflowRunner \
+        --project P --region us-central1 --temp_location gs://bkt/tmp --sdk_container_image IMAGE --sdk_location container
 """
 
 from __future__ import annotations

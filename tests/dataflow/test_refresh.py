@@ -149,3 +149,5 @@ def test_a_pinned_refresh_runs_that_commits_image_and_template():
     assert given["_TEMPLATE"] == "gs://${_BUCKET}/templates/tfrecord-to-arrayrecord-" + "0123abcd" * 5 + ".json"
     bad = _schedule({**SCHEDULE_ENV, "PIN": "latest"})
     assert bad.returncode == 2 and "PIN=latest is not a commit SHA" in bad.stderr
+    short = _schedule({**SCHEDULE_ENV, "PIN": "0123abc"})  # a short SHA names no tag cloudbuild.yaml wrote
+    assert short.returncode == 2 and "PIN=0123abc has 7 hex digits; pass the full commit SHA" in short.stderr

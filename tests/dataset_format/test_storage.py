@@ -108,3 +108,13 @@ def test_a_missing_bucket_is_named_with_the_fix(gcs_emulator):
 def test_other_schemes_are_refused_by_name():
     with pytest.raises(ValueError, match=r"'s3://b/x': only local paths and gs:// are supported"):
         storage.read_bytes("s3://b/x")
+
+
+@pytest.mark.parametrize("path, bucket", [("gs://b/x", "b"), ("gs://My-Bucket/x", "My-Bucket"), ("gs://-a-/x", "-a-")])
+def test_a_name_that_is_no_bucket_name_is_one_line(path, bucket):
+    """Checked before any request (`verify` of gs://b/... ended in the client library's traceback)."""
+    with pytest.raises(ValueError) as e:
+        storage.exists(path)
+    assert str(e.value) == (f"{path!r}: {bucket!r} is not a Cloud Storage bucket name (3-63 lower-case letters, "
+                            "digits, '-', '_' and '.', beginning and ending with a letter or digit); check the path")
+    assert storage.split_gcs("gs://my-bucket.example_1/a/b") == ("my-bucket.example_1", "a/b")
