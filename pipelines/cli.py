@@ -20,6 +20,7 @@ import argparse
 import difflib
 import json
 import logging
+import os
 import sys
 import time
 
@@ -216,8 +217,12 @@ def status_main(argv: list[str]) -> int:
                                             "commit records, lease and manifest.")
     p.add_argument("--output", required=True)
     args = p.parse_args(argv)
+    from dataset_format import storage
     from pipelines.progress import status
 
+    if not storage.is_remote(args.output) and not os.path.isdir(args.output):
+        raise FileNotFoundError(f"--output {args.output} does not exist: no conversion has written there (check the "
+                                "path)")
     print(status(args.output))
     return 0
 
@@ -230,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in _COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"error: {argv[0]!r} is not a command; the commands are {', '.join(_COMMANDS)}", file=sys.stderr)
         return 2
     logs.setup()
     try:

@@ -114,7 +114,7 @@ class Report:
         io_wait = t.read_wall - t.cpu["read"]
         if self.compute_cores and work / self.elapsed < 0.6 * self.compute_cores and \
                 io_wait > 0.5 * self.elapsed * self.compute_cores:
-            return ("read (I/O)", "reads wait on storage: raise num_threads= or prefetch= (more reads in flight), "
+            return ("read (I/O)", "reads wait on storage: raise num_threads= or prefetch= (more reads in flight; bench: --threads), "
                     "cache_bytes= for gs://, or stage the dataset on local disk (python -m loader stage)")
         elsewhere = self.setting is None or "process" in self.setting or "actor" in self.setting
         if self.compute_cores and elsewhere and t.take > 0.5 * self.elapsed:  # (threads here hand over nothing)

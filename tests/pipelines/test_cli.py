@@ -55,7 +55,17 @@ def test_bad_arguments_fail_before_any_work(tmp_path):
     _one_line_error(run_cli("convert", "--input", str(tmp_path / "in" / "*"), "--output", str(out), "--compression", "lz4"),
                     "compression='lz4' is not one of")
     _one_line_error(run_cli("verify", "--output", str(tmp_path / "empty")), "manifest.json does not exist")
+    _one_line_error(run_cli("status", "--output", str(tmp_path / "otu")), "does not exist: no conversion has written "
+                    "there")  # a misspelt --output looked like a conversion not started yet
     assert not out.exists()
+
+
+def test_an_unknown_command_is_named(capsys):
+    from pipelines import cli as pipelines_cli
+
+    assert pipelines_cli.main(["stats"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: 'stats' is not a command; the commands are convert, plan, verify, status, make-demo")
 
 
 def test_output_of_another_kind_is_refused(tmp_path, tfds_digits):
