@@ -141,7 +141,7 @@ class LoaderConfig:
 def _takes(fn, arguments: int) -> bool | None:
     """Whether `fn` can be called with `arguments` positional arguments (None: its signature cannot be read)."""
     try:
-        inspect.signature(fn).bind(*([None] * arguments))
+        inspect.signature(fn, follow_wrapped=False).bind(*([None] * arguments))  # a wrapper's own arguments
     except TypeError:
         return False
     except ValueError:
@@ -494,8 +494,9 @@ def _check_batch_fits(records: int, config: LoaderConfig, where: str) -> None:
         raise ValueError(f"batch_size={config.batch_size} is more than the {records:,} records of {where} over "
                          f"num_epochs={config.num_epochs}: no batch would be made; lower batch_size, raise num_epochs, "
                          "or pass drop_remainder=False")
-    log.warning("batch_size=%d is more than the %s records of %s: each batch spans epochs and holds records more than "
-                "once", config.batch_size, f"{records:,}", where)
+    if config.num_epochs is None or config.num_epochs > 1:  # one epoch, not dropped: one short batch, no repeats
+        log.warning("batch_size=%d is more than the %s records of %s: each batch spans epochs and holds records more "
+                    "than once", config.batch_size, f"{records:,}", where)
 
 
 def _reader(source: ShardedSource, config: LoaderConfig, planned: bool = False) -> BatchReader:

@@ -26,7 +26,7 @@ import time
 
 from dataset_format import logs
 from pipelines.lease import LeaseHeld
-from pipelines.config import ConvertConfig, DEFAULT_COMPRESSION, recorded_options
+from pipelines.config import ConvertConfig, DEFAULT_COMPRESSION
 
 log = logging.getLogger("pipelines")
 
@@ -84,7 +84,7 @@ def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.Argum
     _flag(p, "force", "convert every shard, even up-to-date ones")
     p.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer.json or SentencePiece .model: write "
                    "each record's text as token ids, with a token count column, for packing (docs/converting.md; "
-                   "default: the output's tokenisation, from its manifest, if it has one)")
+                   "default: the output's tokenisation, from its manifest, if it has one; none: copy the records)")
     p.add_argument("--text_key", "--text-key", dest="text_key", default=None,
                    help="with --tokenizer: the tf.Example feature holding the text (default: text)")
     p.add_argument("--add_bos", "--add-bos", dest="add_bos", nargs="?", const=True, default=None, type=_boolean,
@@ -102,7 +102,11 @@ def _config(args: argparse.Namespace) -> ConvertConfig:
     that names only --input and --output keeps a zstd or pre-tokenized dataset as it is), else the defaults."""
     given = {"compression": args.compression, "writer_options": args.writer_options, "tokenizer": args.tokenizer,
              "text_key": args.text_key, "add_bos": args.add_bos, "add_eos": args.add_eos}
+    from pipelines.plan import recorded_options
+
     given = {k: v for k, v in given.items() if v is not None}
+    if given.get("tokenizer", "").lower() == "none":  # --tokenizer none: records copied as they are, whatever was kept
+        given["tokenizer"] = None
     return ConvertConfig(input=args.input, output=args.output, skip_corrupt=args.skip_corrupt, prune=args.prune,
                          force=args.force, **recorded_options(args.output, given), **given)
 
@@ -120,7 +124,7 @@ def convert_main(argv: list[str]) -> int:
     if unknown:  # Beam would drop them too: an --input glob the shell expanded converts its first file only
         p.error(f"{len(unknown)} argument(s) that no flag takes: {' '.join(unknown[:3])}"
                 f"{' ...' if len(unknown) > 3 else ''}; if the shell expanded an --input glob, quote it "
-                f"(--input '{args.input.rsplit('/', 1)[0]}/...*'), so that every file it matches is converted")
+                f"(--input '{os.path.dirname(args.input) or '.'}/...*'), so that every file it matches is converted")
     from pipelines.run import run_conversion
 
     outcome = run_conversion(_config(args), beam_args, wait=not args.no_wait, break_lock=args.break_lock)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 
 # grain reads ArrayRecord files written with group_size 1 only ("Grain requires group size 1"), so every
 # random read decompresses one record's chunk: snappy reads 1.2-2.4x faster than zstd:3, whose files are 0-33%
 # smaller (benchmarks/compression_bench.py, docs/benchmarks.md).
 DEFAULT_COMPRESSION = "snappy"
-_COMPRESSION = re.compile(r"^(uncompressed|snappy|zstd:-?\d+|brotli:\d+)$")
+COMPRESSION_NAME = re.compile(r"^(uncompressed|snappy|zstd:-?\d+|brotli:\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +46,7 @@ class ConvertConfig:
             raise ValueError("input is empty; pass --input PATH_OR_GLOB_OR_TFDS_DIR")
         if not self.output:
             raise ValueError("output is empty; pass --output DIR")
-        if not _COMPRESSION.match(self.compression):
+        if not COMPRESSION_NAME.match(self.compression):
             raise ValueError(f"compression={self.compression!r} is not one of zstd:N, brotli:N, snappy, "
                              "uncompressed")
         if self.tokenizer is not None and not self.text_key:
@@ -61,39 +60,3 @@ class ConvertConfig:
     @property
     def resolved_writer_options(self) -> str:
         return self.writer_options or f"group_size:1,{self.compression}"
-
-
-def recorded_options(output: str, given: dict) -> dict:
-    """The writing and tokenising options `output`'s manifest records, for those of them not in `given` (the flags
-    passed), logged once; {} for an output without a manifest. Writing: the shards' writer options when they all
-    share one. Tokenising: the manifest's `tokens` (tokenizer, text_key, add_bos, add_eos), unless --tokenizer is
-    given (its own flags then stand alone)."""
-    from pipelines.plan import read_manifest
-
-    try:
-        manifest = read_manifest(output)
-    except (OSError, ValueError):
-        return {}  # unreadable: the plan reads it again and says what is wrong
-    if manifest is None:
-        return {}
-    kept: dict = {}
-    writers = {s.writer_options for s in manifest.shards}
-    if len(writers) == 1 and not {"compression", "writer_options"} & set(given):
-        (writer,) = writers
-        parts = writer.split(",")
-        if parts[0] == "group_size:1" and len(parts) == 2 and _COMPRESSION.match(parts[1]):
-            if parts[1] != DEFAULT_COMPRESSION:
-                kept["compression"] = parts[1]
-        else:
-            kept["writer_options"] = writer
-    tokens = manifest.tokens or {}
-    if tokens.get("tokenizer") and "tokenizer" not in given:
-        kept["tokenizer"] = tokens["tokenizer"]
-        for key in ("text_key", "add_bos", "add_eos"):
-            if key not in given and tokens.get(key) is not None:
-                kept[key] = tokens[key]
-    if kept:
-        logging.getLogger(__name__).info(
-            "keeping %s's options (from its manifest): %s; pass the flags to change them", output,
-            " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kept.items()))
-    return kept

@@ -14,7 +14,7 @@ import logging
 from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from pipelines import commits, paths, tfds_dir, tokens
-from pipelines.config import ConvertConfig
+from pipelines.config import COMPRESSION_NAME, DEFAULT_COMPRESSION, ConvertConfig
 from pipelines.shard import ShardResult, ShardTask
 
 log = logging.getLogger(__name__)
@@ -135,3 +135,41 @@ def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None
             recovered.append(ShardResult(entry, corruptions))
     return recovered  # (the plan's line says how many: "N recovered from an interrupted run", once, as the lease holder)
 
+
+def recorded_options(output: str, given: dict) -> dict:
+    """The writing and tokenising options `output`'s manifest records, for those of them not in `given` (the flags
+    passed), logged once; {} for an output without a manifest. Writing: the shards' writer options when they all
+    share one. Tokenising: the manifest's `tokens` (tokenizer, text_key, add_bos, add_eos), unless --tokenizer is
+    given (its own flags then stand alone)."""
+    try:
+        manifest = read_manifest(output)
+    except (OSError, ValueError):
+        return {}  # unreadable: the plan reads it again and says what is wrong
+    if manifest is None:
+        return {}
+    kept: dict = {}
+    writers = {s.writer_options for s in manifest.shards}
+    if len(writers) > 1 and not {"compression", "writer_options"} & set(given):
+        log.warning(
+            "%s's shards were written with %d sets of writer options (%s): converting with the default %s; pass "
+            "--compression or --writer-options to choose", output, len(writers), ", ".join(sorted(writers)[:3]),
+            DEFAULT_COMPRESSION)
+    if len(writers) == 1 and not {"compression", "writer_options"} & set(given):
+        (writer,) = writers
+        parts = writer.split(",")
+        if parts[0] == "group_size:1" and len(parts) == 2 and COMPRESSION_NAME.match(parts[1]):
+            if parts[1] != DEFAULT_COMPRESSION:
+                kept["compression"] = parts[1]
+        else:
+            kept["writer_options"] = writer
+    tokens = manifest.tokens or {}
+    if tokens.get("tokenizer") and "tokenizer" not in given:
+        kept["tokenizer"] = tokens["tokenizer"]
+        for key in ("text_key", "add_bos", "add_eos"):
+            if key not in given and tokens.get(key) is not None:
+                kept[key] = tokens[key]
+    if kept:
+        log.info(
+            "keeping %s's options (from its manifest): %s; pass the flags to change them", output,
+            " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kept.items()))
+    return kept

@@ -125,8 +125,11 @@ def check_first_record(config, tasks, *, shards: int = 8) -> None:
     from pipelines import paths, tfrecord
 
     for task in list(tasks)[:shards]:
-        with paths.open_source(task.source.path) as f:
-            record = next(tfrecord.iter_records(f, path=task.source.path, on_corrupt=lambda _: None), None)
+        try:
+            with paths.open_source(task.source.path) as f:
+                record = next(tfrecord.iter_records(f, path=task.source.path), None)
+        except tfrecord.CorruptRecordError:
+            continue  # a damaged first frame: the conversion says so of that shard (no scan for the next frame here)
         if record is None:
             continue
         try:

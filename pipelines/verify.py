@@ -139,7 +139,10 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
             if tokens is not None:
                 expected = tokens(expected)
             for start in range(0, entry.records, _BATCH):
-                got = reader.read(start, min(start + _BATCH, entry.records))
+                try:
+                    got = reader.read(start, min(start + _BATCH, entry.records))
+                except RuntimeError as e:  # riegeli's errors: a damaged chunk of the output (it was a traceback)
+                    return _corrupt(path, e)
                 wanted = list(itertools.islice(expected, len(got)))
                 if len(wanted) < len(got):
                     return (f"{path}: holds {entry.records} records but {entry.source} has only "
@@ -156,8 +159,6 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
                 return f"{path}{COUNTS_SUFFIX}: the token counts differ from the records' ids; re-run with --force"
     except tfrecord.CorruptRecordError as e:
         return f"{path}: cannot compare, the source is corrupt: {e}"
-    except RuntimeError as e:  # riegeli's errors: a damaged chunk of the output (it was a traceback)
-        return _corrupt(path, e)
     finally:
         reader.close()
     return None

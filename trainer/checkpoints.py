@@ -31,7 +31,7 @@ def checkpoint_manager(config: TrainConfig) -> ocp.CheckpointManager:
 
 
 # The settings that give the parameters their shapes: named when a checkpoint's shapes differ from this run's.
-SHAPING_KEYS = ("data", "task", "model", "width", "depth", "heads", "mlp_ratio", "seq_len", "vocab_size", "tokenizer",
+SHAPING_KEYS = ("task", "model", "width", "depth", "heads", "mlp_ratio", "seq_len", "vocab_size", "tokenizer",
                 "text_key", "num_classes", "image_size", "optimizer")
 
 

@@ -357,8 +357,8 @@ def make(config: TrainConfig, specs: dict[str, dict]) -> Task:
     factory = imports.resolve(config.task, TASKS, "task")
     if not callable(factory):
         raise ValueError(f"task={config.task!r} is a {type(factory).__name__}, not a class or function")
-    owner = getattr(factory, "__self__", factory)  # a built-in task's class (TASKS holds its from_config)
-    if config.packing and isinstance(owner, type) and not hasattr(owner, "packing"):
+    owner = getattr(factory, "__self__", None)  # a built-in task's class (TASKS holds its from_config)
+    if config.packing and config.task in TASKS and owner is not None and not hasattr(owner, "packing"):
         raise _packing_refused(config)  # before the task reads the data (its own errors would come first)
     try:
         task = factory(config, specs)

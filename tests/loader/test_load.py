@@ -1,5 +1,6 @@
 """`loader.load` on data converted by the real pipeline."""
 
+import functools
 import json
 import os
 import re
@@ -153,7 +154,7 @@ def test_restoring_a_state_from_other_options_is_refused(converted):
         it.set_state({"step": 10})  # a training state handed over by mistake
 
 
-def test_map_fn_and_example_decoding(tmp_path):
+def test_map_fn_and_example_decoding(tmp_path, caplog):
     from dataset_format import example_proto
     from pipelines import ConvertConfig, run_conversion
     from tests.conftest import write_tfrecord_shards
@@ -181,7 +182,11 @@ def test_map_fn_and_example_decoding(tmp_path):
                                          r"/out over num_epochs=2: no batch would be made; lower batch_size, raise "
                                          r"num_epochs, or pass drop_remainder=False$"):
         loader.load(str(tmp_path / "out"), batch_size=64, num_epochs=2)
+    with caplog.at_level("WARNING", logger="loader.pipeline"):  # one short batch, each record once: nothing to warn
+        assert len(loader.load(str(tmp_path / "out"), batch_size=64, num_epochs=1, drop_remainder=False)) == 1
+    assert "more than the 30 records" not in caplog.text
     assert len(loader.load(str(tmp_path / "out"), batch_size=64, num_epochs=2, drop_remainder=False)) == 1
+    assert "batch_size=64 is more than the 30 records" in caplog.text and "holds records more than once" in caplog.text
     # an image op given to the other hook: said at load(), not as a TypeError at the first batch
     with pytest.raises(ValueError, match=r"^map_fn=RandomResizedCrop\(\.\.\.\) takes \(record, rng\): pass it as "
                                          r"random_map_fn="):
@@ -189,6 +194,15 @@ def test_map_fn_and_example_decoding(tmp_path):
     with pytest.raises(ValueError, match=r"^random_map_fn=CenterCrop\(\.\.\.\) takes \(record\) only: pass it as "
                                          r"map_fn="):
         loader.load(str(tmp_path / "out"), batch_size=6, random_map_fn=loader.images.CenterCrop("x"))
+
+    def one(record):
+        return record
+
+    @functools.wraps(one)  # a wrapper that adds the rng: its own arguments count, not the wrapped function's
+    def with_rng(record, rng):
+        return one(record)
+
+    loader.load(str(tmp_path / "out"), batch_size=6, random_map_fn=with_rng)
 
 
 def test_group_decoding_gives_the_batches_of_record_by_record_decoding(tmp_path, monkeypatch):

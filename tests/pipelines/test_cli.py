@@ -136,3 +136,6 @@ def test_a_rerun_without_the_options_keeps_the_outputs_own(tmp_path, capsys):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert {s["writer_options"] for s in manifest["shards"]} == {"group_size:1,snappy"}
     assert manifest["tokens"]["text_key"] == "body"  # the tokenisation kept
+    assert pipelines_cli.main([*base, "--tokenizer", "none"]) == 0  # and the way back to records copied as they are
+    assert "converted 2 shard(s)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text()).get("tokens") is None
