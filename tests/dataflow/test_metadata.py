@@ -46,7 +46,7 @@ def _accepts(name, value):
 
 
 def test_validation_agrees_with_the_cli():
-    assert PARAMS["compression"]["regexes"] == [config._COMPRESSION.pattern]
+    assert PARAMS["compression"]["regexes"] == [config.COMPRESSION_NAME.pattern]
     assert _accepts("compression", config.DEFAULT_COMPRESSION) and not _accepts("compression", "lz4")
     assert _accepts("writer_options", "group_size:1,zstd:1") and not _accepts("writer_options", "zstd:1")
     assert _accepts("input", "gs://b/raw/train-*.tfrecord") and not _accepts("input", "/data/train-*.tfrecord")
