@@ -261,6 +261,9 @@ def _image_of(record, feature: str):
     value = record[feature]
     if isinstance(value, np.ndarray) and value.dtype == object:
         value = value.item() if value.size == 1 else value
+    if isinstance(value, (np.ndarray, np.generic)) and (value.ndim not in (2, 3) or value.dtype.kind not in "uif"):
+        raise ValueError(f"feature {feature!r} holds a {value.dtype} array of shape {value.shape}, not an image: "
+                         "encoded JPEG/PNG bytes, or pixels [H, W] or [H, W, C]; pass the image feature")
     return value
 
 

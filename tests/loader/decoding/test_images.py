@@ -412,6 +412,11 @@ def test_a_record_that_is_not_an_image_is_named(tmp_path, photos):
     with pytest.raises(ValueError, match=r"record \d+: RandomResizedCrop failed \(KeyError: .*no image feature "
                                          r"'jpeg'"):
         next(it)
+    it = iter(loader.load(str(tmp_path / "out"), batch_size=2, shuffle=False,  # an int feature named as the image
+                          random_map_fn=images.RandomResizedCrop("label", size=32)))
+    with pytest.raises(ValueError, match=r"record 0: RandomResizedCrop failed \(ValueError: feature 'label' holds a "
+                                         r"int64 array of shape \(\), not an image"):
+        next(it)
 
 
 def test_a_damaged_image_is_named_by_shard_record_and_feature(tmp_path):
