@@ -234,9 +234,11 @@ def _first_line(e: Exception) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _agreement(s: int, h: int, d: int, dtype, implementation: str) -> float:
-    """_error_against_blockwise, once per (positions, heads, head dim, dtype): the step's batch and the model's init
-    batch differ, and the check need not run again."""
-    return _error_against_blockwise(s, h, d, dtype, implementation)
+    """The largest relative error (L2) of the cudnn kind's output and gradients, in `dtype`, against blockwise
+    attention's in float32, on random inputs over check_segments(s); once per (positions, heads, head dim, dtype):
+    the step's batch and the model's init batch differ, and the check need not run again."""
+    with jax.ensure_compile_time_eval():  # resolve() runs as the model is traced: these values are computed now
+        return _relative_error(s, h, d, dtype, implementation)
 
 
 def check_segments(s: int) -> np.ndarray:
@@ -249,13 +251,6 @@ def check_segments(s: int) -> np.ndarray:
     rows[1, : s * 2 // 3] = 1
     rows[1, s * 2 // 3: s - s // 8] = 2  # then padding
     return rows
-
-
-def _error_against_blockwise(s: int, h: int, d: int, dtype, implementation: str) -> float:
-    """The largest relative error (L2) of the cudnn kind's output and gradients, in `dtype`, against blockwise
-    attention's in float32, on random inputs over check_segments(s)."""
-    with jax.ensure_compile_time_eval():  # resolve() runs as the model is traced: these values are computed now
-        return _relative_error(s, h, d, dtype, implementation)
 
 
 def _relative_error(s: int, h: int, d: int, dtype, implementation: str) -> float:
