@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import difflib
 import inspect
 import logging
 import sys
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from dataset_format.suggest import did_you_mean
 from loader import executors
 from loader.decoding.decode import Decoder, collate, decoder_at, source_decoder
 from loader.executors.device import DevicePrefetcher
@@ -476,10 +476,8 @@ def load(source: str | ShardedSource | Mapping[str, str | ShardedSource], *, bat
     known = [f.name for f in dataclasses.fields(LoaderConfig) if f.name != "batch_size"]
     unknown = sorted(set(options) - set(known))
     if unknown:
-        close = {name: match[0] for name in unknown if (match := difflib.get_close_matches(name, known, 1))}
-        guesses = list(close.values()) if len(unknown) == 1 else [f"{m} for {name}" for name, m in close.items()]
-        raise TypeError(f"load() got unknown options {unknown}" + (f" (did you mean {', '.join(guesses)}?)"
-                                                                  if guesses else "")
+        hint = did_you_mean(unknown, known)
+        raise TypeError(f"load() got unknown options {unknown}" + (f" ({hint})" if hint else "")
                         + f"; the options are {sorted(known)}")
     config = LoaderConfig(batch_size=batch_size, **options)
     return _packed(source, config) if config.packing is not None else Loader(source, config)

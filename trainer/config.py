@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import re
@@ -14,6 +13,7 @@ import types
 import typing
 
 from dataset_format import storage
+from dataset_format.suggest import did_you_mean
 
 STRATEGIES = ("default", "one_device", "mirrored", "central_storage", "fsdp", "multi_worker", "tpu", "parameter_server")
 MODES = ("train", "evaluate")
@@ -253,13 +253,8 @@ class TrainConfig:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
         if unknown:
-            guesses = {k: close[0] for k in unknown if (close := difflib.get_close_matches(k, fields, n=1))}
-            if len(unknown) == 1:
-                guesses = list(guesses.values())
-            else:
-                guesses = [f"{known} for {k}" for k, known in guesses.items()]
-            raise ValueError(f"unknown config key(s) {unknown}"
-                             + (f"; did you mean {', '.join(guesses)}?" if guesses else "")
+            hint = did_you_mean(unknown, fields)
+            raise ValueError(f"unknown config key(s) {unknown}" + (f"; {hint}" if hint else "")
                              + " (python -m trainer --help lists every key)")
         if values.get("mode") == "evaluate" and "data" not in values and "eval_data" in values:
             values["data"] = values["eval_data"]  # the evaluator reads eval_data only
