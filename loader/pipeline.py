@@ -355,7 +355,7 @@ class Loader:
             self.source = _resolved(source, config)
             self.plan = BatchPlan(len(self.source), config.batch_size, config.seed, config.shuffle, config.num_epochs,
                                   config.drop_remainder, shard_index, shard_count)
-            _check_batch_fits(len(self.source), config, self.source.paths[0].rsplit("/", 1)[0])
+            _check_batch_fits(len(self.source), config, self.source.location)
         map_fn = config.map_fn or config.random_map_fn
         self._decoder = source_decoder(config.decode, self.source, config.features,
                                        tuple(getattr(map_fn, "encoded_features", ())))

@@ -47,12 +47,16 @@ class ShardedSource:
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
-            where = self.paths[0].rsplit("/", 1)[0] if self.paths else "the source"  # local or gs://
-            raise ValueError(f"{where} has no records ({len(self.paths)} shard(s), all empty); "
+            raise ValueError(f"{self.location} has no records ({len(self.paths)} shard(s), all empty); "
                              "check that the conversion finished and that its input had records")
 
     def __len__(self) -> int:
         return int(sum(self.lengths))
+
+    @property
+    def location(self) -> str:
+        """Where the records are, for messages: the first shard's directory (local or gs://)."""
+        return self.paths[0].rsplit("/", 1)[0] if self.paths else "the source"
 
     @property
     def total_bytes(self) -> int | None:
