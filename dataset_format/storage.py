@@ -143,10 +143,11 @@ def _blob(path: str):
     return _client().bucket(bucket).blob(name)
 
 
-def _list(prefix_path: str, *, delimiter: str | None) -> Iterator:
+def _list(prefix_path: str, *, delimiter: str | None, max_results: int | None = None) -> Iterator:
     bucket, prefix = split_gcs(prefix_path)
     with _gcs_errors(prefix_path):
-        yield from _client().list_blobs(bucket, prefix=prefix, delimiter=delimiter, retry=_retry())
+        yield from _client().list_blobs(bucket, prefix=prefix, delimiter=delimiter, max_results=max_results,
+                                        retry=_retry())
 
 
 def _objects_in(directory: str) -> Iterator[tuple]:
@@ -164,6 +165,16 @@ def exists(path: str) -> bool:
         return os.path.exists(path)
     with _gcs_errors(path):
         return _blob(path).exists(retry=_retry())
+
+
+def names_something(path: str) -> bool:
+    """A file, or a directory (on gs://: a prefix) that holds anything; one lookup, then at most one listing of one
+    object."""
+    if not is_remote(path):
+        return os.path.exists(path)
+    if split_gcs(path)[1].strip("/") and exists(path.rstrip("/")):  # (a bucket's root is no object)
+        return True
+    return next(iter(_list(path.rstrip("/") + "/", delimiter=None, max_results=1)), None) is not None
 
 
 def list_sizes(directory: str) -> dict[str, int]:

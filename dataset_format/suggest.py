@@ -4,7 +4,10 @@ packing for packng, seq_len for seq_length?" (several)."""
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Sequence
+
+from dataset_format import storage
 
 
 def did_you_mean(unknown: Sequence[str], known: Iterable[str]) -> str:
@@ -15,3 +18,17 @@ def did_you_mean(unknown: Sequence[str], known: Iterable[str]) -> str:
         return ""
     guesses = list(close.values()) if len(unknown) == 1 else [f"{m} for {name}" for name, m in close.items()]
     return f"did you mean {', '.join(guesses)}?"
+
+
+def near_path(path: str) -> str:
+    """"; did you mean DIR/train?" when a local path without a glob names nothing but is close to an entry of its
+    directory (a misspelt dataset directory); else ""."""
+    if storage.is_remote(path) or storage.has_glob(path):
+        return ""
+    parent, _, name = path.rstrip("/").rpartition("/")
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, names, n=2)
+    return f"; did you mean {' or '.join(storage.join(parent, c) if parent else c for c in close)}?" if close else ""

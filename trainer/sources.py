@@ -18,6 +18,7 @@ import numpy as np
 
 import loader
 from dataset_format import storage, tfds_info
+from dataset_format.suggest import near_path
 from loader.decoding.decode import collate
 from trainer import tasks
 from trainer.config import TrainConfig
@@ -49,10 +50,20 @@ def resolve(config: TrainConfig) -> Sources:
     """Each source of the run, its metadata read once. The sidecar evaluator (mode=evaluate) reads eval_data only."""
     evaluating = config.mode == "evaluate"
     train = () if evaluating else tuple(
-        _source(path, name, config.split or source_split(path, "train")) for name, path in _named(config.data_source))
+        _source(_existing("data", name, path), name, config.split or source_split(path, "train"))
+        for name, path in _named(config.data_source))
     evaluation = () if config.eval_source is None else tuple(
-        _source(path, name, source_split(path, "test")) for name, path in _named(config.eval_source))
+        _source(_existing("eval_data", name, path), name, source_split(path, "test")) for name, path in _named(config.eval_source))
     return Sources(train, evaluation)
+
+
+def _existing(key: str, name: str | None, path: str) -> str:
+    """`path` when it names something (a glob is matched later, by the loader); else an error naming `key` (and the
+    mixture component) and the path, before the task reads metadata the path does not have."""
+    if storage.has_glob(path) or storage.names_something(path):
+        return path
+    where = f"{key}={path}" if name is None else f"{key} component {name}={path}"
+    raise FileNotFoundError(f"{where}: no such file or directory{near_path(path)}")
 
 
 def source_split(path: str, default: str | None) -> str | None:

@@ -13,7 +13,6 @@ gs://: one listing), so a missing or truncated shard fails before the epoch star
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import errno
 import os
 
@@ -22,6 +21,7 @@ import numpy as np
 from dataset_format import storage, tfds_info
 from dataset_format.manifest import MANIFEST_NAME, ShardTable, merge_feature_stats
 from dataset_format.naming import is_tfrecord_name
+from dataset_format.suggest import near_path
 from dataset_format.tfds_info import FEATURES_NAME, INFO_NAME as TFDS_INFO
 from loader.format import _riegeli
 
@@ -130,20 +130,6 @@ def token_info(source: str) -> dict | None:
     return ShardTable.from_json(_read_text(path), path=path).tokens
 
 
-def _near(path: str) -> str:
-    """"; did you mean DIR/train?" when a local path without a glob names nothing but is close to an entry of its
-    directory (a misspelt dataset directory); else ""."""
-    if storage.is_remote(path) or storage.has_glob(path):
-        return ""
-    parent, _, name = path.rstrip("/").rpartition("/")
-    try:
-        names = os.listdir(parent or ".")
-    except OSError:
-        return ""
-    close = difflib.get_close_matches(name, names, n=2)
-    return f"; did you mean {' or '.join(storage.join(parent, c) if parent else c for c in close)}?" if close else ""
-
-
 def _tfrecords_in(directory: str) -> list[str]:
     """The TFRecord file names directly in local `directory` (sorted), for the error when one is passed to load."""
     if storage.is_remote(directory):
@@ -222,7 +208,7 @@ def _from_tfds_info(root: str, split: str) -> ShardedSource:
 def _from_glob(pattern: str) -> ShardedSource:
     paths = storage.glob(pattern)
     if not paths:
-        raise FileNotFoundError(f"no files match {pattern!r}; check the path and the glob{_near(pattern)}")
+        raise FileNotFoundError(f"no files match {pattern!r}; check the path and the glob{near_path(pattern)}")
     return of_files(paths, missing="vanished while the glob was read; check nothing is deleting shards")
 
 

@@ -19,6 +19,8 @@ def test_local_round_trip_listing_and_globs(tmp_path):
     assert storage.read_bytes(storage.join(d, "missing")) is None
     assert storage.list_sizes(d) == {"a.json": 2}
     assert storage.list_sizes(str(tmp_path / "nothing")) == {}
+    assert [storage.names_something(p) for p in (d, storage.join(d, "a.json"), str(tmp_path / "nothing"))] == [
+        True, True, False]
     assert storage.glob(str(tmp_path / "data" / "*")) == [storage.join(d, "a.json"), storage.join(d, "sub")]
     assert [p.name for p in tmp_path.rglob(".tmp-*")] == []
 
@@ -40,6 +42,9 @@ def test_gcs_round_trip_listing_globs_and_download(tmp_path, gcs_bucket):
                                              f"{root}/train-1.ar"]
     assert storage.glob(f"{root}/train-?.ar") == [f"{root}/train-0.ar", f"{root}/train-1.ar"]
     assert storage.exists(f"{root}/test-0.ar") and not storage.exists(f"{root}/nothing")
+    named = [storage.names_something(p) for p in (root, f"{root}/", f"{root}/sub", f"{root}/test-0.ar",
+                                                  f"{root}/su", f"{root}/nothing", f"gs://{bucket}")]
+    assert named == [True, True, True, True, False, False, True]  # a directory is a prefix; "su" is no directory
     assert storage.read_bytes(f"{root}/nothing") is None
     assert storage.download(f"{root}/big.bin", str(tmp_path / "copy.bin")) == 10_240_000
     assert (tmp_path / "copy.bin").read_bytes() == local.read_bytes()

@@ -74,6 +74,19 @@ def test_sources_resolve_splits_specs_and_mixture_names(digits, rich_tfds):
     assert evaluator.train == () and evaluator.shaping is evaluator.eval[0]
 
 
+def test_a_path_that_names_nothing_is_named_before_the_task_reads_its_metadata(digits, tmp_path):
+    """Without the check, a classification run on a misspelt path said the data had no ClassLabel metadata."""
+    train_dir = str(digits["train"])
+    misspelt = train_dir[:-1] + "x"
+    with pytest.raises(FileNotFoundError, match=rf"^data={misspelt}: no such file or directory; did you mean "
+                                                rf"{train_dir}\?$"):
+        Program.build(TrainConfig(data=misspelt, workdir="w"))
+    with pytest.raises(FileNotFoundError, match=rf"^eval_data={tmp_path}/gone: no such file or directory$"):
+        sources.resolve(TrainConfig(data=train_dir, eval_data=str(tmp_path / "gone"), workdir="w"))
+    with pytest.raises(FileNotFoundError, match=rf"^data component b={tmp_path}/nowhere: no such file or directory$"):
+        sources.resolve(TrainConfig(data=f"a={train_dir},b={tmp_path}/nowhere", weights="a=1,b=1", workdir="w"))
+
+
 def test_packing_needs_a_task_that_packs(digits):
     with pytest.raises(ValueError, match=r"packing=true needs a task that packs token sequences \(task=lm\); "
                                          r"task='classification' does not"):
