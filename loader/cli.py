@@ -217,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loader", description="Look at, time and stage converted datasets "
                                 "(loading itself is loader.load; its options: docs/loading.md).")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("stage", help="copy a gs:// dataset to local disk (checked against its manifest, resumable)")
+    staging = ("copy a gs:// dataset to local disk (checked against its manifest, resumable): training then reads "
+               "local files")
+    s = sub.add_parser("stage", help=staging, description=staging[0].upper() + staging[1:] + ".")
     s.add_argument("source", help="gs:// dataset: a converted directory or a TFDS array_record directory")
     s.add_argument("local_dir", help="where the copy goes (a directory with a manifest there is complete)")
     s.add_argument("--parallelism", type=int, default=8, help="files copied at once (default 8)")
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                         "and a first record",
              "bench": "time loader.load on a dataset: the first batch, records/s after a start window, peak memory"}
     for name, fn in (("inspect", inspect_main), ("bench", bench_main)):
-        s = sub.add_parser(name, help=helps[name])
+        s = sub.add_parser(name, help=helps[name], description=helps[name][0].upper() + helps[name][1:] + ".")
         s.add_argument("source", help="a converted directory, a TFDS array_record directory, or a glob")
         s.add_argument("--split", default=None, help="TFDS split (default train)")
         s.add_argument("--decode", default="auto", help="auto, example, tfds or none")

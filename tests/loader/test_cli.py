@@ -72,6 +72,13 @@ def test_help_describes_every_command(capsys):
     for command, words in (("stage", "copy a gs:// dataset"), ("inspect", "print a dataset's shards"),
                            ("bench", "time loader.load")):
         assert f"    {command}" in out and words in out, (command, out)
+    # and each command's own --help says what it does, not only its arguments
+    for command, words in (("stage", "Copy a gs:// dataset to local disk"), ("inspect", "Print a dataset's shards"),
+                           ("bench", "Time loader.load on a dataset")):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert words in out, (command, out)
 
 
 def test_paced_bench_reports_the_rate_asked_and_every_long_wait(photos):
