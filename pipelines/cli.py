@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from dataset_format import logs
+from dataset_format import booleans, logs
 from pipelines.lease import LeaseHeld
 from pipelines.config import ConvertConfig, DEFAULT_COMPRESSION
 
@@ -32,12 +32,11 @@ log = logging.getLogger("pipelines")
 
 
 def _boolean(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    value = booleans.parse(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false (or {'/'.join(booleans.TRUE[1:])}, "
+                                         f"{'/'.join(booleans.FALSE[1:])})")
+    return value
 
 
 def _flag(p: argparse.ArgumentParser, name: str, help: str, default: bool | None = False) -> None:

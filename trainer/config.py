@@ -12,7 +12,7 @@ import re
 import types
 import typing
 
-from dataset_format import storage
+from dataset_format import booleans, storage
 from dataset_format.suggest import did_you_mean
 
 STRATEGIES = ("default", "one_device", "mirrored", "central_storage", "fsdp", "multi_worker", "tpu", "parameter_server")
@@ -264,9 +264,6 @@ class TrainConfig:
         return cls(**{k: _coerce(k, v, fields[k].type) for k, v in values.items()})
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
 def _coerce(key: str, value, annotation):
     if not isinstance(value, str):
         return value
@@ -276,8 +273,8 @@ def _coerce(key: str, value, annotation):
         return None
     for option in options:
         if option is bool:
-            if value.lower() in _TRUE + _FALSE:
-                return value.lower() in _TRUE
+            if (flag := booleans.parse(value)) is not None:
+                return flag
             continue
         try:
             return option(value)

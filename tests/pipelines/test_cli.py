@@ -139,3 +139,14 @@ def test_a_rerun_without_the_options_keeps_the_outputs_own(tmp_path, capsys):
     assert pipelines_cli.main([*base, "--tokenizer", "none"]) == 0  # and the way back to records copied as they are
     assert "converted 2 shard(s)" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "manifest.json").read_text()).get("tokens") is None
+
+
+def test_boolean_flags_take_the_trainers_words():
+    """--force on, as python -m trainer takes packing=on; a misspelt word is refused, naming the words."""
+    from pipelines.cli import _convert_parser
+
+    parser = _convert_parser()
+    parsed = parser.parse_args(["--input", "x", "--output", "y", "--force", "on", "--prune=off", "--skip-corrupt"])
+    assert (parsed.force, parsed.prune, parsed.skip_corrupt) == (True, False, True)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--input", "x", "--output", "y", "--force", "ture"])
