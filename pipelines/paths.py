@@ -5,16 +5,22 @@ dataset_format/naming.py.
 
 from __future__ import annotations
 
+import bz2
 import dataclasses
+import gzip
+import io
 import logging
+import lzma
 import os
 import re
+import zlib
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from dataset_format.naming import is_tfrecord_name, output_name
 from dataset_format.storage import basename, has_glob, is_remote
+from pipelines import tfrecord
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +220,108 @@ def output_names(sources: list[str]) -> dict[str, str]:
     return names
 
 
-def open_source(path: str):
-    """Opens a (possibly compressed, possibly remote) TFRecord file for streaming reads."""
-    compression = CompressionTypes.detect_compression_type(path)
-    if not is_remote(path) and compression == CompressionTypes.UNCOMPRESSED:
+def source_compression(path: str) -> str:
+    """How `path` is read: by its suffix (.gz, .zlib/.deflate, .bz2, .xz/.lzma, .zst), as Beam names it; a file
+    named as uncompressed whose first bytes are a GZIP or zlib header and not a TFRecord frame's (tf.io's
+    TFRecordWriter with "GZIP" or "ZLIB" adds no suffix) is read as such, with a log line."""
+    named = CompressionTypes.detect_compression_type(path)
+    if named != CompressionTypes.UNCOMPRESSED:
+        return named
+    with _raw(path) as f:
+        head = f.read(12)
+    if len(head) < 2 or tfrecord.header_checks(head):
+        return named
+    if head[:3] == b"\x1f\x8b\x08":
+        sniffed = CompressionTypes.GZIP
+    elif head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:  # a zlib header: deflate, its check bits
+        sniffed = CompressionTypes.DEFLATE
+    else:
+        return named
+    log.warning("%s: its bytes are %s-compressed though its name says uncompressed: read as %s (name such files "
+                "*%s)", path, _KIND[sniffed], _KIND[sniffed], ".gz" if sniffed == CompressionTypes.GZIP else ".zlib")
+    return sniffed
+
+
+_KIND = {CompressionTypes.GZIP: "GZIP", CompressionTypes.DEFLATE: "zlib", CompressionTypes.BZIP2: "BZIP2",
+         CompressionTypes.LZMA: "LZMA", CompressionTypes.ZSTD: "Zstandard"}
+# what a damaged, cut or mislabelled stream raises while it is read (gzip.BadGzipFile is an OSError: named alone)
+_STREAM_ERRORS = (zlib.error, EOFError, gzip.BadGzipFile, lzma.LZMAError)
+
+
+def _raw(path: str):
+    if not is_remote(path):
         return open(path, "rb", buffering=_READ_BUFFER)
-    return FileSystems.open(path, compression_type=compression)
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def open_source(path: str, compression: str | None = None):
+    """Opens a (possibly compressed, possibly remote) TFRecord file for streaming reads; `compression` as
+    source_compression(path) gives it (read here when not given). A compressed stream that is damaged, cut short or
+    not what its name says raises tfrecord.CompressedStreamError naming the file (GZIP, BZIP2 and LZMA are read by
+    Python's own readers, which check the stream's end and its checksum: Beam's gzip reader ends a cut stream
+    silently)."""
+    compression = compression or source_compression(path)
+    if compression == CompressionTypes.UNCOMPRESSED:
+        return _raw(path)
+    if compression == CompressionTypes.GZIP:
+        stream = gzip.GzipFile(fileobj=_raw(path), mode="rb")
+    elif compression == CompressionTypes.BZIP2:
+        stream = bz2.BZ2File(_raw(path), mode="rb")
+    elif compression == CompressionTypes.LZMA:
+        stream = lzma.LZMAFile(_raw(path), mode="rb")
+    else:
+        stream = FileSystems.open(path, compression_type=compression)
+    return _CheckedStream(stream, path, _KIND.get(compression, compression))
+
+
+class _CheckedStream(io.RawIOBase):
+    """A decompressing reader whose stream errors name the file (tfrecord.CompressedStreamError); it closes the
+    file under it."""
+
+    def __init__(self, stream, path: str, kind: str):
+        super().__init__()
+        self._stream, self._path, self._kind = stream, path, kind
+        self._fileobj = getattr(stream, "fileobj", None) or getattr(stream, "_fp", None)
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._stream.read(size)
+        except _STREAM_ERRORS as e:
+            raise tfrecord.CompressedStreamError(self._path, self._position(), str(e) or type(e).__name__,
+                                                 self._kind) from e
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def _position(self) -> int:
+        try:
+            return self._stream.tell()
+        except (OSError, ValueError, *_STREAM_ERRORS):
+            return 0
+
+    def seekable(self) -> bool:
+        return self._stream.seekable()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        try:
+            return self._stream.seek(offset, whence)
+        except _STREAM_ERRORS as e:
+            raise tfrecord.CompressedStreamError(self._path, offset, str(e) or type(e).__name__, self._kind) from e
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._stream.close()
+            finally:
+                inner = self._fileobj
+                if inner is not None and not getattr(inner, "closed", True):
+                    inner.close()
+        super().close()

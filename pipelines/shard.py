@@ -127,7 +127,8 @@ def _copy_records(task, local, writer_options, on_corrupt, on_records, tokens=No
     reported_records = reported_bytes = 0
     started = last_log = time.monotonic()
     try:
-        with paths.open_source(source.path) as f:
+        compression = paths.source_compression(source.path)
+        with paths.open_source(source.path, compression) as f:
             records = tfrecord.iter_records(f, path=source.path, on_corrupt=on_corrupt)
             for record in (tokens(records) if tokens is not None else records):
                 writer.write(record)
@@ -138,7 +139,7 @@ def _copy_records(task, local, writer_options, on_corrupt, on_records, tokens=No
                 if written & 0x3FF == 0:  # check the clock every 1024 records
                     now = time.monotonic()
                     if now - last_log >= _PROGRESS_EVERY_S:
-                        done = f.tell() / source.size if source.size and source.compression == CompressionTypes.UNCOMPRESSED else None
+                        done = f.tell() / source.size if source.size and compression == CompressionTypes.UNCOMPRESSED else None
                         log.info("%s: %d records, %.1f MB%s, %.0f records/s", os.path.basename(source.path),
                                  written, raw_bytes / 1e6, f" ({done:.0%})" if done is not None else "",
                                  written / (now - started))

@@ -63,6 +63,25 @@ class CorruptRecordError(ValueError):
         )
 
 
+class CompressedStreamError(CorruptRecordError):
+    """A compressed input (named .gz, .zlib, ...) whose stream does not decompress: damaged, cut short, or not
+    compressed the way its name says. Fails the shard even with --skip-corrupt: nothing after the damage can be
+    found again in a compressed stream."""
+
+    def __init__(self, path: str, offset: int, reason: str, compression: str):
+        ValueError.__init__(
+            self,
+            f"{path}: its {compression} stream does not decompress after {offset:,} bytes of TFRecord data: {reason}. "
+            f"Re-create or re-copy this shard; a file that is not {compression}-compressed needs a name without "
+            f"its suffix (the suffix says how it is read)")
+        self.path, self.offset, self.reason = path, offset, reason
+
+
+def header_checks(head: bytes) -> bool:
+    """Whether `head` (a file's first 12 bytes or more) starts with a TFRecord frame header whose length CRC holds."""
+    return len(head) >= _HEADER.size and _HEADER.unpack_from(head)[1] == masked_crc32c(head[:8])
+
+
 @dataclasses.dataclass(frozen=True)
 class Corruption:
     """A corrupt region that `iter_records(on_corrupt=...)` skipped."""

@@ -1,0 +1,96 @@
+"""Compressed TFRecord inputs: read by their suffix, or by their first bytes when a GZIP or zlib file has no suffix
+(tf.io.TFRecordWriter adds none); a stream that is damaged, cut short or not what its name says fails its shard
+with a line naming the file, even with --skip-corrupt, and the other shards convert."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import logging
+import random
+import zlib
+
+import pytest
+
+from pipelines import paths, tfrecord
+from tests.conftest import run_cli
+
+
+def _records(n: int = 400) -> list[bytes]:
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(300)]
+    return [" ".join(rng.choices(words, k=60)).encode() for _ in range(n)]  # compressible, as text is
+
+
+def _frames(records) -> bytes:
+    buf = io.BytesIO()
+    tfrecord.write_records(buf, records)
+    return buf.getvalue()
+
+
+def _read(path) -> list[bytes]:
+    with paths.open_source(str(path)) as f:
+        return list(tfrecord.iter_records(f, path=str(path)))
+
+
+def test_compressed_inputs_by_suffix_and_by_their_first_bytes(tmp_path, caplog):
+    records = _records()
+    raw = _frames(records)
+    files = {"a.tfrecord.gz": gzip.compress(raw), "b.tfrecord.bz2": bz2.compress(raw),
+             "c.tfrecord": gzip.compress(raw), "d.tfrecord": zlib.compress(raw), "e.tfrecord": raw}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    with caplog.at_level(logging.WARNING, logger="pipelines.paths"):
+        assert all(_read(tmp_path / name) == records for name in files)
+    assert [paths.source_compression(str(tmp_path / n)) for n in files] == ["gzip", "bzip2", "gzip", "deflate",
+                                                                            "uncompressed"]
+    warned = [r.getMessage() for r in caplog.records]
+    assert any(m.endswith("c.tfrecord: its bytes are GZIP-compressed though its name says uncompressed: read as "
+                          "GZIP (name such files *.gz)") for m in warned), warned
+    assert any("d.tfrecord: its bytes are zlib-compressed" in m for m in warned), warned
+
+
+def test_a_tfrecord_whose_first_bytes_look_like_gzip_is_read_as_a_tfrecord(tmp_path):
+    """A record of 0x088B1F bytes: its frame starts 1f 8b 08, GZIP's signature; its length CRC settles it."""
+    records = [b"x" * 0x088B1F, b"next"]
+    path = tmp_path / "big.tfrecord"
+    path.write_bytes(_frames(records))
+    assert path.read_bytes()[:3] == b"\x1f\x8b\x08"
+    assert paths.source_compression(str(path)) == "uncompressed" and _read(path) == records
+
+
+@pytest.mark.parametrize("name,damage,reason", [
+    # the stream's CRC-32 (its trailer's first 4 bytes); a flip inside the data is found by a record's own CRC first
+    ("flipped.tfrecord.gz", lambda gz: gz[:-8] + bytes([gz[-8] ^ 0xFF]) + gz[-7:], r"CRC check failed"),
+    ("cut.tfrecord.gz", lambda gz: gz[: len(gz) // 2], r"Compressed file ended before the end-of-stream marker"),
+    ("plain.tfrecord.gz", None, r"Not a gzipped file"),
+])
+def test_a_damaged_or_mislabelled_stream_names_the_file(tmp_path, name, damage, reason):
+    raw = _frames(_records())
+    gz = gzip.compress(raw)
+    path = tmp_path / name
+    path.write_bytes(raw if damage is None else damage(gz))
+    with pytest.raises(tfrecord.CompressedStreamError,
+                       match=rf"^{path}: its GZIP stream does not decompress after [\d,]+ bytes of TFRecord data: "
+                             rf".*{reason}.*\. Re-create or re-copy this shard; a file that is not GZIP-compressed "
+                             r"needs a name without its suffix"):
+        _read(path)
+
+
+def test_a_damaged_stream_fails_its_shard_and_the_others_convert_even_with_skip_corrupt(tmp_path):
+    records = _records()
+    gz = gzip.compress(_frames(records))
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "good.tfrecord.gz").write_bytes(gz)
+    (src / "cut.tfrecord.gz").write_bytes(gz[: len(gz) // 2])  # its first records decompress: none may be kept
+    out = tmp_path / "out"
+    proc = run_cli("convert", "--input", str(src), "--output", str(out), "--skip-corrupt")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].startswith(f"FAILED: {src}/cut.tfrecord.gz: its GZIP stream does "
+                                                           "not decompress after"), proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(s["path"], s["records"]) for s in manifest["shards"]] == [("good.array_record", len(records))]
+    assert not (out / "cut.array_record").exists()
