@@ -215,10 +215,26 @@ def source_decoder(decode: str | Decoder | None, source, features: tuple[str, ..
                             source.component_lengths)
 
 
+def _uneven_features(items: Sequence[dict]) -> None:
+    """Raises for a batch whose records do not all have the same features, naming the first such feature."""
+    counts: dict[str, int] = {}
+    for item in items:
+        for k in item:
+            counts[k] = counts.get(k, 0) + 1
+    name, have = next((k, n) for k, n in counts.items() if n < len(items))
+    raise ValueError(
+        f"feature {name!r} is in {have} of this batch's {len(items)} records: a feature that some records lack "
+        "cannot be batched; leave it out with features= (the others), or give every record a value for it in "
+        "decode= or map_fn (`python -m loader inspect DIR` shows how many records have each feature)")
+
+
 def collate(items: Sequence[Any]) -> Any:
     """Stacks a batch: dicts feature by feature, arrays/scalars on a new first axis; else a list."""
     first = items[0]
     if isinstance(first, dict):
+        keys = first.keys()
+        if any(item.keys() != keys for item in items):
+            _uneven_features(items)
         return {k: collate([item[k] for item in items]) for k in first}
     if isinstance(first, (np.ndarray, np.generic, int, float, bool)):
         try:

@@ -320,3 +320,17 @@ def test_more_threads_than_prefetch_reads_ahead_for_each_thread(converted, caplo
         batches = _take(iter(loader.load(str(converted), batch_size=8, decode=None, num_threads=3, prefetch=1)), 4)
     assert len(batches) == 4
     assert not [r for r in caplog.records if "prefetch_buffer_size" in r.getMessage()]
+
+
+def test_a_feature_that_some_records_lack_is_named_not_dropped():
+    """The batch took the first record's features: a feature it lacked vanished from the batch, and one a later
+    record lacked was a bare KeyError."""
+    from dataset_format.example_proto import encode_example
+    from loader.decoding.decode import ExampleDecoder, collate
+
+    decoder = ExampleDecoder()
+    records = [encode_example({"label": i, **({"scores": [0.5] * i} if i % 2 else {})}) for i in range(4)]
+    for batch in (records, records[1:]):  # the first record without it, then with it
+        with pytest.raises(ValueError, match=r"^feature 'scores' is in 2 of this batch's \d records: a feature that "
+                                             r"some records lack cannot be batched; leave it out with features="):
+            collate([decoder(r) for r in batch])
