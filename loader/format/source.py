@@ -209,7 +209,21 @@ def _from_glob(pattern: str) -> ShardedSource:
     paths = storage.glob(pattern)
     if not paths:
         raise FileNotFoundError(f"no files match {pattern!r}; check the path and the glob{near_path(pattern)}")
-    return of_files(paths, missing="vanished while the glob was read; check nothing is deleting shards")
+    sidecar = next((p for p in paths if storage.basename(p) in _SIDECARS), None)
+    if sidecar is not None:  # a glob over a converted (or TFDS) directory: the directory is what to pass
+        directory = sidecar[: -len(storage.basename(sidecar))].rstrip("/") or "."
+        raise ValueError(f"{pattern!r} matches {sidecar}, the dataset's metadata, not an ArrayRecord shard: pass the "
+                         f"directory itself ({directory}), which also keeps its record counts and split names")
+    try:
+        return of_files(paths, missing="vanished while the glob was read; check nothing is deleting shards")
+    except ValueError as e:
+        if " is a TFRecord file, not ArrayRecord" in str(e) and len(paths) > 1:
+            raise ValueError(f"{pattern!r} matches TFRecord files, not ArrayRecord: convert them first (python -m "
+                             f"pipelines convert --input '{pattern}' --output DIR), then load DIR") from None
+        raise
+
+
+_SIDECARS = frozenset({MANIFEST_NAME, TFDS_INFO, FEATURES_NAME, "report.json"})
 
 
 def of_files(paths: list[str], missing: str = "does not exist; check the path") -> ShardedSource:

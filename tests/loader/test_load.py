@@ -279,6 +279,20 @@ def test_bad_sources_are_named(converted, tmp_path):
     with pytest.raises(OSError, match="train-00003-of-00005.array_record: Is a directory; a shard must be a readable"):
         loader.load(str(broken), batch_size=4)
 
+    with pytest.raises(ValueError, match=re.escape(f"'{converted}/*' matches {converted}/manifest.json, the dataset's "
+                                                   f"metadata, not an ArrayRecord shard: pass the directory itself "
+                                                   f"({converted})")):
+        loader.load(f"{converted}/*", batch_size=4)  # a glob over a converted directory
+    from pipelines import tfrecord
+
+    for name in ("train.tfrecord-00001-of-00002", "train.tfrecord-00000-of-00002"):
+        with open(tmp_path / "raw" / name, "wb") as f:
+            tfrecord.write_records(f, [b"a record"] * 3)
+    with pytest.raises(ValueError, match=re.escape(f"'{tmp_path}/raw/train.tfrecord-*' matches TFRecord files, not "
+                                                   f"ArrayRecord: convert them first (python -m pipelines convert "
+                                                   f"--input '{tmp_path}/raw/train.tfrecord-*' --output DIR)")):
+        loader.load(f"{tmp_path}/raw/train.tfrecord-*", batch_size=4)  # the glob, not its first file
+
     (tmp_path / "junk.array_record").write_bytes(b"\0" * 100)
     with pytest.raises(ValueError, match="junk.array_record is not a whole ArrayRecord file"):
         loader.load(str(tmp_path / "junk.array_record"), batch_size=4)
