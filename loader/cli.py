@@ -69,6 +69,9 @@ def _ranges(source) -> list[str]:
     return lines
 
 
+STEADY_SECONDS = 1.0  # a timed window shorter than this has no steady rate (the read-ahead served it)
+
+
 def bench_main(args) -> int:
     """Time to the first batch, then examples/s over a start window (the loader ramps its reads up from one
     batch to groups of ~32k records) and over the batches after it (what a long training run sees). With
@@ -104,8 +107,12 @@ def bench_main(args) -> int:
     worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     workers = f", the largest worker {worker_mb:,.0f} MB" if args.workers and worker_mb else ""
     chosen = f" ({setting})" if args.workers == "auto" else ""
-    print(f"first batch {first:.2f} s; {rates[1]:,.0f} {unit}/s over {args.batches} batches of {args.batch_size} "
-          f"after a start window of {args.start} ({rates[0]:,.0f}/s); peak RSS {peak_mb:,.0f} MB{workers} "
+    figure = f"{rates[1]:,.0f} {unit}/s" if elapsed >= STEADY_SECONDS else (
+        f"no steady rate (they took {elapsed:.2f} s, under {STEADY_SECONDS:.0f} s; take --batches "
+        f"{max(args.batches * 10, 100)} or more)")
+    start = f"{rates[0]:,.0f}/s" if args.start else "none"
+    print(f"first batch {first:.2f} s; {figure} over {args.batches} batches of {args.batch_size} "
+          f"after a start window of {args.start} ({start}); peak RSS {peak_mb:,.0f} MB{workers} "
           f"(decode={args.decode}, workers={args.workers}{chosen}, threads={args.threads or 'default'}, "
           f"globally shuffled)")
     print("\n".join(f"  {line}" for line in report.lines()[1:]))

@@ -18,7 +18,9 @@ def test_inspect_and_bench(converted):
     assert "record 0: 3 bytes" in proc.stdout  # b"0:0"
     bench = _run("bench", str(converted), "--batch_size", "16", "--start", "3", "--batches", "5", "--decode", "none")
     assert bench.returncode == 0, bench.stderr
-    assert "examples/s over 5 batches of 16 after a start window of 3 (" in bench.stdout
+    # 5 small batches take well under a second: no rate is claimed for them (it read millions a second)
+    assert re.search(r"; no steady rate \(they took 0\.\d\d s, under 1 s; take --batches 100 or more\) over 5 "
+                     r"batches of 16 after a start window of 3 \(", bench.stdout), bench.stdout
     assert "worker" not in bench.stdout.split("(decode=")[0]
     lines = bench.stdout.splitlines()
     assert lines[1].startswith("  CPU per 1,000 records (ms): plan ") and "read " in lines[1], bench.stdout
@@ -38,6 +40,17 @@ def test_inspect_prints_each_features_range(photos, converted, capsys):
     assert main(["inspect", str(converted), "--decode", "none"]) == 0  # raw records, not tf.train.Examples
     assert "feature ranges: the manifest has none: converted before they were recorded, or records that are not " \
            "tf.train.Examples; `python -m pipelines convert --force` records them" in capsys.readouterr().out
+
+
+def test_bench_reports_the_rate_of_a_window_long_enough(converted, monkeypatch, capsys):
+    from loader import cli
+
+    monkeypatch.setattr(cli, "STEADY_SECONDS", 0.0)  # (a window of a second or more, as a real bench takes)
+    assert cli.main(["bench", str(converted), "--batch_size", "16", "--start", "0", "--batches", "5",
+                     "--decode", "none"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^first batch \d+\.\d\d s; [\d,]+ examples/s over 5 batches of 16 after a start window of 0 "
+                     r"\(none\)", out), out
 
 
 def test_bench_auto_says_what_it_chose(converted):
