@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+
+from dataset_format import storage
 
 # grain reads ArrayRecord files written with group_size 1 only ("Grain requires group size 1"), so every
 # random read decompresses one record's chunk: snappy reads 1.2-2.4x faster than zstd:3, whose files are 0-33%
@@ -46,6 +49,8 @@ class ConvertConfig:
             raise ValueError("input is empty; pass --input PATH_OR_GLOB_OR_TFDS_DIR")
         if not self.output:
             raise ValueError("output is empty; pass --output DIR")
+        if not storage.is_remote(self.input):  # a local input is recorded whole: a rerun from elsewhere, or with the path
+            object.__setattr__(self, "input", os.path.abspath(self.input))  # spelt another way, finds its shards
         if not COMPRESSION_NAME.match(self.compression):
             raise ValueError(f"compression={self.compression!r} is not one of zstd:N, brotli:N, snappy, "
                              "uncompressed")

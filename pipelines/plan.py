@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
 from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest, ShardEntry
@@ -83,7 +84,7 @@ def make_plan(config: ConvertConfig) -> Plan:
         raise ValueError(f"{config.output} holds a {previous.kind} conversion of {previous.input!r}; "
                          f"converting {kind} input {config.input!r} there would mix datasets: use another "
                          "--output")
-    old = {e.source: e for e in previous.shards} if previous else {}
+    old = {same_path(e.source): e for e in previous.shards} if previous else {}
     recorded = {} if config.force else commits.listing(config.output)
     existing = storage.list_sizes(config.output) if old or recorded else {}
     options = config.resolved_writer_options
@@ -112,12 +113,18 @@ def make_plan(config: ConvertConfig) -> Plan:
 
     sources = {f.path for f, _, _ in inputs}
     produced = set(names.values())  # an old entry whose shard a task writes again (its source moved) is replaced
-    gone = [e for e in old.values() if e.source not in sources and e.path not in produced]
+    gone = [e for e in old.values() if same_path(e.source) not in sources and e.path not in produced]
     orphaned, pruned = ((), tuple(gone)) if config.prune else (tuple(gone), ())
     if orphaned:
         log.warning("%d output shard(s) have no source any more (e.g. %s); keeping them. Pass --prune to "
                     "delete them.", len(orphaned), orphaned[0].source)
     return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned, tuple(recovered))
+
+
+def same_path(source: str) -> str:
+    """A recorded source as this run's inputs spell it: local paths absolute (a manifest may hold one as it was
+    typed, relative to the directory the command ran in)."""
+    return source if storage.is_remote(source) else os.path.abspath(source)
 
 
 def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None], existing: dict[str, int],
@@ -129,7 +136,7 @@ def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None
     recovered = []
     for task in candidates:
         entry, corruptions = records.get(task.relative_path, (None, ()))
-        if (entry is not None and entry.source == task.source.path
+        if (entry is not None and same_path(entry.source) == task.source.path
                 and entry.source_fingerprint == task.source.fingerprint and entry.writer_options == options
                 and entry.tokens == tokenized and existing.get(task.relative_path) == entry.bytes):
             recovered.append(ShardResult(entry, corruptions))

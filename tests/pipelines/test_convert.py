@@ -143,6 +143,32 @@ def test_inputs_moved_elsewhere_replace_their_shards_once(tmp_path):
     assert moved.manifest.total_records == 10
 
 
+def test_a_local_input_is_recorded_whole_so_any_spelling_of_it_finds_its_shards(tmp_path, monkeypatch):
+    """Converted as `raw/*` from one directory, then planned as `/abs/raw/*` (a cron job running from /) and verified
+    from another directory: nothing to convert, no source missing. A manifest that holds a relative source (as
+    written by hand or by an older converter) still matches from the directory it was written in."""
+    from pipelines.plan import make_plan
+    from pipelines.verify import verify
+
+    write_tfrecord_shards(tmp_path / "raw", [synthetic_records(i, 5) for i in range(2)])
+    monkeypatch.chdir(tmp_path)
+    first = run_conversion(ConvertConfig(input="raw/*", output="out"), ONE_WORKER)
+    assert [s.source for s in first.manifest.shards] == [
+        str(tmp_path / "raw" / f"train-0000{i}-of-00002.tfrecord") for i in range(2)]
+    monkeypatch.chdir("/")
+    again = make_plan(ConvertConfig(input=str(tmp_path / "raw" / "*"), output=str(tmp_path / "out")))
+    assert (len(again.tasks), len(again.kept), again.orphaned) == (0, 2, ())
+    assert verify(str(tmp_path / "out"), deep=True).problems == []
+
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        shard["source"] = os.path.relpath(shard["source"], tmp_path)  # "raw/train-...": as typed in tmp_path
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.chdir(tmp_path)
+    relative = make_plan(ConvertConfig(input="raw/*", output="out"))
+    assert (len(relative.tasks), len(relative.kept), relative.orphaned) == (0, 2, ())
+
+
 def test_corrupt_shard_fails_alone_and_leaves_no_output(tmp_path):
     in_dir = tmp_path / "in"
     paths = write_tfrecord_shards(in_dir, [synthetic_records(i, 20) for i in range(3)])
