@@ -34,6 +34,41 @@ def _select(decoded: dict, keys: tuple[str, ...]) -> dict:
     return {k: decoded[k] for k in keys}
 
 
+def is_sequence_example(record: bytes) -> bool:
+    """Whether `record`'s top level holds field 2 (a SequenceExample's feature_lists; a tf.train.Example has field 1
+    only). Reads the top-level fields' tags and lengths only, each bounded by the record's size."""
+    pos, n = 0, len(record)
+    while pos < n:
+        tag, pos = _varint(record, pos)
+        if tag is None:
+            return False
+        if tag >> 3 == 2 and tag & 7 == 2:
+            return True
+        if tag & 7 != 2:
+            return False  # not a message of length-delimited fields: not for this check to judge
+        length, pos = _varint(record, pos)
+        if length is None or length > n - pos:
+            return False
+        pos += length
+    return False
+
+
+def _varint(data: bytes, pos: int) -> tuple[int | None, int]:
+    value = 0
+    for shift in range(0, 70, 7):
+        if pos >= len(data):
+            return None, pos
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+    return None, pos
+
+
+KIND_CHECKS = 64  # records of each decoder checked for the feature_lists of a tf.train.SequenceExample
+
+
 class ExampleDecoder:
     """tf.train.Example bytes -> {feature: np.ndarray} (int64, float32, or object array of bytes).
 
@@ -41,8 +76,22 @@ class ExampleDecoder:
 
     def __init__(self, keys: tuple[str, ...] | None = None):
         self._keys = tuple(sorted(keys)) if keys else None
+        self._unchecked = KIND_CHECKS
+
+    def _check_kind(self, records: Sequence[bytes]) -> None:
+        """The first KIND_CHECKS records seen: a tf.train.SequenceExample would decode as its context alone, silently
+        (one whose feature_lists are empty has the bytes of a tf.train.Example: one record does not tell)."""
+        records = records[: self._unchecked]
+        self._unchecked -= len(records)
+        if any(is_sequence_example(r) for r in records):
+            raise ValueError("these records are tf.train.SequenceExample (they have feature_lists), which decoding "
+                             "as tf.train.Example would cut to their context features: pass decode= a function that "
+                             "parses them (e.g. with tf.io.parse_single_sequence_example), or decode=None for the "
+                             "bytes")
 
     def __call__(self, record: bytes) -> dict[str, np.ndarray]:
+        if self._unchecked:
+            self._check_kind((record,))
         decoded = {k: (v[0] if v.shape == (1,) else v) for k, v in decode_example(record).items()}
         return _select(decoded, self._keys) if self._keys else decoded
 
@@ -52,6 +101,8 @@ class ExampleDecoder:
 
         Records sharing one wire layout parse all at once with NumPy (`parse_examples`); the others
         (e.g. map entries in another order) parse with protobuf, then build the columns."""
+        if self._unchecked:
+            self._check_kind(records)
         columns = parse_examples(records)
         if columns is None:
             return self._protobuf_columns(records, self._keys)

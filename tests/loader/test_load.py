@@ -348,3 +348,23 @@ def test_a_feature_that_some_records_lack_is_named_not_dropped():
         with pytest.raises(ValueError, match=r"^feature 'scores' is in 2 of this batch's \d records: a feature that "
                                              r"some records lack cannot be batched; leave it out with features="):
             collate([decoder(r) for r in batch])
+
+
+def test_sequence_examples_are_refused_by_the_example_decoder_not_cut_to_their_context():
+    from dataset_format.example_proto import encode_example
+    from loader.decoding.decode import ExampleDecoder, is_sequence_example
+
+    context = encode_example({"id": b"doc", "length": 3})  # a SequenceExample with empty feature_lists: these bytes
+    feature_lists = b"\x0a\x08\x0a\x06frames"  # (a FeatureLists message: one map entry, its key only)
+    sequence = context + b"\x12" + bytes([len(feature_lists)]) + feature_lists
+    assert [is_sequence_example(r) for r in (context, sequence)] == [False, True]
+    # hostile bytes: a cut varint, a length past the end, a giant length, another wire type: no, without reading on
+    assert not any(is_sequence_example(r) for r in (b"\x0a", b"\x0a\xff", b"\x0a\x7f", b"\x0a\xff\xff\xff\xff\xff\xff"
+                                                    b"\xff\xff\xff\x01", b"\x08\x01\x12\x00", b""))
+    refused = r"^these records are tf.train.SequenceExample \(they have feature_lists\).*pass decode= a function"
+    decoder = ExampleDecoder()
+    assert decoder(context)["length"] == 3
+    with pytest.raises(ValueError, match=refused):
+        decoder(sequence)
+    with pytest.raises(ValueError, match=refused):
+        ExampleDecoder().decode_batch([context, context, sequence])
