@@ -221,7 +221,7 @@ def output_names(sources: list[str]) -> dict[str, str]:
 
 
 def source_compression(path: str) -> str:
-    """How `path` is read: by its suffix (.gz, .zlib/.deflate, .bz2, .xz/.lzma, .zst), as Beam names it; a file
+    """How `path` is read: by its suffix (.gz, .deflate, .bz2, .xz/.lzma, .zst/.zstd), as Beam names it; a file
     named as uncompressed whose first bytes are a GZIP or zlib header and not a TFRecord frame's (tf.io's
     TFRecordWriter with "GZIP" or "ZLIB" adds no suffix) is read as such, with a log line."""
     named = CompressionTypes.detect_compression_type(path)
@@ -238,7 +238,7 @@ def source_compression(path: str) -> str:
     else:
         return named
     log.warning("%s: its bytes are %s-compressed though its name says uncompressed: read as %s (name such files "
-                "*%s)", path, _KIND[sniffed], _KIND[sniffed], ".gz" if sniffed == CompressionTypes.GZIP else ".zlib")
+                "*%s)", path, _KIND[sniffed], _KIND[sniffed], ".gz" if sniffed == CompressionTypes.GZIP else ".deflate")
     return sniffed
 
 

@@ -74,9 +74,10 @@ class ExampleDecoder:
 
     `keys`: decode only these features (the others, ragged or text, are skipped and never collated)."""
 
+    _unchecked = KIND_CHECKS  # (a class default: a decoder pickled by a process of an earlier version has none)
+
     def __init__(self, keys: tuple[str, ...] | None = None):
         self._keys = tuple(sorted(keys)) if keys else None
-        self._unchecked = KIND_CHECKS
 
     def _check_kind(self, records: Sequence[bytes]) -> None:
         """The first KIND_CHECKS records seen: a tf.train.SequenceExample would decode as its context alone, silently
