@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from dataset_format import storage
+from dataset_format.example_batch import parse_examples
 from dataset_format.example_proto import decode_example, example_class
 from dataset_format.tfds_info import FEATURES_NAME
-from dataset_format.example_batch import parse_examples
+from dataset_format.wire import varint
 
 Decoder = Callable[[bytes], Any]
 
@@ -38,32 +39,20 @@ def is_sequence_example(record: bytes) -> bool:
     """Whether `record`'s top level holds field 2 (a SequenceExample's feature_lists; a tf.train.Example has field 1
     only). Reads the top-level fields' tags and lengths only, each bounded by the record's size."""
     pos, n = 0, len(record)
-    while pos < n:
-        tag, pos = _varint(record, pos)
-        if tag is None:
-            return False
-        if tag >> 3 == 2 and tag & 7 == 2:
-            return True
-        if tag & 7 != 2:
-            return False  # not a message of length-delimited fields: not for this check to judge
-        length, pos = _varint(record, pos)
-        if length is None or length > n - pos:
-            return False
-        pos += length
+    try:
+        while pos < n:
+            tag, pos = varint(record, pos)
+            if tag >> 3 == 2 and tag & 7 == 2:
+                return True
+            if tag & 7 != 2:
+                return False  # not a message of length-delimited fields: not for this check to judge
+            length, pos = varint(record, pos)
+            if length > n - pos:
+                return False
+            pos += length
+    except ValueError:  # a cut or overlong varint
+        return False
     return False
-
-
-def _varint(data: bytes, pos: int) -> tuple[int | None, int]:
-    value = 0
-    for shift in range(0, 70, 7):
-        if pos >= len(data):
-            return None, pos
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-    return None, pos
 
 
 KIND_CHECKS = 64  # records of each decoder checked for the feature_lists of a tf.train.SequenceExample

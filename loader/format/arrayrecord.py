@@ -31,6 +31,7 @@ import dataclasses
 import numpy as np
 
 from dataset_format import storage
+from dataset_format.wire import varint
 from loader.format import _riegeli
 
 BLOCK_SIZE = 1 << 16
@@ -59,28 +60,15 @@ def _fields(message: bytes) -> dict[int, int | bytes]:
     fields: dict[int, int | bytes] = {}
     at = 0
     while at < len(message):
-        key, at = _varint(message, at)
+        key, at = varint(message, at)
         if key & 7 == 0:
-            fields[key >> 3], at = _varint(message, at)
+            fields[key >> 3], at = varint(message, at)
         elif key & 7 == 2:
-            size, at = _varint(message, at)
+            size, at = varint(message, at)
             fields[key >> 3], at = message[at:at + size], at + size
         else:
             raise ValueError(f"unexpected protobuf wire type {key & 7}")
     return fields
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data):
-            raise ValueError("a varint runs past the end")
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
 
 
 def _records(chunk: bytes, position: int) -> list[bytes]:

@@ -15,8 +15,8 @@ import struct
 
 import numpy as np
 
+from dataset_format.wire import varint as _read_varint
 from loader.format import _riegeli
-from loader.format.arrayrecord import _varint as _read_varint
 
 BLOCK = 1 << 16
 BLOCK_HEADER = 24
