@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+from loader.executors.stages import STEADY_SECONDS
+
 
 def _describe(value) -> str:
     if isinstance(value, np.ndarray):
@@ -67,9 +69,6 @@ def _ranges(source) -> list[str]:
         share = "every record" if s["records"] == len(source) else f"{s['records']:,} of {len(source):,} records"
         lines.append(f"  {key}: {s['kind']} {values} ({share})")
     return lines
-
-
-STEADY_SECONDS = 1.0  # a timed window shorter than this has no steady rate (the read-ahead served it)
 
 
 def bench_main(args) -> int:

@@ -86,6 +86,9 @@ class StageTimes:
         return Report(self, elapsed, compute_cores, setting, tuned)
 
 
+STEADY_SECONDS = 1.0  # a timed window shorter than this has no steady rate (the read-ahead served much of it)
+
+
 @dataclasses.dataclass
 class Report:
     """Where the time went and what bounds the rate. `compute_cores`: the cores the groups were computed on (None:
@@ -157,7 +160,7 @@ class Report:
                 f"{100 * t.wait / max(self.elapsed, 1e-12):.0f}% of the time",
                 f"bound by {bound}: {advice}"] + (
             [f"timed over {self.elapsed:.2f} s only: too short for a steady figure (take more batches)"]
-            if self.elapsed < 1.0 else [])
+            if self.elapsed < STEADY_SECONDS else [])
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
