@@ -77,6 +77,10 @@ def _records(chunk: bytes, position: int) -> list[bytes]:
     return [values[start:end] for start, end in zip([0] + ends[:-1], ends)]
 
 
+class TFRecordFileError(ValueError):
+    """A file read as ArrayRecord that is a TFRecord file (not converted yet)."""
+
+
 def read_footer(path: str, size: int) -> Footer:
     """The chunk offsets of the ArrayRecord file of `size` bytes at `path` (local or gs://), from two reads at its
     end. Raises ValueError naming the file when it is not a whole ArrayRecord file (truncated, not ArrayRecord).
@@ -107,7 +111,7 @@ def read_footer(path: str, size: int) -> Footer:
             raise ValueError(f"{len(counts)} footer entries, not the {metadata[2]} chunks of its metadata")
     except (ValueError, _riegeli.CorruptError, _riegeli.UnsupportedError) as e:
         if _is_tfrecord(path, size):
-            raise ValueError(f"{path} is a TFRecord file, not ArrayRecord: convert it first (python -m pipelines "
+            raise TFRecordFileError(f"{path} is a TFRecord file, not ArrayRecord: convert it first (python -m pipelines "
                              f"convert --input {path} --output DIR), then load DIR") from None
         raise ValueError(f"{path} is not a whole ArrayRecord file ({_reason(e)}); it is truncated or damaged: re-run "
                          "the conversion or restage the data") from e

@@ -214,10 +214,12 @@ def _from_glob(pattern: str) -> ShardedSource:
         directory = sidecar[: -len(storage.basename(sidecar))].rstrip("/") or "."
         raise ValueError(f"{pattern!r} matches {sidecar}, the dataset's metadata, not an ArrayRecord shard: pass the "
                          f"directory itself ({directory}), which also keeps its record counts and split names")
+    from loader.format.arrayrecord import TFRecordFileError
+
     try:
         return of_files(paths, missing="vanished while the glob was read; check nothing is deleting shards")
-    except ValueError as e:
-        if " is a TFRecord file, not ArrayRecord" in str(e) and len(paths) > 1:
+    except TFRecordFileError:
+        if len(paths) > 1:
             raise ValueError(f"{pattern!r} matches TFRecord files, not ArrayRecord: convert them first (python -m "
                              f"pipelines convert --input '{pattern}' --output DIR), then load DIR") from None
         raise
@@ -238,8 +240,8 @@ def of_files(paths: list[str], missing: str = "does not exist; check the path") 
     for p, size in zip(paths, sizes.tolist()):
         try:
             lengths.append(read_footer(p, size).num_records)
-        except ValueError as e:
-            raise ValueError(f"{e}; pass only ArrayRecord shards (check the glob or the list)") from None
+        except ValueError as e:  # (its type kept: a TFRecord file's error is told apart by _from_glob)
+            raise type(e)(f"{e}; pass only ArrayRecord shards (check the glob or the list)") from None
     return ShardedSource(tuple(paths), tuple(lengths), "glob", None, tuple(sizes.tolist()), versions)
 
 
