@@ -293,11 +293,6 @@ class _CheckedStream(io.RawIOBase):
             raise tfrecord.CompressedStreamError(self._path, self._position(), str(e) or type(e).__name__,
                                                  self._kind) from e
 
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
     def _position(self) -> int:
         try:
             return self._stream.tell()
