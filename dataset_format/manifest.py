@@ -154,10 +154,12 @@ class ShardTable:
 
 
 # Feature statistics, one dict per feature of a shard's tf.train.Examples:
-#   {"kind": "int64", "records": 1281, "min": 1, "max": 1000}   min and max over every value of every record
-#   {"kind": "bytes", "records": 1281}                           (and "float"): the records that carry the feature
-# `records` counts the records that have the feature; a shard whose records lack it has no entry for it. A feature
-# whose kind differs between shards merges to kind "mixed", without min and max.
+#   {"kind": "int64", "records": 1281, "min_length": 1, "max_length": 1, "min": 1, "max": 1000}
+#   {"kind": "bytes", "records": 1281, "min_length": 1, "max_length": 1}    (and "float")
+# `records` counts the records that have the feature; a shard whose records lack it has no entry for it.
+# `min_length`/`max_length`: the fewest and most values a record holds (1 and 1: one value; equal: a fixed-length list;
+# else a list of varying length); manifests written before they were recorded lack them. `min`/`max`: over every value
+# of every record. A feature whose kind differs between shards merges to kind "mixed", without min and max.
 FeatureStats = dict[str, dict[str, Any]]
 
 
@@ -173,6 +175,12 @@ def merge_feature_stats(parts: Iterable[FeatureStats | None]) -> FeatureStats | 
                 merged[key] = dict(stats)
                 continue
             into["records"] += stats["records"]
+            if "min_length" in into and "min_length" in stats:
+                into["min_length"] = min(into["min_length"], stats["min_length"])
+                into["max_length"] = max(into["max_length"], stats["max_length"])
+            else:  # a shard that did not record them: unknown for the whole
+                into.pop("min_length", None)
+                into.pop("max_length", None)
             if into["kind"] != stats["kind"]:
                 into["kind"] = "mixed"
                 into.pop("min", None)
@@ -181,6 +189,13 @@ def merge_feature_stats(parts: Iterable[FeatureStats | None]) -> FeatureStats | 
                 into["min"] = min(into.get("min", stats["min"]), stats["min"])
                 into["max"] = max(into.get("max", stats["max"]), stats["max"])
     return dict(sorted(merged.items()))
+
+
+def list_features(stats: FeatureStats | None) -> frozenset[str]:
+    """The features whose records are known not to hold exactly one value each (lists, fixed-length or varying, and
+    features some record leaves empty): decoded as arrays always, even in a record that holds one value."""
+    return frozenset(key for key, s in (stats or {}).items()
+                     if "min_length" in s and (s["min_length"], s["max_length"]) != (1, 1))
 
 
 def _parsed(text: str, path: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ def _describe(value) -> str:
 
 def inspect_main(args) -> int:
     import loader
+    from dataset_format.manifest import list_features
     from loader.decoding.decode import make_decoder
 
     source = loader.resolve(args.source, split=args.split)
@@ -42,7 +43,8 @@ def inspect_main(args) -> int:
         print(line)
     ds = loader.load(source, batch_size=1, shuffle=False, num_epochs=1, decode=None)
     raw = next(iter(ds))[0]
-    decoder = make_decoder(args.decode, source.features_dir)
+    decoder = make_decoder(args.decode, source.features_dir, tokens_dtype=source.tokens_dtype,
+                           lists=list_features(source.feature_stats))
     print(f"record 0: {len(raw)} bytes")
     if decoder is not None:
         example = decoder(raw)
@@ -67,8 +69,16 @@ def _ranges(source) -> list[str]:
     for key, s in stats.items():
         values = f"{s['min']}..{s['max']}" if "min" in s else "no values" if s["kind"] == "int64" else "present"
         share = "every record" if s["records"] == len(source) else f"{s['records']:,} of {len(source):,} records"
-        lines.append(f"  {key}: {s['kind']} {values} ({share})")
+        lines.append(f"  {key}: {s['kind']} {values} ({share}{_lengths(s)})")
     return lines
+
+
+def _lengths(stats: dict) -> str:
+    """How many values a record of the feature holds, where that is not one (recorded since the lengths were)."""
+    if "min_length" not in stats or (stats["min_length"], stats["max_length"]) == (1, 1):
+        return ""
+    low, high = stats["min_length"], stats["max_length"]
+    return f", {low} values a record" if low == high else f", {low}-{high} values a record"
 
 
 def bench_main(args) -> int:

@@ -1,5 +1,6 @@
 """A shard's feature statistics, gathered while it converts (dataset_format/manifest.py `FeatureStats`): each
-integer feature's min and max, and how many records carry each feature.
+integer feature's min and max, how many records carry each feature, and how many values a record holds (the fewest
+and the most: whether the feature is one value, a fixed-length list or a list of varying length).
 
 They cost no second pass: the records are parsed as they stream to the writer, a batch at a time, with NumPy when the
 batch shares one layout (dataset_format/example_batch.py: ~0.5 us of CPU a 1 KB record) and with protobuf record by record
@@ -10,7 +11,8 @@ tf.train.Examples (raw bytes) get no statistics: the first one that does not par
     stats = ShardStats()
     for record in records:
         stats.add(record)
-    stats.result()   # {"label": {"kind": "int64", "records": 719, "min": 0, "max": 9}, ...} or None
+    stats.result()   # {"label": {"kind": "int64", "records": 719, "min": 0, "max": 9, "min_length": 1,
+                     #            "max_length": 1}, ...} or None
 """
 
 from __future__ import annotations
@@ -63,11 +65,12 @@ class ShardStats:
                     return
             return
         for key, column in columns.items():
+            width = column.shape[1] if isinstance(column, np.ndarray) and column.ndim == 2 else 1
             if isinstance(column, np.ndarray) and column.dtype == np.int64:
-                self._note(key, "int64", len(records), int(column.min()), int(column.max()))
+                self._note(key, "int64", len(records), width, width, int(column.min()), int(column.max()))
             else:
                 self._note(key, "float" if isinstance(column, np.ndarray) and column.dtype.kind == "f" else "bytes",
-                           len(records))
+                           len(records), width, width)
 
     def _add_one(self, record: bytes) -> bool:
         """One record's features, through protobuf; False when it is not a tf.train.Example."""
@@ -76,21 +79,25 @@ class ShardStats:
         except DecodeError:
             return False
         for key, feature in example.features.feature.items():
-            kind = _KINDS.get(feature.WhichOneof("kind"))
+            which = feature.WhichOneof("kind")
+            kind = _KINDS.get(which)
             if kind is None:
                 continue  # a feature with no list at all: nothing to note
-            values = feature.int64_list.value if kind == "int64" else ()
-            if values:
-                self._note(key, kind, 1, min(values), max(values))
+            values = getattr(feature, which).value
+            if kind == "int64" and values:
+                self._note(key, kind, 1, len(values), len(values), min(values), max(values))
             else:
-                self._note(key, kind, 1)
+                self._note(key, kind, 1, len(values), len(values))
         return True
 
-    def _note(self, key: str, kind: str, records: int, low: int | None = None, high: int | None = None) -> None:
+    def _note(self, key: str, kind: str, records: int, shortest: int, longest: int, low: int | None = None,
+              high: int | None = None) -> None:
         stats = self._stats.get(key)
         if stats is None:
-            stats = self._stats[key] = {"kind": kind, "records": 0}
+            stats = self._stats[key] = {"kind": kind, "records": 0, "min_length": shortest, "max_length": longest}
         stats["records"] += records
+        stats["min_length"] = min(stats["min_length"], shortest)
+        stats["max_length"] = max(stats["max_length"], longest)
         if stats["kind"] != kind:
             stats["kind"] = "mixed"
             stats.pop("min", None)

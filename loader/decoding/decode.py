@@ -1,6 +1,7 @@
 """Turning raw records into arrays, without TensorFlow.
 
-- `tf.train.Example` records -> {feature: np.ndarray}; a feature holding one value becomes a scalar.
+- `tf.train.Example` records -> {feature: np.ndarray}; a feature holding one value in every record becomes a scalar
+  (by the manifest's feature statistics: a list feature stays an array in a record that holds one value).
 - TFDS datasets -> their own FeaturesDict (`deserialize_example_np`: images decoded, labels as ints).
 A batch of decoded records is collated into {feature: array stacked on a new first axis}; a batch of
 Examples that share one layout is decoded straight into those columns (`dataset_format.example_batch`).
@@ -19,6 +20,7 @@ import numpy as np
 from dataset_format import storage
 from dataset_format.example_batch import parse_examples
 from dataset_format.example_proto import decode_example, example_class
+from dataset_format.manifest import list_features
 from dataset_format.tfds_info import FEATURES_NAME
 from dataset_format.wire import varint
 
@@ -61,12 +63,17 @@ KIND_CHECKS = 64  # records of each decoder checked for the feature_lists of a t
 class ExampleDecoder:
     """tf.train.Example bytes -> {feature: np.ndarray} (int64, float32, or object array of bytes).
 
+    A feature's value is a scalar where the record holds one value, unless the feature is in `lists` (the conversion
+    saw records with another count of values: `dataset_format.manifest.list_features`): then an array of shape [1], so
+    that a feature's rank never depends on the record or the batch.
     `keys`: decode only these features (the others, ragged or text, are skipped and never collated)."""
 
-    _unchecked = KIND_CHECKS  # (a class default: a decoder pickled by a process of an earlier version has none)
+    _unchecked = KIND_CHECKS  # (class defaults: a decoder pickled by a process of an earlier version has none)
+    _lists: frozenset[str] = frozenset()
 
-    def __init__(self, keys: tuple[str, ...] | None = None):
+    def __init__(self, keys: tuple[str, ...] | None = None, lists: frozenset[str] = frozenset()):
         self._keys = tuple(sorted(keys)) if keys else None
+        self._lists = frozenset(lists)
 
     def _check_kind(self, records: Sequence[bytes]) -> None:
         """The first KIND_CHECKS records seen: a tf.train.SequenceExample would decode as its context alone, silently
@@ -82,7 +89,8 @@ class ExampleDecoder:
     def __call__(self, record: bytes) -> dict[str, np.ndarray]:
         if self._unchecked:
             self._check_kind((record,))
-        decoded = {k: (v[0] if v.shape == (1,) else v) for k, v in decode_example(record).items()}
+        lists = self._lists
+        decoded = {k: (v[0] if v.shape == (1,) and k not in lists else v) for k, v in decode_example(record).items()}
         return _select(decoded, self._keys) if self._keys else decoded
 
     def decode_batch(self, records: Sequence[bytes]) -> dict[str, Any] | None:
@@ -95,9 +103,21 @@ class ExampleDecoder:
             self._check_kind(records)
         columns = parse_examples(records)
         if columns is None:
-            return self._protobuf_columns(records, self._keys)
-        if self._keys:
-            return _select(columns, self._keys) if all(k in columns for k in self._keys) else None
+            columns = self._protobuf_columns(records, self._keys)
+        elif self._keys:
+            columns = _select(columns, self._keys) if all(k in columns for k in self._keys) else None
+        return columns if columns is None or not self._lists else self._as_lists(columns)
+
+    def _as_lists(self, columns: dict[str, Any]) -> dict[str, Any]:
+        """`columns` with each of `lists` that holds one value a record as [N, 1] (the batch parse gives [N])."""
+        for key in self._lists.intersection(columns):
+            column = columns[key]
+            if isinstance(column, list):  # bytes, one value a record
+                stacked = np.empty((len(column), 1), dtype=object)
+                stacked[:, 0] = column
+                columns[key] = stacked
+            elif column.ndim == 1:
+                columns[key] = column[:, None]
         return columns
 
     @staticmethod
@@ -199,10 +219,11 @@ class TokenDecoder:
 
 def make_decoder(decode: str | Decoder | None, features_dir: str | None,
                  features: tuple[str, ...] | None = None, encoded: tuple[str, ...] = (),
-                 tokens_dtype: str | None = None) -> Decoder | None:
+                 tokens_dtype: str | None = None, lists: frozenset[str] = frozenset()) -> Decoder | None:
     """The decoder for `decode=`; `features` keeps only those features of each decoded record; `encoded` features
     of a TFDS dataset stay encoded (a map function's `encoded_features`, e.g. loader.decoding.images.RandomResizedCrop);
-    `tokens_dtype`: the source is pre-tokenized, its records token ids of that type."""
+    `tokens_dtype`: the source is pre-tokenized, its records token ids of that type; `lists`: tf.Example features that
+    stay arrays in a record holding one value (ExampleDecoder)."""
     if tokens_dtype is not None and decode == "auto":
         if features is not None and set(features) - {"tokens"}:
             raise ValueError(f"this dataset is pre-tokenized: its records hold only 'tokens' (asked for features "
@@ -214,9 +235,9 @@ def make_decoder(decode: str | Decoder | None, features_dir: str | None,
     if decode is None or callable(decode):
         return decode
     if decode == "auto":
-        return TfdsDecoder(features_dir, features, encoded) if features_dir else ExampleDecoder(features)
+        return TfdsDecoder(features_dir, features, encoded) if features_dir else ExampleDecoder(features, lists)
     if decode == "example":
-        return ExampleDecoder(features)
+        return ExampleDecoder(features, lists)
     if decode == "tfds":
         if not features_dir:
             raise ValueError("decode='tfds' needs a TFDS dataset (features.json beside the shards); this source has "
@@ -249,10 +270,10 @@ def source_decoder(decode: str | Decoder | None, source, features: tuple[str, ..
                    encoded: tuple[str, ...] = ()) -> Decoder | None:
     """make_decoder for `source` (a ShardedSource): one decoder per component when a mixture's components decode
     differently (decode='auto': a TFDS component through its features.json, the others as tf.Examples)."""
-    dirs = source.component_features
+    dirs, lists = source.component_features, list_features(source.feature_stats)
     if dirs is None or decode != "auto":
-        return make_decoder(decode, source.features_dir, features, encoded, source.tokens_dtype)
-    return ComponentDecoder([make_decoder(decode, d, features, encoded, source.tokens_dtype) for d in dirs],
+        return make_decoder(decode, source.features_dir, features, encoded, source.tokens_dtype, lists)
+    return ComponentDecoder([make_decoder(decode, d, features, encoded, source.tokens_dtype, lists) for d in dirs],
                             source.component_lengths)
 
 

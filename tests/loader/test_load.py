@@ -368,3 +368,37 @@ def test_sequence_examples_are_refused_by_the_example_decoder_not_cut_to_their_c
         decoder(sequence)
     with pytest.raises(ValueError, match=refused):
         ExampleDecoder().decode_batch([context, context, sequence])
+
+
+def test_a_list_features_rank_does_not_depend_on_the_batch(tmp_path, capsys):
+    """A multi-label feature holding one value in some records: those records gave a scalar, so a batch of them came
+    as [B] and a mixed batch as a list of scalars and arrays. The manifest's lengths keep it an array in every record;
+    features that hold one value in every record stay scalars."""
+    from dataset_format import example_proto
+    from pipelines import ConvertConfig, run_conversion
+    from tests.conftest import write_tfrecord_shards
+
+    labels = [[3], [4], [1, 2], [5], [6, 7, 8], [9], [0], [2]]  # one value, except records 2 and 4
+    records = [example_proto.encode_example({"labels": v, "tag": [f"t{i}".encode()] * len(v), "id": i})
+               for i, v in enumerate(labels)]
+    write_tfrecord_shards(tmp_path / "in", [records[:4], records[4:]])
+    assert run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(tmp_path / "out")),
+                          ["--direct_num_workers=1"]).ok
+    out = str(tmp_path / "out")
+    for options in ({}, {"map_fn": lambda ex: ex}):  # decoded a batch at a time, and record by record
+        batches = list(loader.load(out, batch_size=2, shuffle=False, num_epochs=1, **options))
+        assert [b["id"].tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        first, mixed = batches[0], batches[1]
+        assert first["labels"].shape == (2, 1) and first["labels"].tolist() == [[3], [4]]  # not [3, 4]
+        assert first["tag"].shape == (2, 1) and first["tag"].tolist() == [[b"t0"], [b"t1"]]
+        assert isinstance(mixed["labels"], list) and [v.tolist() for v in mixed["labels"]] == [[1, 2], [5]]
+        assert batches[3]["labels"].tolist() == [[0], [2]]
+        assert batches[0]["id"].shape == (2,)  # one value in every record: a scalar each
+    from loader.cli import main
+
+    assert main(["inspect", out]) == 0
+    text = capsys.readouterr().out
+    assert ("  id: int64 0..7 (every record)\n"
+            "  labels: int64 0..9 (every record, 1-3 values a record)\n"
+            "  tag: bytes present (every record, 1-3 values a record)\n") in text, text
+    assert "  labels: int64[1]  e.g. [3]" in text, text  # record 0, decoded as the loader does

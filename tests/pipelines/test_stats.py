@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dataset_format.example_proto import decode_example, encode_example
-from dataset_format.manifest import Manifest, ShardTable, merge_feature_stats
+from dataset_format.manifest import Manifest, ShardTable, list_features, merge_feature_stats
 from pipelines import ConvertConfig, run_conversion
 from pipelines.stats import ShardStats
 from tests.conftest import write_tfrecord_shards
@@ -20,8 +20,11 @@ def reference(records: list[bytes]) -> dict:
     for record in records:
         for key, values in decode_example(record).items():
             kind = _KINDS[values.dtype.kind]
-            stats = out.setdefault(key, {"kind": kind, "records": 0})
+            stats = out.setdefault(key, {"kind": kind, "records": 0, "min_length": values.size,
+                                         "max_length": values.size})
             stats["records"] += 1
+            stats["min_length"] = min(stats["min_length"], values.size)
+            stats["max_length"] = max(stats["max_length"], values.size)
             if kind == "int64" and values.size:
                 stats["min"] = min(stats.get("min", int(values.min())), int(values.min()))
                 stats["max"] = max(stats.get("max", int(values.max())), int(values.max()))
@@ -68,6 +71,16 @@ def test_merging_shards(tmp_path):
     mixed = merge_feature_stats([{"x": {"kind": "int64", "records": 2, "min": 0, "max": 3}},
                                  {"x": {"kind": "bytes", "records": 1}}])
     assert mixed == {"x": {"kind": "mixed", "records": 3}}
+    lengths = merge_feature_stats([{"x": {"kind": "float", "records": 2, "min_length": 1, "max_length": 1}},
+                                   {"x": {"kind": "float", "records": 1, "min_length": 3, "max_length": 4}}])
+    assert lengths == {"x": {"kind": "float", "records": 3, "min_length": 1, "max_length": 4}}
+    old = merge_feature_stats([{"x": {"kind": "float", "records": 2, "min_length": 1, "max_length": 1}},
+                               {"x": {"kind": "float", "records": 1}}])  # a shard converted before lengths were kept
+    assert old == {"x": {"kind": "float", "records": 3}}
+    assert list_features(lengths) == {"x"} and list_features(old) == set()
+    assert list_features({"one": {"kind": "int64", "records": 5, "min_length": 1, "max_length": 1},
+                          "pair": {"kind": "int64", "records": 5, "min_length": 2, "max_length": 2},
+                          "maybe": {"kind": "bytes", "records": 5, "min_length": 0, "max_length": 1}}) == {"pair", "maybe"}
 
 
 def test_the_conversion_records_each_shards_statistics(tmp_path):
@@ -79,7 +92,9 @@ def test_the_conversion_records_each_shards_statistics(tmp_path):
     text = (tmp_path / "out" / "manifest.json").read_text()
     manifest = Manifest.from_json(text)
     assert [s.feature_stats for s in manifest.shards] == [reference(records) for records in shards]
-    assert manifest.feature_stats["image/class/label"] == {"kind": "int64", "records": 1200, "min": 1, "max": 1000}
+    assert manifest.feature_stats["image/class/label"] == {"kind": "int64", "records": 1200, "min": 1, "max": 1000,
+                                                           "min_length": 1, "max_length": 1}
+    assert manifest.feature_stats["image/object/bbox/xmin"]["max_length"] == 2
     assert ShardTable.from_json(text).feature_stats == tuple(s.feature_stats for s in manifest.shards)
     record = json.loads((tmp_path / "out" / ".shards" / "train-00001-of-00003.array_record.json").read_text())
     assert record["entry"]["feature_stats"] == reference(shards[1])  # a resumed run keeps them
