@@ -60,6 +60,9 @@ def _ranges(source) -> list[str]:
     """The feature statistics the conversion recorded: each integer feature's range (what num_classes must cover),
     and which features some records lack."""
     stats = source.feature_stats
+    if source.tokens_dtype is not None:
+        return [f"pre-tokenized: each record is one document's token ids ({source.tokens_dtype}) by "
+                f"{source.tokenizer or 'the tokenizer its manifest names'}; no feature ranges"]
     if stats is None:
         why = ("the manifest has none: converted before they were recorded, or records that are not tf.train.Examples; "
                "`python -m pipelines convert --force` records them") if source.kind == "manifest" else \

@@ -20,6 +20,8 @@ import loader
 from dataset_format import storage, tfds_info
 from dataset_format.suggest import near_path
 from loader.decoding.decode import collate
+from loader.format.source import tokenizer_identity
+from loader.planning.mixture import check_one_tokenizer
 from trainer import tasks
 from trainer.config import TrainConfig
 
@@ -54,7 +56,16 @@ def resolve(config: TrainConfig) -> Sources:
         for name, path in _named(config.data_source))
     evaluation = () if config.eval_source is None else tuple(
         _source(_existing("eval_data", name, path), name, source_split(path, "test")) for name, path in _named(config.eval_source))
+    check_one_tokenizer({_key(key, s): s.specs["tokens"]["tokenizer"] for key, group in (("data", train),
+                                                                                        ("eval_data", evaluation))
+                         for s in group if s.specs.get("tokens", {}).get("type") == "Tokens"},
+                        "the datasets of data= and eval_data=" if evaluation else "the components of data=")
     return Sources(train, evaluation)
+
+
+def _key(key: str, source: Source) -> str:
+    """`data=PATH`, or `data component NAME=PATH`, for messages."""
+    return f"{key}={source.path}" if source.name is None else f"{key} component {source.name}={source.path}"
 
 
 def _existing(key: str, name: str | None, path: str) -> str:
@@ -62,8 +73,7 @@ def _existing(key: str, name: str | None, path: str) -> str:
     mixture component) and the path, before the task reads metadata the path does not have."""
     if storage.has_glob(path) or storage.names_something(path):
         return path
-    where = f"{key}={path}" if name is None else f"{key} component {name}={path}"
-    raise FileNotFoundError(f"{where}: no such file or directory{near_path(path)}")
+    raise FileNotFoundError(f"{_key(key, Source(path, None, {}, name))}: no such file or directory{near_path(path)}")
 
 
 def source_split(path: str, default: str | None) -> str | None:
@@ -87,7 +97,8 @@ def _feature_specs(data: str) -> dict[str, dict]:
         return {}
     tokens = loader.token_info(data)
     if tokens is not None:
-        return {"tokens": {"type": "Tokens", "dtype": tokens["dtype"], "vocab_size": int(tokens["vocab_size"])}}
+        return {"tokens": {"type": "Tokens", "dtype": tokens["dtype"], "vocab_size": int(tokens["vocab_size"]),
+                           "tokenizer": tokenizer_identity(tokens)}}
     features = tfds_info.read_features(data)
     return tfds_info.feature_specs(features) if features else {}
 

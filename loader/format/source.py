@@ -44,6 +44,9 @@ class ShardedSource:
     # Its records' feature statistics from the manifest (dataset_format/manifest.py FeatureStats: each integer
     # feature's min and max, the records that carry each feature); None where they were not recorded.
     feature_stats: dict | None = None
+    # A pre-tokenized dataset's tokenizer, "PATH (sha256:16 hex digits)" from its manifest: the ids of datasets with
+    # other tokenizers mean other tokens, so a mixture refuses them (loader/planning/mixture.py `concatenate`).
+    tokenizer: str | None = None
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
@@ -188,7 +191,15 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
     features = root if table.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
     tokens = table.tokens.get("dtype") if table.tokens else None
     return ShardedSource(tuple(paths), records, "manifest", features, sizes, versions, tokens,
-                         feature_stats=merge_feature_stats(stats))
+                         feature_stats=merge_feature_stats(stats), tokenizer=tokenizer_identity(table.tokens))
+
+
+def tokenizer_identity(tokens: dict | None) -> str | None:
+    """A pre-tokenized dataset's tokenizer as "PATH (sha256:...)", from its manifest's `tokens` section; None for
+    other data. Two datasets whose ids mean the same tokens have the same digest (the path may differ)."""
+    if not tokens:
+        return None
+    return f"{tokens.get('tokenizer')} (sha256:{str(tokens.get('tokenizer_sha256'))[:16]})"
 
 
 def _from_tfds_info(root: str, split: str) -> ShardedSource:

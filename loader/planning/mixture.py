@@ -277,6 +277,7 @@ def concatenate(sources: Mapping[str, ShardedSource]) -> ShardedSource:
     if len(set(tokens.values())) > 1:
         raise ValueError(f"the mixture's components hold different records (token id types, None: not pre-tokenized: "
                          f"{tokens}); mix pre-tokenized datasets of one tokenizer, or text datasets")
+    check_one_tokenizer({name: p.tokenizer for name, p in sources.items()}, "the mixture's components")
     alike = len({features_text(p.features_dir) for p in parts}) == 1
     return ShardedSource(tuple(path for p in parts for path in p.paths), tuple(n for p in parts for n in p.lengths),
                          "mixture", parts[0].features_dir if alike else None,
@@ -284,6 +285,16 @@ def concatenate(sources: Mapping[str, ShardedSource]) -> ShardedSource:
                          tuple(v for p in parts for v in p.shard_versions) if versions else None,
                          parts[0].tokens_dtype, None if alike else tuple(p.features_dir for p in parts),
                          None if alike else tuple(len(p) for p in parts))
+
+
+def check_one_tokenizer(tokenizers: Mapping[str, str | None], what: str) -> None:
+    """Raises when pre-tokenized datasets (`tokenizers`: name -> loader.format.source.tokenizer_identity, None for
+    data that is not pre-tokenized) were tokenized by different tokenizers: the same id is another token in each."""
+    digests = {name: t.rsplit("(", 1)[-1] for name, t in tokenizers.items() if t is not None}
+    if len(set(digests.values())) > 1:
+        listed = ", ".join(f"{name}: {t}" for name, t in tokenizers.items() if t is not None)
+        raise ValueError(f"{what} were tokenized by different tokenizers ({listed}): an id means another token in "
+                         "each; convert them all with one --tokenizer")
 
 
 def check_weights(names: tuple[str, ...], weights: Mapping[str, float] | None) -> dict[str, int]:

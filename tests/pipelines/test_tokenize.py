@@ -164,3 +164,52 @@ def test_a_file_that_is_no_tokenizer_is_named_by_the_converters_flag(tmp_path):
     with pytest.raises(ValueError) as e:
         TokenizeSpec.of(str(tmp_path / "notes.txt"), "text")
     assert str(e.value).startswith(f"--tokenizer {tmp_path / 'notes.txt'} is not a SentencePiece model (")
+
+
+def test_datasets_of_different_tokenizers_are_not_mixed_or_evaluated_together(corpus, converted, tmp_path):
+    """Their ids mean other tokens: a mixture trained on garbage (or ended in a NaN loss), eval_data= scored it."""
+    import hashlib
+
+    from trainer import sources
+    from trainer.config import TrainConfig
+
+    root, tok = corpus
+    out, _ = converted
+    other = tokenizers.train_bpe(TEXTS[::-1], 280, str(tmp_path / "other.json"))
+    _convert(root, tmp_path / "other", other)
+    _convert(root, tmp_path / "same", tok)  # the same tokenizer file: mixes
+    mixed = loader.load({"a": str(out), "b": str(tmp_path / "same")}, weights={"a": 1, "b": 1}, batch_size=2,
+                        packing=loader.Packing(seq_len=64))
+    assert next(iter(mixed))["tokens"].shape == (2, 64)
+    with pytest.raises(ValueError) as e:
+        loader.load({"a": str(out), "b": str(tmp_path / "other")}, weights={"a": 1, "b": 1}, batch_size=2,
+                    packing=loader.Packing(seq_len=64))
+    def digest(path):
+        return hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
+
+    assert str(e.value) == (f"the mixture's components were tokenized by different tokenizers (a: {tok} "
+                            f"(sha256:{digest(tok)}), b: {other} (sha256:{digest(other)})): an id means another "
+                            "token in each; convert them all with one --tokenizer")
+    with pytest.raises(ValueError, match=rf"^the datasets of data= and eval_data= were tokenized by different "
+                                         rf"tokenizers \(data={out}: .*, eval_data={tmp_path}/other: .*\): an id means"):
+        sources.resolve(TrainConfig(task="lm", data=str(out), eval_data=str(tmp_path / "other"), workdir="w"))
+    with pytest.raises(ValueError, match=rf"^the components of data= were tokenized by different tokenizers "
+                                         rf"\(data component a={out}: .*, data component b={tmp_path}/other: "):
+        sources.resolve(TrainConfig(task="lm", data=f"a={out},b={tmp_path}/other", weights="a=1,b=1", workdir="w"))
+    found = sources.resolve(TrainConfig(task="lm", data=str(out), eval_data=str(tmp_path / "same"), workdir="w"))
+    assert [s.path for s in found.train + found.eval] == [str(out), str(tmp_path / "same")]
+
+
+def test_inspect_shows_a_pretokenized_datasets_ids(converted, capsys):
+    import hashlib
+
+    from loader.cli import main
+
+    out, tok = converted
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    digest = hashlib.sha256(open(tok, "rb").read()).hexdigest()[:16]
+    assert (f"pre-tokenized: each record is one document's token ids (<u2) by {tok} (sha256:{digest}); no feature "
+            "ranges\n") in text, text
+    first = tokenizers.load(tok).encode_batch(TEXTS[:1])[0]
+    assert f"  tokens: uint16[{len(first)}]  e.g. [" in text, text
