@@ -159,12 +159,39 @@ def _tokenizer_config(path: str) -> dict:
     return named if isinstance(named, dict) else {}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.model")  # a directory's, in turn
+
+
+def tokenizer_file(path: str, flag: str = "tokenizer=") -> str:
+    """`path` when it is a file; in a directory (a Hugging Face model's, local or gs://) the first of TOKENIZER_FILES
+    there, or its one `.model` file; `path` itself when it names nothing (the caller says so). `flag` names the
+    option in errors."""
+    from dataset_format import storage
+
+    if storage.is_remote(path):
+        names = set() if storage.exists(path) else set(storage.list_sizes(path))
+    elif os.path.isdir(path):
+        names = {e.name for e in os.scandir(path) if e.is_file()}
+    else:
+        names = set()
+    if not names and not os.path.isdir(path):
+        return path
+    models = sorted(n for n in names if n.endswith(".model"))
+    found = next((n for n in TOKENIZER_FILES if n in names), models[0] if len(models) == 1 else None)
+    if found is None:
+        raise TokenizerError(f"{flag}{path} is a directory without a tokenizer.json or one .model file (it holds "
+                             f"{sorted(names)[:8]}); pass the tokenizer file itself")
+    return storage.join(path, found)
+
+
 def load(path: str, add_bos: bool | None = None, add_eos: bool | None = None) -> SentencePiece | HuggingFace:
-    """The tokenizer in `path`: a `.json` file is a Hugging Face tokenizer, anything else a SentencePiece model.
+    """The tokenizer in `path`: a `.json` file is a Hugging Face tokenizer, anything else a SentencePiece model; a
+    directory holding one (a Hugging Face model's: tokenizer.json, tokenizer.model) is taken as that file.
 
     add_bos / add_eos: True: each text's ids begin with one BOS / end with one EOS (a TokenizerError naming the file
     if the tokenizer has none); False: none; None: as the tokenizer does itself (SentencePiece: BOS, no EOS;
     tokenizer.json: its post-processor's special tokens)."""
+    path = tokenizer_file(path)
     if not os.path.isfile(path):
         raise TokenizerError(f"tokenizer={path} does not exist; pass a SentencePiece .model file or a Hugging Face "
                              "tokenizer.json")

@@ -81,8 +81,8 @@ def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.Argum
                              "the shard")
     _flag(p, "prune", "delete outputs whose source no longer exists")
     _flag(p, "force", "convert every shard, even up-to-date ones")
-    p.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer.json or SentencePiece .model: write "
-                   "each record's text as token ids, with a token count column, for packing (docs/converting.md; "
+    p.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer.json or SentencePiece .model (or a "
+                   "model directory holding one): write each record's text as token ids, with a token count column, for packing (docs/converting.md; "
                    "default: the output's tokenisation, from its manifest, if it has one; none: copy the records)")
     p.add_argument("--text_key", "--text-key", dest="text_key", default=None,
                    help="with --tokenizer: the tf.Example feature holding the text (default: text)")

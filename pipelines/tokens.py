@@ -49,13 +49,15 @@ class TokenizeSpec:
 
     @classmethod
     def of(cls, tokenizer: str, text_key: str, add_bos: bool | None = None, add_eos: bool = False) -> TokenizeSpec:
-        """Reads the tokenizer once (its hash and vocabulary): a missing or unreadable file fails here, at launch."""
+        """Reads the tokenizer once (its hash and vocabulary): a missing or unreadable file fails here, at launch. A
+        directory (a Hugging Face model's) is taken as the tokenizer file in it (dataset_format.tokenizer)."""
+        from dataset_format.tokenizer import TokenizerError, tokenizer_file  # noqa: PLC0415 - as load() imports it
+
+        tokenizer = tokenizer_file(tokenizer, "--tokenizer ")
         data = storage.read_bytes(tokenizer)
         if data is None:
             raise FileNotFoundError(f"--tokenizer {tokenizer}: no such file; pass a Hugging Face tokenizer.json or a "
                                     "SentencePiece .model")
-        from dataset_format.tokenizer import TokenizerError  # noqa: PLC0415 - as load() imports it
-
         spec = cls(tokenizer, text_key, hashlib.sha256(data).hexdigest(), 0, add_bos, add_eos)
         try:
             loaded = spec.load()

@@ -75,7 +75,7 @@ class TrainConfig:
     text_key: str = "text"  # lm: the token-sequence feature (int64 ids, or text read as UTF-8 bytes)
     seq_len: int = 256  # lm: tokens per row
     vocab_size: int | None = None  # lm over int64 ids (byte-level text: 258; with a tokenizer: its vocabulary)
-    tokenizer: str | None = None  # lm: a SentencePiece .model or a Hugging Face tokenizer.json to tokenise text with
+    tokenizer: str | None = None  # lm: a SentencePiece .model or a Hugging Face tokenizer.json (or a directory holding one)
     # lm with tokenizer= (trainer/tokenizer.py): true: one BOS / EOS on each text (never doubled; an error if the
     # tokenizer has none), false: none; unset: as the tokenizer does (SentencePiece: BOS, no EOS; tokenizer.json:
     # what its post-processor adds)

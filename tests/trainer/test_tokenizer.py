@@ -217,6 +217,33 @@ def test_the_tokens_come_from_tokenizer_config_json_beside_the_file(small, tmp_p
     assert [i.tolist() for i in ids] == [[end] + p + [2] for p in plain]  # EOS: </s>, found by its name
 
 
+def test_a_model_directory_is_taken_as_its_tokenizer_file(small, tmp_path):
+    """A Hugging Face model's directory (tokenizer.json, or a SentencePiece tokenizer.model, with tokenizer_config.json
+    beside it) was an IsADirectoryError traceback in the converter and "does not exist" in the trainer."""
+    import shutil
+
+    from pipelines.tokens import TokenizeSpec
+
+    texts = small["texts"][:3]
+    for kind, name in (("bpe", "tokenizer.json"), ("sentencepiece", "tokenizer.model")):
+        model = tmp_path / kind
+        model.mkdir()
+        shutil.copy(small[kind], model / name)
+        (model / "config.json").write_text("{}")
+        loaded = tokenizer.load(str(model))
+        assert loaded.path == str(model / name)
+        assert [i.tolist() for i in loaded.encode_batch(texts)] == \
+            [i.tolist() for i in tokenizer.load(small[kind]).encode_batch(texts)]
+        assert TokenizeSpec.of(str(model), "text").tokenizer == str(model / name)  # what the manifest records
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "model.safetensors").write_bytes(b"")
+    for load, flag in ((tokenizer.load, "tokenizer="), (lambda p: TokenizeSpec.of(p, "text"), "--tokenizer ")):
+        with pytest.raises(tokenizer.TokenizerError) as e:
+            load(str(tmp_path / "weights"))
+        assert str(e.value) == (f"{flag}{tmp_path / 'weights'} is a directory without a tokenizer.json or one .model "
+                                "file (it holds ['model.safetensors']); pass the tokenizer file itself")
+
+
 def test_a_missing_eos_is_one_line_naming_the_file_and_the_fix(small, tmp_path):
     import tokenizers
     import sentencepiece
