@@ -19,6 +19,7 @@ installs have them, the base install (what the rest of dataset_format needs) doe
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -234,8 +235,14 @@ def train_sentencepiece(texts: Iterable[bytes | str], vocab_size: int, path: str
                                                  normalization_rule_name="identity", remove_extra_whitespaces=False,
                                                  allow_whitespace_only_pieces=True, minloglevel=2)
     except RuntimeError as e:  # e.g. "Vocabulary size is too high (N). Please set it to a value <= M."
-        raise ValueError(f"sentencepiece cannot train vocab_size={vocab_size} on this text: "
-                         f"{str(e).strip().splitlines()[-1].rpartition('] ')[2]}") from e
+        said = str(e).strip().splitlines()[-1].rpartition("] ")[2]
+        low, high = re.search(r"smaller than required_chars\. \d+ vs (\d+)", said), re.search(r"<= (\d+)", said)
+        if low:  # its fix names a trainer flag (--character_coverage) that we do not pass through
+            said = (f"the text's characters and the 256 byte pieces need at least {low[1]} (set vocab_size to "
+                    f"{low[1]} or more)")
+        elif high:
+            said = f"this text gives at most {high[1]} pieces (set vocab_size to {high[1]} or less, or train on more text)"
+        raise ValueError(f"sentencepiece cannot train vocab_size={vocab_size} on this text: {said}") from e
     with open(path, "wb") as f:
         f.write(model.getvalue())
     return path

@@ -73,7 +73,22 @@ class TokenReader:
             return [np.asarray(ids) for ids in packing.tokenize_batch(values)]
         if packing.tokenize is not None:
             return [np.asarray(packing.tokenize(v)) for v in values]
-        return [np.asarray(v) for v in values]
+        return [self._ids(v, i) for v, i in zip(values, records.tolist())]
+
+    def _ids(self, value, index: int) -> np.ndarray:
+        """A feature that holds token ids already (Packing without tokenize=), as a 1-D integer array."""
+        ids = np.asarray(value)
+        if ids.dtype.kind not in "iu":
+            kind = "bytes" if ids.dtype.kind in "SUO" else ids.dtype.name
+            raise ValueError(f"{self.source.where(index)}: feature {self._feature!r} holds {kind} values, "
+                             f"not token ids: {untokenized_fix(self._feature)}")
+        return ids.reshape(-1)
+
+
+def untokenized_fix(feature: str) -> str:
+    """How to pack a feature that is text, not ids."""
+    return (f"pass Packing(feature={feature!r}, seq_len=N, tokenize=...) to tokenise it as it loads, or convert the "
+            f"dataset with `python -m pipelines convert --tokenizer PATH --text-key {feature}`")
 
 
 class Assembler:

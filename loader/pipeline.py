@@ -94,6 +94,10 @@ class LoaderConfig:
     device_prefetch: int = 2  # batches in flight to the devices when sharding is set
 
     def __post_init__(self):
+        if self.packing is not None and not isinstance(self.packing, Packing):
+            length = "N" if isinstance(self.packing, bool) or not isinstance(self.packing, int) else self.packing
+            raise ValueError(f"packing= takes a loader.Packing, e.g. packing=loader.Packing(seq_len={length}) for a "
+                             f"pre-tokenized dataset (got packing={self.packing!r})")
         if isinstance(self.worker_count, bool) or not isinstance(self.worker_count, (int, np.integer)):
             if self.worker_count != "auto":
                 raise ValueError(f"worker_count must be a number of worker processes or 'auto' (got "
@@ -541,6 +545,9 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     if config.map_fn is not None or config.random_map_fn is not None or not config.drop_remainder:
         raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn= or "
                          "drop_remainder=False (tokenise in Packing.tokenize)")
+    if config.features is not None:
+        raise ValueError(f"packing= reads one feature, Packing.feature, and gives rows of token ids: drop "
+                         f"features={list(config.features)} (name the text feature as Packing(feature=...))")
     shard_index, shard_count = _host_shard(config)
     if isinstance(source, Mapping):
         from loader.packed_mixture import PackedMixtureLoader
@@ -566,6 +573,12 @@ def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> Inputs:
                          "is not one: convert the text with `python -m pipelines convert --tokenizer PATH --text-key "
                          "KEY`, or pass Packing(feature=..., tokenize=...)")
     feature = packing.feature or "tokens"
+    stats = (src.feature_stats or {}).get(feature) if packing.tokenized and src.tokens_dtype is None else None
+    if stats is not None and stats["kind"] != "int64":  # text (or floats) where ids were expected
+        from loader.packed import untokenized_fix
+
+        raise ValueError(f"Packing(feature={feature!r}) without tokenize= packs token ids, but {src.location}'s "
+                         f"{feature!r} holds {stats['kind']} values: {untokenized_fix(feature)}")
     inputs = Inputs(src, _reader(src, config), source_decoder(config.decode, src, (feature,)))
     if packing.tokenized and src.tokens_dtype is not None:
         max_count = config.max_record_bytes // np.dtype(src.tokens_dtype).itemsize

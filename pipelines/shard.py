@@ -13,7 +13,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from apache_beam.io.filesystem import CompressionTypes
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
@@ -130,12 +130,13 @@ def _copy_records(task, local, writer_options, on_corrupt, on_records, tokens=No
         compression = paths.source_compression(source.path)
         with paths.open_source(source.path, compression) as f:
             records = tfrecord.iter_records(f, path=source.path, on_corrupt=on_corrupt)
-            for record in (tokens(records) if tokens is not None else records):
+            read = _Measured(records) if tokens is not None else None  # the source's bytes, not the token ids'
+            for record in (tokens(read) if read is not None else records):
                 writer.write(record)
                 if stats is not None:
                     stats.add(record)
                 written += 1
-                raw_bytes += len(record)
+                raw_bytes = read.bytes if read is not None else raw_bytes + len(record)
                 if written & 0x3FF == 0:  # check the clock every 1024 records
                     now = time.monotonic()
                     if now - last_log >= _PROGRESS_EVERY_S:
@@ -152,6 +153,18 @@ def _copy_records(task, local, writer_options, on_corrupt, on_records, tokens=No
     if on_records:
         on_records(written - reported_records, raw_bytes - reported_bytes)
     return written, raw_bytes
+
+
+class _Measured:
+    """Records passed through, their bytes counted (what a tokenised shard read, as its records' ids are written)."""
+
+    def __init__(self, records: Iterator[bytes]):
+        self._records, self.bytes = records, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for record in self._records:
+            self.bytes += len(record)
+            yield record
 
 
 def _check_count(task: ShardTask, local: str, written: int, skip_corrupt: bool) -> None:

@@ -77,6 +77,24 @@ class CompressedStreamError(CorruptRecordError):
         self.path, self.offset, self.reason = path, offset, reason
 
 
+class NotTFRecordError(CorruptRecordError):
+    """A file that begins with text (JSON lines, CSV, plain text) where a TFRecord frame header should be: not a
+    damaged TFRecord (12 printable bytes are never a valid header: the length would be over 2 PB) but another format.
+    Fails the shard even with --skip-corrupt, which would otherwise keep none of its records."""
+
+    def __init__(self, path: str, head: bytes):
+        ValueError.__init__(
+            self,
+            f"{path} is not a TFRecord file: it begins with text ({head.decode('ascii')!r}...); convert reads TFRecord "
+            "files of tf.train.Example records: write the data as such (e.g. with tf.io.TFRecordWriter, one "
+            "Example a line or document) and convert those")
+        self.path, self.offset, self.reason = path, 0, "text where a TFRecord header should be"
+
+
+def _is_text(head: bytes) -> bool:
+    return all(32 <= b < 127 or b in (9, 10, 13) for b in head)
+
+
 def header_checks(head: bytes) -> bool:
     """Whether `head` (a file's first 12 bytes or more) starts with a TFRecord frame header whose length CRC holds."""
     return len(head) >= _HEADER.size and _HEADER.unpack_from(head)[1] == masked_crc32c(head[:8])
@@ -114,6 +132,8 @@ def iter_records(
                                      f"truncated header: {len(header)} of 12 bytes before end of file"), on_corrupt)
             return
         length, length_crc = _HEADER.unpack(header)
+        if offset == 0 and length_crc != masked_crc32c(header[:8]) and _is_text(header):
+            raise NotTFRecordError(path, header)
         if length_crc != masked_crc32c(header[:8]) or length > _MAX_RECORD_BYTES:
             reason = ("length CRC mismatch" if length_crc != masked_crc32c(header[:8])
                       else f"implausible record length {length}")

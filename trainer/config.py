@@ -36,7 +36,8 @@ class TrainConfig:
     eval_data: str | None = None  # a path, or NAME=PATH,...: then eval_<name>_loss per component too
     weights: str | None = None  # a mixture's weights NAME=W,NAME=W (a {name: weight} in a config file)
     task: str = "classification"  # a built-in task, or package.module:attr: your own (trainer/tasks.py)
-    model: str = "cnn"  # a built-in model, or package.module:attr naming a flax.linen.Module
+    # a built-in model, or package.module:attr naming a flax.linen.Module; None: the task's (lm: transformer_lm, else cnn)
+    model: str | None = None
     mode: str = "train"  # or evaluate: the sidecar evaluator (trainer/evaluator.py; also TF_CONFIG type "evaluator")
     strategy: str = "default"  # how the step is distributed over devices and hosts (docs/training.md)
     device: str | None = None  # for one_device, e.g. "cpu:0" or "gpu:1"
@@ -159,6 +160,8 @@ class TrainConfig:
         return directory if storage.is_remote(directory) else os.path.abspath(directory)
 
     def __post_init__(self):
+        if self.model is None:
+            object.__setattr__(self, "model", "transformer_lm" if self.task == "lm" else "cnn")
         for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes",
                      "seq_len", "vocab_size", "image_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -207,7 +210,8 @@ class TrainConfig:
             if getattr(self, name) is not None and self.tokenizer is None:
                 raise ValueError(f"{name}={str(getattr(self, name)).lower()} applies to text tokenised by tokenizer=; "
                                  "byte-level text always begins with BOS and has no EOS, token ids are read as they "
-                                 f"are: drop {name}= or pass tokenizer=")
+                                 "are (a pre-tokenized dataset's have the BOS and EOS its conversion gave them: "
+                                 f"convert --{name.replace('_', '-')}): drop {name}=, or pass tokenizer= with text data")
 
     def _check_size(self):
         """width, depth, heads, mlp_ratio: each >= 1, width a multiple of heads; attention and remat: names they

@@ -56,11 +56,18 @@ def resolve(config: TrainConfig) -> Sources:
         for name, path in _named(config.data_source))
     evaluation = () if config.eval_source is None else tuple(
         _source(_existing("eval_data", name, path), name, source_split(path, "test")) for name, path in _named(config.eval_source))
-    check_one_tokenizer({_key(key, s): s.specs["tokens"]["tokenizer"] for key, group in (("data", train),
-                                                                                        ("eval_data", evaluation))
-                         for s in group if s.specs.get("tokens", {}).get("type") == "Tokens"},
-                        "the datasets of data= and eval_data=" if evaluation else "the components of data=")
+    named = {_key(key, s): s for key, group in (("data", train), ("eval_data", evaluation)) for s in group}
+    tokenized = {key: s.specs["tokens"]["tokenizer"] for key, s in named.items() if _pretokenized(s)}
+    if tokenized and len(tokenized) < len(named):
+        text = next(key for key in named if key not in tokenized)
+        raise ValueError(f"{text} is not pre-tokenized but {next(iter(tokenized))} is: convert it with the same "
+                         f"--tokenizer ({next(iter(tokenized.values()))}), or give only datasets of text")
+    check_one_tokenizer(tokenized, "the datasets of data= and eval_data=" if evaluation else "the components of data=")
     return Sources(train, evaluation)
+
+
+def _pretokenized(source: Source) -> bool:
+    return source.specs.get("tokens", {}).get("type") == "Tokens"
 
 
 def _key(key: str, source: Source) -> str:

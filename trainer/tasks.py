@@ -376,8 +376,10 @@ def make(config: TrainConfig, specs: dict[str, dict]) -> Task:
     if config.packing and not packs:
         raise _packing_refused(config)
     if packs and not config.packing and config.mode == "train":
-        log.info("task=%s packing=false: each example is cut to its first seq_len=%d tokens (packing=true splits a "
-                 "longer one over rows and keeps every token)", config.task, config.seq_len)
+        # a pre-tokenized corpus was converted for packing (its token counts beside it): leaving it off is a mistake
+        say = log.warning if getattr(task, "pretokenized", False) else log.info
+        say("task=%s packing=false: each example is cut to its first seq_len=%d tokens and padded (packing=true "
+            "splits a longer one over rows and keeps every token)", config.task, config.seq_len)
     return task
 
 

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 
+from dataset_format import storage
 from dataset_format.tokenizer import (HuggingFace, SentencePiece, TokenizerError, load, train_bpe,
                                       train_sentencepiece)
 
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kind", choices=("bpe", "sentencepiece"), default="bpe",
                    help="bpe: a byte-level BPE, a Hugging Face tokenizer.json; sentencepiece: a unigram .model")
     p.add_argument("--vocab_size", "--vocab-size", dest="vocab_size", type=int, default=1024,
-                   help="the vocabulary to learn, special tokens included (default: 1024); a small text may give fewer")
+                   help="the vocabulary to learn, special tokens included (default: 1024); from a small text bpe gives "
+                   "fewer, and sentencepiece says the range it can give")
     p.add_argument("--text_key", "--text-key", dest="text_key", default="text",
                    help="the feature holding the text (default: text)")
     p.add_argument("--output", required=True, help="the file to write (.json for bpe, .model for sentencepiece)")
@@ -41,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     import loader
 
     try:
+        tokens = None if storage.has_glob(args.source) else loader.token_info(args.source)
+        if tokens is not None:
+            raise ValueError(f"{args.source} is pre-tokenized (by {tokens.get('tokenizer')}): its records are token "
+                             "ids, not text; train on a conversion of the text without --tokenizer, or use that "
+                             "tokenizer")
         first = next(iter(loader.load(args.source, batch_size=1, shuffle=False, num_epochs=1)), {})
         if args.text_key not in first:
             texts = [k for k, v in first.items() if np.asarray(v).dtype.kind in "SOU"]

@@ -110,23 +110,35 @@ def read_footer(path: str, size: int) -> Footer:
         if isinstance(metadata.get(2), int) and metadata[2] != len(counts):
             raise ValueError(f"{len(counts)} footer entries, not the {metadata[2]} chunks of its metadata")
     except (ValueError, _riegeli.CorruptError, _riegeli.UnsupportedError) as e:
-        if _is_tfrecord(path, size):
+        head = _head(path, size)
+        if _is_tfrecord(head, size):
             raise TFRecordFileError(f"{path} is a TFRecord file, not ArrayRecord: convert it first (python -m pipelines "
                              f"convert --input {path} --output DIR), then load DIR") from None
+        if len(head) == 12 and all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+            raise ValueError(f"{path} is not an ArrayRecord file: it begins with text ({head.decode('ascii')!r}...); "
+                             "write the data as TFRecord files of tf.train.Example records, convert them (python -m "
+                             "pipelines convert --input ... --output DIR), then load DIR") from None
         raise ValueError(f"{path} is not a whole ArrayRecord file ({_reason(e)}); it is truncated or damaged: re-run "
                          "the conversion or restage the data") from e
     return Footer(offsets, counts, footer_offset, options, _fallback_reason(settings, total == len(counts)))
 
 
-def _is_tfrecord(path: str, size: int) -> bool:
-    """Whether the file begins with a TFRecord frame: a length that fits the file, and its masked CRC-32C."""
-    if size < 16:
+def _head(path: str, size: int) -> bytes:
+    """The file's first 12 bytes (fewer for a smaller file; none where they cannot be read)."""
+    try:
+        return storage.read_range(path, 0, min(12, size))
+    except OSError:
+        return b""
+
+
+def _is_tfrecord(head: bytes, size: int) -> bool:
+    """Whether a file of `size` bytes that begins with `head` begins with a TFRecord frame: a length that fits the
+    file, and its masked CRC-32C."""
+    if size < 16 or len(head) < 12:
         return False
     try:
         import google_crc32c  # (google-cloud-storage's dependency)
-
-        head = storage.read_range(path, 0, 12)
-    except (ImportError, OSError):
+    except ImportError:
         return False
     length, crc = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
     value = google_crc32c.value(head[:8])

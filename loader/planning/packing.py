@@ -73,8 +73,14 @@ class Packing:
     keys: str | Mapping[str, str | tuple[str, ...]] = "default"  # "maxtext", or {our name: its name(s)}
 
     def __post_init__(self):
-        if self.seq_len is None or self.seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1 (got seq_len={self.seq_len})")
+        if self.feature is not None and not isinstance(self.feature, str):
+            raise ValueError(f"Packing's first argument is feature=, the records' text feature (got "
+                             f"{self.feature!r}); pass the row length by name: Packing(seq_len={self.feature!r})")
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, (int, np.integer)) or self.seq_len < 1:
+            raise ValueError(f"seq_len must be a whole number >= 1 (got seq_len={self.seq_len!r})")
+        for name in ("tokenize", "tokenize_batch"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"{name}= takes a function (got {name}={getattr(self, name)!r})")
         if self.fit not in FITS:
             raise ValueError(f"fit={self.fit!r} is not one of {FITS}")
         if (self.tokenize is not None or self.tokenize_batch is not None) and self.feature is None:

@@ -402,3 +402,12 @@ def test_a_list_features_rank_does_not_depend_on_the_batch(tmp_path, capsys):
             "  labels: int64 0..9 (every record, 1-3 values a record)\n"
             "  tag: bytes present (every record, 1-3 values a record)\n") in text, text
     assert "  labels: int64[1]  e.g. [3]" in text, text  # record 0, decoded as the loader does
+
+
+def test_a_text_file_is_named_as_text_not_as_a_damaged_arrayrecord(tmp_path):
+    (tmp_path / "web.jsonl").write_text('{"text": "The cat sat on the mat."}\n' * 5000)
+    with pytest.raises(ValueError) as e:
+        loader.load(str(tmp_path / "web.jsonl"), batch_size=2)
+    assert str(e.value).startswith(f"{tmp_path / 'web.jsonl'} is not an ArrayRecord file: it begins with text "
+                                   "('{\"text\": \"Th'...); write the data as TFRecord files of tf.train.Example "
+                                   "records, convert them (python -m pipelines convert"), str(e.value)

@@ -79,3 +79,29 @@ def test_garbage_after_last_record_is_reported_not_ignored():
     seen = []
     assert _read(data, on_corrupt=seen.append) == [b"r0"]
     assert [(c.offset, c.length) for c in seen] == [(18, 13)]
+
+
+@pytest.mark.parametrize("text", [b'{"text": "The cat sat on the mat."}\n' * 3, b"id,text\n1,hello\n2,world\n",
+                                  b"The cat sat.\nA dog ran.\n"])
+def test_text_is_named_as_another_format_even_when_skipping(text):
+    """JSON lines given as input was "corrupt TFRecord at byte offset 0: length CRC mismatch", and --skip-corrupt,
+    the fix it offered, converted it to an empty shard."""
+    for on_corrupt in (None, lambda c: None):
+        with pytest.raises(tfrecord.NotTFRecordError) as e:
+            list(tfrecord.iter_records(io.BytesIO(text * 2), path="web.jsonl", on_corrupt=on_corrupt))
+        head = (text * 2)[:12].decode()
+        assert str(e.value) == (f"web.jsonl is not a TFRecord file: it begins with text ({head!r}...); convert reads "
+                                "TFRecord files of tf.train.Example records: write the data as such (e.g. with "
+                                "tf.io.TFRecordWriter, one Example a line or document) and convert those")
+        assert isinstance(e.value, tfrecord.CorruptRecordError)  # fails the shard, as corruption does
+
+
+def test_a_damaged_first_header_of_binary_bytes_is_still_corruption():
+    data = bytearray(tfrecord.encode_record(b"x" * 40) + tfrecord.encode_record(b"y" * 7))
+    data[8] ^= 0xFF  # the length CRC
+    with pytest.raises(tfrecord.CorruptRecordError, match="length CRC mismatch") as e:
+        list(tfrecord.iter_records(io.BytesIO(bytes(data)), path="a.tfrecord"))
+    assert not isinstance(e.value, tfrecord.NotTFRecordError)
+    skipped = []
+    assert list(tfrecord.iter_records(io.BytesIO(bytes(data)), path="a.tfrecord", on_corrupt=skipped.append)) == \
+        [b"y" * 7]

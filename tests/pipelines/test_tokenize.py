@@ -196,6 +196,13 @@ def test_datasets_of_different_tokenizers_are_not_mixed_or_evaluated_together(co
     with pytest.raises(ValueError, match=rf"^the components of data= were tokenized by different tokenizers "
                                          rf"\(data component a={out}: .*, data component b={tmp_path}/other: "):
         sources.resolve(TrainConfig(task="lm", data=f"a={out},b={tmp_path}/other", weights="a=1,b=1", workdir="w"))
+    run_conversion(ConvertConfig(input=str(root / "raw" / "*.tfrecord"), output=str(tmp_path / "text")),
+                   ["--direct_num_workers=1"])
+    with pytest.raises(ValueError) as e:
+        sources.resolve(TrainConfig(task="lm", data=f"a={out},b={tmp_path}/text", weights="a=1,b=1", workdir="w"))
+    assert str(e.value) == (f"data component b={tmp_path}/text is not pre-tokenized but data component a={out} is: "
+                            f"convert it with the same --tokenizer ({tok} (sha256:{digest(tok)})), or give only "
+                            "datasets of text")
     found = sources.resolve(TrainConfig(task="lm", data=str(out), eval_data=str(tmp_path / "same"), workdir="w"))
     assert [s.path for s in found.train + found.eval] == [str(out), str(tmp_path / "same")]
 
@@ -213,3 +220,61 @@ def test_inspect_shows_a_pretokenized_datasets_ids(converted, capsys):
             "ranges\n") in text, text
     first = tokenizers.load(tok).encode_batch(TEXTS[:1])[0]
     assert f"  tokens: uint16[{len(first)}]  e.g. [" in text, text
+
+
+def test_packing_options_that_cannot_work_are_named_at_load(corpus, tmp_path):
+    """packing=True, Packing(64), seq_len="64" and a text feature packed as ids were AttributeError / TypeError
+    tracebacks, the last from deep in the counting pass."""
+    root, _ = corpus
+    plain = tmp_path / "plain"
+    run_conversion(ConvertConfig(input=str(root / "raw" / "*.tfrecord"), output=str(plain)), ["--direct_num_workers=1"])
+    for given, suggestion in ((True, "N"), (64, "64")):
+        with pytest.raises(ValueError) as e:
+            loader.load(str(plain), batch_size=2, packing=given)
+        assert str(e.value) == (f"packing= takes a loader.Packing, e.g. packing=loader.Packing(seq_len={suggestion}) "
+                                f"for a pre-tokenized dataset (got packing={given!r})")
+    with pytest.raises(ValueError, match=r"^Packing's first argument is feature=, the records' text feature \(got "
+                                         r"64\); pass the row length by name: Packing\(seq_len=64\)$"):
+        loader.Packing(64)
+    with pytest.raises(ValueError, match=r"^seq_len must be a whole number >= 1 \(got seq_len='64'\)$"):
+        loader.Packing(seq_len="64")
+    with pytest.raises(ValueError, match=r"^tokenize= takes a function \(got tokenize='bpe'\)$"):
+        loader.Packing("text", seq_len=64, tokenize="bpe")
+    with pytest.raises(ValueError, match=r"^packing= reads one feature, Packing.feature, and gives rows of token ids: "
+                                         r"drop features=\['text'\] \(name the text feature as Packing\(feature=\.\.\.\)\)$"):
+        loader.load(str(plain), batch_size=2, features=["text"], packing=loader.Packing(seq_len=64))
+    fix = ("pass Packing(feature='text', seq_len=N, tokenize=...) to tokenise it as it loads, or convert the dataset "
+           "with `python -m pipelines convert --tokenizer PATH --text-key text`")
+    with pytest.raises(ValueError) as e:  # said at load, from the manifest's feature statistics
+        loader.load(str(plain), batch_size=2, packing=loader.Packing("text", seq_len=64))
+    assert str(e.value) == (f"Packing(feature='text') without tokenize= packs token ids, but {plain}'s 'text' holds "
+                            f"bytes values: {fix}")
+    manifest = json.loads((plain / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        del shard["feature_stats"]  # as a manifest written before they were recorded: said by the first record read
+    (plain / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError) as e:
+        next(iter(loader.load(str(plain), batch_size=2, packing=loader.Packing("text", seq_len=64))))
+    assert f"feature 'text' holds bytes values, not token ids: {fix}" in str(e.value)
+    assert "train-00000-of-00003.array_record" in str(e.value) and "record 0" in str(e.value), str(e.value)
+
+
+def test_a_tokenizer_is_not_trained_on_token_ids(converted, tmp_path, capsys):
+    """Following the "no feature 'text'" advice (--text_key tokens) trained a BPE on the ids' bytes, silently."""
+    from trainer import tokenizer as command
+
+    out, tok = converted
+    for key in ("text", "tokens"):
+        assert command.main([str(out), "--text_key", key, "--output", str(tmp_path / "t.json")]) == 2
+        assert capsys.readouterr().err == (f"error: {out} is pre-tokenized (by {tok}): its records are token ids, not "
+                                           "text; train on a conversion of the text without --tokenizer, or use that "
+                                           "tokenizer\n")
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_the_summary_counts_the_bytes_read_not_the_ids_written(corpus, tmp_path):
+    root, tok = corpus
+    outcome = _convert(root, tmp_path / "out", tok)
+    read = sum(len(example_proto.encode_example({"text": t, "id": [i]})) for i, t in enumerate(TEXTS))
+    assert outcome.record_bytes == read
+    assert f"({len(TEXTS):,} records, {read / 1e6:,.1f} MB of record data read)" in outcome.summary()

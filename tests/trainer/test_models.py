@@ -84,8 +84,16 @@ def test_a_bad_size_stops_the_trainer_before_it_reads_data(tmp_path):
                                                     "width / heads features); use heads=4 or width=100")
 
 
+def test_the_default_model_is_the_tasks():
+    """task=lm with no model= took model=cnn, and failed on the LM's arguments."""
+    assert TrainConfig(data="x", workdir="w").model == "cnn"
+    lm = TrainConfig.from_args(["data=x", "workdir=w", "task=lm", "width=64", "heads=4"])
+    assert lm.model == "transformer_lm" and lm.model_size["width"] == 64
+    assert TrainConfig(data="x", workdir="w", task="lm", model="my_pkg.nets:LM").model == "my_pkg.nets:LM"
+
+
 def test_a_model_that_does_not_fit_the_task_names_the_built_in_ones_that_do():
-    """task=lm with the default model=cnn: the line says which built-in model takes an LM's arguments."""
+    """task=lm with model=cnn: the line says which built-in model takes an LM's arguments."""
     with pytest.raises(ValueError) as e:
         models.make("cnn", {"vocab_size": 512, "max_len": 128})
     assert str(e.value) == ("model='cnn' does not take the task's arguments ['max_len', 'vocab_size'] (CNN.__init__() "

@@ -124,3 +124,16 @@ def test_custom_examples_without_metadata_need_num_classes(digits, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "the data has no ClassLabel metadata for 'label' (not a TFDS dataset, or another feature type): pass " \
            "num_classes=N" in proc.stderr
+
+
+def test_a_pretokenized_corpus_without_packing_is_warned_of(caplog):
+    """Converted for packing (counts beside it), trained without it: each document cut to seq_len, said at INFO only."""
+    from trainer import TrainConfig, tasks
+
+    tokens = {"tokens": {"type": "Tokens", "dtype": "<u2", "vocab_size": 300, "tokenizer": "t.json (sha256:0)"}}
+    for specs, packing, level in ((tokens, False, "WARNING"), (tokens, True, None), ({}, False, "INFO")):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="trainer.tasks"):
+            tasks.make(TrainConfig(data="x", workdir="w", task="lm", seq_len=64, packing=packing), specs)
+        said = [r.levelname for r in caplog.records if "packing=false: each example is cut" in r.getMessage()]
+        assert said == ([level] if level else []), (specs, packing, said)
