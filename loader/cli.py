@@ -5,6 +5,7 @@
     python -m loader bench out/ --batch_size 256     # examples/s on your own data, and which stage bounds it
     python -m loader bench imagenet/ --image image/encoded --threads 8   # images/s: decode + random crop + flip
     python -m loader bench imagenet/ --step-time 0.0376 --workers auto --map images:224   # paced like a training step
+    python -m loader bench tokens/ --packing 1024 --batch_size 64   # packed rows of a pre-tokenized corpus
     python -m loader stage gs://bucket/ds /local/ds  # copy to local disk (resumable, size-checked)
 """
 
@@ -181,13 +182,20 @@ def _paced(it, args, first: float, unit: str) -> int:
 
 
 def _bench_map(args) -> tuple[dict, str]:
-    """The bench's map (--image FEATURE, or --map images:SIZE): load options and the unit of its rate."""
+    """The bench's map (--image FEATURE, --map images:SIZE, or --packing SEQ_LEN): load options and the unit of its
+    rate."""
     size = args.image_size
     if args.map is not None:
         kind, _, value = args.map.partition(":")
         if kind != "images" or not value.isdigit() or int(value) < 1:
             raise ValueError(f"--map takes images:SIZE, e.g. images:224 (got {args.map!r})")
         size = int(value)
+    if args.packing is not None:
+        if args.image or args.map is not None:
+            raise ValueError("--packing times packed token rows: it takes no --image or --map")
+        import loader
+
+        return {"packing": loader.Packing(seq_len=args.packing)}, f"rows of {args.packing} tokens"
     if not args.image and args.map is None:
         return {}, "examples"
     from loader.decoding import images
@@ -264,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--image_size", "--image-size", type=int, default=224, help="--image's crop size (default 224)")
             s.add_argument("--map", default=None, metavar="images:SIZE",
                            help="the image path at SIZE on the first JPEG/PNG feature (or --image's)")
+            s.add_argument("--packing", type=int, default=None, metavar="SEQ_LEN",
+                           help="a pre-tokenized dataset (convert --tokenizer) packed into rows of SEQ_LEN tokens, as "
+                                "the trainer's packing=true reads it; --batch_size counts rows")
             s.add_argument("--step-time", "--step_time", type=float, default=None, metavar="SECONDS",
                            help="take a batch every SECONDS, as a training step would: the rate delivered against "
                                 "the rate asked, the time waiting, every wait over 100 ms with its batch number")

@@ -3,6 +3,7 @@ shard, and the loader packs them with no tokenize function."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -278,3 +279,16 @@ def test_the_summary_counts_the_bytes_read_not_the_ids_written(corpus, tmp_path)
     read = sum(len(example_proto.encode_example({"text": t, "id": [i]})) for i, t in enumerate(TEXTS))
     assert outcome.record_bytes == read
     assert f"({len(TEXTS):,} records, {read / 1e6:,.1f} MB of record data read)" in outcome.summary()
+
+
+def test_the_bench_times_packed_rows(converted, capsys):
+    from loader.cli import main
+
+    out, _ = converted
+    assert main(["bench", str(out), "--packing", "64", "--batch_size", "4", "--start", "2", "--batches", "3",
+                 "--step-time", "0.05"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("paced: a batch of 4 every 50.0 ms asks 80 rows of 64 tokens/s; after a start window of 2 "
+                           "batches, "), text
+    assert main(["bench", str(out), "--packing", "64", "--map", "images:224"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--packing times packed token rows: it takes no --image or --map")

@@ -302,7 +302,7 @@ def test_help_names_every_registered_model_task_and_strategy(capsys):
     out = " ".join(capsys.readouterr().out.split())  # the help is wrapped: compare its words
 
     def listed(key: str, words: str) -> list[str]:
-        return re.search(rf"\b{key}: str = '[^']*' .*?\({words} (.*?)\)", out).group(1).split(", ")
+        return re.search(rf"\b{key}: str( \| None)? = ('[^']*'|None) .*?\({words} (.*?)\)", out).group(3).split(", ")
 
     assert listed("model", "built in:") == list(models.MODELS) and "transformer_lm" in models.MODELS
     assert listed("task", "built in:") == list(tasks.TASKS)
