@@ -50,14 +50,17 @@ def encode_record(data: bytes) -> bytes:
 
 
 class CorruptRecordError(ValueError):
-    """A TFRecord frame that fails its checks. Names the file, byte offset and reason."""
+    """A TFRecord frame that fails its checks. Names the file, byte offset, record (its index in the file, counting
+    from 0: the records before it read whole) and reason."""
 
-    def __init__(self, path: str, offset: int, reason: str):
+    def __init__(self, path: str, offset: int, reason: str, record: int | None = None):
         self.path = path
         self.offset = offset
         self.reason = reason
+        self.record = record
+        where = f"byte offset {offset}" + (f", record {record}" if record is not None else "")
         super().__init__(
-            f"{path}: corrupt TFRecord at byte offset {offset}: {reason}. "
+            f"{path}: corrupt TFRecord at {where}: {reason}. "
             "Re-create or re-copy this shard, or pass --skip-corrupt to convert the "
             "readable records and list the corrupt ones in the report."
         )
@@ -122,14 +125,15 @@ def iter_records(
     forward to the next frame whose header and data both check; truncated tail) is
     passed to `on_corrupt` and reading goes on.
     """
-    offset = 0
+    offset = index = 0  # index: the frame's place in the file (what an error names; not kept past a resync)
     while True:
         header = f.read(_HEADER.size)
         if not header:
             return
         if len(header) < _HEADER.size:
             _report(path, Corruption(offset, len(header),
-                                     f"truncated header: {len(header)} of 12 bytes before end of file"), on_corrupt)
+                                     f"truncated header: {len(header)} of 12 bytes before end of file"), on_corrupt,
+                    index)
             return
         length, length_crc = _HEADER.unpack(header)
         if offset == 0 and length_crc != masked_crc32c(header[:8]) and _is_text(header):
@@ -138,7 +142,7 @@ def iter_records(
             reason = ("length CRC mismatch" if length_crc != masked_crc32c(header[:8])
                       else f"implausible record length {length}")
             if on_corrupt is None:
-                raise CorruptRecordError(path, offset, reason)
+                raise CorruptRecordError(path, offset, reason, index)
             skipped = _resync(f, offset)
             on_corrupt(Corruption(offset, skipped, f"{reason}; skipped {skipped} bytes to the next valid record"))
             offset += skipped
@@ -149,20 +153,22 @@ def iter_records(
             got = len(header) + len(data) + len(footer)
             _report(path, Corruption(offset, got,
                                      f"truncated record: frame needs {length + 16} bytes, file ends after {got}"),
-                    on_corrupt)
+                    on_corrupt, index)
             return
         if _FOOTER.unpack(footer)[0] == masked_crc32c(data):
             yield data
         else:
             _report(path, Corruption(offset, length + 16, f"data CRC mismatch in a {length}-byte record"),
-                    on_corrupt)
+                    on_corrupt, index)
         offset += length + 16
+        index += 1
 
 
-def _report(path: str, corruption: Corruption, on_corrupt: Callable[[Corruption], None] | None) -> None:
+def _report(path: str, corruption: Corruption, on_corrupt: Callable[[Corruption], None] | None,
+            index: int) -> None:
     """Raises for `corruption`, or hands it to `on_corrupt` when skipping is on."""
     if on_corrupt is None:
-        raise CorruptRecordError(path, corruption.offset, corruption.reason)
+        raise CorruptRecordError(path, corruption.offset, corruption.reason, index)
     on_corrupt(corruption)
 
 

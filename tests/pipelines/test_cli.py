@@ -32,7 +32,7 @@ def test_corrupt_input_exits_nonzero_naming_file_and_offset(tmp_path):
     path.write_bytes(path.read_bytes()[:-1])
     proc = run_cli("convert", "--input", str(path), "--output", str(tmp_path / "out"), "--direct_num_workers=1")
     assert proc.returncode == 1
-    assert f"FAILED: {path}: corrupt TFRecord at byte offset 464: truncated record" in proc.stdout
+    assert f"FAILED: {path}: corrupt TFRecord at byte offset 464, record 4: truncated record" in proc.stdout
 
 
 def _one_line_error(proc, expected):

@@ -185,7 +185,7 @@ def test_corrupt_shard_fails_alone_and_leaves_no_output(tmp_path):
                            "train-00002-of-00003.array_record"]
     (failure,) = outcome.manifest.failed
     assert failure["source"] == str(paths[1])
-    assert f"{paths[1]}: corrupt TFRecord at byte offset {5 * frame}: data CRC mismatch" in failure["error"]
+    assert f"{paths[1]}: corrupt TFRecord at byte offset {5 * frame}, record 5: data CRC mismatch" in failure["error"]
     assert "FAILED:" in outcome.summary() and f"byte offset {5 * frame}" in outcome.summary()
     report = json.loads((out / "report.json").read_text())
     assert report["failed_shards"] == [failure]

@@ -82,5 +82,5 @@ def test_corrupt_gcs_shard_leaves_no_object(tmp_path, gcs_bucket):
                              ["--direct_num_workers=1"])
 
     assert not outcome.ok
-    assert f"gs://{bucket}/in/bad.tfrecord: corrupt TFRecord at byte offset {9 * 116}" in outcome.manifest.failed[0]["error"]
+    assert f"gs://{bucket}/in/bad.tfrecord: corrupt TFRecord at byte offset {9 * 116}, record 9:" in outcome.manifest.failed[0]["error"]
     assert sorted(b.name for b in client.list_blobs(bucket, prefix="out/")) == ["out/manifest.json", "out/report.json"]

@@ -42,7 +42,8 @@ def test_corruption_raises_with_file_offset_and_reason(mutate, offset, reason):
     assert e.value.offset == offset
     assert e.value.path == "shard.tfrecord"
     assert reason in str(e.value)
-    assert f"shard.tfrecord: corrupt TFRecord at byte offset {offset}" in str(e.value)
+    assert e.value.record == offset // 18  # the records before it read whole
+    assert f"shard.tfrecord: corrupt TFRecord at byte offset {offset}, record {offset // 18}: {reason}" in str(e.value)
     assert "--skip-corrupt" in str(e.value)
 
 
