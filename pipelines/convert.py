@@ -71,7 +71,7 @@ class _ConvertShardFn(beam.DoFn):
         self._converted.inc()
         self._bytes_written.inc(result.entry.bytes)
         self._corrupt.inc(len(result.corruptions))
-        log.log(self._shard_log_level, "converted %s -> %s: %d records, %.1f MB", task.source.path,
+        log.log(self._shard_log_level, "converted %s -> %s: %d records, %.1f MB written", task.source.path,
                 task.relative_path, result.entry.records, result.entry.bytes / 1e6)
         yield result
 
