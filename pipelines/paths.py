@@ -200,8 +200,9 @@ def _warn_if_splits_mix(what: str, directory: str, files: list[InputFile]) -> No
 
 def check_output_outside(inputs: list[InputFile], pattern: str, output: str) -> None:
     """An output among the inputs would be read back as input on the next run: refuse it up front."""
-    prefix = output.rstrip("/") + "/"
-    inside = [f.path for f in inputs if f.path.startswith(prefix) or f.path == output.rstrip("/")]
+    where = output if is_remote(output) else os.path.abspath(output)  # as the inputs are named
+    prefix = where.rstrip("/") + "/"
+    inside = [f.path for f in inputs if f.path.startswith(prefix) or f.path == where.rstrip("/")]
     if inside:
         raise ValueError(f"--output {output!r} is inside --input {pattern!r} (it matches {inside[0]!r}); the "
                          "converted shards would be read as inputs next time: choose an --output outside the input")

@@ -1,6 +1,7 @@
 """What `--input` accepts, and one line with exit 2 (no traceback) for each input that cannot work."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -104,6 +105,19 @@ def test_bad_local_inputs_are_one_line(tmp_path):
                     f"--output '{tmp_path / 'data'}' is inside --input '{tmp_path / 'data' / '*'}'")
     assert not (tmp_path / "o").exists() and sorted(p.name for p in (tmp_path / "data").iterdir()) == [
         "train-00000-of-00001.tfrecord"]
+
+
+def test_a_relative_output_inside_the_input_is_refused(tmp_path, monkeypatch):
+    """The inputs were compared as absolute paths and the output as typed: `--input 'data/*' --output data` converted
+    into the input, then read its own lock file, shards and report back as inputs."""
+    from pipelines import ConvertConfig, run_conversion
+
+    write_tfrecord_shards(tmp_path / "data", [synthetic_records(0, 5)])
+    monkeypatch.chdir(tmp_path)
+    for given, output in (("data/*", "data"), ("data", "./data"), ("./data/*", "data/")):
+        with pytest.raises(ValueError, match=rf"^--output '{re.escape(output)}' is inside --input "):
+            run_conversion(ConvertConfig(input=given, output=output), ["--direct_num_workers=1"])
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["train-00000-of-00001.tfrecord"]
 
 
 @pytest.mark.gcs
