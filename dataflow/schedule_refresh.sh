@@ -10,6 +10,7 @@
 #
 # Optional: REGION (us-central1), SCHEDULE ('0 3 * * *'), TIME_ZONE (Etc/UTC), NAME (arrayrecord-refresh),
 # BRANCH (main), PRUNE (false), MAX_WORKERS (10), MACHINE_TYPE (n2-standard-4),
+# REPOSITORY (dataflow: the Artifact Registry repository cloudbuild.yaml pushed the image to, its _REPOSITORY),
 # PIN (a commit SHA that cloudbuild.yaml built: every refresh then runs that image and template spec, not `latest`).
 # DRY_RUN=1 prints the gcloud commands instead of running them.
 # Roles and the first run: dataflow/README.md, "Scheduled refreshes".
@@ -46,6 +47,7 @@ run() {
 # '^~^' makes '~' the separator, so that globs and paths may hold commas.
 substitutions="^~^_PROJECT=${PROJECT}~_REGION=${REGION}~_BUCKET=${BUCKET}~_INPUT=${INPUT}~_OUTPUT=${OUTPUT}~_PRUNE=${PRUNE:-false}"
 substitutions+="~_MAX_WORKERS=${MAX_WORKERS:-10}~_MACHINE_TYPE=${MACHINE_TYPE:-n2-standard-4}~_SERVICE_ACCOUNT=${SERVICE_ACCOUNT}"
+substitutions+="~_REPOSITORY=${REPOSITORY:-dataflow}"
 if [ -n "${PIN:-}" ]; then
   case "$PIN" in
     *[!0-9a-f]*) echo "error: PIN=$PIN is not a commit SHA (hex digits, as cloudbuild.yaml tags the image)" >&2; exit 2 ;;

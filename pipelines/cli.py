@@ -154,12 +154,17 @@ def plan_main(argv: list[str]) -> int:
     plan = make_plan(_config(args))
     body = {"input": args.input, "output": args.output, "to_convert": [t.source.path for t in plan.tasks],
             "up_to_date": len(plan.kept), "to_prune": [e.path for e in plan.pruned],
-            "orphaned": [e.path for e in plan.orphaned]}
+            "orphaned": [e.path for e in plan.orphaned],
+            # converted by a run that ended before its manifest: a run (converting nothing more) lists them in it
+            "recovered": [r.entry.path for r in plan.recovered]}
     for source in body["to_convert"]:
         print(f"convert {source}")
     for path in body["to_prune"]:
         print(f"prune {path}")
-    print(f"plan: {plan.describe()}" + ("" if plan.tasks or plan.pruned else ": nothing to do"))
+    todo = "" if plan.tasks or plan.pruned else (
+        f": manifest.json lacks {len(plan.recovered)} converted shard(s), which `convert` with these flags adds "
+        "(converting nothing)" if plan.recovered else ": nothing to do")
+    print(f"plan: {plan.describe()}{todo}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(body, f, indent=1)

@@ -93,6 +93,20 @@ def test_refresh_converts_only_new_shards_and_launches_nothing_when_up_to_date(t
     manifest = Manifest.from_json(client.bucket(bucket).blob("ar/manifest.json").download_as_text())
     assert [s.records for s in manifest.shards] == [10, 11, 12]
 
+    # A job cancelled after its shards committed but before its manifest (here: the manifest lost): every later
+    # refresh said "up to date" and launched nothing. It launches one that converts nothing and lists them again.
+    client.bucket(bucket).blob("ar/manifest.json").delete()
+    out, plan = _run_plan_step(values, workspace)
+    assert plan["to_convert"] == [] and len(plan["recovered"]) == 3
+    assert "plan: 0 shard(s) to convert, 0 up to date, 3 recovered from an interrupted run, 0 to prune: " \
+           "manifest.json lacks 3 converted shard(s), which `convert` with these flags adds (converting nothing)" in out
+    proc, calls = cb.run_bash_step(REFRESH, "launch-if-changed", values, workspace)
+    assert proc.returncode == 0 and "3 shard(s) to convert, prune or list in the manifest" in proc.stdout
+    summary = _launch_as_dataflow_would(calls[1])
+    assert "converted 0 shard(s)" in summary, summary
+    manifest = Manifest.from_json(client.bucket(bucket).blob("ar/manifest.json").download_as_text())
+    assert [s.records for s in manifest.shards] == [10, 11, 12]
+
 
 SCHEDULE_ENV = {"PROJECT": "my-project", "BUCKET": "my-bucket", "INPUT": "gs://my-bucket/raw/train-*,v2.tfrecord",
                 "OUTPUT": "gs://my-bucket/ar", "REPO": "https://github.com/my-org/data",
@@ -116,7 +130,7 @@ def test_schedule_script_creates_a_trigger_for_the_refresh_config_and_a_schedule
     given = dict(pair.split("=", 1) for pair in substitutions[3:].split("~"))
     assert set(given) <= set(REFRESH["substitutions"])  # Cloud Build rejects unknown ones
     assert given["_INPUT"] == SCHEDULE_ENV["INPUT"] and given["_BUCKET"] == "my-bucket"
-    assert given["_PROJECT"] == "my-project"
+    assert given["_PROJECT"] == "my-project" and given["_REPOSITORY"] == "dataflow"  # the image's repository
     assert job[:5] == ["gcloud", "scheduler", "jobs", "create", "http"]
     assert cb.flag(job, "schedule") == "0 3 * * *"
     assert cb.flag(job, "uri") == ("https://cloudbuild.googleapis.com/v1/projects/my-project/locations/us-central1/"
@@ -139,13 +153,19 @@ def test_schedule_script_passes_shellcheck():
 
 
 def test_a_pinned_refresh_runs_that_commits_image_and_template():
-    proc = _schedule({**SCHEDULE_ENV, "PIN": "0123abcd" * 5})
+    proc = _schedule({**SCHEDULE_ENV, "PIN": "0123abcd" * 5, "REPOSITORY": "ml-images"})
     assert proc.returncode == 0, proc.stderr
     trigger = shlex.split(proc.stdout.splitlines()[0])
     given = dict(pair.split("=", 1) for pair in cb.flag(trigger, "substitutions")[3:].split("~"))
     assert set(given) <= set(REFRESH["substitutions"])
     assert given["_IMAGE"] == ("${_REGION}-docker.pkg.dev/${_PROJECT}/${_REPOSITORY}/${_IMAGE_NAME}:"
                                + "0123abcd" * 5)
+    assert given["_REPOSITORY"] == "ml-images"  # the repository cloudbuild.yaml pushed to (dataflow/README.md)
+    resolved = cb.resolve(REFRESH, given, BUILD)
+    assert resolved["_IMAGE"] == "us-central1-docker.pkg.dev/my-project/ml-images/tfrecord-to-arrayrecord:" + \
+        "0123abcd" * 5
+    plan = cb.step(REFRESH, "plan")  # the pinned image's own code, not the trigger's checkout in /workspace
+    assert plan["entrypoint"] == "python" and plan["args"][:3] == ["-P", "-m", "pipelines"]
     assert given["_TEMPLATE"] == "gs://${_BUCKET}/templates/tfrecord-to-arrayrecord-" + "0123abcd" * 5 + ".json"
     bad = _schedule({**SCHEDULE_ENV, "PIN": "latest"})
     assert bad.returncode == 2 and "PIN=latest is not a commit SHA" in bad.stderr
