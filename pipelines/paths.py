@@ -55,7 +55,7 @@ def list_inputs(pattern: str) -> list[InputFile]:
             _check_listable(_fixed_prefix(pattern))  # a file in a directory this user may not enter
             raise FileNotFoundError(f"input {pattern!r} does not exist; check the path (a file, a glob "
                                     "such as 'data/train-*', a directory, or a TFDS dataset directory)")
-    files = _files(_match(pattern))
+    files = _unhidden(_files(_match(pattern)), pattern)
     if not files:
         directory = _fixed_prefix(pattern)
         _check_listable(directory)  # a glob cannot see into a directory it may not read
@@ -64,6 +64,18 @@ def list_inputs(pattern: str) -> list[InputFile]:
     if has_glob(pattern):
         _warn_if_splits_mix(pattern, files[0].path.rsplit("/", 1)[0], files)
     return files
+
+
+def _unhidden(files: list[InputFile], pattern: str) -> list[InputFile]:
+    """`files` less those a glob matched by accident: hidden files (`.part-0.crc`: a shell's `*` skips them) and
+    markers (`_SUCCESS`: Hadoop's and Spark's hidden names), unless the glob's own name starts with that character."""
+    hidden = {".", "_"} - {basename(pattern)[:1]}
+    kept = [f for f in files if basename(f.path)[:1] not in hidden]
+    if len(kept) < len(files):
+        skipped = [basename(f.path) for f in files if f not in kept]
+        log.info("%s: %d hidden or marker file(s) skipped (e.g. %s); name them in the glob to convert them", pattern,
+                 len(skipped), skipped[0])
+    return kept
 
 
 def _names_in(directory: str) -> list[str]:
@@ -142,6 +154,18 @@ def _files(metadata_list) -> list[InputFile]:
     return sorted(files, key=lambda f: f.path)
 
 
+def _tfds_versions(path: str) -> list[str]:
+    """The subdirectories of local `path` holding a TFDS dataset_info.json (its versions), oldest first."""
+    if is_remote(path):
+        return []
+    try:
+        subdirs = [e.path for e in os.scandir(path) if e.is_dir()]
+    except OSError:
+        return []
+    found = [d for d in subdirs if os.path.isfile(os.path.join(d, "dataset_info.json"))]
+    return sorted(found, key=lambda d: [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in basename(d).split(".")])
+
+
 def _local_directory(path: str) -> list[InputFile]:
     """The files directly in local directory `path`, named as Beam's match of `path/*` names them, with one stat
     each where Beam's match takes three (docs/benchmarks.md, "Planning")."""
@@ -166,6 +190,15 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
     tfrecords = [f for f in found if is_tfrecord_name(basename(f.path))]
     if not tfrecords:
         names = [basename(f.path) for f in found]
+        if "manifest.json" in names:
+            raise FileNotFoundError(f"input directory {path!r} is a converted output (it holds manifest.json): it "
+                                    f"needs no conversion; load it as it is (loader.load({path!r}), python -m trainer "
+                                    f"data={path}), or pass the TFRecords it was converted from as --input")
+        versions = _tfds_versions(path)
+        if versions:
+            raise FileNotFoundError(f"input directory {path!r} is a TFDS dataset's directory: pass one version of it, "
+                                    f"which holds dataset_info.json, e.g. --input {versions[-1]} (it has "
+                                    f"{', '.join(basename(v) for v in versions)})")
         globs = split_globs(path, names)
         whose = "one split's" if globs else "its"
         example = (f"e.g. --input '{globs[0]}'" + (f" and --input '{globs[1]}' into another --output"

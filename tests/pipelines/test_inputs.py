@@ -195,3 +195,42 @@ def test_a_forbidden_gcs_input_is_one_line(tmp_path, faulty_gcs, gcs_emulator):
                             env=gcs_emulator),
                     f"permission denied (403) on bucket '{bucket}'")
     assert front.failed and not (tmp_path / "out").exists()
+
+
+def test_inputs_that_are_not_tfrecords_of_a_directory_are_named_with_what_to_pass(tmp_path):
+    """A converted output given as --input was told to pass a glob of its .array_record files (which then failed as
+    corrupt TFRecords); a TFDS dataset's directory without its version, a glob that matched nothing."""
+    from pipelines import paths
+
+    (tmp_path / "out").mkdir()
+    for name in ("manifest.json", "report.json", "train.array_record-00000-of-00001"):
+        (tmp_path / "out" / name).write_text("{}")
+    with pytest.raises(FileNotFoundError) as e:
+        paths.list_inputs(str(tmp_path / "out"))
+    assert str(e.value) == (f"input directory '{tmp_path / 'out'}' is a converted output (it holds manifest.json): it "
+                            f"needs no conversion; load it as it is (loader.load('{tmp_path / 'out'}'), python -m "
+                            f"trainer data={tmp_path / 'out'}), or pass the TFRecords it was converted from as --input")
+    for version in ("1.0.0", "1.10.0", "1.2.0"):
+        (tmp_path / "digits" / version).mkdir(parents=True)
+        (tmp_path / "digits" / version / "dataset_info.json").write_text("{}")
+    with pytest.raises(FileNotFoundError) as e:
+        paths.list_inputs(str(tmp_path / "digits"))
+    assert str(e.value) == (f"input directory '{tmp_path / 'digits'}' is a TFDS dataset's directory: pass one version "
+                            f"of it, which holds dataset_info.json, e.g. --input {tmp_path / 'digits' / '1.10.0'} (it "
+                            "has 1.0.0, 1.2.0, 1.10.0)")
+
+
+def test_a_glob_skips_hidden_and_marker_files_unless_it_names_them(tmp_path, caplog):
+    """A Spark export's `.part-r-00000.crc` and `_SUCCESS` were converted (and failed) as shards."""
+    from pipelines import paths
+
+    write_tfrecord_shards(tmp_path / "sp", [synthetic_records(0, 3), synthetic_records(3, 3)],
+                          pattern="part-r-{i:05d}")
+    (tmp_path / "sp" / ".part-r-00000.crc").write_bytes(b"\x00" * 12)
+    (tmp_path / "sp" / "_SUCCESS").write_bytes(b"")
+    with caplog.at_level("INFO", logger="pipelines.paths"):
+        got = [p.rsplit("/", 1)[1] for p in map(lambda f: f.path, paths.list_inputs(str(tmp_path / "sp" / "*")))]
+    assert got == ["part-r-00000", "part-r-00001"]
+    assert f"{tmp_path / 'sp' / '*'}: 2 hidden or marker file(s) skipped (e.g. .part-r-00000.crc)" in caplog.text
+    assert [f.path.rsplit("/", 1)[1] for f in paths.list_inputs(str(tmp_path / "sp" / ".*"))] == [".part-r-00000.crc"]
+    assert [f.path.rsplit("/", 1)[1] for f in paths.list_inputs(str(tmp_path / "sp" / "_*"))] == ["_SUCCESS"]
