@@ -71,8 +71,9 @@ def _check_shard(path: str, entry: ShardEntry, size: int | None) -> str | None:
     if size is None:
         return f"{path}: listed in the manifest but missing; re-run the conversion to recreate it"
     if size != entry.bytes:
-        return (f"{path}: {size} bytes, the manifest says {entry.bytes}; the file was changed or truncated, "
-                "delete it and re-run the conversion")
+        return (f"{path}: {size} bytes, the manifest says {entry.bytes}; the file was changed or truncated, or "
+                "rewritten by a conversion that did not finish: re-run the conversion (it converts a shard whose size "
+                "differs from the manifest again)")
     try:
         reader = ArrayRecordReader(path)
         try:

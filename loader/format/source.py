@@ -187,7 +187,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
     if len(wrong):
         i = int(wrong[0])
         raise ValueError(f"{paths[i]} is {found[i]} bytes but {MANIFEST_NAME} says {sizes[i]}; the file is truncated "
-                         "or was replaced: re-run the conversion or restage the data")
+                         "or was replaced (by a conversion that rewrites this output and has not finished?): let that "
+                         "conversion finish, re-run it, or restage the data")
     features = root if table.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
     tokens = table.tokens.get("dtype") if table.tokens else None
     return ShardedSource(tuple(paths), records, "manifest", features, sizes, versions, tokens,
