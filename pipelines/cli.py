@@ -252,3 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, PermissionError, ValueError, LeaseHeld) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # after Beam's own lines from its workers: what was kept, and what to do
+        print("interrupted" + (": the shards committed so far are kept; run the same command again to finish (it "
+                               "converts only what is left)" if argv[0] == "convert" else ""), file=sys.stderr)
+        return 130

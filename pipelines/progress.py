@@ -4,7 +4,7 @@ Every worker, local or on Dataflow, writes a shard's record as it commits it, so
 wherever the work runs. `Progress` polls them from the launcher while a local run goes on and prints one line,
 redrawn in place on a terminal and logged every `LOG_EVERY_S` otherwise:
 
-    converting: 412/1000 shards, 8,240,000 records, 1,650.3 MB (41.2 MB/s), ETA 0:00:48
+    converting: 412/1000 shards, 8,240,000 records, 1,650.3 MB of input files (41.2 MB/s), ETA 0:00:48
 
 `status(output)` is the same reading for `python -m pipelines status --output OUT`, for a run anywhere.
 """
@@ -45,7 +45,7 @@ def format_line(done: int, total: int, records: int, source_bytes: int, total_by
     rate = source_bytes / max(elapsed, 1e-9)
     eta = (total_bytes - source_bytes) / rate if rate > 0 and done < total else None
     eta_text = f", ETA {datetime.timedelta(seconds=round(eta))}" if eta is not None else ""
-    return (f"converting: {done}/{total} shards, {records:,} records, {source_bytes / 1e6:,.1f} MB "
+    return (f"converting: {done}/{total} shards, {records:,} records, {source_bytes / 1e6:,.1f} MB of input files "
             f"({rate / 1e6:.1f} MB/s){eta_text}")
 
 
@@ -60,6 +60,7 @@ class Progress:
         self._stop = threading.Event()
         self._seen: set[str] = set()
         self._records = 0
+        self._logged = ""  # the last line logged: the final count is not logged twice
         self._started = time.time()
         self._thread = threading.Thread(target=self._run, daemon=True, name="conversion-progress")
 
@@ -103,8 +104,9 @@ class Progress:
         if self._tty:
             self._stream.write("\r" + text + " " * 8)
             self._stream.flush()
-        elif log_it:
+        elif log_it and text != self._logged:
             log.info("%s", text)
+            self._logged = text
         return True
 
 

@@ -59,7 +59,7 @@ class Outcome:
             + f"; pruned {len(self.plan.pruned)}; "
             f"orphaned (source gone, kept) {len(self.plan.orphaned)}",
             f"dataset: {len(self.manifest.shards)} shards, {self.manifest.total_records:,} records, "
-            f"{self.manifest.total_bytes / 1e6:,.1f} MB of ArrayRecord files on disk",
+            f"{self.manifest.total_bytes / 1e6:,.1f} MB of ArrayRecord files",
         ]
         if self.corrupt_records:
             lines.append(f"skipped {self.corrupt_records} corrupt record(s): see {report.REPORT_NAME}")

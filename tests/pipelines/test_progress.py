@@ -9,8 +9,20 @@ from tests.pipelines.conftest import killed_run
 
 def test_the_progress_line_says_shards_records_rate_and_eta():
     assert format_line(412, 1000, 8_240_000, 1_650_300_000, 4_005_000_000, 40.0) == (
-        "converting: 412/1000 shards, 8,240,000 records, 1,650.3 MB (41.3 MB/s), ETA 0:00:57")
-    assert format_line(3, 3, 30, 3_000_000, 3_000_000, 2.0) == "converting: 3/3 shards, 30 records, 3.0 MB (1.5 MB/s)"
+        "converting: 412/1000 shards, 8,240,000 records, 1,650.3 MB of input files (41.3 MB/s), ETA 0:00:57")
+    assert format_line(3, 3, 30, 3_000_000, 3_000_000, 2.0) == \
+        "converting: 3/3 shards, 30 records, 3.0 MB of input files (1.5 MB/s)"
+
+
+def test_the_same_count_is_logged_once(tmp_path, caplog):
+    """The last poll and the final count logged the same line twice at the end of a run."""
+    from pipelines.progress import Progress
+
+    progress = Progress(str(tmp_path), [])
+    with caplog.at_level("INFO", logger="pipelines.progress"):
+        assert progress._show(log_it=True) and progress._show(log_it=True)  # noqa: SLF001 - the logging step
+    assert [r.getMessage() for r in caplog.records] == ["converting: 0/0 shards, 0 records, 0.0 MB of input files "
+                                                        "(0.0 MB/s)"]
 
 
 def test_many_shards_log_a_progress_line_not_a_line_each(tmp_path):
