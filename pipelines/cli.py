@@ -252,7 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, PermissionError, ValueError, LeaseHeld) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # after Beam's own lines from its workers: what was kept, and what to do
+    except (KeyboardInterrupt, RuntimeError) as e:  # after Beam's own lines from its workers: what was kept, what to do
+        if not _interrupted(e):
+            raise
         print("interrupted" + (": the shards committed so far are kept; run the same command again to finish (it "
                                "converts only what is left)" if argv[0] == "convert" else ""), file=sys.stderr)
         return 130
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Whether `error` is Ctrl-C: a KeyboardInterrupt, or one that Beam's in-process runner re-raised from a DoFn as
+    RuntimeError("KeyboardInterrupt [while running ...]")."""
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, KeyboardInterrupt) or str(error).startswith("KeyboardInterrupt"):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
