@@ -118,8 +118,9 @@ def convert_main(argv: list[str]) -> int:
     unknown = unknown_beam_flags(beam_args)
     flags = [a for a in unknown if a.startswith("-")]
     if flags:  # Beam would drop them with a warning: a misspelled --tokenizer would convert untokenised
+        ours = [o for a in p._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
         p.error(f"unrecognized arguments: {' '.join(flags)} (neither a flag of convert, listed by --help, nor a Beam "
-                "pipeline option)")
+                f"pipeline option){did_you_mean(flags, ours)}")
     if unknown:  # Beam would drop them too: an --input glob the shell expanded converts its first file only
         p.error(f"{len(unknown)} argument(s) that no flag takes: {' '.join(unknown[:3])}"
                 f"{' ...' if len(unknown) > 3 else ''}; if the shell expanded an --input glob, quote it "
@@ -131,17 +132,43 @@ def convert_main(argv: list[str]) -> int:
     return 0 if outcome.ok else 1
 
 
-def unknown_beam_flags(beam_args: list[str]) -> list[str]:
-    """The arguments in `beam_args` that no Beam pipeline options class takes: flags it does not declare, and values
-    no flag takes (Beam itself only warns and drops them)."""
+def _beam_parser():
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
     parser = _BeamArgumentParser(allow_abbrev=False)
     classes = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
     for cls in classes.values():
         cls._add_argparse_args(parser)  # noqa: SLF001 - how PipelineOptions.get_all_options builds the same parser
-    _, unknown = parser.parse_known_args(beam_args)
+    return parser
+
+
+def unknown_beam_flags(beam_args: list[str]) -> list[str]:
+    """The arguments in `beam_args` that no Beam pipeline options class takes: flags it does not declare, and values
+    no flag takes (Beam itself only warns and drops them)."""
+    _, unknown = _beam_parser().parse_known_args(beam_args)
     return unknown
+
+
+# gcloud's names for Dataflow options (`gcloud dataflow flex-template run`), and Beam's for a direct launch.
+GCLOUD_FLAGS = {"--max-workers": "--max_num_workers", "--num-workers": "--num_workers",
+                "--worker-machine-type": "--machine_type", "--service-account-email": "--service_account_email",
+                "--staging-location": "--staging_location", "--temp-location": "--temp_location",
+                "--worker-region": "--worker_region", "--worker-zone": "--worker_zone",
+                "--disable-public-ips": "--no_use_public_ips", "--subnetwork": "--subnetwork"}
+
+
+def did_you_mean(flags: list[str], ours: list[str]) -> str:
+    """' (did you mean X?)' for each of `flags` with a close match among `ours` and Beam's options (gcloud's names
+    of Dataflow options mapped to Beam's); '' when none is close."""
+    beam = [o for a in _beam_parser()._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
+    close = []
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        match = GCLOUD_FLAGS.get(name) or next(iter(difflib.get_close_matches(name, ours + beam, n=1, cutoff=0.75)),
+                                              None)
+        if match:
+            close.append(f"{name}: did you mean {match}?")
+    return f" ({'; '.join(close)})" if close else ""
 
 
 def plan_main(argv: list[str]) -> int:

@@ -87,8 +87,14 @@ def test_an_unknown_flag_of_convert_is_an_error_naming_it(tmp_path, capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "error: unrecognized arguments: --tokeniser (neither a flag of convert, listed by --help, nor a Beam "
-        "pipeline option)")
+        "pipeline option) (--tokeniser: did you mean --tokenizer?)")
     assert not (tmp_path / "out").exists()
+    # gcloud's names of Dataflow options (the operators' guide's) are Beam's under another spelling
+    with pytest.raises(SystemExit):
+        pipelines_cli.main(["convert", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                            "--max-workers=5", "--skip_corupt", "--zzz"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "(--max-workers: did you mean --max_num_workers?; --skip_corupt: did you mean --skip_corrupt?)")
 
     # a misspelt required flag: the line names it beside the one it was meant to be
     with pytest.raises(SystemExit) as e:
