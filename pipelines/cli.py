@@ -211,6 +211,10 @@ def verify_main(argv: list[str]) -> int:
     result = verify(args.output, deep=args.deep)
     for problem in result.problems:
         print(f"PROBLEM: {problem}")
+    if result.stale:
+        print(f"note: {len(result.stale)} source(s) changed or gone since they were converted (e.g. {result.stale[0]}): "
+              "the dataset is whole but behind its input; `python -m pipelines convert` with the same --input and "
+              "--output converts them again")
     print(f"verify {'--deep ' if args.deep else ''}{args.output}: {result.shards:,} shards, {result.records:,} "
           f"records, {len(result.problems)} problem(s), {time.monotonic() - started:.1f} s")
     return 0 if result.ok else 1

@@ -66,6 +66,14 @@ def list_inputs(pattern: str) -> list[InputFile]:
     return files
 
 
+def list_files(directory: str) -> list[InputFile]:
+    """Every file directly in `directory` (local, or a gs:// prefix), named and fingerprinted as `list_inputs` names
+    them; [] when it does not exist."""
+    if not is_remote(directory):
+        return _local_directory(directory) if os.path.isdir(directory) else []
+    return _files(_match(directory.rstrip("/") + "/*"))
+
+
 def _unhidden(files: list[InputFile], pattern: str) -> list[InputFile]:
     """`files` less those a glob matched by accident: hidden files (`.part-0.crc`: a shell's `*` skips them) and
     markers (`_SUCCESS`: Hadoop's and Spark's hidden names), unless the glob's own name starts with that character."""

@@ -31,6 +31,8 @@ class VerifyResult:
     shards: int = 0
     records: int = 0
     problems: list[str] = dataclasses.field(default_factory=list)
+    # sources changed or gone since their shard was converted: the output is whole, but behind its input
+    stale: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -64,7 +66,25 @@ def verify(output: str, *, deep: bool = False) -> VerifyResult:
         log.info("[%d/%d] %s: %s", i + 1, len(manifest.shards), entry.path, problem or "ok")
     if manifest.kind == "tfds":
         result.problems.extend(_check_tfds_info(output, manifest.shards))
+    result.stale = stale_sources(manifest.shards)
     return result
+
+
+def stale_sources(entries) -> list[str]:
+    """The sources of `entries` that changed (another fingerprint) or are gone since they were converted: one listing
+    of each source directory (one request a directory on gs://), no file read."""
+    by_directory: dict[str, list[ShardEntry]] = {}
+    for entry in entries:
+        by_directory.setdefault(entry.source.rsplit("/", 1)[0], []).append(entry)
+    stale = []
+    for directory, group in by_directory.items():
+        try:
+            found = {f.path: f.fingerprint for f in paths.list_files(directory)}
+        except (OSError, ValueError):
+            found = {}
+        stale += [f"{e.source} ({'gone' if e.source not in found else 'changed'})" for e in group
+                  if found.get(e.source) != e.source_fingerprint]
+    return stale
 
 
 def _check_shard(path: str, entry: ShardEntry, size: int | None) -> str | None:

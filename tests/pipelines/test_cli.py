@@ -1,6 +1,7 @@
 """The real `python -m pipelines` command: summaries, exit codes, and one-line errors before any work."""
 
 import json
+import os
 
 import pytest
 
@@ -19,7 +20,16 @@ def test_convert_then_verify(tmp_path):
     assert "skipped 3 up-to-date shard(s)" in again.stdout
 
     ok = run_cli("verify", "--output", str(out), "--deep", check=True)
-    assert "3 shards, 300 records, 0 problem(s)" in ok.stdout
+    assert "3 shards, 300 records, 0 problem(s)" in ok.stdout and "note:" not in ok.stdout
+
+    # a source rewritten and one gone since: the output is whole (exit 0), and said to be behind its input
+    source = tmp_path / "in" / "train-00000-of-00003.tfrecord"
+    os.utime(source, (1_000_000_000, 1_000_000_000))
+    (tmp_path / "in" / "train-00002-of-00003.tfrecord").rename(tmp_path / "moved")
+    stale = run_cli("verify", "--output", str(out), check=True)
+    assert (f"note: 2 source(s) changed or gone since they were converted (e.g. {source} (changed)): the dataset is "
+            "whole but behind its input; `python -m pipelines convert` with the same --input and --output converts "
+            "them again") in stale.stdout
 
     (out / "train-00001-of-00003.array_record").write_bytes(b"")
     bad = run_cli("verify", "--output", str(out))
