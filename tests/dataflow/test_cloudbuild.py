@@ -63,7 +63,7 @@ def test_steps_have_names_and_wait_for_earlier_steps(path):
 def test_build_tests_then_pushes_the_commit_image_and_builds_its_template():
     config = cb.load(CONFIGS[0])
     assert [s["id"] for s in config["steps"]] == ["check-substitutions", "test", "build-image", "push-image",
-                                                  "build-template", "publish-template", "launch"]
+                                                  "build-template", "publish-template", "push-latest", "launch"]
     values = cb.resolve(config, {"_BUCKET": "my-bucket"}, BUILD)
     image = "us-central1-docker.pkg.dev/my-project/dataflow/tfrecord-to-arrayrecord:abc123"
     assert cb.step(config, "test")["args"] == ["scripts/test.sh", "-q"] and (REPO / "scripts/test.sh").exists()
@@ -71,6 +71,11 @@ def test_build_tests_then_pushes_the_commit_image_and_builds_its_template():
     assert f"--tag={image}" in build and f"--build-arg=SDK_IMAGE={image}" in build
     assert (REPO / cb.flag(build, "file")).exists()
     assert set(cb.step(config, "push-image")["waitFor"]) == {"test", "build-image"}  # only tested code
+    assert [cb.substitute(a, values) for a in cb.step(config, "push-image")["args"]] == ["push", image]
+    # "latest" (what the refresh's plan step runs) moves only after "latest"'s template spec does
+    assert cb.step(config, "push-latest")["waitFor"] == ["publish-template"]
+    assert [cb.substitute(a, values) for a in cb.step(config, "push-latest")["args"]] == \
+        ["push", image.replace(":abc123", ":latest")]
     template = [cb.substitute(a, values) for a in cb.step(config, "build-template")["args"]]
     assert template[:4] == ["dataflow", "flex-template", "build",
                             "gs://my-bucket/templates/tfrecord-to-arrayrecord-abc123.json"]
