@@ -30,6 +30,7 @@ from fractions import Fraction
 import numpy as np
 
 from dataset_format import storage
+from dataset_format.manifest import merge_feature_stats
 from dataset_format.tfds_info import FEATURES_NAME
 from loader.format.source import ShardedSource
 from loader.planning.batches import host_rows, record_rng, FOREVER
@@ -284,7 +285,10 @@ def concatenate(sources: Mapping[str, ShardedSource]) -> ShardedSource:
                          tuple(b for p in parts for b in p.shard_bytes) if known else None,
                          tuple(v for p in parts for v in p.shard_versions) if versions else None,
                          parts[0].tokens_dtype, None if alike else tuple(p.features_dir for p in parts),
-                         None if alike else tuple(len(p) for p in parts))
+                         None if alike else tuple(len(p) for p in parts),
+                         # (None when a component has none: unknown, not partial)
+                         feature_stats=merge_feature_stats(p.feature_stats for p in parts),
+                         tokenizer=parts[0].tokenizer)
 
 
 def check_one_tokenizer(tokenizers: Mapping[str, str | None], what: str) -> None:

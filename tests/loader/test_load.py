@@ -394,6 +394,9 @@ def test_a_list_features_rank_does_not_depend_on_the_batch(tmp_path, capsys):
         assert isinstance(mixed["labels"], list) and [v.tolist() for v in mixed["labels"]] == [[1, 2], [5]]
         assert batches[3]["labels"].tolist() == [[0], [2]]
         assert batches[0]["id"].shape == (2,)  # one value in every record: a scalar each
+    mixed = next(iter(loader.load({"a": out, "b": out}, weights={"a": 1, "b": 1}, batch_size=4, seed=0)))
+    rows = mixed["labels"] if isinstance(mixed["labels"], list) else list(mixed["labels"])
+    assert all(np.asarray(r).ndim == 1 for r in rows), mixed["labels"]  # in a mixture too: never a scalar
     from loader.cli import main
 
     assert main(["inspect", out]) == 0

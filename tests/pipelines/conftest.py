@@ -21,7 +21,7 @@ def _die():
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-if _point.startswith("commit:"):
+if _point.startswith(("commit:", "interrupt:")):  # killed, or Ctrl-C (SIGINT to this process), after N commits
     from pipelines import commits
     _write = commits.write
 
@@ -30,8 +30,8 @@ if _point.startswith("commit:"):
         fd = os.open(_counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.write(fd, b"x")
         os.close(fd)
-        if os.path.getsize(_counter) >= int(_point.split(":")[1]):
-            _die()
+        if os.path.getsize(_counter) == int(_point.split(":")[1]):
+            _die() if _point.startswith("commit:") else os.kill(os.getpid(), signal.SIGINT)
 
     commits.write = write
 elif _point == "manifest":

@@ -68,29 +68,26 @@ def test_a_temporary_file_left_by_a_killed_writer_is_no_commit(tmp_path):
     assert set(committed_since(out, 0.0)) == set(commits.listing(out)) == {"train-00000-of-00002.array_record"}
 
 
-def test_ctrl_c_ends_with_what_was_kept_and_a_rerun_finishes(tmp_path):
-    """Ctrl-C ended in KeyboardInterrupt (and, on the terminal, pages of worker tracebacks): the last line now says
-    the committed shards are kept and to run the command again, which converts only the rest."""
+def test_ctrl_c_ends_with_what_was_kept_and_a_rerun_finishes(job):
+    """Ctrl-C ended in KeyboardInterrupt (in-process: a RuntimeError Beam re-raised from the DoFn) and, on a terminal,
+    pages of worker tracebacks: the last line now says the committed shards are kept and to run the command again,
+    which converts only the rest."""
     import os
     import subprocess
     import sys
-    import time
 
+    from pipelines import commits
     from tests.conftest import REPO
 
-    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i * 100_000, 100_000) for i in range(6)])
-    argv = [sys.executable, "-m", "pipelines", "convert", "--input", str(tmp_path / "in" / "*"), "--output",
-            str(tmp_path / "out"), "--direct_num_workers=1"]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list((tmp_path / "out" / ".shards").glob("*.json")) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the first shard committed: five to go
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
-    assert err.strip().splitlines()[-1] == ("interrupted: the shards committed so far are kept; run the same command "
-                                            "again to finish (it converts only what is left)"), err[-3000:]
-    kept = len(os.listdir(tmp_path / "out" / ".shards"))
-    assert 1 <= kept < 6
-    again = run_cli(*argv[3:], check=True)
-    assert f"converted {6 - kept} shard(s)" in again.stdout and f"{kept} converted earlier" in again.stdout
+    argv = ["convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(job / "out"),
+            "--direct_num_workers=1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(job / "site"), str(REPO)]),
+           "ARCONV_KILL_AT": "interrupt:3", "ARCONV_KILL_COUNTER": str(job / "counter")}
+    proc = subprocess.run([sys.executable, "-m", "pipelines", *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == ("interrupted: the shards committed so far are kept; run the same "
+                                                    "command again to finish (it converts only what is left)")
+    assert len(commits.listing(str(job / "out"))) == 3
+    again = run_cli(*argv, check=True)
+    assert "converted 5 shard(s)" in again.stdout and "3 converted earlier" in again.stdout, again.stdout
