@@ -78,6 +78,8 @@ class TokenReader:
     def _ids(self, value, index: int) -> np.ndarray:
         """A feature that holds token ids already (Packing without tokenize=), as a 1-D integer array."""
         ids = np.asarray(value)
+        if not ids.size:  # an empty document, whatever its array's type
+            return np.zeros(0, np.int64)
         if ids.dtype.kind not in "iu":
             kind = "bytes" if ids.dtype.kind in "SUO" else ids.dtype.name
             raise ValueError(f"{self.source.where(index)}: feature {self._feature!r} holds {kind} values, "

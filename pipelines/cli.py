@@ -55,13 +55,20 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         if "arguments are required" in message:
-            ours = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            ours = self.long_flags()
             given = [a.split("=", 1)[0] for a in getattr(self, "_given", []) if a.startswith("--")]
-            close = [f"{g} (did you mean {m[0]}?)" for g in given if g not in ours
-                     if (m := difflib.get_close_matches(g, ours, n=1, cutoff=0.75))]
+            close = [f"{g} (did you mean {m}?)" for g in given if g not in ours if (m := _close_flag(g, ours))]
             if close:
                 message += f"; given instead: {', '.join(close)}"
         super().error(message)
+
+    def long_flags(self) -> list[str]:
+        return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+
+
+def _close_flag(flag: str, known: list[str]) -> str | None:
+    """The one of `known` that `flag` (a misspelling) is closest to, if any is close."""
+    return next(iter(difflib.get_close_matches(flag, known, n=1, cutoff=0.75)), None)
 
 
 def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.ArgumentParser:
@@ -118,9 +125,8 @@ def convert_main(argv: list[str]) -> int:
     unknown = unknown_beam_flags(beam_args)
     flags = [a for a in unknown if a.startswith("-")]
     if flags:  # Beam would drop them with a warning: a misspelled --tokenizer would convert untokenised
-        ours = [o for a in p._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
         p.error(f"unrecognized arguments: {' '.join(flags)} (neither a flag of convert, listed by --help, nor a Beam "
-                f"pipeline option){did_you_mean(flags, ours)}")
+                f"pipeline option){did_you_mean(flags, p.long_flags())}")
     if unknown:  # Beam would drop them too: an --input glob the shell expanded converts its first file only
         p.error(f"{len(unknown)} argument(s) that no flag takes: {' '.join(unknown[:3])}"
                 f"{' ...' if len(unknown) > 3 else ''}; if the shell expanded an --input glob, quote it "
@@ -154,20 +160,15 @@ GCLOUD_FLAGS = {"--max-workers": "--max_num_workers", "--num-workers": "--num_wo
                 "--worker-machine-type": "--machine_type", "--service-account-email": "--service_account_email",
                 "--staging-location": "--staging_location", "--temp-location": "--temp_location",
                 "--worker-region": "--worker_region", "--worker-zone": "--worker_zone",
-                "--disable-public-ips": "--no_use_public_ips", "--subnetwork": "--subnetwork"}
+                "--disable-public-ips": "--no_use_public_ips"}
 
 
 def did_you_mean(flags: list[str], ours: list[str]) -> str:
     """' (did you mean X?)' for each of `flags` with a close match among `ours` and Beam's options (gcloud's names
     of Dataflow options mapped to Beam's); '' when none is close."""
-    beam = [o for a in _beam_parser()._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
-    close = []
-    for flag in flags:
-        name = flag.split("=", 1)[0]
-        match = GCLOUD_FLAGS.get(name) or next(iter(difflib.get_close_matches(name, ours + beam, n=1, cutoff=0.75)),
-                                              None)
-        if match:
-            close.append(f"{name}: did you mean {match}?")
+    known = ours + [o for a in _beam_parser()._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
+    close = [f"{name}: did you mean {match}?" for name in (f.split("=", 1)[0] for f in flags)
+             if (match := GCLOUD_FLAGS.get(name) or _close_flag(name, known))]
     return f" ({'; '.join(close)})" if close else ""
 
 
@@ -286,8 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, RuntimeError) as e:  # after Beam's own lines from its workers: what was kept, what to do
         if not _interrupted(e):
             raise
-        print("interrupted" + (": the shards committed so far are kept; run the same command again to finish (it "
-                               "converts only what is left)" if argv[0] == "convert" else ""), file=sys.stderr)
+        if argv[0] == "convert" and any("DataflowRunner" in a for a in argv):  # only the wait was interrupted
+            what = (": the Dataflow job goes on and writes the manifest when it ends (its id is in the log above); "
+                    "stop it with `gcloud dataflow jobs cancel JOB_ID --region REGION`, or let it finish, before "
+                    "converting to this output again")
+        elif argv[0] == "convert":
+            what = (": the shards committed so far are kept; run the same command again to finish (it converts only "
+                    "what is left)")
+        else:
+            what = ""
+        print(f"interrupted{what}", file=sys.stderr)
         return 130
 
 

@@ -60,7 +60,7 @@ class Progress:
         self._stop = threading.Event()
         self._seen: set[str] = set()
         self._records = 0
-        self._logged = ""  # the last line logged: the final count is not logged twice
+        self._logged: tuple[int, int] | None = None  # the count last logged: the final one is not logged twice
         self._started = time.time()
         self._thread = threading.Thread(target=self._run, daemon=True, name="conversion-progress")
 
@@ -95,7 +95,8 @@ class Progress:
         self._show(log_it=True)  # the final count
 
     def _show(self, log_it: bool) -> bool:
-        """Redraws the line on a terminal, or logs it when `log_it`; False when the records could not be read."""
+        """Redraws the line on a terminal, or logs it when `log_it` and the count moved since the line last logged
+        (its rate moves with the clock alone); False when the records could not be read."""
         try:
             text = self.line()
         except Exception as e:  # noqa: BLE001 - progress is a nicety; the conversion goes on
@@ -104,9 +105,9 @@ class Progress:
         if self._tty:
             self._stream.write("\r" + text + " " * 8)
             self._stream.flush()
-        elif log_it and text != self._logged:
+        elif log_it and (len(self._seen), self._records) != self._logged:
             log.info("%s", text)
-            self._logged = text
+            self._logged = (len(self._seen), self._records)
         return True
 
 

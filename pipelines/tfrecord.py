@@ -24,11 +24,10 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-import google_crc32c
+from dataset_format.sniff import is_text, is_tfrecord_header, masked_crc32c
 
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length bytes
 _FOOTER = struct.Struct("<I")  # masked crc of the data
-_MASK_DELTA = 0xA282EAD8
 # A length field this large is not a real record (TFRecord writers cap well below):
 # treat it as corruption instead of trying to read petabytes.
 _MAX_RECORD_BYTES = 1 << 40
@@ -36,9 +35,6 @@ _MAX_RECORD_BYTES = 1 << 40
 _RESYNC_WINDOW = 1 << 20
 
 
-def masked_crc32c(data: bytes | memoryview) -> int:
-    crc = google_crc32c.value(bytes(data))
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def encode_record(data: bytes) -> bytes:
@@ -52,6 +48,8 @@ def encode_record(data: bytes) -> bytes:
 class CorruptRecordError(ValueError):
     """A TFRecord frame that fails its checks. Names the file, byte offset, record (its index in the file, counting
     from 0: the records before it read whole) and reason."""
+
+    record: int | None = None  # (subclasses that say more than a frame's place leave it unset)
 
     def __init__(self, path: str, offset: int, reason: str, record: int | None = None):
         self.path = path
@@ -94,13 +92,9 @@ class NotTFRecordError(CorruptRecordError):
         self.path, self.offset, self.reason = path, 0, "text where a TFRecord header should be"
 
 
-def _is_text(head: bytes) -> bool:
-    return all(32 <= b < 127 or b in (9, 10, 13) for b in head)
-
-
 def header_checks(head: bytes) -> bool:
     """Whether `head` (a file's first 12 bytes or more) starts with a TFRecord frame header whose length CRC holds."""
-    return len(head) >= _HEADER.size and _HEADER.unpack_from(head)[1] == masked_crc32c(head[:8])
+    return is_tfrecord_header(head)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +130,7 @@ def iter_records(
                     index)
             return
         length, length_crc = _HEADER.unpack(header)
-        if offset == 0 and length_crc != masked_crc32c(header[:8]) and _is_text(header):
+        if offset == 0 and length_crc != masked_crc32c(header[:8]) and is_text(header):
             raise NotTFRecordError(path, header)
         if length_crc != masked_crc32c(header[:8]) or length > _MAX_RECORD_BYTES:
             reason = ("length CRC mismatch" if length_crc != masked_crc32c(header[:8])

@@ -18,7 +18,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from dataset_format import storage, tfds_info
 from dataset_format.manifest import MANIFEST_NAME, ShardEntry
 from pipelines import paths, tfrecord
-from pipelines.plan import read_manifest
+from pipelines.plan import read_manifest, same_path
 from pipelines.tokens import COUNTS_SUFFIX, Tokenize, TokenizeSpec
 
 log = logging.getLogger(__name__)
@@ -72,18 +72,21 @@ def verify(output: str, *, deep: bool = False) -> VerifyResult:
 
 def stale_sources(entries) -> list[str]:
     """The sources of `entries` that changed (another fingerprint) or are gone since they were converted: one listing
-    of each source directory (one request a directory on gs://), no file read."""
-    by_directory: dict[str, list[ShardEntry]] = {}
+    of each source directory (one request a directory on gs://), no file read. A directory that cannot be listed is
+    said as such, not as its sources gone."""
+    by_directory: dict[str, list[tuple[str, ShardEntry]]] = {}
     for entry in entries:
-        by_directory.setdefault(entry.source.rsplit("/", 1)[0], []).append(entry)
+        source = same_path(entry.source)  # (old manifests hold local sources as they were typed)
+        by_directory.setdefault(source.rsplit("/", 1)[0], []).append((source, entry))
     stale = []
     for directory, group in by_directory.items():
         try:
             found = {f.path: f.fingerprint for f in paths.list_files(directory)}
-        except (OSError, ValueError):
-            found = {}
-        stale += [f"{e.source} ({'gone' if e.source not in found else 'changed'})" for e in group
-                  if found.get(e.source) != e.source_fingerprint]
+        except (OSError, ValueError) as e:
+            stale.append(f"{directory} (cannot be listed: {str(e).splitlines()[0][:200]})")
+            continue
+        stale += [f"{source} ({'gone' if source not in found else 'changed'})" for source, e in group
+                  if found.get(source) != e.source_fingerprint]
     return stale
 
 

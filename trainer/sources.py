@@ -62,7 +62,8 @@ def resolve(config: TrainConfig) -> Sources:
         text = next(key for key in named if key not in tokenized)
         raise ValueError(f"{text} is not pre-tokenized but {next(iter(tokenized))} is: convert it with the same "
                          f"--tokenizer ({next(iter(tokenized.values()))}), or give only datasets of text")
-    check_one_tokenizer(tokenized, "the datasets of data= and eval_data=" if evaluation else "the components of data=")
+    check_one_tokenizer({k: t for k, t in tokenized.items() if k.startswith("data")}, "the components of data=")
+    check_one_tokenizer(tokenized, "the datasets of data= and eval_data=")
     return Sources(train, evaluation)
 
 

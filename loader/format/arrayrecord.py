@@ -30,7 +30,7 @@ import dataclasses
 
 import numpy as np
 
-from dataset_format import storage
+from dataset_format import sniff, storage
 from dataset_format.wire import varint
 from loader.format import _riegeli
 
@@ -111,10 +111,10 @@ def read_footer(path: str, size: int) -> Footer:
             raise ValueError(f"{len(counts)} footer entries, not the {metadata[2]} chunks of its metadata")
     except (ValueError, _riegeli.CorruptError, _riegeli.UnsupportedError) as e:
         head = _head(path, size)
-        if _is_tfrecord(head, size):
+        if sniff.is_tfrecord_header(head, size):
             raise TFRecordFileError(f"{path} is a TFRecord file, not ArrayRecord: convert it first (python -m pipelines "
                              f"convert --input {path} --output DIR), then load DIR") from None
-        if len(head) == 12 and all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        if sniff.is_text(head):
             raise ValueError(f"{path} is not an ArrayRecord file: it begins with text ({head.decode('ascii')!r}...); "
                              "write the data as TFRecord files of tf.train.Example records, convert them (python -m "
                              "pipelines convert --input ... --output DIR), then load DIR") from None
@@ -126,24 +126,11 @@ def read_footer(path: str, size: int) -> Footer:
 def _head(path: str, size: int) -> bytes:
     """The file's first 12 bytes (fewer for a smaller file; none where they cannot be read)."""
     try:
-        return storage.read_range(path, 0, min(12, size))
+        return storage.read_range(path, 0, min(sniff.HEAD_BYTES, size))
     except OSError:
         return b""
 
 
-def _is_tfrecord(head: bytes, size: int) -> bool:
-    """Whether a file of `size` bytes that begins with `head` begins with a TFRecord frame: a length that fits the
-    file, and its masked CRC-32C."""
-    if size < 16 or len(head) < 12:
-        return False
-    try:
-        import google_crc32c  # (google-cloud-storage's dependency)
-    except ImportError:
-        return False
-    length, crc = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
-    value = google_crc32c.value(head[:8])
-    masked = (((value >> 15) | (value << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-    return masked == crc and 16 + length <= size
 
 
 def _settings(options: str) -> dict[str, str]:

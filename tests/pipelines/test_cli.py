@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from dataset_format.manifest import ShardEntry
 from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
 
 
@@ -30,6 +31,13 @@ def test_convert_then_verify(tmp_path):
     assert (f"note: 2 source(s) changed or gone since they were converted (e.g. {source} (changed)): the dataset is "
             "whole but behind its input; `python -m pipelines convert` with the same --input and --output converts "
             "them again") in stale.stdout
+    # a manifest of an older version, its sources as they were typed (relative to where it ran): not "gone"
+    from pipelines.verify import stale_sources
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    entries = [ShardEntry.from_json({**e, "source": os.path.relpath(e["source"])}) for e in manifest["shards"]]
+    assert stale_sources(entries) == [f"{source} (changed)", f"{tmp_path / 'in' / 'train-00002-of-00003.tfrecord'} "
+                                                             "(gone)"]
 
     (out / "train-00001-of-00003.array_record").write_bytes(b"")
     bad = run_cli("verify", "--output", str(out))
