@@ -174,3 +174,21 @@ def test_boolean_flags_take_the_trainers_words():
     assert (parsed.force, parsed.prune, parsed.skip_corrupt) == (True, False, True)
     with pytest.raises(SystemExit):
         parser.parse_args(["--input", "x", "--output", "y", "--force", "ture"])
+
+
+def test_ctrl_c_of_a_dataflow_launch_says_the_job_goes_on(monkeypatch, capsys):
+    """Ctrl-C stops only the launcher's wait on Dataflow: "run it again" would start a second job on the output."""
+    from pipelines import cli as pipelines_cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(pipelines_cli._COMMANDS, "convert", interrupted)
+    assert pipelines_cli.main(["convert", "--input", "gs://b/in/*", "--output", "gs://b/out",
+                               "--runner=DataflowRunner"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "interrupted: the Dataflow job goes on and writes the manifest when it ends (its id is in the log above); stop "
+        "it with `gcloud dataflow jobs cancel JOB_ID --region REGION`, or let it finish, before converting to this "
+        "output again")
+    assert pipelines_cli.main(["convert", "--input", "a", "--output", "b"]) == 130  # local: the rerun finishes it
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("interrupted: the shards committed so far")
