@@ -21,6 +21,8 @@ def _die():
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+if _point.startswith("interrupt:"):  # as on a terminal: a parent that ignores SIGINT (a test runner's worker) would
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # leave this process ignoring it too
 if _point.startswith(("commit:", "interrupt:")):  # killed, or Ctrl-C (SIGINT to this process), after N commits
     from pipelines import commits
     _write = commits.write
