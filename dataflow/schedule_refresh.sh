@@ -9,8 +9,7 @@
 #   SERVICE_ACCOUNT=refresh@my-project.iam.gserviceaccount.com bash dataflow/schedule_refresh.sh
 #
 # Optional: REGION (us-central1), SCHEDULE ('0 3 * * *'), TIME_ZONE (Etc/UTC), NAME (arrayrecord-refresh),
-# BRANCH (main), PRUNE (false), SKIP_CORRUPT (false: true for an output converted with --skip-corrupt),
-# MAX_WORKERS (10), MACHINE_TYPE (n2-standard-4),
+# BRANCH (main), PRUNE (false), MAX_WORKERS (10), MACHINE_TYPE (n2-standard-4),
 # REPOSITORY (dataflow: the Artifact Registry repository cloudbuild.yaml pushed the image to, its _REPOSITORY),
 # PIN (a commit SHA that cloudbuild.yaml built: every refresh then runs that image and template spec, not `latest`).
 # DRY_RUN=1 prints the gcloud commands instead of running them.
@@ -46,7 +45,7 @@ run() {
 }
 
 # '^~^' makes '~' the separator, so that globs and paths may hold commas.
-substitutions="^~^_PROJECT=${PROJECT}~_REGION=${REGION}~_BUCKET=${BUCKET}~_INPUT=${INPUT}~_OUTPUT=${OUTPUT}~_PRUNE=${PRUNE:-false}~_SKIP_CORRUPT=${SKIP_CORRUPT:-false}"
+substitutions="^~^_PROJECT=${PROJECT}~_REGION=${REGION}~_BUCKET=${BUCKET}~_INPUT=${INPUT}~_OUTPUT=${OUTPUT}~_PRUNE=${PRUNE:-false}"
 substitutions+="~_MAX_WORKERS=${MAX_WORKERS:-10}~_MACHINE_TYPE=${MACHINE_TYPE:-n2-standard-4}~_SERVICE_ACCOUNT=${SERVICE_ACCOUNT}"
 substitutions+="~_REPOSITORY=${REPOSITORY:-dataflow}"
 if [ -n "${PIN:-}" ]; then

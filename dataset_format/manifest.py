@@ -65,6 +65,7 @@ class Manifest:
     # A pre-tokenized dataset: {"dtype", "vocab_size", "tokenizer", "tokenizer_sha256", "text_key", ...}
     # (docs/dataset-format.md); None: records are the source's own.
     tokens: dict[str, Any] | None = None
+    skip_corrupt: bool = False  # converted with --skip-corrupt: a rerun that does not say otherwise keeps skipping
 
     @property
     def total_records(self) -> int:
@@ -105,6 +106,7 @@ class Manifest:
                 "shards": [dataclasses.asdict(s) for s in self.shards],
                 "failed": list(self.failed),
                 **({"tokens": self.tokens} if self.tokens is not None else {}),
+                **({"skip_corrupt": True} if self.skip_corrupt else {}),
             },
             indent=1,
         )
@@ -114,7 +116,8 @@ class Manifest:
         d = _parsed(text, path)
         shards = tuple(ShardEntry.from_json(s) for s in d["shards"])
         manifest = cls(input=d["input"], kind=d["kind"], shards=shards,
-                       tool_version=d["tool_version"], failed=tuple(d.get("failed", ())), tokens=_tokens(d, path))
+                       tool_version=d["tool_version"], failed=tuple(d.get("failed", ())), tokens=_tokens(d, path),
+                       skip_corrupt=d.get("skip_corrupt") is True)
         _check_totals(d, manifest.total_records, path)
         return manifest
 

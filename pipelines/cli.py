@@ -85,7 +85,8 @@ def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.Argum
     p.add_argument("--writer_options", "--writer-options", dest="writer_options", default=None,
                    help="full ArrayRecord writer options, e.g. 'group_size:1,zstd:1' (overrides --compression)")
     _flag(p, "skip_corrupt", "skip corrupt TFRecord frames and list them in OUT/report.json instead of failing "
-                             "the shard")
+                             "the shard (default: as the output's last conversion did, from its manifest; else false)",
+          default=None)
     _flag(p, "prune", "delete outputs whose source no longer exists")
     _flag(p, "force", "convert every shard, even up-to-date ones")
     p.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer.json or SentencePiece .model (or a "
@@ -107,14 +108,15 @@ def _config(args: argparse.Namespace) -> ConvertConfig:
     """The flags given; those not given keep what the output's manifest recorded (a rerun or a scheduled refresh
     that names only --input and --output keeps a zstd or pre-tokenized dataset as it is), else the defaults."""
     given = {"compression": args.compression, "writer_options": args.writer_options, "tokenizer": args.tokenizer,
-             "text_key": args.text_key, "add_bos": args.add_bos, "add_eos": args.add_eos}
+             "text_key": args.text_key, "add_bos": args.add_bos, "add_eos": args.add_eos,
+             "skip_corrupt": args.skip_corrupt}
     from pipelines.plan import recorded_options
 
     given = {k: v for k, v in given.items() if v is not None}
     if given.get("tokenizer", "").lower() == "none":  # --tokenizer none: records copied as they are, whatever was kept
         given["tokenizer"] = None
-    return ConvertConfig(input=args.input, output=args.output, skip_corrupt=args.skip_corrupt, prune=args.prune,
-                         force=args.force, **recorded_options(args.output, given), **given)
+    return ConvertConfig(input=args.input, output=args.output, prune=args.prune, force=args.force,
+                         **recorded_options(args.output, given), **given)
 
 
 def convert_main(argv: list[str]) -> int:

@@ -158,6 +158,6 @@ def finalize(config: ConvertConfig, plan: Plan, converted: list[ShardResult], fa
     spec = spec_for(config)
     manifest = Manifest(input=config.input, kind=plan.kind, shards=tuple(entries),
                         tool_version=TOOL_VERSION, failed=tuple(failed),
-                        tokens=spec.manifest() if spec is not None else None)
+                        tokens=spec.manifest() if spec is not None else None, skip_corrupt=config.skip_corrupt)
     storage.write_text(storage.join(config.output, MANIFEST_NAME), manifest.to_json())
     return manifest

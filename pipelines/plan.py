@@ -144,10 +144,10 @@ def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None
 
 
 def recorded_options(output: str, given: dict) -> dict:
-    """The writing and tokenising options `output`'s manifest records, for those of them not in `given` (the flags
-    passed), logged once; {} for an output without a manifest. Writing: the shards' writer options when they all
-    share one. Tokenising: the manifest's `tokens` (tokenizer, text_key, add_bos, add_eos), unless --tokenizer is
-    given (its own flags then stand alone)."""
+    """The writing, skipping and tokenising options `output`'s manifest records, for those of them not in `given` (the
+    flags passed), logged once; {} for an output without a manifest. Writing: the shards' writer options when they all
+    share one. Skipping: --skip-corrupt, when the last run used it. Tokenising: the manifest's `tokens` (tokenizer,
+    text_key, add_bos, add_eos), unless --tokenizer is given (its own flags then stand alone)."""
     try:
         manifest = read_manifest(output)
     except (OSError, ValueError):
@@ -169,6 +169,8 @@ def recorded_options(output: str, given: dict) -> dict:
                 kept["compression"] = parts[1]
         else:
             kept["writer_options"] = writer
+    if manifest.skip_corrupt and "skip_corrupt" not in given:
+        kept["skip_corrupt"] = True
     tokens = manifest.tokens or {}
     if tokens.get("tokenizer") and "tokenizer" not in given:
         kept["tokenizer"] = tokens["tokenizer"]

@@ -222,6 +222,34 @@ def test_skip_corrupt_reports_each_record_and_reconciles_counts(tmp_path):
     (shard,) = report["shards"]
     assert shard["records_written"] + shard["corrupt_frames_skipped"] == len(records)
     assert outcome.manifest.shards[0].skipped_corrupt == 2
+    assert json.loads((out / "manifest.json").read_text())["skip_corrupt"] is True
+
+
+def test_skip_corrupt_is_kept_by_a_rerun_that_does_not_name_it(tmp_path):
+    """A rerun (or a scheduled refresh) naming only --input and --output failed a changed source's shard where the
+    first run had skipped its corrupt frames."""
+    from pipelines.cli import main
+
+    in_dir, out = tmp_path / "in", tmp_path / "out"
+    paths = write_tfrecord_shards(in_dir, [synthetic_records(0, 30), synthetic_records(30, 30)])
+
+    def damage(path, at):
+        data = bytearray(path.read_bytes())
+        data[at * (12 + 100 + 4) + 12 + 1] ^= 0x01
+        path.write_bytes(bytes(data))
+
+    damage(paths[0], 3)
+    flags = ["convert", "--input", str(in_dir / "*"), "--output", str(out), "--direct_num_workers=1"]
+    assert main([*flags, "--skip-corrupt"]) == 0
+    damage(paths[1], 5)  # a source changes, with a corrupt frame of its own
+    assert main(flags) == 0  # kept: skipped again
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["skip_corrupt"] is True
+    assert [s["skipped_corrupt"] for s in manifest["shards"]] == [1, 1]
+    damage(paths[1], 7)
+    assert main([*flags, "--skip-corrupt=false"]) == 1  # said otherwise: the changed shard fails
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not manifest["complete"] and "skip_corrupt" not in manifest
 
 
 def test_a_conversion_whose_every_shard_is_empty_ends_with_one_clear_error(tmp_path):
