@@ -61,19 +61,46 @@ def check_restorable(mngr: ocp.CheckpointManager, step: int, abstract: Any, conf
     name, there, here = differs[0]
     what = (f"params{name} is {tuple(there) if there is not None else 'absent'} there and "
             f"{tuple(here) if here is not None else 'absent'} here")
-    written = {}
-    try:
-        written = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"] or {}
-    except Exception:  # noqa: BLE001 - checkpoints written before the settings were saved beside them
-        pass
-    now = json.loads(json.dumps(dataclasses.asdict(config), default=str))
-    changed = [f"{k}={written[k]}" for k in SHAPING_KEYS if k in written and written[k] != now.get(k)]
+    changed = _written_otherwise(mngr, step, config, SHAPING_KEYS)
     fix = (f"resume with {' '.join(changed)} (what it was written with)" if changed else
            "resume with the settings it was written with (model=, width=, depth=, heads=, seq_len=, vocab_size=, "
            "num_classes=, ...)")
     more = f", and {len(differs) - 1} more arrays differ" if len(differs) > 1 else ""
     raise ValueError(f"{config.checkpoint_dir} holds step {step} of a model other than this one ({what}{more}): "
                      f"{fix}, or pass another workdir= to start afresh")
+
+
+# The settings that give the optimizer's state its structure.
+OPTIMIZER_KEYS = ("optimizer", "grad_clip", "weight_decay", "schedule")
+
+
+def _written_otherwise(mngr: ocp.CheckpointManager, step: int, config: TrainConfig, keys: tuple[str, ...]) -> list[str]:
+    """`KEY=VALUE` for each of `keys` that the run which wrote the checkpoint at `step` had otherwise."""
+    written = {}
+    try:
+        written = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"] or {}
+    except Exception:  # noqa: BLE001 - checkpoints written before the settings were saved beside them
+        pass
+    now = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    return [f"{k}={written[k]}" for k in keys if k in written and written[k] != now.get(k)]
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: TrainConfig) -> dict[str, Any]:
+    """The training state and loader state at `step`. A state whose structure is not this run's (an optimizer
+    changed: its state holds other arrays) is one line naming the settings the run that wrote it had, not orbax's
+    advice (partial_restore=True, which the trainer has no setting for)."""
+    check_restorable(mngr, step, abstract, config)
+    try:
+        return mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                           data=ocp.args.JsonRestore()))
+    except ValueError as e:
+        if "tree structures do not match" not in str(e):
+            raise
+        changed = _written_otherwise(mngr, step, config, SHAPING_KEYS + OPTIMIZER_KEYS)
+        fix = (f"resume with {' '.join(changed)} (what it was written with)" if changed else
+               "resume with the settings it was written with (optimizer=, grad_clip=, ...)")
+        raise ValueError(f"{config.checkpoint_dir} holds step {step} of a training state other than this run's (its "
+                         f"optimizer state holds other arrays): {fix}, or pass another workdir= to start afresh") from None
 
 
 def finished_run(config: TrainConfig, mngr: ocp.CheckpointManager) -> dict[str, Any] | None:

@@ -29,8 +29,8 @@ import optax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, tasks
-from trainer.checkpoints import check_restorable, checkpoint_manager, config_record, finished_run
+from trainer import accelerators, checkpoints, tasks
+from trainer.checkpoints import checkpoint_manager, config_record, finished_run
 from trainer import strategy as strategies
 from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter
@@ -106,9 +106,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     if mngr.latest_step() is not None:
         start = mngr.latest_step()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        check_restorable(mngr, start, abstract, config)
-        restored = mngr.restore(start, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                               data=ocp.args.JsonRestore()))
+        restored = checkpoints.restore(mngr, start, abstract, config)
         state = restored["state"]
         it.set_state(restored["data"])
         log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])

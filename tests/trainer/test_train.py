@@ -144,6 +144,12 @@ def test_resuming_with_settings_that_reshape_the_model_is_one_line_naming_them(d
         "resume with the settings it was written with (model=, width=, depth=, heads=, seq_len=, vocab_size=, "
         "num_classes=, ...), or pass another workdir= to start afresh")
     assert (tmp_path / "checkpoints" / "2" / "state").is_dir()  # nothing written over
+    # another optimizer: the parameters fit, its state does not (orbax advised partial_restore=True, no setting here)
+    other = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "optimizer=sgd")
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert other.stderr.splitlines()[-1].startswith(
+        f"error: {tmp_path / 'checkpoints'} holds step 2 of a training state other than this run's (its optimizer "
+        "state holds other arrays): resume with "), other.stderr[-2000:]
 
 
 def test_transformer_learns_rows_as_a_sequence(digits, tmp_path):
