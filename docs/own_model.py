@@ -5,8 +5,13 @@
 
 `model=` takes a `flax.linen.Module` class or a function returning a Module instance; the trainer builds it with
 the task's keyword arguments (`task=classification`: `num_classes`; `task=lm`: `vocab_size` and `max_len`) and
-calls it on the task's inputs (classification: images as float32 in [0, 1], NHWC). tests/trainer/test_docs.py runs
-the command above on the digits demo data.
+calls it on the task's inputs (classification: images as float32 in [0, 1], NHWC). It returns one array: the task's
+logits (classification: [batch, num_classes]; lm: [batch, length, vocab_size]), checked by shape before anything
+compiles. A `__call__` that takes `train` (flax's convention) gets train=True in training steps, with a "dropout"
+stream drawn from seed= and the step (so `nn.Dropout(rate, deterministic=not train)` works and a resumed run draws
+the same masks), and train=False in evaluation; a model with BatchNorm must take it. Settings of your own (a width)
+go in a function: `def small(num_classes): return ResidualMLP(num_classes, width=64)`, then `model=own_model:small`.
+tests/trainer/test_docs.py runs the command above on the digits demo data.
 """
 
 import flax.linen as nn

@@ -184,9 +184,9 @@ class Worker:
         self._task, self._checked = program.task, False
         clip = optax.clip_by_global_norm(config.grad_clip) if config.grad_clip else None
 
-        def gradients(flat, batch):
+        def gradients(flat, batch, step):
             params = jax.tree.unflatten(self._treedef, [flat[k] for k in self._names])
-            loss, grads, _ = program.gradients(params, batch)
+            loss, grads, _ = program.gradients(params, batch, rng=program.step_rng(step, index))
             if clip is not None:
                 grads, _ = clip.update(grads, clip.init(grads))
             return loss, _flat(grads)
@@ -209,7 +209,7 @@ class Worker:
 
             tasks.check(self._task, batch)
             self._checked = True
-        loss, grads = self._gradients(flat, batch)
+        loss, grads = self._gradients(flat, batch, step_id)
         parts = split({k: np.asarray(v) for k, v in grads.items()}, self.shards, len(self.servers))
         staleness = ray.get([ps.push.remote(part, v) for ps, part, v in zip(self.servers, parts, versions)])
         return {"step": step_id, "worker": self.index, "loss": float(loss), "staleness": max(staleness),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 from typing import Any
 
@@ -57,7 +58,21 @@ class Program:
         """The model's variables: "params", and any state collections (a BatchNorm's "batch_stats"). Initialised as
         one compiled program: op by op, each initializer compiles on its own (ResNet-18: 8.6 s against 6.1 s on a
         CPU, the same values)."""
-        return dict(jax.jit(self.model.init)(jax.random.key(self.config.seed), self.task.inputs(self.sample)))
+        options = {"train": False} if self.takes_train else {}  # (Dropout then needs no stream to initialise)
+        init = functools.partial(self.model.init, **options)
+        return dict(jax.jit(init)(jax.random.key(self.config.seed), self.task.inputs(self.sample)))
+
+    def check_outputs(self, variables: dict[str, Any]) -> None:
+        """The model's outputs for the first record, by shape only (nothing runs), against what the task takes (a
+        task's `check_outputs`, where it has one): a model whose last layer does not fit the task is one line before
+        anything compiles, not a NaN loss or an error inside the optimizer."""
+        check = getattr(self.task, "check_outputs", None)
+        if check is None:
+            return
+        params, model_state = variables["params"], {k: v for k, v in variables.items() if k != "params"}
+        shapes = jax.eval_shape(lambda p, s: self.outputs(p, self.sample, s), params, model_state)
+        batch = len(next(iter(self.sample.values())))
+        check(shapes, batch, f"model={self.config.model}")
 
     def init_params(self) -> Any:
         return self.init_variables()["params"]
@@ -114,48 +129,73 @@ class Program:
         target = jnp.dtype(self.config.dtype)
         return jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
-    def _apply(self, params, model_state, batch, train: bool):
-        """(float32 outputs, model state after the batch). A model with state runs with train=: BatchNorm
+    @functools.cached_property
+    def takes_train(self) -> bool:
+        """Whether the model's __call__ takes `train` (flax's convention: Dropout and BatchNorm follow it)."""
+        try:
+            return "train" in inspect.signature(type(self.model).__call__).parameters
+        except (TypeError, ValueError):
+            return False
+
+    def _apply(self, params, model_state, batch, train: bool, rng=None):
+        """(float32 outputs, model state after the batch). A model whose __call__ takes `train` gets train=True in a
+        training step (with `rng` as its "dropout" stream: Dropout is on) and train=False in evaluation; BatchNorm
         normalises by the batch's statistics and updates its averages when training (over the global batch: the
         step is one jitted program over every device), by the averages otherwise."""
         variables = {"params": self.compute(params), **(model_state or {})}
         inputs = self.compute(self.task.inputs(batch))
-        if not model_state:
-            outputs = self.model.apply(variables, inputs)
-        elif train:
-            outputs, new_state = self.model.apply(variables, inputs, train=True, mutable=list(model_state))
+        if model_state and not self.takes_train:
+            raise ValueError(f"model={self.config.model} keeps state ({', '.join(model_state)}: BatchNorm statistics) "
+                             "but its __call__ takes no `train` argument: name its flag train (train=True while "
+                             "training, as flax's examples do)")
+        options = {"train": train} if self.takes_train else {}
+        if train and rng is not None:
+            options["rngs"] = {"dropout": rng}
+        if model_state and train:
+            outputs, new_state = self.model.apply(variables, inputs, mutable=list(model_state), **options)
             model_state = jax.tree.map(lambda new, old: new.astype(old.dtype), dict(new_state), model_state)
         else:
-            outputs = self.model.apply(variables, inputs, train=False)
+            outputs = self.model.apply(variables, inputs, **options)
         return jax.tree.map(lambda o: o.astype(jnp.float32), outputs), model_state
 
     def outputs(self, params, batch, model_state=None):
         """The model's outputs for evaluation (BatchNorm by its running averages)."""
         return self._apply(params, model_state, batch, train=False)[0]
 
-    def loss_sums(self, params, batch, model_state=None):
-        """(sum of the losses, (sum of the weights, model state after the batch)) of a training batch."""
-        outputs, model_state = self._apply(params, model_state, batch, train=True)
+    def loss_sums(self, params, batch, model_state=None, rng=None):
+        """(sum of the losses, (sum of the weights, model state after the batch)) of a training batch; `rng`: the
+        model's dropout stream for it."""
+        outputs, model_state = self._apply(params, model_state, batch, train=True, rng=rng)
         return self.task.losses(outputs, batch).sum(), (tasks.weights(self.task, batch).sum(), model_state)
 
-    def gradients(self, params, batch, model_state=None):
+    def step_rng(self, step, *more):
+        """The model's dropout stream for training step `step` (and `more`: e.g. a worker's index): from seed=,
+        so a resumed run draws what an uninterrupted one would."""
+        rng = jax.random.fold_in(jax.random.key(self.config.seed), step)
+        for value in more:
+            rng = jax.random.fold_in(rng, value)
+        return rng
+
+    def gradients(self, params, batch, model_state=None, rng=None):
         """(mean loss, gradient of the mean, model state after the batch) over the batch; with grad_accum_steps=k
         in k micro-batches (rows i, i+k, ...: every device keeps a share of each; the model state goes through
-        them in turn). Traced inside a jitted step."""
+        them in turn; micro-batch i draws its dropout from `rng` folded with i). Traced inside a jitted step."""
         grad_sums = jax.value_and_grad(self.loss_sums, has_aux=True)
         k = self.config.grad_accum_steps
         if k == 1:
-            (loss_sum, (weight, model_state)), grads = grad_sums(params, batch, model_state)
+            (loss_sum, (weight, model_state)), grads = grad_sums(params, batch, model_state, rng)
         else:
             micro = jax.tree.map(lambda x: x.reshape((x.shape[0] // k, k) + x.shape[1:]).swapaxes(0, 1), batch)
 
-            def accumulate(carry, mb):
+            def accumulate(carry, item):
                 sums, state = carry
-                (l, (w, state)), g = grad_sums(params, mb, state)
+                i, mb = item
+                (l, (w, state)), g = grad_sums(params, mb, state, None if rng is None else jax.random.fold_in(rng, i))
                 return (jax.tree.map(jnp.add, sums, (g, l, w)), state), None
 
             zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros(()), jnp.zeros(()))
-            ((grads, loss_sum, weight), model_state), _ = jax.lax.scan(accumulate, (zeros, model_state), micro)
+            ((grads, loss_sum, weight), model_state), _ = jax.lax.scan(accumulate, (zeros, model_state),
+                                                                        (jnp.arange(k), micro))
         return loss_sum / weight, jax.tree.map(lambda g: g / weight, grads), model_state
 
     # --- evaluation --------------------------------------------------------------------------

@@ -68,6 +68,9 @@ class Task(Protocol):
     #     """On the host, the first record (a batch of one, before the model is built) and the first training batch
     #     (this host's rows, before step 1): raise ValueError naming the key, the values and the fix for data the
     #     task cannot train on (e.g. labels outside 0..num_classes-1, a label feature that holds images)."""
+    # def check_outputs(self, outputs, batch_size: int, model: str) -> None:
+    #     """Before anything compiles, the model's outputs for the first record as jax.ShapeDtypeStructs: raise
+    #     ValueError naming `model`, the shape it gives and the shape the task takes."""
     # ranged_features: Sequence[str]   # integer features whose range over the whole dataset `check_range` checks
     # def check_range(self, feature: str, low: int, high: int, where: str) -> None:
     #     """Before step 1, the min and max of `feature` over every record of the data (`where` names it and how the
@@ -198,6 +201,12 @@ class Classification:
         raise ValueError(f"label_key={feature!r} holds {low}..{high}{where}{shifted}, outside 0..{self.num_classes - 1} "
                          f"(num_classes={self.num_classes}): {hint}")
 
+    def check_outputs(self, outputs, batch_size: int, model: str) -> None:
+        """Logits [batch, num_classes]: fewer made the loss NaN, more trained silently, a tuple failed in optax."""
+        _check_output_shape(outputs, (batch_size, self.num_classes), model,
+                            f"[batch, num_classes={self.num_classes}] logits: its last layer has num_classes units "
+                            "(it is built with num_classes=), after pooling")
+
     def labels(self, batch):
         """The batch's class ids (its labels plus label_offset), as int32, inside the jitted step."""
         return batch[self.label_key].astype(jnp.int32) + self.label_offset
@@ -207,6 +216,17 @@ class Classification:
 
     def metrics(self, outputs, batch):
         return {"accuracy": (jnp.argmax(outputs, -1) == self.labels(batch)).astype(jnp.float32)}
+
+
+def _check_output_shape(outputs, expected: tuple[int, ...], model: str, what: str) -> None:
+    """Raises unless `outputs` (shapes only) is one array of shape `expected`."""
+    if not hasattr(outputs, "shape"):
+        kind = f"a {type(outputs).__name__} of {len(outputs)}" if isinstance(outputs, (tuple, list, dict)) else \
+            type(outputs).__name__
+        raise ValueError(f"{model} returns {kind}, not one array: the task takes {what}; return the logits alone")
+    if tuple(outputs.shape) != tuple(expected):
+        raise ValueError(f"{model} gives outputs of shape {tuple(outputs.shape)} for a batch of {expected[0]}, not "
+                         f"{tuple(expected)}: the task takes {what}")
 
 
 PAD, BOS = 0, 1  # byte-level vocabulary: PAD, BOS, then byte b is token b + BYTE_OFFSET
@@ -326,6 +346,12 @@ class LanguageModel:
 
     def weights(self, batch):
         return (batch["segment_ids"] > 0).sum(-1).astype(jnp.float32)
+
+    def check_outputs(self, outputs, batch_size: int, model: str) -> None:
+        shape = tuple(getattr(outputs, "shape", ()))
+        length = shape[1] if len(shape) == 3 else "length"  # (the row's length: seq_len, or the sample's)
+        _check_output_shape(outputs, (batch_size, length, self.vocab_size), model,
+                            f"[batch, length, vocab_size={self.vocab_size}] next-token logits")
 
     def tokens(self, batch):
         """The batch's real tokens (padding left out): tokens/s and MFU in the training log (trainer/throughput.py)."""

@@ -83,6 +83,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     batches = program.load_train()  # host arrays: this thread places them (the module's docstring says why)
     log.info("model=%s: initialising its parameters (compiling the initialisation)", config.model)
     variables = program.init_variables()
+    program.check_outputs(variables)  # a last layer that does not fit the task: one line, before anything compiles
     params = variables.pop("params")
     tx = program.optimizer()
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
@@ -214,7 +215,8 @@ def make_train_step(program: Program, tx: optax.GradientTransformation, strategy
 
     def train_step(state, batch):
         state = strategy.on_devices(state)  # central_storage: from host memory; out_shardings put it back
-        loss, grads, model_state = program.gradients(state["params"], batch, state.get("model_state"))
+        loss, grads, model_state = program.gradients(state["params"], batch, state.get("model_state"),
+                                                     program.step_rng(state["step"]))
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
                "step": state["step"] + 1}
