@@ -4,7 +4,7 @@ Exit status: 0 when the run finished its steps; 2 for a bad setting or bad data 
 other failure (its traceback, then its cause as the last line); PREEMPTED (143,
 128 + SIGTERM, the convention for a process ended by SIGTERM) when a SIGTERM stopped it after saving a checkpoint, so
 a scheduler that restarts failed jobs (Kubernetes `restartPolicy: OnFailure`, JobSet, Slurm `--requeue`) restarts it
-and it resumes from that checkpoint."""
+and it resumes from that checkpoint; INTERRUPTED (130) when a Ctrl-C did (a second Ctrl-C stops it at once)."""
 
 import argparse
 import json
@@ -12,6 +12,7 @@ import signal
 import sys
 
 PREEMPTED = 128 + signal.SIGTERM
+INTERRUPTED = 128 + signal.SIGINT  # Ctrl-C: a checkpoint saved, then stopped
 
 
 def registered() -> dict[str, str]:
@@ -69,6 +70,8 @@ def main(argv=None) -> int:
         print(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
         return 1
     print(json.dumps({"summary": summary, "workdir": config.workdir}, indent=1))
+    if summary.get("stopped_by") == "Ctrl-C":
+        return INTERRUPTED
     return PREEMPTED if summary.get("preempted") else 0
 
 

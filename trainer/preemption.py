@@ -1,6 +1,7 @@
-"""Preemption notices (SIGTERM): save a checkpoint and stop, at the same step on every process.
+"""Preemption notices (SIGTERM), and Ctrl-C: save a checkpoint and stop, at the same step on every process.
 
-One process: a SIGTERM handler sets a flag that the loop reads after each step.
+One process: a SIGTERM handler sets a flag that the loop reads after each step; so does a first Ctrl-C (SIGINT) on
+the main thread, which then gives SIGINT back to Python: a second Ctrl-C stops at once, without a checkpoint.
 Several processes (`jax.distributed`): a scheduler may signal one host only, and a process that stops on
 its own would leave the others waiting in the next collective. JAX's preemption service (on by default
 with `jax.distributed`) catches SIGTERM in any process, tells the others through the coordination
@@ -10,7 +11,11 @@ called by every process at every step, is True there on all of them.
 
 from __future__ import annotations
 
+import logging
 import signal
+import threading
+
+log = logging.getLogger(__name__)
 
 
 class PreemptionNotice:
@@ -23,12 +28,23 @@ class PreemptionNotice:
         # preemption service (jax_enable_preemption_service, on by default).
         self._multi = jax.process_count() > 1
         self._flag = False
-        self._previous = None
+        self.reason = "SIGTERM"  # what asked the run to stop, for its last line
+        self._previous = self._previous_int = None
         if not self._multi:
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            if threading.current_thread() is threading.main_thread() and \
+                    signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self._previous_int = signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigterm(self, *_) -> None:
         self._flag = True
+
+    def _on_sigint(self, *_) -> None:
+        self._flag, self.reason = True, "Ctrl-C"
+        signal.signal(signal.SIGINT, self._previous_int)  # a second Ctrl-C: KeyboardInterrupt, at once
+        self._previous_int = None
+        log.warning("Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again stops at once, "
+                    "without one)")
 
     def reached(self, step: int) -> bool:
         if self._multi:
@@ -41,3 +57,6 @@ class PreemptionNotice:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+        if self._previous_int is not None:
+            signal.signal(signal.SIGINT, self._previous_int)
+            self._previous_int = None

@@ -42,7 +42,11 @@ class Program:
         is shaped by eval_data."""
         data = sources.resolve(config)
         task = tasks.make(config, data.shaping.specs)
-        sample = sources.first_record(data.shaping, task, config.allow_incomplete)
+        try:
+            sample = sources.first_record(data.shaping, task, config.allow_incomplete)
+        except tasks.RecordRangeError:  # one record's labels: the whole data's range names the right fix
+            data_checks.check_ranges(task, config, (data.shaping,))
+            raise
         model = models.make(config.model, {**task.model_kwargs(), **config.model_size})
         return cls(config, task, model, sample, data)
 

@@ -77,6 +77,11 @@ class Task(Protocol):
     #     range was learnt: trainer/data_checks.py): raise ValueError naming the range and the fix."""
 
 
+class RecordRangeError(ValueError):
+    """Labels out of range in a record or a batch: its fix is a guess from a few values (Program.build checks the
+    whole data's range, which names the right one, before saying this)."""
+
+
 def check(task: Task, batch: dict[str, Any]) -> None:
     """The task's check of a batch (its `check`, when it has one), on this host's rows."""
     if hasattr(task, "check"):
@@ -176,7 +181,10 @@ class Classification:
                 raise ValueError(f"label_key={self.label_key!r} holds {labels.dtype} values, not integer class ids; "
                                  "set label_key= to the integer label feature")
             return
-        self.check_range(self.label_key, int(labels.min()), int(labels.max()), "")
+        try:
+            self.check_range(self.label_key, int(labels.min()), int(labels.max()), "")
+        except ValueError as e:  # a few records' range: the whole data's says more (trainer/program.py)
+            raise RecordRangeError(str(e)) from None
 
     def check_range(self, feature: str, low: int, high: int, where: str) -> None:
         """Labels `low`..`high` (as stored; `where`: over which records, e.g. " over the 1,281,167 records of DIR")

@@ -195,8 +195,9 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             if itstime(step, config.checkpoint_every, config.steps) or stop:
                 save(step)
             if stop:
-                log.warning("SIGTERM: saved a checkpoint at step %d; exiting", step)
-                return {**last, "preempted": True, "final_step": step}
+                log.warning("%s: saved a checkpoint at step %d; exiting (the same command resumes from it)",
+                            preemption.reason, step)
+                return {**last, "preempted": True, "stopped_by": preemption.reason, "final_step": step}
     finally:
         it.close()  # stops the loader's read-ahead (threads, worker processes) before the evaluation
         preemption.close()

@@ -121,3 +121,14 @@ def test_label_offset_trains_auto_workers_log_their_choice_and_a_finished_run_st
         f"INFO trainer.checkpoints: nothing to do: {tmp_path}/checkpoints holds a checkpoint at step 300 and steps=300; "
         "raise steps= to train on from it, or pass another workdir="), again.stderr
     assert json.loads(again.stdout)["summary"] == {"preempted": False, "final_step": 300, "already_finished": True}
+
+
+def test_a_first_record_out_of_range_is_told_with_the_whole_datas_range(digits, tmp_path):
+    """The first record's label alone gave the range and the fix (6..6: "set num_classes=7", or for other values
+    "1-based labels: pass label_offset=-1"), which was wrong for the rest of the data."""
+    first = next(iter(loader.load(str(digits["test"]), batch_size=1, shuffle=False, features=("label",))))
+    assert first["label"].tolist() == [6]
+    proc = trainer_here(f"data={digits['test']}", f"workdir={tmp_path}", "num_classes=5", "batch_size=32", "steps=2")
+    assert proc.returncode == 2 and _errors(proc) == [
+        f"error: label_key='label' holds 0..9 over the 359 records of {digits['test']} (its manifest), outside 0..4 "
+        "(num_classes=5): set num_classes=10 (or check label_key=)"], proc.stderr[-2000:]

@@ -111,6 +111,33 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(digits, tmp_path):
     assert all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b)))
 
 
+def test_ctrl_c_saves_a_checkpoint_and_stops(digits, tmp_path):
+    """Ctrl-C was a bare KeyboardInterrupt traceback, and the steps since the last checkpoint were lost."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "trainer", *_common(digits, tmp_path, "model=mlp", "steps=400", "log_every=1",
+                                                      "checkpoint_every=1000")]
+    # as a terminal's shell starts it: SIGINT at its default (a test runner's worker may ignore it, and pass that on)
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (tmp_path / "metrics.jsonl").exists() and len(_metrics(tmp_path)) >= 5:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output[-3000:]
+    stopped_at, _ = _params(tmp_path)
+    assert 5 <= stopped_at < 400 and "Traceback" not in output
+    assert f"Ctrl-C: saved a checkpoint at step {stopped_at}; exiting (the same command resumes from it)" in output
+
+
 def test_resume_after_a_crash_between_log_and_checkpoint_logs_each_step_once(digits, tmp_path):
     args = ("model=mlp", "steps=20", "log_every=1", "checkpoint_every=10")
     first = run_trainer(*_common(digits, tmp_path, *args))
