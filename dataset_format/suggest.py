@@ -10,10 +10,11 @@ from collections.abc import Iterable, Sequence
 from dataset_format import storage
 
 
-def did_you_mean(unknown: Sequence[str], known: Iterable[str]) -> str:
-    """The phrase for `unknown` names against `known` ones; "" when none is close."""
+def did_you_mean(unknown: Sequence[str], known: Iterable[str], cutoff: float = 0.6) -> str:
+    """The phrase for `unknown` names against `known` ones; "" when none is close (difflib's ratio below `cutoff`)."""
     known = list(known)
-    close = {name: match[0] for name in unknown if (match := difflib.get_close_matches(name, known, n=1))}
+    close = {name: match[0] for name in unknown
+             if (match := difflib.get_close_matches(name, known, n=1, cutoff=cutoff))}
     if not close:
         return ""
     guesses = list(close.values()) if len(unknown) == 1 else [f"{m} for {name}" for name, m in close.items()]

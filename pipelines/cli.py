@@ -17,14 +17,13 @@ Boolean flags also take a value (`--prune=true`), as Flex Template launches pass
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import logging
 import os
 import sys
 import time
 
-from dataset_format import booleans, logs
+from dataset_format import booleans, logs, suggest
 from pipelines.lease import LeaseHeld
 from pipelines.config import ConvertConfig, DEFAULT_COMPRESSION
 
@@ -57,18 +56,13 @@ class _Parser(argparse.ArgumentParser):
         if "arguments are required" in message:
             ours = self.long_flags()
             given = [a.split("=", 1)[0] for a in getattr(self, "_given", []) if a.startswith("--")]
-            close = [f"{g} (did you mean {m}?)" for g in given if g not in ours if (m := _close_flag(g, ours))]
+            close = [f"{g} ({hint})" for g in given if g not in ours if (hint := suggest.did_you_mean([g], ours, 0.75))]
             if close:
                 message += f"; given instead: {', '.join(close)}"
         super().error(message)
 
     def long_flags(self) -> list[str]:
         return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
-
-
-def _close_flag(flag: str, known: list[str]) -> str | None:
-    """The one of `known` that `flag` (a misspelling) is closest to, if any is close."""
-    return next(iter(difflib.get_close_matches(flag, known, n=1, cutoff=0.75)), None)
 
 
 def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.ArgumentParser:
@@ -90,8 +84,9 @@ def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.Argum
     _flag(p, "prune", "delete outputs whose source no longer exists")
     _flag(p, "force", "convert every shard, even up-to-date ones")
     p.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer.json or SentencePiece .model (or a "
-                   "model directory holding one): write each record's text as token ids, with a token count column, for packing (docs/converting.md; "
-                   "default: the output's tokenisation, from its manifest, if it has one; none: copy the records)")
+                   "model directory holding one): write each record's text as token ids, with a token count column, "
+                   "for packing (docs/converting.md; default: the output's tokenisation, from its manifest, if it has "
+                   "one; none: copy the records)")
     p.add_argument("--text_key", "--text-key", dest="text_key", default=None,
                    help="with --tokenizer: the tf.Example feature holding the text (default: text)")
     p.add_argument("--add_bos", "--add-bos", dest="add_bos", nargs="?", const=True, default=None, type=_boolean,
@@ -169,8 +164,9 @@ def did_you_mean(flags: list[str], ours: list[str]) -> str:
     """' (did you mean X?)' for each of `flags` with a close match among `ours` and Beam's options (gcloud's names
     of Dataflow options mapped to Beam's); '' when none is close."""
     known = ours + [o for a in _beam_parser()._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
-    close = [f"{name}: did you mean {match}?" for name in (f.split("=", 1)[0] for f in flags)
-             if (match := GCLOUD_FLAGS.get(name) or _close_flag(name, known))]
+    close = [f"{name}: {hint}" for name in (f.split("=", 1)[0] for f in flags)
+             if (hint := f"did you mean {GCLOUD_FLAGS[name]}?" if name in GCLOUD_FLAGS else
+                 suggest.did_you_mean([name], known, 0.75))]
     return f" ({'; '.join(close)})" if close else ""
 
 
