@@ -18,8 +18,11 @@ import zlib
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from dataset_format import sniff
+from dataset_format.manifest import MANIFEST_NAME
 from dataset_format.naming import is_tfrecord_name, output_name
 from dataset_format.storage import basename, has_glob, is_remote
+from dataset_format.tfds_info import INFO_NAME
 from pipelines import tfrecord
 
 log = logging.getLogger(__name__)
@@ -170,7 +173,7 @@ def _tfds_versions(path: str) -> list[str]:
         subdirs = [e.path for e in os.scandir(path) if e.is_dir()]
     except OSError:
         return []
-    found = [d for d in subdirs if os.path.isfile(os.path.join(d, "dataset_info.json"))]
+    found = [d for d in subdirs if os.path.isfile(os.path.join(d, INFO_NAME))]
     return sorted(found, key=lambda d: [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in basename(d).split(".")])
 
 
@@ -198,8 +201,8 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
     tfrecords = [f for f in found if is_tfrecord_name(basename(f.path))]
     if not tfrecords:
         names = [basename(f.path) for f in found]
-        if "manifest.json" in names:
-            raise FileNotFoundError(f"input directory {path!r} is a converted output (it holds manifest.json): it "
+        if MANIFEST_NAME in names:
+            raise FileNotFoundError(f"input directory {path!r} is a converted output (it holds {MANIFEST_NAME}): it "
                                     f"needs no conversion; load it as it is (loader.load({path!r}), python -m trainer "
                                     f"data={path}), or pass the TFRecords it was converted from as --input")
         versions = _tfds_versions(path)
@@ -271,7 +274,7 @@ def source_compression(path: str) -> str:
         return named
     with _raw(path) as f:
         head = f.read(12)
-    if len(head) < 2 or tfrecord.header_checks(head):
+    if len(head) < 2 or sniff.is_tfrecord_header(head):
         return named
     if head[:3] == b"\x1f\x8b\x08":
         sniffed = CompressionTypes.GZIP

@@ -24,7 +24,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-from dataset_format.sniff import is_text, is_tfrecord_header, masked_crc32c
+from dataset_format.sniff import is_text, masked_crc32c
 
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length bytes
 _FOOTER = struct.Struct("<I")  # masked crc of the data
@@ -33,8 +33,6 @@ _FOOTER = struct.Struct("<I")  # masked crc of the data
 _MAX_RECORD_BYTES = 1 << 40
 # How far a resynchronising scan looks for the next valid frame before giving up.
 _RESYNC_WINDOW = 1 << 20
-
-
 
 
 def encode_record(data: bytes) -> bytes:
@@ -49,19 +47,16 @@ class CorruptRecordError(ValueError):
     """A TFRecord frame that fails its checks. Names the file, byte offset, record (its index in the file, counting
     from 0: the records before it read whole) and reason."""
 
-    record: int | None = None  # (subclasses that say more than a frame's place leave it unset)
-
-    def __init__(self, path: str, offset: int, reason: str, record: int | None = None):
+    def __init__(self, path: str, offset: int, reason: str, record: int | None = None, message: str | None = None):
         self.path = path
         self.offset = offset
         self.reason = reason
         self.record = record
         where = f"byte offset {offset}" + (f", record {record}" if record is not None else "")
-        super().__init__(
+        super().__init__(message or (
             f"{path}: corrupt TFRecord at {where}: {reason}. "
             "Re-create or re-copy this shard, or pass --skip-corrupt to convert the "
-            "readable records and list the corrupt ones in the report."
-        )
+            "readable records and list the corrupt ones in the report."))
 
 
 class CompressedStreamError(CorruptRecordError):
@@ -70,12 +65,10 @@ class CompressedStreamError(CorruptRecordError):
     found again in a compressed stream."""
 
     def __init__(self, path: str, offset: int, reason: str, compression: str):
-        ValueError.__init__(
-            self,
+        super().__init__(path, offset, reason, message=(
             f"{path}: its {compression} stream does not decompress after {offset:,} bytes of TFRecord data: {reason}. "
             f"Re-create or re-copy this shard; a file that is not {compression}-compressed needs a name without "
-            f"its suffix (the suffix says how it is read)")
-        self.path, self.offset, self.reason = path, offset, reason
+            f"its suffix (the suffix says how it is read)"))
 
 
 class NotTFRecordError(CorruptRecordError):
@@ -84,17 +77,10 @@ class NotTFRecordError(CorruptRecordError):
     Fails the shard even with --skip-corrupt, which would otherwise keep none of its records."""
 
     def __init__(self, path: str, head: bytes):
-        ValueError.__init__(
-            self,
+        super().__init__(path, 0, "text where a TFRecord header should be", message=(
             f"{path} is not a TFRecord file: it begins with text ({head.decode('ascii')!r}...); convert reads TFRecord "
             "files of tf.train.Example records: write the data as such (e.g. with tf.io.TFRecordWriter, one "
-            "Example a line or document) and convert those")
-        self.path, self.offset, self.reason = path, 0, "text where a TFRecord header should be"
-
-
-def header_checks(head: bytes) -> bool:
-    """Whether `head` (a file's first 12 bytes or more) starts with a TFRecord frame header whose length CRC holds."""
-    return is_tfrecord_header(head)
+            "Example a line or document) and convert those"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,11 +116,11 @@ def iter_records(
                     index)
             return
         length, length_crc = _HEADER.unpack(header)
-        if offset == 0 and length_crc != masked_crc32c(header[:8]) and is_text(header):
+        length_ok = length_crc == masked_crc32c(header[:8])
+        if not length_ok and offset == 0 and is_text(header):
             raise NotTFRecordError(path, header)
-        if length_crc != masked_crc32c(header[:8]) or length > _MAX_RECORD_BYTES:
-            reason = ("length CRC mismatch" if length_crc != masked_crc32c(header[:8])
-                      else f"implausible record length {length}")
+        if not length_ok or length > _MAX_RECORD_BYTES:
+            reason = "length CRC mismatch" if not length_ok else f"implausible record length {length}"
             if on_corrupt is None:
                 raise CorruptRecordError(path, offset, reason, index)
             skipped = _resync(f, offset)
