@@ -67,10 +67,10 @@ class ShardStats:
         for key, column in columns.items():
             width = column.shape[1] if isinstance(column, np.ndarray) and column.ndim == 2 else 1
             if isinstance(column, np.ndarray) and column.dtype == np.int64:
-                self._note(key, "int64", len(records), width, width, int(column.min()), int(column.max()))
+                self._note(key, "int64", len(records), width, int(column.min()), int(column.max()))
             else:
                 self._note(key, "float" if isinstance(column, np.ndarray) and column.dtype.kind == "f" else "bytes",
-                           len(records), width, width)
+                           len(records), width)
 
     def _add_one(self, record: bytes) -> bool:
         """One record's features, through protobuf; False when it is not a tf.train.Example."""
@@ -85,19 +85,20 @@ class ShardStats:
                 continue  # a feature with no list at all: nothing to note
             values = getattr(feature, which).value
             if kind == "int64" and values:
-                self._note(key, kind, 1, len(values), len(values), min(values), max(values))
+                self._note(key, kind, 1, len(values), min(values), max(values))
             else:
-                self._note(key, kind, 1, len(values), len(values))
+                self._note(key, kind, 1, len(values))
         return True
 
-    def _note(self, key: str, kind: str, records: int, shortest: int, longest: int, low: int | None = None,
+    def _note(self, key: str, kind: str, records: int, length: int, low: int | None = None,
               high: int | None = None) -> None:
+        """`records` records whose `key` holds `length` values each (of `kind`; integers `low`..`high`)."""
         stats = self._stats.get(key)
         if stats is None:
-            stats = self._stats[key] = {"kind": kind, "records": 0, "min_length": shortest, "max_length": longest}
+            stats = self._stats[key] = {"kind": kind, "records": 0, "min_length": length, "max_length": length}
         stats["records"] += records
-        stats["min_length"] = min(stats["min_length"], shortest)
-        stats["max_length"] = max(stats["max_length"], longest)
+        stats["min_length"] = min(stats["min_length"], length)
+        stats["max_length"] = max(stats["max_length"], length)
         if stats["kind"] != kind:
             stats["kind"] = "mixed"
             stats.pop("min", None)
