@@ -56,7 +56,7 @@ def resolve(config: TrainConfig) -> Sources:
         for name, path in _named(config.data_source))
     evaluation = () if config.eval_source is None else tuple(
         _source(_existing("eval_data", name, path), name, source_split(path, "test")) for name, path in _named(config.eval_source))
-    named = {_key(key, s): s for key, group in (("data", train), ("eval_data", evaluation)) for s in group}
+    named = {_key(key, s.name, s.path): s for key, group in (("data", train), ("eval_data", evaluation)) for s in group}
     tokenized = {key: s.specs["tokens"]["tokenizer"] for key, s in named.items() if _pretokenized(s)}
     if tokenized and len(tokenized) < len(named):
         text = next(key for key in named if key not in tokenized)
@@ -71,9 +71,9 @@ def _pretokenized(source: Source) -> bool:
     return source.specs.get("tokens", {}).get("type") == "Tokens"
 
 
-def _key(key: str, source: Source) -> str:
+def _key(key: str, name: str | None, path: str) -> str:
     """`data=PATH`, or `data component NAME=PATH`, for messages."""
-    return f"{key}={source.path}" if source.name is None else f"{key} component {source.name}={source.path}"
+    return f"{key}={path}" if name is None else f"{key} component {name}={path}"
 
 
 def _existing(key: str, name: str | None, path: str) -> str:
@@ -81,7 +81,7 @@ def _existing(key: str, name: str | None, path: str) -> str:
     mixture component) and the path, before the task reads metadata the path does not have."""
     if storage.has_glob(path) or storage.names_something(path):
         return path
-    raise FileNotFoundError(f"{_key(key, Source(path, None, {}, name))}: no such file or directory{near_path(path)}")
+    raise FileNotFoundError(f"{_key(key, name, path)}: no such file or directory{near_path(path)}")
 
 
 def source_split(path: str, default: str | None) -> str | None:
