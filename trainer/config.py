@@ -111,6 +111,10 @@ class TrainConfig:
     # 0: stream batches from the loader. N > 0: read N batches once, keep them on the devices and cycle
     # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.
     in_memory_batches: int = 0
+    # a device profile (trainer/profiling.py) of this many steps, after profile_skip steps of the run, into
+    # WORKDIR/profile for TensorBoard's profile plugin or XProf (MaxText: profiler=xplane, profiler_steps)
+    profile_steps: int = 0
+    profile_skip: int = 10
 
     def _check_loader_options(self) -> None:
         """The loader's own rules (loader.LoaderConfig) on the values the trainer hands it, its errors in the
@@ -171,8 +175,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
         if self.eval_timeout <= 0:
             raise ValueError(f"eval_timeout must be > 0 seconds (got eval_timeout={self.eval_timeout})")
-        if self.in_memory_batches < 0:
-            raise ValueError(f"in_memory_batches must be >= 0 (got in_memory_batches={self.in_memory_batches})")
+        for name in ("in_memory_batches", "profile_steps", "profile_skip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
         self._check_loader_options()
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0 (got learning_rate={self.learning_rate})")

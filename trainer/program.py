@@ -64,7 +64,12 @@ class Program:
         CPU, the same values)."""
         options = {"train": False} if self.takes_train else {}  # (Dropout then needs no stream to initialise)
         init = functools.partial(self.model.init, **options)
-        return dict(jax.jit(init)(jax.random.key(self.config.seed), self.task.inputs(self.sample)))
+        args = (jax.random.key(self.config.seed), self.task.inputs(self.sample))
+        lowered = jax.jit(init).lower(*args)
+        # It runs once: a GPU compiler's autotuning of its matrix multiplies (one trial kernel after another for each
+        # shape) buys nothing here.
+        compiled = lowered.compile({"xla_gpu_autotune_level": 0} if jax.default_backend() == "gpu" else None)
+        return dict(compiled(*args))
 
     def check_outputs(self, variables: dict[str, Any]) -> None:
         """The model's outputs for the first record, by shape only (nothing runs), against what the task takes (a

@@ -36,6 +36,7 @@ from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter
 from trainer.program import Program
 from trainer.preemption import PreemptionNotice
+from trainer.profiling import StepProfile
 from trainer.throughput import Throughput
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,9 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     program.check_data()  # the labels' range over every record, before anything compiles
     batches = program.load_train()  # host arrays: this thread places them (the module's docstring says why)
     log.info("model=%s: initialising its parameters (compiling the initialisation)", config.model)
+    t = time.perf_counter()
     variables = program.init_variables()
+    log.info("model=%s: initialised in %.1f s", config.model, time.perf_counter() - t)
     program.check_outputs(variables)  # a last layer that does not fit the task: one line, before anything compiles
     params = variables.pop("params")
     tx = program.optimizer()
@@ -143,6 +146,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                   force=True)
         mngr.wait_until_finished()
 
+    profile = StepProfile(config.workdir, start + 1 + config.profile_skip, config.profile_steps, chief)
     preemption = PreemptionNotice()  # SIGTERM, to any process: all save at one step and stop
     metrics = MetricsWriter(config.workdir, start) if chief else None
 
@@ -160,7 +164,9 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             if not losses or losses[-1].is_ready():  # no step running: the devices may have idled this long
                 data_wait += waited
                 longest_wait = max(longest_wait, waited)
+            profile.before(step)
             state, loss, real_tokens = train_step(state, batch)
+            profile.after(step, loss)
             if losses:
                 # At most two steps in flight. Unbounded asynchronous dispatch of collective programs
                 # hangs XLA:CPU's in-process all-reduce (reproduced with 8 simulated devices after ~300
@@ -200,6 +206,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                 return {**last, "preempted": True, "stopped_by": preemption.reason, "final_step": step}
     finally:
         it.close()  # stops the loader's read-ahead (threads, worker processes) before the evaluation
+        profile.stop()
         preemption.close()
         if metrics:
             metrics.close()

@@ -6,7 +6,8 @@
 wheels() {
   ${PY:-.venv/bin/python} -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .gpu/whl grain==0.2.18 array-record==0.8.6 simplejpeg==1.9.0 tensorboardX==2.6.5 portpicker importlib_resources
+    -d .gpu/whl grain==0.2.18 array-record==0.8.6 simplejpeg==1.9.0 tensorboardX==2.6.5 portpicker importlib_resources \
+    google-crc32c
 }
 
 on_the_host() {
@@ -16,5 +17,5 @@ on_the_host() {
   export PYTHONPATH=$PWD:/tmp/site
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$1/gpu.txt"
   nproc >> "$1/gpu.txt"
-  git rev-parse --short HEAD 2>/dev/null >> "$1/gpu.txt" || true
+  { git rev-parse --short HEAD 2>/dev/null || cat .gpu/revision 2>/dev/null; } >> "$1/gpu.txt" || true
 }
