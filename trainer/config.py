@@ -114,7 +114,7 @@ class TrainConfig:
     # a device profile (trainer/profiling.py) of this many steps, after profile_skip steps of the run, into
     # WORKDIR/profile for TensorBoard's profile plugin or XProf (MaxText: profiler=xplane, profiler_steps)
     profile_steps: int = 0
-    profile_skip: int = 10
+    profile_skip: int = 10  # steps of this run before the profiled ones (the first compile and fill the buffers)
 
     def _check_loader_options(self) -> None:
         """The loader's own rules (loader.LoaderConfig) on the values the trainer hands it, its errors in the

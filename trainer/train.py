@@ -82,7 +82,7 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     program = Program.build(config)
     program.check_data()  # the labels' range over every record, before anything compiles
     batches = program.load_train()  # host arrays: this thread places them (the module's docstring says why)
-    log.info("model=%s: initialising its parameters (compiling the initialisation)", config.model)
+    log.info("model=%s: initialising its parameters", config.model)
     t = time.perf_counter()
     variables = program.init_variables()
     log.info("model=%s: initialised in %.1f s", config.model, time.perf_counter() - t)

@@ -8,7 +8,7 @@
 #               instead of recomputing them (more memory, fewer elementwise passes)
 #   b256        batch 256
 # Prepare as lm_attention.sh does (bash scripts/gpu/lm_attention.sh prepare), then there:
-#   bash scripts/gpu/lm_mfu.sh  -> $OUT/lm_mfu.tgz after each run (~3 min)
+#   bash scripts/gpu/lm_mfu.sh  -> $OUT/lm_mfu.tgz after each run (~4 min; each run starts in ~30 s)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/gpu/common.sh
@@ -23,7 +23,7 @@ run() {  # run NAME [DIR] ARGS...: python -m trainer from DIR (default: here)
   dir=.
   if [ -d "${1:-}" ]; then dir=$1; shift; fi
   # shellcheck disable=SC2086
-  (cd "$dir" && timeout "${LIMIT:-75}" python3 -m trainer $common workdir="/tmp/lm_$name" "$@") \
+  (cd "$dir" && timeout "${LIMIT:-120}" python3 -m trainer $common workdir="/tmp/lm_$name" "$@") \
     > "$OUT/$name.log" 2>&1 || echo "$name: exit $?" >> "$OUT/gpu.txt"
   grep -E "initialised|attention: cudnn for queries [0-9]{2}|step compiled|step [0-9]+/|rror|Out of memory" \
     "$OUT/$name.log" | sed "s/^/$name: /" || true

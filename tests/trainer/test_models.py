@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 import pytest
 
@@ -102,3 +103,15 @@ def test_a_model_that_does_not_fit_the_task_names_the_built_in_ones_that_do():
     with pytest.raises(ValueError, match=r"the built-in models that take them: mlp, cnn, transformer, resnet18, "
                                          r"resnet50 \(model=mlp\)$"):
         models.make("transformer_lm", {"num_classes": 10})
+
+
+def test_accelerators_initialise_op_by_op_to_the_values_of_the_compiled_initialisation(stdlib_text, monkeypatch):  # noqa: F811
+    """A CPU initialises as one compiled program, an accelerator op by op (trainer/program.py says why): the same
+    parameters either way, so a seed means the same model on every backend."""
+    config = TrainConfig(data=str(stdlib_text["train"]), workdir="unused", task="lm", seq_len=32, width=32, depth=2, heads=2,
+                         seed=5)
+    compiled = Program.build(config).init_variables()["params"]
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    op_by_op = Program.build(config).init_variables()["params"]
+    assert count(compiled) == count(op_by_op) > 0
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), compiled, op_by_op)

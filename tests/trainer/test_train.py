@@ -431,3 +431,60 @@ def test_the_step_is_compiled_before_any_batch_is_placed_and_the_loop_places_eac
     summary = train.train_and_evaluate(config)
     assert summary["final_step"] == 6 and np.isfinite(summary["loss"])
     assert events == ["compile with the state on ['cpu']"] + ["place"] * 6
+
+
+def _top_level_calls(trace: Path, name: str) -> int:
+    """Calls of `name` in an xplane trace that no other call of it encloses (a jitted call shows as two nested
+    events)."""
+    from jax.profiler import ProfileData
+
+    spans = sorted((e.start_ns, e.start_ns + e.duration_ns) for plane in ProfileData.from_file(str(trace)).planes
+                   for line in plane.lines for e in line.events if e.name == name)
+    calls, end = 0, -1.0
+    for start, stop in spans:
+        if start >= end:
+            calls, end = calls + 1, stop
+    return calls
+
+
+def test_profile_steps_trace_those_steps_and_the_report_reads_the_trace(digits, tmp_path):
+    from trainer import profile_report
+
+    proc = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=8", "log_every=8", "eval_every=100",
+                                "checkpoint_every=100", "profile_steps=3", "profile_skip=2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"profile of steps 3 to 5 written to {tmp_path / 'profile'}" in proc.stderr
+    traces = list((tmp_path / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1
+    assert _top_level_calls(traces[0], "PjitFunction(jit(train_step))") == 3
+    # XLA:CPU traces no device plane: the report says so, where a GPU's or TPU's lists its operations
+    assert profile_report.device_ops(str(tmp_path / "profile")) == {}
+    assert profile_report.main([str(tmp_path / "profile")]) == 0
+    with pytest.raises(SystemExit, match="2"):
+        profile_report.main([str(tmp_path / "nothing")])
+
+
+def test_profile_report_lists_operations_by_device_time():
+    from trainer.profile_report import report
+
+    ops = {"fusion.7": {"seconds": 0.02, "count": 4, "category": "loop fusion"},
+           "custom-call.3": {"seconds": 0.06, "count": 4, "category": "custom-call"},
+           "fusion.9": {"seconds": 0.02, "count": 8, "category": "loop fusion"}}
+    assert report(ops, top=2).splitlines() == [
+        " share   seconds  count  operation (category)",
+        " 60.0%    0.0600      4  custom-call.3 (custom-call)",
+        " 20.0%    0.0200      4  fusion.7 (loop fusion)",
+        "",
+        " share   seconds  category",
+        " 60.0%    0.0600  custom-call",
+        " 40.0%    0.0400  loop fusion",
+        "total device time 0.1000 s over 3 operations"]
+    assert report({}) == "no device operations in this trace (a CPU run traces none)"
+
+
+def test_profile_settings_are_counts():
+    from trainer.config import TrainConfig
+
+    for name in ("profile_steps", "profile_skip"):
+        with pytest.raises(ValueError, match=f"{name} must be >= 0 \\(got {name}=-1\\)"):
+            TrainConfig(data="x", workdir="w", **{name: -1})
