@@ -210,6 +210,9 @@ class TrainConfig:
         self.eval_source  # noqa: B018 - parses, or names what is wrong
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        if self.device is not None and self.strategy != "one_device":
+            raise ValueError(f"device={self.device!r} picks strategy=one_device's device; strategy={self.strategy!r} "
+                             "places the step itself: drop device=, or pass strategy=one_device")
         self._check_size()
         for name in ("add_bos", "add_eos"):
             if getattr(self, name) is not None and self.tokenizer is None:

@@ -229,8 +229,15 @@ def initialize_multi_worker(coordinator_address: str | None = None, num_processe
         coordinator_address, num_processes, process_id = spec.multi_worker()
     if coordinator_address is not None and (num_processes is None or process_id is None):
         raise ValueError("multi_worker with coordinator_address needs num_processes and process_id too")
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id)
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id)
+    except ValueError as e:
+        if coordinator_address is not None or "coordinator_address" not in str(e):
+            raise
+        raise ValueError("strategy=multi_worker found no cluster to join: pass coordinator_address=HOST:PORT (process "
+                         "0's) num_processes=N process_id=I to every process, or set TF_CONFIG, or launch on a cluster "
+                         "JAX finds by itself (TPU VMs, Slurm, GKE, ...); on one host use strategy=mirrored") from None
 
 
 def _find_device(spec: str | None, devices: list) -> Any:

@@ -192,7 +192,8 @@ def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                     last.update(program.evaluate(strategy, state["params"], state.get("model_state")))
                 if metrics:
                     metrics.write(last)
-                evals = "".join(f"{k} {v:.4f} " for k, v in last.items() if k.startswith("eval_") and k != "eval_examples")
+                evals = "".join(f"{k} {v:.4f} " for k, v in last.items()
+                                if k.startswith("eval_") and not k.endswith("_examples"))  # (counts: metrics.jsonl)
                 log.info("step %d/%d loss %.4f %s%.0f ex/s %sdata-wait %.1f%% (longest %.2f s)", step, config.steps,
                          last["loss"], evals, last["examples_per_sec"], throughput.describe(last),
                          100 * last["data_wait_fraction"], longest_wait)

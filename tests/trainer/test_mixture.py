@@ -1,6 +1,7 @@
 """Training on a mixture: rows per component in metrics.jsonl, eval per component, new weights on resume."""
 
 import json
+import re
 
 import pytest
 
@@ -23,6 +24,9 @@ def test_a_mixture_trains_reports_rows_per_component_and_takes_new_weights_on_re
     assert {k for k in summary if k.startswith("eval_") and k.endswith("loss")} == \
         {"eval_loss", "eval_a_loss", "eval_b_loss"}
     n_a, n_b = summary["eval_a_examples"], summary["eval_b_examples"]
+    # the log line has each component's metrics; its counts are in metrics.jsonl, not as "eval_a_examples 359.0000"
+    assert re.search(r"step 20/20 loss [\d.]+ eval_accuracy [\d.]+ eval_loss [\d.]+ eval_a_accuracy [\d.]+ "
+                     r"eval_a_loss [\d.]+ eval_b_accuracy [\d.]+ eval_b_loss [\d.]+ \d+ ex/s", first.stderr)
     assert summary["eval_examples"] == n_a + n_b
     assert summary["eval_loss"] == pytest.approx((summary["eval_a_loss"] * n_a + summary["eval_b_loss"] * n_b)
                                                  / (n_a + n_b), rel=1e-4)

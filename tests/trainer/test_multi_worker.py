@@ -137,3 +137,16 @@ def test_two_processes_train_on_gs_data_from_the_stock_emulator(digits, tmp_path
     assert not any("retrying" in out for out in outputs), outputs  # no connection refused, reset or timed out
     losses = _losses(tmp_path / "multi")
     assert len(losses) == 3 and all(np.isfinite(losses)) and time.monotonic() - started < 200
+
+
+def test_multi_worker_without_a_cluster_says_how_to_name_one(tmp_path):
+    """No coordinator_address, no TF_CONFIG, no cluster JAX detects: JAX's own words were "coordinator_address should
+    be defined"."""
+    from tests.trainer.conftest import run_trainer
+
+    proc = run_trainer("data=unused", f"workdir={tmp_path}", "strategy=multi_worker")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: strategy=multi_worker found no cluster to join: pass coordinator_address=HOST:PORT (process 0's) "
+        "num_processes=N process_id=I to every process, or set TF_CONFIG, or launch on a cluster JAX finds by itself "
+        "(TPU VMs, Slurm, GKE, ...); on one host use strategy=mirrored")

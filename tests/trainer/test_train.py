@@ -488,3 +488,12 @@ def test_profile_settings_are_counts():
     for name in ("profile_steps", "profile_skip"):
         with pytest.raises(ValueError, match=f"{name} must be >= 0 \\(got {name}=-1\\)"):
             TrainConfig(data="x", workdir="w", **{name: -1})
+
+
+def test_device_goes_with_one_device_only(tmp_path):
+    """device= with another strategy was ignored silently (mirrored used every device)."""
+    proc = trainer_here("data=x", f"workdir={tmp_path}", "strategy=mirrored", "device=gpu:1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: device='gpu:1' picks strategy=one_device's device; strategy='mirrored' places the step itself: drop "
+        "device=, or pass strategy=one_device")
