@@ -27,8 +27,12 @@ executor shares), `workers` (the watchdog that ends a worker with its owner), `s
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+_TOLD: set[int] = set()  # worker counts warned of in this process (a loader makes an executor each epoch)
 
 
 class GroupIterator(Iterator):
@@ -59,7 +63,14 @@ def make(worker_count: int | str, *, num_threads: int, prefetch: int, ray_addres
         return RayActors(ray_address, worker_count, per_worker, ray_resources, describe)
     if worker_count:
         from loader.executors.processes import Processes
+        from loader.executors.tuned import loader_cores
 
+        cores = loader_cores()
+        if worker_count > cores and worker_count not in _TOLD:
+            _TOLD.add(worker_count)
+            log.warning("worker_count=%d: %d worker processes for %d cores; each decodes on a core of its own, so "
+                        "those past the cores add memory, not speed (worker_count='auto' starts what the step's "
+                        "demand needs)", worker_count, worker_count, cores)
         return Processes(worker_count, per_worker=per_worker, describe=describe)
     from loader.executors.threads import Threads
 

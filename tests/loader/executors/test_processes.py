@@ -127,3 +127,21 @@ def test_an_unguarded_script_is_told_to_guard_its_top_level(converted, tmp_path)
                            "code 1; its error is printed above): a script that starts them (worker_count=) must "
                            "guard its top level with `if __name__ == \"__main__\":`"), proc.stderr[-3000:]
     assert "An attempt has been made to start a new process before" in proc.stderr  # the workers' own error
+
+
+def test_more_workers_than_cores_is_a_warning_once(monkeypatch, caplog):
+    """worker_count=64 on 2 cores started 64 processes without a word."""
+    from loader import executors
+    from loader.executors import tuned
+    from loader.executors.processes import Processes
+
+    monkeypatch.setattr(tuned, "loader_cores", lambda: 2)
+    monkeypatch.setattr(executors, "_TOLD", set())
+    with caplog.at_level(logging.WARNING, logger="loader.executors"):
+        assert isinstance(executors.make(2, num_threads=1, prefetch=1), Processes)
+        assert not caplog.records
+        for _ in range(2):  # a loader makes an executor each epoch: told once
+            executors.make(3, num_threads=1, prefetch=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "worker_count=3: 3 worker processes for 2 cores; each decodes on a core of its own, so those past the cores "
+        "add memory, not speed (worker_count='auto' starts what the step's demand needs)"]
