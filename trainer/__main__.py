@@ -24,6 +24,24 @@ def registered() -> dict[str, str]:
             "strategy": "one of: " + ", ".join(config.STRATEGIES)}
 
 
+def user_frame(tb):
+    """The innermost frame of `tb` in a user's own code (a model or task given as package.module:attr): not this
+    project's packages, not an installed package, not the standard library. None when there is none."""
+    import os
+    import sysconfig
+    import traceback
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    packages = tuple(os.path.join(ours, name) + os.sep for name in ("trainer", "loader", "dataset_format", "pipelines"))
+    installed = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "purelib", "platlib"))
+    for frame in reversed(traceback.extract_tb(tb)):
+        path = os.path.abspath(frame.filename)
+        if frame.filename.startswith("<") or path.startswith(packages + installed) or "-packages" + os.sep in path:
+            continue
+        return frame
+    return None
+
+
 def main(argv=None) -> int:
     from dataset_format.config_help import keys_help
     from trainer.config import TrainConfig
@@ -60,7 +78,9 @@ def main(argv=None) -> int:
     try:
         summary = run(config)
     except (ValueError, FileNotFoundError) as e:  # bad data, strategy or hardware: say what, not where
-        print(f"error: {e}", file=sys.stderr)
+        where = user_frame(e.__traceback__)  # ... unless the user's own code (a model, a task) raised it
+        print(f"error: {e}" + (f" (in {where.filename}:{where.lineno}, {where.name})" if where else ""),
+              file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - the traceback for the record, then the cause as the last line (a
         # traceback through grain ends in its note on the frames it removed, not in the error)

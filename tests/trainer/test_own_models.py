@@ -12,6 +12,7 @@ from tests.trainer.conftest import trainer_here
 
 NETS = textwrap.dedent('''
     import flax.linen as nn
+    import jax.numpy as jnp
 
     class Drop(nn.Module):  # Dropout on while training: needs train=True and a "dropout" stream
         num_classes: int = 10
@@ -43,6 +44,13 @@ NETS = textwrap.dedent('''
         @nn.compact
         def __call__(self, x):
             return nn.Dense(5)(x.reshape(x.shape[0], -1))
+
+    class Broadcast(nn.Module):  # a ValueError from jax.numpy: exit 2 with its message alone, no file or line
+        num_classes: int = 10
+
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1)) + jnp.ones(3)
 
     class Pair(nn.Module):  # an AttributeError from inside optax
         num_classes: int = 10
@@ -107,3 +115,11 @@ def test_batchnorm_and_dropout_train_and_resume(digits, nets, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = _run(digits, nets, tmp_path, "BatchNormDrop", "steps=6", "log_every=2")
     assert again.returncode == 0 and json.loads(again.stdout)["summary"]["final_step"] == 6, again.stdout[-3000:]
+
+
+def test_an_error_raised_in_the_users_own_code_names_its_file_and_line(digits, nets, tmp_path):
+    proc = _run(digits, nets, tmp_path, "Broadcast", "steps=2")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith("error: Incompatible shapes for broadcasting"), proc.stderr[-2000:]
+    line = next(n for n, text in enumerate(NETS.splitlines(), 1) if "jnp.ones(3)" in text)
+    assert last.endswith(f"(in {nets / 'nets.py'}:{line}, __call__)")
