@@ -17,5 +17,6 @@ on_the_host() {
   export PYTHONPATH=$PWD:/tmp/site
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$1/gpu.txt"
   nproc >> "$1/gpu.txt"
-  { git rev-parse --short HEAD 2>/dev/null || cat .gpu/revision 2>/dev/null; } >> "$1/gpu.txt" || true
+  # the revision prepared here (`git rev-parse --short HEAD > .gpu/revision`): the host's git may be older
+  { cat .gpu/revision 2>/dev/null || git rev-parse --short HEAD 2>/dev/null; } >> "$1/gpu.txt" || true
 }

@@ -27,6 +27,7 @@ if [ "${1:-}" = prepare ]; then
   # the anchor's project as it was (its trainer, and the loader that trainer imports), its C extensions built there
   rm -rf .gpu/text .gpu/prev && mkdir -p .gpu/prev
   git archive 5c575e8 trainer loader dataset_format setup.py pyproject.toml | tar -x -C .gpu/prev
+  git rev-parse --short HEAD > .gpu/revision  # what gpu.txt names (write it again after a later commit)
   exit 0
 fi
 OUT=${OUT:-/tmp/lm_attention}
