@@ -30,11 +30,23 @@ def device_ops(directory: str) -> dict[str, dict[str, float]]:
                 op = ops.get(event.name)
                 if op is None:
                     stats = dict(event.stats)
-                    op = ops[event.name] = {"seconds": 0.0, "count": 0,
-                                            "category": str(stats.get("hlo_category") or stats.get("category") or "")}
+                    category = stats.get("hlo_category") or stats.get("category") or kernel_kind(event.name)
+                    op = ops[event.name] = {"seconds": 0.0, "count": 0, "category": str(category)}
                 op["seconds"] += event.duration_ns / 1e9
                 op["count"] += 1
     return ops
+
+
+_KINDS = (("matrix multiply", ("gemm", "xmma", "cutlass", "cublas", "matmul")),
+          ("attention (cuDNN)", ("cudnn", "fmha", "flash", "sdpa")),
+          ("collective", ("nccl", "all-reduce", "all_reduce", "allreduce", "all-gather", "reduce-scatter")),
+          ("copy", ("memcpy", "memset", "copy")))
+
+
+def kernel_kind(name: str) -> str:
+    """A GPU kernel's kind by its name, where the trace gives no XLA category ("" when the name says none)."""
+    lowered = name.lower()
+    return next((kind for kind, marks in _KINDS if any(mark in lowered for mark in marks)), "")
 
 
 def report(ops: dict[str, dict[str, float]], top: int = 25) -> str:

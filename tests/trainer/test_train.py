@@ -497,3 +497,12 @@ def test_device_goes_with_one_device_only(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: device='gpu:1' picks strategy=one_device's device; strategy='mirrored' places the step itself: drop "
         "device=, or pass strategy=one_device")
+
+
+def test_profile_report_names_a_gpu_kernels_kind_by_its_name():
+    from trainer.profile_report import kernel_kind
+
+    assert [kernel_kind(name) for name in (
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "cudnn_generated_fort_native_sdpa_sm90",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "MemcpyDtoD", "loop_add_fusion")] == [
+        "matrix multiply", "attention (cuDNN)", "collective", "copy", ""]
