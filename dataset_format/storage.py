@@ -45,6 +45,11 @@ def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+def absolute(path: str) -> str:
+    """A local path made absolute (against the working directory); a remote one as it is."""
+    return path if is_remote(path) else os.path.abspath(path)
+
+
 def basename(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path.rstrip("/"))
 

@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from dataset_format import sniff
 from dataset_format.manifest import MANIFEST_NAME
 from dataset_format.naming import is_tfrecord_name, output_name
-from dataset_format.storage import basename, has_glob, is_remote
+from dataset_format.storage import absolute, basename, has_glob, is_remote
 from dataset_format.tfds_info import INFO_NAME
 from pipelines import tfrecord
 
@@ -244,7 +244,7 @@ def _warn_if_splits_mix(what: str, directory: str, files: list[InputFile]) -> No
 
 def check_output_outside(inputs: list[InputFile], pattern: str, output: str) -> None:
     """An output among the inputs would be read back as input on the next run: refuse it up front."""
-    where = output if is_remote(output) else os.path.abspath(output)  # as the inputs are named
+    where = absolute(output)  # as the inputs are named
     prefix = where.rstrip("/") + "/"
     inside = [f.path for f in inputs if f.path.startswith(prefix) or f.path == where.rstrip("/")]
     if inside:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 
 from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest, ShardEntry
@@ -124,7 +123,7 @@ def make_plan(config: ConvertConfig) -> Plan:
 def same_path(source: str) -> str:
     """A recorded source as this run's inputs spell it: local paths absolute (a manifest may hold one as it was
     typed, relative to the directory the command ran in)."""
-    return source if storage.is_remote(source) else os.path.abspath(source)
+    return storage.absolute(source)
 
 
 def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None], existing: dict[str, int],

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import types
 import typing
@@ -160,8 +159,7 @@ class TrainConfig:
     def checkpoint_dir(self) -> str:
         """WORKDIR/checkpoints, absolute (as orbax wants it; a gs:// workdir as it is): the trainers write it, the
         evaluator reads it."""
-        directory = storage.join(self.workdir, "checkpoints")
-        return directory if storage.is_remote(directory) else os.path.abspath(directory)
+        return storage.absolute(storage.join(self.workdir, "checkpoints"))
 
     def __post_init__(self):
         if self.model is None:

@@ -9,9 +9,10 @@ from dataset_format import storage
 
 def device_ops(directory: str) -> dict[str, dict[str, float]]:
     """The newest trace under `directory` (WORKDIR/profile): each operation the devices ran, {name: {"seconds":
-    total time, "count": times run, "category": XLA's kind of operation where the trace names it}}, summed over the devices' "XLA Ops" lines (one event per HLO operation: a
-    fusion, a matrix multiply, a custom call such as cuDNN's attention) or, where a device plane has none, over its
-    kernels. {} for a trace of a CPU run (XLA:CPU traces no device plane)."""
+    total time, "count": times run, "category": its kind, "?" where neither the trace nor its name says}}, summed
+    over the devices' "XLA Ops" lines (one event per HLO operation: a fusion, a matrix multiply, a custom call such
+    as cuDNN's attention) or, where a device plane has none, over its kernels. {} for a trace of a CPU run (XLA:CPU
+    traces no device plane)."""
     from jax.profiler import ProfileData
 
     traces = sorted(storage.glob(storage.join(directory, "plugins/profile/*/*.xplane.pb")))
@@ -31,7 +32,7 @@ def device_ops(directory: str) -> dict[str, dict[str, float]]:
                 if op is None:
                     stats = dict(event.stats)
                     category = stats.get("hlo_category") or stats.get("category") or kernel_kind(event.name)
-                    op = ops[event.name] = {"seconds": 0.0, "count": 0, "category": str(category)}
+                    op = ops[event.name] = {"seconds": 0.0, "count": 0, "category": str(category) or "?"}
                 op["seconds"] += event.duration_ns / 1e9
                 op["count"] += 1
     return ops
@@ -56,9 +57,9 @@ def report(ops: dict[str, dict[str, float]], top: int = 25) -> str:
         return "no device operations in this trace (a CPU run traces none)"
     categories: dict[str, float] = {}
     for op in ops.values():
-        categories[op["category"] or "?"] = categories.get(op["category"] or "?", 0.0) + op["seconds"]
+        categories[op["category"]] = categories.get(op["category"], 0.0) + op["seconds"]
     rows = [f"{'share':>6} {'seconds':>9} {'count':>6}  operation (category)",
-            *(f"{op['seconds'] / total:6.1%} {op['seconds']:9.4f} {op['count']:6d}  {name} ({op['category'] or '?'})"
+            *(f"{op['seconds'] / total:6.1%} {op['seconds']:9.4f} {op['count']:6d}  {name} ({op['category']})"
               for name, op in sorted(ops.items(), key=lambda kv: -kv[1]["seconds"])[:top]),
             "", f"{'share':>6} {'seconds':>9}  category",
             *(f"{seconds / total:6.1%} {seconds:9.4f}  {name}"

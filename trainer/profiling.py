@@ -8,7 +8,6 @@ buffers) and stops once the traced steps have finished on the devices, so it hol
 from __future__ import annotations
 
 import logging
-import os
 
 import jax
 
@@ -21,9 +20,7 @@ class StepProfile:
     """Traces steps `first` .. `first + steps - 1` into WORKDIR/profile (nothing when steps is 0)."""
 
     def __init__(self, workdir: str, first: int, steps: int, chief: bool = True):
-        self.directory = storage.join(workdir, "profile")
-        if not storage.is_remote(self.directory):
-            self.directory = os.path.abspath(self.directory)
+        self.directory = storage.absolute(storage.join(workdir, "profile"))
         self.first, self.last = first, first + steps - 1
         self.enabled = steps > 0 and chief
         self.tracing = False
@@ -48,4 +45,3 @@ class StepProfile:
         if self.tracing:
             self.tracing = False
             jax.profiler.stop_trace()
-
