@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What every scripts/gpu/*.sh does alike (sourced): `wheels` here (the GPU host has no network: what it lacks, as
 # cp312 wheels, in .gpu/whl), `on_the_host OUT` there (install them, build our C extensions in place, PYTHONPATH,
-# and the GPU, cores and revision in OUT/gpu.txt).
+# and the GPU, cores and revision in OUT/gpu.txt), then `run` (one trainer run, logged and archived) and `pack`.
 
 wheels() {
   ${PY:-.venv/bin/python} -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -19,4 +19,23 @@ on_the_host() {
   nproc >> "$1/gpu.txt"
   # the revision prepared here (`git rev-parse --short HEAD > .gpu/revision`): the host's git may be older
   { cat .gpu/revision 2>/dev/null || git rev-parse --short HEAD 2>/dev/null; } >> "$1/gpu.txt" || true
+}
+
+pack() {  # pack NAME: what $OUT holds, but its archives, as $OUT/NAME.tgz (written aside first: tar reads $OUT)
+  tar czf "/tmp/$1.tgz" -C "$OUT" --exclude '*.tgz' . && mv "/tmp/$1.tgz" "$OUT/"
+}
+
+run() {  # run NAME [DIR] ARGS...: python -m trainer $common ARGS from DIR (default: here; -m puts the working directory
+  # first, so DIR's trainer and loader run) into $OUT/NAME.log, within $LIMIT seconds; its key lines echoed, then
+  # `pack $ARCHIVE`, so a stage cut short by the host's time still returns what came before
+  local name=$1 dir=.
+  shift
+  if [ -d "${1:-}" ]; then dir=$1; shift; fi
+  # shellcheck disable=SC2086
+  (cd "$dir" && echo "$name: $(python3 -c 'import trainer, loader; print(trainer.__file__, loader.__file__)')" \
+     >> "$OUT/gpu.txt" && timeout "${LIMIT:-180}" python3 -m trainer $common workdir="/tmp/${ARCHIVE}_$name" "$@") \
+    > "$OUT/$name.log" 2>&1 || echo "$name: exit $?" >> "$OUT/gpu.txt"
+  grep -E "loader workers|initialised|attention:|step compiled|MFU|step [0-9]+/|rror|Out of memory" "$OUT/$name.log" \
+    | sed "s/^/$name: /" || true
+  pack "$ARCHIVE"
 }

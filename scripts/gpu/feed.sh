@@ -22,19 +22,10 @@ if [ "${1:-}" = prepare ]; then
   rm -rf .gpu/photos-in
   exit 0
 fi
-OUT=${OUT:-/tmp/feed}
+OUT=${OUT:-/tmp/feed} ARCHIVE=feed LIMIT=${LIMIT:-150}
 on_the_host "$OUT"
 common="data=.gpu/photos model=resnet50 image_size=224 batch_size=256 dtype=bfloat16 strategy=mirrored
         num_classes=1000 image_key=image/encoded label_key=image/class/label log_every=50 checkpoint_every=100000"
-pack() { tar czf "$OUT/feed.tgz" -C "$OUT" --exclude feed.tgz .; }
-run() {
-  name=$1; shift
-  # shellcheck disable=SC2086
-  timeout "${LIMIT:-150}" python3 -m trainer $common workdir="/tmp/feed_$name" "$@" > "$OUT/$name.log" 2>&1 \
-    || echo "$name: exit $?" >> "$OUT/gpu.txt"
-  grep -E "loader workers|step [0-9]+/|error" "$OUT/$name.log" | sed "s/^/$name: /" || true
-  pack
-}
 run held in_memory_batches=8 steps=300
 run auto data_workers=auto steps=500
 run w15 data_workers=15 steps=500
@@ -42,5 +33,5 @@ for workers in auto 15; do
   timeout 120 python3 -m loader bench .gpu/photos --batch_size 256 --step-time 0.0376 --workers $workers \
     --map images:224 --start 100 --batches 800 > "$OUT/bench_$workers.log" 2>&1 || echo "bench $workers: exit $?" >> "$OUT/gpu.txt"
   sed "s/^/bench $workers: /" "$OUT/bench_$workers.log" | grep -v Warn | head -8
-  pack
+  pack feed
 done

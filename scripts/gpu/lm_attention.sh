@@ -30,21 +30,10 @@ if [ "${1:-}" = prepare ]; then
   git rev-parse --short HEAD > .gpu/revision  # what gpu.txt names (write it again after a later commit)
   exit 0
 fi
-OUT=${OUT:-/tmp/lm_attention}
+OUT=${OUT:-/tmp/lm_attention} ARCHIVE=lm_attention
 on_the_host "$OUT"
 common="data=$PWD/.gpu/lm_tok task=lm model=transformer_lm packing=true seq_len=1024 width=1024 depth=8 heads=16
         dtype=bfloat16 steps=${STEPS:-150} log_every=50 checkpoint_every=100000"
-run() {  # run NAME [DIR] ARGS...: python -m trainer from DIR (default: here; -m puts the working directory first)
-  name=$1; shift
-  dir=.
-  if [ -d "${1:-}" ]; then dir=$1; shift; fi
-  # shellcheck disable=SC2086
-  (cd "$dir" && echo "$name: $(python3 -c 'import trainer, loader; print(trainer.__file__, loader.__file__)')" \
-     >> "$OUT/gpu.txt" && timeout "${LIMIT:-180}" python3 -m trainer $common workdir="/tmp/lm_$name" "$@") \
-    > "$OUT/$name.log" 2>&1 || echo "$name: exit $?" >> "$OUT/gpu.txt"
-  grep -E "attention:|step compiled|MFU|step [0-9]+/|error|Out of memory" "$OUT/$name.log" | sed "s/^/$name: /" || true
-  tar czf /tmp/lm_attention.tgz -C "$OUT" --exclude lm_attention.tgz . && mv /tmp/lm_attention.tgz "$OUT/"
-}
 (cd .gpu/prev && python3 setup.py -q build_ext --inplace)
 # the must-show runs first, so a run cut short by the host's time still returns them
 [ -n "${SKIP_ANCHOR:-}" ] || run anchor .gpu/prev batch_size=64 in_memory_batches=8  # the anchor's own trainer and loader (its directory first)

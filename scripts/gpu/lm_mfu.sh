@@ -13,26 +13,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/gpu/common.sh
 source scripts/gpu/common.sh
-OUT=${OUT:-/tmp/lm_mfu}
+OUT=${OUT:-/tmp/lm_mfu} ARCHIVE=lm_mfu LIMIT=${LIMIT:-120}
 on_the_host "$OUT"
 common="data=$PWD/.gpu/lm_tok task=lm model=transformer_lm packing=true seq_len=1024 width=1024 depth=8 heads=16
         dtype=bfloat16 log_every=25 checkpoint_every=100000"
-pack() { tar czf /tmp/lm_mfu.tgz -C "$OUT" --exclude lm_mfu.tgz --exclude profile.tgz . && mv /tmp/lm_mfu.tgz "$OUT/"; }
-run() {  # run NAME [DIR] ARGS...: python -m trainer from DIR (default: here)
-  name=$1; shift
-  dir=.
-  if [ -d "${1:-}" ]; then dir=$1; shift; fi
-  # shellcheck disable=SC2086
-  (cd "$dir" && timeout "${LIMIT:-120}" python3 -m trainer $common workdir="/tmp/lm_$name" "$@") \
-    > "$OUT/$name.log" 2>&1 || echo "$name: exit $?" >> "$OUT/gpu.txt"
-  grep -E "initialised|attention: cudnn for queries [0-9]{2}|step compiled|step [0-9]+/|rror|Out of memory" \
-    "$OUT/$name.log" | sed "s/^/$name: /" || true
-  pack
-}
 run profile batch_size=64 steps=50 profile_steps=5 profile_skip=20
-python3 -m trainer.profile_report /tmp/lm_profile/profile --top 40 > "$OUT/profile.txt" 2>&1 || true
+python3 -m trainer.profile_report /tmp/lm_mfu_profile/profile --top 40 > "$OUT/profile.txt" 2>&1 || true
 head -30 "$OUT/profile.txt"
-tar czf "$OUT/profile.tgz" -C /tmp/lm_profile profile && pack
+tar czf "$OUT/profile.tgz" -C /tmp/lm_mfu_profile profile && pack lm_mfu
 XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run no_triton batch_size=64 steps=75
 # the variant: each block's LayerNorms and MLP as plain calls (no inner nn.remat)
 rm -rf /tmp/exp && mkdir /tmp/exp && cp -r trainer /tmp/exp/ && ln -s "$PWD/loader" "$PWD/dataset_format" /tmp/exp/
