@@ -114,6 +114,9 @@ class TrainConfig:
     # WORKDIR/profile for TensorBoard's profile plugin or XProf (MaxText: profiler=xplane, profiler_steps)
     profile_steps: int = 0
     profile_skip: int = 10  # steps of this run before the profiled ones (the first compile and fill the buffers)
+    # JAX's persistent compilation cache (trainer/compile_cache.py), so a restarted run does not compile its step
+    # again: auto = WORKDIR/compilation_cache for a local workdir (none for gs://), none = off, or a directory
+    compilation_cache: str = "auto"
 
     def _check_loader_options(self) -> None:
         """The loader's own rules (loader.LoaderConfig) on the values the trainer hands it, its errors in the

@@ -22,7 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, metrics as metrics_lib, strategy as strategies
+from trainer import accelerators, compile_cache, metrics as metrics_lib, strategy as strategies
 from trainer.config import TrainConfig
 from trainer.program import Program
 
@@ -32,6 +32,12 @@ _LOCAL_STRATEGIES = ("default", "one_device", "mirrored", "central_storage")
 
 
 def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
+    # a cache of its own (WORKDIR/eval/compilation_cache with auto): the trainer may be writing the same programs
+    with compile_cache.enabled(config.compilation_cache, storage.join(config.workdir, "eval")):
+        return _evaluate_checkpoints(config)
+
+
+def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     if not config.eval_data:
         raise ValueError("mode=evaluate needs eval_data= (the data each checkpoint is evaluated on)")
     accelerators.warn_if_unused()

@@ -29,7 +29,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, checkpoints, tasks
+from trainer import accelerators, checkpoints, compile_cache, tasks
 from trainer.checkpoints import checkpoint_manager, config_record, finished_run
 from trainer import strategy as strategies
 from trainer.config import TrainConfig
@@ -57,6 +57,11 @@ def itstime(step: int, every: int, last_step: int) -> bool:
 
 
 def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
+    with compile_cache.enabled(config.compilation_cache, config.workdir):
+        return _train_and_evaluate(config)
+
+
+def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     # --- setup ------------------------------------------------------------------------------
     if config.strategy == "multi_worker" and not jax.distributed.is_initialized():
         strategies.initialize_multi_worker(config.coordinator_address, config.num_processes, config.process_id)
@@ -247,11 +252,13 @@ def compile_step(step, state, host_batch: dict, sharding) -> jax.stages.Compiled
                                     jax.dtypes.canonicalize_dtype(x.dtype), sharding=sharding)
 
     t = time.perf_counter()
-    compiled = step.lower(state, jax.tree.map(global_shape, host_batch)).compile()
+    with compile_cache.Lookups() as lookups:
+        compiled = step.lower(state, jax.tree.map(global_shape, host_batch)).compile()
     memory = compiled.memory_analysis()
     if memory is not None:
-        log.info("step compiled in %.1f s; per device: %s of temporaries, %s of arguments (state and batch), %s of "
-                 "outputs not written over the arguments (XLA's memory analysis)", time.perf_counter() - t,
+        log.info("step %s in %.1f s; per device: %s of temporaries, %s of arguments (state and batch), %s of "
+                 "outputs not written over the arguments (XLA's memory analysis)",
+                 "read from the compilation cache" if lookups.hits else "compiled", time.perf_counter() - t,
                  _size(memory.temp_size_in_bytes), _size(memory.argument_size_in_bytes),
                  _size(memory.output_size_in_bytes - memory.alias_size_in_bytes))
     return compiled

@@ -35,7 +35,7 @@ run() {  # run NAME [DIR] ARGS...: python -m trainer $common ARGS from DIR (defa
   (cd "$dir" && echo "$name: $(python3 -c 'import trainer, loader; print(trainer.__file__, loader.__file__)')" \
      >> "$OUT/gpu.txt" && timeout "${LIMIT:-180}" python3 -m trainer $common workdir="/tmp/${ARCHIVE}_$name" "$@") \
     > "$OUT/$name.log" 2>&1 || echo "$name: exit $?" >> "$OUT/gpu.txt"
-  grep -E "loader workers|initialised|attention:|step compiled|MFU|step [0-9]+/|rror|Out of memory" "$OUT/$name.log" \
+  grep -E "loader workers|initialised|attention:|step compiled|step read from|MFU|step [0-9]+/|rror|Out of memory" "$OUT/$name.log" \
     | sed "s/^/$name: /" || true
   pack "$ARCHIVE"
 }

@@ -140,15 +140,20 @@ def test_ctrl_c_saves_a_checkpoint_and_stops(digits, tmp_path):
 
 def test_resume_after_a_crash_between_log_and_checkpoint_logs_each_step_once(digits, tmp_path):
     args = ("model=mlp", "steps=20", "log_every=1", "checkpoint_every=10")
-    first = run_trainer(*_common(digits, tmp_path, *args))
+    # every program into the compilation cache, however fast it compiled (JAX's default keeps those over 1 s)
+    cache_all = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    first = run_trainer(*_common(digits, tmp_path, *args), extra_env=cache_all)
     assert first.returncode == 0, first.stderr[-2000:]
     want = _metrics(tmp_path)
     shutil.rmtree(tmp_path / "checkpoints" / "20")  # as if the process died after logging 11..20, before saving 20
+    assert "step compiled in" in first.stderr
+    assert len(list((tmp_path / "compilation_cache").glob("jit_train_step-*"))) == 1
 
-    again = run_trainer(*_common(digits, tmp_path, *args))
+    again = run_trainer(*_common(digits, tmp_path, *args), extra_env=cache_all)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resumed from step 10" in again.stderr
     assert "dropped 10 record(s) after step 10" in again.stderr
+    assert "step read from the compilation cache in" in again.stderr  # the restart did not compile its step again
     got = _metrics(tmp_path)
     assert [r["step"] for r in got] == list(range(1, 21))
     assert [r["loss"] for r in got] == [r["loss"] for r in want]  # the repeated steps, bitwise

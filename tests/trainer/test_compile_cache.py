@@ -1,0 +1,52 @@
+"""trainer/compile_cache.py: which directory a run's compilation cache is in, and that JAX uses it only while the run
+does."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from trainer import compile_cache
+
+VECTOR = jax.ShapeDtypeStruct((7,), jnp.float32)  # (lowered for it: no program compiled to make an input)
+
+
+@pytest.fixture
+def no_cache():
+    """This process's cache setting as a test found it (None unless JAX_COMPILATION_CACHE_DIR is set), restored."""
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    yield
+    jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_the_directory_each_setting_names(no_cache, tmp_path):
+    assert compile_cache.directory("auto", str(tmp_path)) == str(tmp_path / "compilation_cache")
+    assert compile_cache.directory("auto", "gs://bucket/run") is None  # JAX would need gcsfs or TF for a bucket
+    assert compile_cache.directory("none", str(tmp_path)) is None
+    assert compile_cache.directory("gs://bucket/cache", str(tmp_path)) == "gs://bucket/cache"
+    assert compile_cache.directory(str(tmp_path / "mine"), "gs://bucket/run") == str(tmp_path / "mine")
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "env"))  # as JAX_COMPILATION_CACHE_DIR sets it
+    assert compile_cache.directory("auto", str(tmp_path)) == str(tmp_path / "env")
+    assert compile_cache.directory("none", str(tmp_path)) is None
+
+
+def test_programs_go_to_the_runs_cache_only_while_it_runs(no_cache, tmp_path):
+    threshold = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # cache these small programs too
+    try:
+        for run in ("a", "b"):  # two runs in one process: each writes its own
+            with compile_cache.enabled("auto", str(tmp_path / run)) as path:
+                assert path == str(tmp_path / run / "compilation_cache")
+                with compile_cache.Lookups() as lookups:
+                    jax.jit(lambda x: jnp.sin(x) * 3).lower(VECTOR).compile()
+                assert (lookups.hits, lookups.misses) == (0, 1)
+            assert len(list((tmp_path / run / "compilation_cache").glob("jit_*"))) == 1
+            assert jax.config.jax_compilation_cache_dir is None  # restored after the run
+        with compile_cache.enabled("auto", str(tmp_path / "a")), compile_cache.Lookups() as lookups:
+            jax.jit(lambda x: jnp.sin(x) * 3).lower(VECTOR).compile()
+        assert (lookups.hits, lookups.misses) == (1, 0)  # read back, not compiled
+        with compile_cache.enabled("none", str(tmp_path / "c")), compile_cache.Lookups() as lookups:
+            jax.jit(lambda x: jnp.cos(x) * 3).lower(VECTOR).compile()
+        assert (lookups.hits, lookups.misses) == (0, 0) and not (tmp_path / "c").exists()
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)
