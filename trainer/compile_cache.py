@@ -18,7 +18,6 @@ executables that a JAX process will load and run: like the checkpoints, it must 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Iterator
 from typing import ClassVar, Self
@@ -27,8 +26,6 @@ import jax
 from jax._src import compilation_cache as jax_cache
 
 from dataset_format import storage
-
-log = logging.getLogger(__name__)
 
 _HIT, _MISS = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"
 
@@ -56,8 +53,6 @@ def enabled(setting: str, workdir: str) -> Iterator[str | None]:
         yield path
         return
     _switch(path)
-    if path:
-        log.info("compilation cache: %s (compilation_cache=none turns it off)", path)
     try:
         yield path
     finally:
