@@ -205,7 +205,12 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                 losses, tokens = [], []
                 period_start, data_wait, host_wait, longest_wait = time.perf_counter(), 0.0, 0.0, 0.0
             if itstime(step, config.checkpoint_every, config.steps) or stop:
+                jax.block_until_ready(state)  # the step in flight finishes first: its time stays in the rates
+                t = time.perf_counter()
                 save(step)
+                saving = time.perf_counter() - t
+                period_start += saving  # the rates are the steps', not the save's
+                log.info("step %d: checkpoint saved in %.1f s", step, saving)
             if stop:
                 log.warning("%s: saved a checkpoint at step %d; exiting (the same command resumes from it)",
                             preemption.reason, step)

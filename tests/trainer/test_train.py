@@ -438,6 +438,37 @@ def test_the_step_is_compiled_before_any_batch_is_placed_and_the_loop_places_eac
     assert events == ["compile with the state on ['cpu']"] + ["place"] * 6
 
 
+def test_the_rates_leave_out_the_time_a_checkpoint_takes(digits, tmp_path, monkeypatch, caplog):
+    """A period's ex/s and step time are the steps' own: a checkpoint saved within it (3 s here) is logged with its
+    own time, not spread over the period's steps."""
+    import logging
+
+    from trainer import TrainConfig, train
+
+    class SlowSaves:
+        def __init__(self, mngr):
+            self._mngr = mngr
+
+        def save(self, *args, **kwargs):
+            time.sleep(3)
+            return self._mngr.save(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self._mngr, name)
+
+    real = train.checkpoint_manager
+    monkeypatch.setattr(train, "checkpoint_manager", lambda config: SlowSaves(real(config)))
+    config = TrainConfig(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", steps=6, batch_size=32,
+                         num_classes=10, log_every=2, checkpoint_every=2)
+    with caplog.at_level(logging.INFO, logger="trainer.train"):
+        train.train_and_evaluate(config)
+    assert [r["step"] for r in _metrics(tmp_path)] == [2, 4, 6]
+    # a 3 s save counted in the rates would make each step of the next period take 1.5 s; an MLP step takes ms
+    assert all(r["step_time_s"] < 0.5 for r in _metrics(tmp_path)), _metrics(tmp_path)
+    saved = [re.fullmatch(r"step (\d+): checkpoint saved in ([\d.]+) s", r.getMessage()) for r in caplog.records]
+    assert [(int(m[1]), float(m[2]) >= 3) for m in saved if m] == [(2, True), (4, True), (6, True)]
+
+
 def _top_level_calls(trace: Path, name: str) -> int:
     """Calls of `name` in an xplane trace that no other call of it encloses (a jitted call shows as two nested
     events)."""
