@@ -122,6 +122,7 @@ def first_record(source: Source, task: Any, allow_incomplete: bool) -> dict[str,
     if missing:
         raise ValueError(f"task reads feature {missing[0]!r}, which {data} does not have; its features are "
                          f"{sorted(record)} (set image_key= / label_key= / text_key=, or the task's own keys)")
+    _check_image_size(task, record, data)
     preprocess = tasks.preprocess(task)
     sample = {f: record[f] for f in task.features} if preprocess is None else \
         collate([preprocess({f: record[f][0] for f in task.features})])
@@ -133,3 +134,15 @@ def first_record(source: Source, task: Any, allow_incomplete: bool) -> dict[str,
             raise ValueError(f"feature {name!r} of {data} holds {kind} values, not numbers the model can take{hint}")
     tasks.check(task, sample)  # shapes and values the task cannot train on: named before the model is built
     return sample
+
+
+def _check_image_size(task: Any, record: dict, data: str) -> None:
+    """image_size= on a feature of numbers that is no image (digits' flat 64 pixels, a feature vector): one line
+    naming the setting, where the crop's own error would blame the feature."""
+    key, size = getattr(task, "image_key", None), getattr(task, "image_size", None)
+    value = record.get(key) if size is not None else None
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and value.ndim - 1 not in (2, 3):
+        raise ValueError(f"image_size={size} decodes and crops images, and feature {key!r} of {data} holds "
+                         f"{value.dtype} arrays of shape {value.shape[1:]}, not pixels [H, W] or [H, W, C] or "
+                         "encoded JPEG/PNG bytes: drop image_size= to train on it as it is, or set image_key= to "
+                         "the image feature")

@@ -106,6 +106,8 @@ def test_a_model_by_import_path_from_outside_the_project_trains_digits(digits, t
     (("model=mlp", "task=regression"), "error: task='regression' is not one of ['classification', 'lm']"),
     (("model=cnn", "image_key=label"), "error: image_key='label' holds one number per example, not an image or a "
                                        "vector; set image_key= to the image (or feature-vector) feature"),
+    (("model=mlp", "image_key=vec", "image_size=32"), "error: image_size=32 decodes and crops images, and feature "
+                                                      "'vec' of "),
 ])
 def test_bad_models_and_tasks_are_one_line_and_exit_2(rich_tfds, tmp_path, overrides, message):
     (tmp_path / "user" / "mynets").mkdir(parents=True)
@@ -115,6 +117,10 @@ def test_bad_models_and_tasks_are_one_line_and_exit_2(rich_tfds, tmp_path, overr
                         path=tmp_path / "user")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr
+    if "image_size=32" in overrides:
+        assert proc.stderr.rstrip().endswith("holds float32 arrays of shape (3,), not pixels [H, W] or [H, W, C] or "
+                                             "encoded JPEG/PNG bytes: drop image_size= to train on it as it is, or "
+                                             "set image_key= to the image feature"), proc.stderr[-2000:]
     if "label_key=digit" in overrides:
         assert "its features are ['image', 'label', 'text', 'tokens', 'vec']" in proc.stderr
 
