@@ -7,8 +7,9 @@
 #   keep_elem   a copy of the trainer whose blocks keep their LayerNorm and GELU outputs for the backward pass
 #               instead of recomputing them (more memory, fewer elementwise passes)
 #   b256        batch 256
+#   combined    batch 256 with both of the above (no Triton GEMMs, LayerNorm and GELU outputs kept)
 # Prepare as lm_attention.sh does (bash scripts/gpu/lm_attention.sh prepare), then there:
-#   bash scripts/gpu/lm_mfu.sh  -> $OUT/lm_mfu.tgz after each run (~4 min; each run starts in ~30 s)
+#   bash scripts/gpu/lm_mfu.sh  -> $OUT/lm_mfu.tgz after each run (~5 min; each run starts in ~30 s)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/gpu/common.sh
@@ -37,3 +38,4 @@ PY
 grep -n "_normed_projections(self, x)\|mlp = _normed_mlp" /tmp/exp/trainer/models.py >> "$OUT/gpu.txt"
 run keep_elem /tmp/exp batch_size=64 steps=75
 run b256 batch_size=256 steps=50
+XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run combined /tmp/exp batch_size=256 steps=50
