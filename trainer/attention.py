@@ -220,7 +220,21 @@ def _auto(q_shape, dtype, platform, implementation) -> tuple[str, str]:
         return "blockwise", (f"cuDNN's outputs or gradients on packed rows differ from blockwise attention's by "
                              f"{error:.3f} (relative; at most {AGREEMENT} expected in {dtype.name}): this cuDNN does "
                              f"not apply the packed documents' mask as asked")
+    note = unused_mask_gradient(jax.__version__)
+    if note:
+        log.warning("attention: %s", note)
     return "cudnn", f"cuDNN fused attention compiled at these shapes; it matches blockwise attention ({error:.4f})"
+
+
+def unused_mask_gradient(version: str) -> str | None:
+    """What a jax older than 0.11.1 costs the cudnn kind (None from 0.11.1 on): its backward pass computes and
+    writes a gradient of the documents' mask, [B, H, S, S], that nothing uses (jax-ml/jax#34685)."""
+    release = tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
+    if release >= (0, 11, 1):
+        return None
+    return (f"jax {version}'s cuDNN attention also computes a [batch, heads, seq, seq] gradient of the packed "
+            "documents' mask in every backward pass, which nothing uses (jax-ml/jax#34685, fixed in jax 0.11.1): "
+            "upgrade jax for a faster step with less memory")
 
 
 AGREEMENT = 0.05  # the relative error cuDNN may show against blockwise attention in float32 (bf16 gives ~0.004)

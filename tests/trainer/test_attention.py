@@ -131,6 +131,18 @@ def test_auto_on_a_gpu_takes_cudnn_when_it_compiles_and_matches_blockwise(caplog
     assert chosen == ["cudnn"]
     assert "cudnn for queries 2x96x2x16 bfloat16 (cuDNN fused attention compiled at these shapes; it matches " \
            "blockwise attention (0.00" in caplog.text
+    note = attention.unused_mask_gradient(jax.__version__)  # this jax's own cost of the cudnn kind, if any
+    assert (note in caplog.text) if note else ("jax-ml/jax#34685" not in caplog.text)
+
+
+def test_a_jax_before_0_11_1_is_told_its_cudnn_attention_computes_an_unused_mask_gradient():
+    for old in ("0.10.2", "0.11.0", "0.9.0.1"):
+        assert attention.unused_mask_gradient(old) == (
+            f"jax {old}'s cuDNN attention also computes a [batch, heads, seq, seq] gradient of the packed documents' "
+            "mask in every backward pass, which nothing uses (jax-ml/jax#34685, fixed in jax 0.11.1): upgrade jax "
+            "for a faster step with less memory")
+    for fixed in ("0.11.1", "0.11.2", "0.12.0", "1.0.0"):
+        assert attention.unused_mask_gradient(fixed) is None
 
 
 def test_auto_on_a_gpu_refuses_a_fused_kernel_that_lets_documents_see_each_other(monkeypatch, caplog):
