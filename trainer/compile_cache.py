@@ -2,10 +2,11 @@
 reads its compiled programs back instead of compiling them again, as MaxText does with `jax_cache_dir`.
 
 `compilation_cache=` (trainer/config.py) picks the directory: `auto` is WORKDIR/compilation_cache for a local
-workdir, so it lives beside the checkpoints and survives what they survive; for a gs:// workdir `auto` is no cache
-(JAX reaches a bucket through etils.epath's own GCS backend, which needs gcsfs or TensorFlow: name the directory,
-e.g. compilation_cache=gs://bucket/run/compilation_cache, where one of them is installed); `none` turns it off; any
-other value is the directory. Where JAX_COMPILATION_CACHE_DIR is set, `auto` keeps that.
+workdir, so it lives beside the checkpoints and survives what they survive; for a gs:// workdir `auto` is no cache,
+as JAX looks every program up before compiling it (one request each, and a run starts many small programs): name
+one there, e.g. compilation_cache=gs://bucket/run/compilation_cache (JAX writes it through etils.epath: gcsfs, or
+TensorFlow's file system where TensorFlow is installed). `none` turns it off; any other value is the directory.
+Where JAX_COMPILATION_CACHE_DIR is set, `auto` keeps that.
 
 JAX caches a program only when compiling it took at least jax_persistent_cache_min_compile_time_secs (1 s by
 default): a language model's step and its attention probe, not the small programs around them. The cache holds

@@ -1,10 +1,14 @@
 """trainer/compile_cache.py: which directory a run's compilation cache is in, and that JAX uses it only while the run
 does."""
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import pytest
 
+from tests.conftest import REPO
 from trainer import compile_cache
 
 VECTOR = jax.ShapeDtypeStruct((7,), jnp.float32)  # (lowered for it: no program compiled to make an input)
@@ -50,3 +54,26 @@ def test_programs_go_to_the_runs_cache_only_while_it_runs(no_cache, tmp_path):
         assert (lookups.hits, lookups.misses) == (0, 0) and not (tmp_path / "c").exists()
     finally:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)
+
+
+
+_GS_CHILD = """
+import sys, jax, jax.numpy as jnp
+from trainer import compile_cache
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+with compile_cache.enabled(sys.argv[1], "gs://elsewhere/run"), compile_cache.Lookups() as lookups:
+    jax.jit(lambda x: jnp.tanh(x) - 2).lower(jax.ShapeDtypeStruct((7,), jnp.float32)).compile()
+print(lookups.hits, lookups.misses)
+"""
+
+
+@pytest.mark.gcs
+def test_a_gs_directory_holds_the_cache_as_orbax_holds_checkpoints(gcs_bucket, gcs_emulator):
+    """compilation_cache=gs://...: JAX reaches the bucket through etils.epath and gcsfs (installed with .[train], as
+    for a gs:// workdir's checkpoints); a program compiled in one process is read back in the next."""
+    bucket, client = gcs_bucket
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **gcs_emulator}
+    runs = [subprocess.run([sys.executable, "-c", _GS_CHILD, f"gs://{bucket}/cache"], env=env, cwd=REPO, text=True,
+                           capture_output=True, timeout=120, check=False) for _ in range(2)]
+    assert [r.stdout.split() for r in runs] == [["0", "1"], ["1", "0"]], runs[-1].stderr[-2000:]
+    assert [b.name.startswith("cache/jit_") for b in client.list_blobs(bucket)] == [True]
