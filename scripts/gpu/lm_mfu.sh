@@ -6,10 +6,12 @@
 #   no_triton   the same with XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (cuBLAS for every matrix multiply)
 #   keep_elem   a copy of the trainer whose blocks keep their LayerNorm and GELU outputs for the backward pass
 #               instead of recomputing them (more memory, fewer elementwise passes)
+#   iota        a copy whose token and position embeddings are one-hot matrix multiplies (MaxText's use_iota_embed:
+#               the backward pass is a matrix multiply, not a scatter-add of 65,536 rows into 1,024)
 #   b256        batch 256
-#   combined    batch 256 with both of the above (no Triton GEMMs, LayerNorm and GELU outputs kept)
+#   combined    batch 256 with all of the above
 # Prepare as lm_attention.sh does (bash scripts/gpu/lm_attention.sh prepare), then there:
-#   bash scripts/gpu/lm_mfu.sh  -> $OUT/lm_mfu.tgz after each run (~5 min; each run starts in ~30 s)
+#   bash scripts/gpu/lm_mfu.sh  -> $OUT/lm_mfu.tgz after each run (~6 min; each run starts in ~30 s)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/gpu/common.sh
@@ -18,24 +20,45 @@ OUT=${OUT:-/tmp/lm_mfu} ARCHIVE=lm_mfu LIMIT=${LIMIT:-120}
 on_the_host "$OUT"
 common="data=$PWD/.gpu/lm_tok task=lm model=transformer_lm packing=true seq_len=1024 width=1024 depth=8 heads=16
         dtype=bfloat16 log_every=25 checkpoint_every=100000"
+
+variant() {  # variant DIR CHANGE...: a copy of this trainer in DIR with trainer/models.py changed (keep_elem, iota)
+  local dir=$1
+  shift
+  rm -rf "$dir" && mkdir "$dir" && cp -r trainer "$dir/" && ln -s "$PWD/loader" "$PWD/dataset_format" "$dir/"
+  python3 - "$dir/trainer/models.py" "$@" <<'PY'
+import sys
+path, changes = sys.argv[1], sys.argv[2:]
+s = open(path).read()
+edits = {
+    "keep_elem": [  # each block's LayerNorms and MLP as plain calls (no inner nn.remat)
+        ("q, k, v = nn.remat(_normed_projections, policy=jax.checkpoint_policies.save_only_these_names(\n"
+         "            *attention_names))(self, x)", "q, k, v = _normed_projections(self, x)"),
+        ('mlp = nn.remat(_normed_mlp, policy=jax.checkpoint_policies.save_only_these_names("mlpwi"))',
+         "mlp = _normed_mlp")],
+    "iota": [
+        ("        x = nn.Embed(self.vocab_size, self.width)(tokens) + nn.Embed(self.max_len, self.width)(positions)\n",
+         "        tok, pos = nn.Embed(self.vocab_size, self.width), nn.Embed(self.max_len, self.width)\n"
+         "        x = (jax.nn.one_hot(tokens, self.vocab_size, dtype=tok.embedding.dtype) @ tok.embedding\n"
+         "             + jax.nn.one_hot(positions, self.max_len, dtype=pos.embedding.dtype) @ pos.embedding)\n")],
+}
+for change in changes:
+    for old, new in edits[change]:
+        assert s.count(old) == 1, (change, old)
+        s = s.replace(old, new)
+open(path, "w").write(s)
+print(path, "changed:", *changes)
+PY
+}
+
 run profile batch_size=64 steps=50 profile_steps=5 profile_skip=20
 python3 -m trainer.profile_report /tmp/lm_mfu_profile/profile --top 40 > "$OUT/profile.txt" 2>&1 || true
 head -30 "$OUT/profile.txt"
 tar czf "$OUT/profile.tgz" -C /tmp/lm_mfu_profile profile && pack lm_mfu
 XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run no_triton batch_size=64 steps=75
-# the variant: each block's LayerNorms and MLP as plain calls (no inner nn.remat)
-rm -rf /tmp/exp && mkdir /tmp/exp && cp -r trainer /tmp/exp/ && ln -s "$PWD/loader" "$PWD/dataset_format" /tmp/exp/
-python3 - <<'PY'
-p = "/tmp/exp/trainer/models.py"
-s = open(p).read()
-s = s.replace("q, k, v = nn.remat(_normed_projections, policy=jax.checkpoint_policies.save_only_these_names(\n"
-              "            *attention_names))(self, x)", "q, k, v = _normed_projections(self, x)")
-s = s.replace('mlp = nn.remat(_normed_mlp, policy=jax.checkpoint_policies.save_only_these_names("mlpwi"))',
-              "mlp = _normed_mlp")
-assert "nn.remat(_normed" not in s
-open(p, "w").write(s)
-PY
-grep -n "_normed_projections(self, x)\|mlp = _normed_mlp" /tmp/exp/trainer/models.py >> "$OUT/gpu.txt"
-run keep_elem /tmp/exp batch_size=64 steps=75
+variant /tmp/exp_keep keep_elem >> "$OUT/gpu.txt"
+run keep_elem /tmp/exp_keep batch_size=64 steps=75
+variant /tmp/exp_iota iota >> "$OUT/gpu.txt"
+run iota /tmp/exp_iota batch_size=64 steps=75
 run b256 batch_size=256 steps=50
-XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run combined /tmp/exp batch_size=256 steps=50
+variant /tmp/exp_all keep_elem iota >> "$OUT/gpu.txt"
+XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run combined /tmp/exp_all batch_size=256 steps=50
