@@ -1,5 +1,5 @@
 """The docs cannot drift from the code: their links resolve, their settings tables list every setting, and every
-command or Python block runs (in a scratch directory holding the data the docs name: `data/train-*`,
+command or Python block runs (in a scratch directory holding the data the docs name: `data/train-*`, `data/test-*`,
 `out/train`, `out/test`, `~/tensorflow_datasets/...`, buckets in the GCS emulator), or is marked
 `<!-- docs-test: skip (why) -->` for a reason the test accepts (Google Cloud, an accelerator, a benchmark)."""
 
@@ -129,7 +129,7 @@ def test_each_benchmark_command_uses_flags_its_script_has():
 
 @pytest.fixture(scope="module")
 def doc_world(tmp_path_factory, tfds_digits, gcs_emulator):
-    """What the docs' examples name, built once: digits as `data/train-*` (ImageNet's shard names) and
+    """What the docs' examples name, built once: digits as `data/train-*` and `data/test-*` (ImageNet's shard names) and
     `data/exported/*.tfrecord-*` (one split, a directory input), converted as `out/train`, `out/test` (and
     `demo_out/array_record/custom/...`); the digits in ImageNet's layout as `/mnt/imagenet` (`make-demo --kind
     imagenet`), converted as `/mnt/imagenet-ar/{train,validation}`; a TFDS build under
@@ -146,6 +146,8 @@ def doc_world(tmp_path_factory, tfds_digits, gcs_emulator):
     for i, shard in enumerate(sorted((root / "raw").glob("digits-train.tfrecord-*"))):
         shutil.copy(shard, root / "data" / f"train-{i:05d}-of-00002")
         shutil.copy(shard, root / "data" / "exported" / shard.name)
+    for i, shard in enumerate(sorted((root / "raw").glob("digits-test.tfrecord-*"))):
+        shutil.copy(shard, root / "data" / f"test-{i:05d}-of-00002")
     for split in ("train", "test"):
         assert run_conversion(ConvertConfig(input=str(root / "raw" / f"digits-{split}.tfrecord-*"),
                                             output=str(root / "out" / split)), ["--direct_num_workers=1"]).ok

@@ -25,7 +25,7 @@ ATTENTIONS = ("auto", "cudnn", "blockwise", "dense")  # trainer/attention.py
 # what the backward pass recomputes of each LM block: MaxText's remat_policy names (trainer/models.py remat_policy)
 REMATS = ("none", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj", "save_dot_except_mlp",
           "save_dot_except_mlpwi", "save_dot_with_context_except_mlp")
-LM_KEYS = SIZE_KEYS + ("attention", "remat")  # what model=transformer_lm takes from the config
+LM_KEYS = SIZE_KEYS + ("attention", "remat", "use_iota_embed")  # what model=transformer_lm takes from the config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +94,9 @@ class TrainConfig:
     # names): none, full, minimal, minimal_with_context, save_qkv_proj, save_out_proj, save_dot_except_mlp,
     # save_dot_except_mlpwi, save_dot_with_context_except_mlp
     remat: str = "none"
+    # transformer_lm: token and position embeddings as one-hot matrix multiplies (MaxText's use_iota_embed): the
+    # backward pass is a matrix multiply instead of a scatter-add of every token's gradient into the tables
+    use_iota_embed: bool = False
     packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/planning/packing.py); eval pads
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
     log_every: int = 50  # steps between log lines and metrics

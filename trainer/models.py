@@ -182,7 +182,8 @@ class TransformerLM(nn.Module):
     tied to the token embedding). `attention=` picks the attention's implementation (trainer/attention.py: auto,
     cudnn, blockwise, dense), `remat=` what the backward pass recomputes of each block instead of keeping it
     (`remat_policy`, MaxText's names; each block recomputes its LayerNorms and GELU whatever the policy:
-    DecoderBlock). Neither changes the parameters, which have the names and initial values of the blocks of flax's
+    DecoderBlock), `use_iota_embed=` whether the embeddings are looked up or one-hot matrix multiplies. None of them
+    changes the parameters, which have the names and initial values of the blocks of flax's
     MultiHeadDotProductAttention this model had before.
     """
 
@@ -194,6 +195,7 @@ class TransformerLM(nn.Module):
     mlp_ratio: int = 4
     attention: str = "auto"
     remat: str = "none"
+    use_iota_embed: bool = False
 
     @nn.compact
     def __call__(self, inputs):
@@ -203,7 +205,11 @@ class TransformerLM(nn.Module):
             tokens = inputs
             segments = jnp.ones_like(tokens)
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
-        x = nn.Embed(self.vocab_size, self.width)(tokens) + nn.Embed(self.max_len, self.width)(positions)
+        embed_tokens, embed_positions = nn.Embed(self.vocab_size, self.width), nn.Embed(self.max_len, self.width)
+        if self.use_iota_embed:
+            x = _one_hot_rows(embed_tokens, tokens) + _one_hot_rows(embed_positions, positions)
+        else:
+            x = embed_tokens(tokens) + embed_positions(positions)
         block = DecoderBlock
         if self.remat != "none":
             block = nn.remat(DecoderBlock, policy=remat_policy(self.remat))
@@ -220,6 +226,13 @@ class TransformerLM(nn.Module):
         w = self.width
         matmul = self.depth * (4 + 2 * self.mlp_ratio) * w * w + w * self.vocab_size
         return 6 * matmul + 12 * self.depth * self.max_len * w
+
+
+def _one_hot_rows(embed: nn.Embed, ids):
+    """embed(ids) as a one-hot matrix multiply (MaxText's use_iota_embed): the same rows, exactly (one 1 in each
+    one-hot row), and a gradient that is a matrix multiply too, where a lookup's is a scatter-add of every id's
+    gradient into the table (many ids per row when the table is small: a vocabulary of 1,024 and 65,536 tokens)."""
+    return jax.nn.one_hot(ids, embed.num_embeddings, dtype=embed.embedding.dtype) @ embed.embedding
 
 
 class ResNetBlock(nn.Module):

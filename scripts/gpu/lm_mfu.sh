@@ -6,8 +6,8 @@
 #   no_triton   the same with XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (cuBLAS for every matrix multiply)
 #   keep_elem   a copy of the trainer whose blocks keep their LayerNorm and GELU outputs for the backward pass
 #               instead of recomputing them (more memory, fewer elementwise passes)
-#   iota        a copy whose token and position embeddings are one-hot matrix multiplies (MaxText's use_iota_embed:
-#               the backward pass is a matrix multiply, not a scatter-add of 65,536 rows into 1,024)
+#   iota        use_iota_embed=true: the token and position embeddings as one-hot matrix multiplies (MaxText's
+#               name; the backward pass is a matrix multiply, not a scatter-add of 65,536 rows into 1,024)
 #   b256        batch 256
 #   combined    batch 256 with all of the above
 # Prepare as lm_attention.sh does (bash scripts/gpu/lm_attention.sh prepare), then there:
@@ -21,7 +21,7 @@ on_the_host "$OUT"
 common="data=$PWD/.gpu/lm_tok task=lm model=transformer_lm packing=true seq_len=1024 width=1024 depth=8 heads=16
         dtype=bfloat16 log_every=25 checkpoint_every=100000"
 
-variant() {  # variant DIR CHANGE...: a copy of this trainer in DIR with trainer/models.py changed (keep_elem, iota)
+variant() {  # variant DIR CHANGE...: a copy of this trainer in DIR with trainer/models.py changed (keep_elem)
   local dir=$1
   shift
   rm -rf "$dir" && mkdir "$dir" && cp -r trainer "$dir/" && ln -s "$PWD/loader" "$PWD/dataset_format" "$dir/"
@@ -35,11 +35,6 @@ edits = {
          "            *attention_names))(self, x)", "q, k, v = _normed_projections(self, x)"),
         ('mlp = nn.remat(_normed_mlp, policy=jax.checkpoint_policies.save_only_these_names("mlpwi"))',
          "mlp = _normed_mlp")],
-    "iota": [
-        ("        x = nn.Embed(self.vocab_size, self.width)(tokens) + nn.Embed(self.max_len, self.width)(positions)\n",
-         "        tok, pos = nn.Embed(self.vocab_size, self.width), nn.Embed(self.max_len, self.width)\n"
-         "        x = (jax.nn.one_hot(tokens, self.vocab_size, dtype=tok.embedding.dtype) @ tok.embedding\n"
-         "             + jax.nn.one_hot(positions, self.max_len, dtype=pos.embedding.dtype) @ pos.embedding)\n")],
 }
 for change in changes:
     for old, new in edits[change]:
@@ -57,8 +52,6 @@ tar czf "$OUT/profile.tgz" -C /tmp/lm_mfu_profile profile && pack lm_mfu
 XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run no_triton batch_size=64 steps=75
 variant /tmp/exp_keep keep_elem >> "$OUT/gpu.txt"
 run keep_elem /tmp/exp_keep batch_size=64 steps=75
-variant /tmp/exp_iota iota >> "$OUT/gpu.txt"
-run iota /tmp/exp_iota batch_size=64 steps=75
+run iota batch_size=64 steps=75 use_iota_embed=true
 run b256 batch_size=256 steps=50
-variant /tmp/exp_all keep_elem iota >> "$OUT/gpu.txt"
-XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run combined /tmp/exp_all batch_size=256 steps=50
+XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run combined /tmp/exp_keep batch_size=256 steps=50 use_iota_embed=true

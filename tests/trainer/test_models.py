@@ -115,3 +115,29 @@ def test_accelerators_initialise_op_by_op_to_the_values_of_the_compiled_initiali
     op_by_op = Program.build(config).init_variables()["params"]
     assert count(compiled) == count(op_by_op) > 0
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), compiled, op_by_op)
+
+
+def test_iota_embeddings_are_the_lookups_and_their_gradient_is_no_scatter():
+    """use_iota_embed=true (MaxText's): the same parameters, the same rows exactly, the same gradients; the backward
+    pass multiplies matrices where the lookup's scatter-adds every token's gradient into the tables."""
+    kwargs = dict(vocab_size=61, max_len=40, width=16, depth=1, heads=2, attention="blockwise")
+    looked_up, one_hot = TransformerLM(**kwargs), TransformerLM(**kwargs, use_iota_embed=True)
+    tokens = jax.random.randint(jax.random.key(1), (3, 40), 0, 61)
+    batch = {"tokens": tokens, "segment_ids": jnp.ones_like(tokens),
+             "positions": jnp.broadcast_to(jnp.arange(40) % 17, tokens.shape)}
+    params = looked_up.init(jax.random.key(0), batch)
+    assert jax.tree.map(np.shape, one_hot.init(jax.random.key(0), batch)) == jax.tree.map(np.shape, params)
+    bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+    np.testing.assert_array_equal(looked_up.apply(bf16, batch), one_hot.apply(bf16, batch))
+
+    def grads(model):
+        return jax.grad(lambda p: model.apply(p, batch).sum())
+
+    for got, want in zip(jax.tree.leaves(grads(one_hot)(params)), jax.tree.leaves(grads(looked_up)(params))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert "scatter-add" in str(jax.make_jaxpr(grads(looked_up))(params))
+    assert "scatter-add" not in str(jax.make_jaxpr(grads(one_hot))(params))
+    config = TrainConfig.from_args(["data=d", "workdir=w", "task=lm", "use_iota_embed=true"])
+    assert config.model_size["use_iota_embed"] is True
+    with pytest.raises(ValueError, match="use_iota_embed=True is for model=transformer_lm; model='cnn'"):
+        TrainConfig.from_args(["data=d", "workdir=w", "model=cnn", "use_iota_embed=true"])
