@@ -154,7 +154,7 @@ def main() -> None:
     if args.remat is not None:
         from trainer.config import REMATS
 
-        policies = args.remat or [r for r in REMATS if r != "minimal_with_context"]
+        policies = args.remat or list(REMATS)
         print(f"\nremat, ours, attention=blockwise, seq_len {first}: the step's temporaries, and what jax.vjp keeps "
               "from the forward pass for the backward (its residuals)\n")
         print("| remat | temporaries GiB | kept GiB |\n| --- | ---: | ---: |")
