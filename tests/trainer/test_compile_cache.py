@@ -49,6 +49,12 @@ def test_programs_go_to_the_runs_cache_only_while_it_runs(no_cache, tmp_path):
         with compile_cache.enabled("auto", str(tmp_path / "a")), compile_cache.Lookups() as lookups:
             jax.jit(lambda x: jnp.sin(x) * 3).lower(VECTOR).compile()
         assert (lookups.hits, lookups.misses) == (1, 0)  # read back, not compiled
+        entry, = (tmp_path / "a" / "compilation_cache").glob("jit_*")  # as a process killed while writing it left it
+        entry.write_bytes(entry.read_bytes()[:len(entry.read_bytes()) // 2])
+        with compile_cache.enabled("auto", str(tmp_path / "a")), compile_cache.Lookups() as lookups, \
+                pytest.warns(UserWarning, match="Error reading persistent compilation cache entry"):
+            jax.jit(lambda x: jnp.sin(x) * 3).lower(VECTOR).compile()  # compiled again, not an error
+        assert (lookups.hits, lookups.misses) == (0, 1)
         with compile_cache.enabled("none", str(tmp_path / "c")), compile_cache.Lookups() as lookups:
             jax.jit(lambda x: jnp.cos(x) * 3).lower(VECTOR).compile()
         assert (lookups.hits, lookups.misses) == (0, 0) and not (tmp_path / "c").exists()
