@@ -515,7 +515,17 @@ def test_profile_report_lists_operations_by_device_time():
         " 60.0%    0.0600  custom-call",
         " 40.0%    0.0400  loop fusion",
         "total device time 0.1000 s over 3 operations"]
+    assert report(ops, top=1, occupied=(0.1, 0.125)).splitlines()[-1] == (
+        "the devices ran an operation 0.1000 s of the 0.1250 s from their first operation to their last (80.0%); "
+        "idle between operations: 0.0250 s")
     assert report({}) == "no device operations in this trace (a CPU run traces none)"
+
+
+def test_profile_report_counts_overlapping_operations_once_and_the_gaps_between_them():
+    from trainer.profile_report import occupancy
+
+    assert occupancy([(0.0, 1.0), (0.5, 1.5), (2.0, 3.0), (2.2, 2.4), (4.0, 4.5)]) == (3.0, 4.5)
+    assert occupancy([]) == (0.0, 0.0)
 
 
 def test_profile_settings_are_counts():
