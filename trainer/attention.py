@@ -7,7 +7,11 @@ id; padding, id 0, attends only to padding), so packed documents never see each 
 - `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN's fused flash attention (NVIDIA GPUs, bf16 or
   fp16, a head dim cuDNN takes). Causal by its mask type (it skips the blocks above the diagonal); the segments as a
   [B, 1, S, S] boolean mask, which JAX hands cuDNN as an additive bias shared by every head.
-- `blockwise`: flash attention in plain JAX, for the CPU and every case cuDNN does not take. Queries and keys go in
+- `splash`: Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`), TPU's fused flash attention, as
+  MaxText runs it on TPU: the causal mask and the segment ids are the kernel's own (blocks wholly masked are
+  skipped), one kernel a row (vmapped over the batch), the queries scaled by 1/sqrt(d) before it. Rows of a multiple
+  of 128 positions.
+- `blockwise`: flash attention in plain JAX, for the CPU and every case the fused kernels do not take. Queries and keys go in
   blocks of `block` positions; each query block folds in its key blocks up to the diagonal with an online softmax
   (running max and sum), so no more than [B, H, block, block] scores exist at a time. The forward pass keeps the
   output and each row's log-sum-exp; the backward pass recomputes each block's scores from them (FlashAttention-2's
@@ -15,8 +19,11 @@ id; padding, id 0, attends only to padding), so packed documents never see each 
 - `dense`: flax's `dot_product_attention` with a [B, 1, S, S] mask: [B, H, S, S] scores and probabilities, kept for
   the backward pass in each layer. What the LM used before; kept as the anchor of benchmarks/lm_memory_bench.py.
 
-`resolve("auto", ...)` picks cuDNN on a GPU where a compile of it at the step's shapes succeeds, else blockwise,
-and logs the choice once per shape.
+`resolve("auto", ...)` picks cuDNN on a GPU and Splash on a TPU where a compile of it at the step's shapes succeeds
+and its outputs and gradients on packed rows match blockwise attention's, else blockwise, and logs the choice once
+per shape. `implementation="xla"` runs the fused kinds' stand-ins, which XLA computes on any backend (cuDNN's call
+through jax.nn.dot_product_attention's XLA path, Splash's Pallas kernel interpreted): the tests check both on the
+CPU.
 """
 
 from __future__ import annotations
@@ -32,19 +39,19 @@ from jax import lax
 
 log = logging.getLogger(__name__)
 
-KINDS = ("auto", "cudnn", "blockwise", "dense")
+KINDS = ("auto", "cudnn", "splash", "blockwise", "dense")
+FUSED = {"gpu": "cudnn", "tpu": "splash"}  # the fused kernel `auto` tries on each platform
 BLOCK = 256  # positions per block: [B, H, 256, 256] float32 scores at a time
 _MASKED = -1e30  # a finite "minus infinity": exp() of it is 0, and a row of it never gives inf - inf
 
 
-def attend(q, k, v, segment_ids, kind: str = "blockwise", *, block: int = BLOCK, implementation: str = "cudnn"):
-    """Causal attention within segments by `kind` (cudnn, blockwise or dense; resolve "auto" first). `implementation`
-    is what the cudnn kind passes to jax.nn.dot_product_attention ("xla" computes the same arguments on any backend:
-    the tests check the cuDNN call's masks with it on the CPU)."""
+def attend(q, k, v, segment_ids, kind: str = "blockwise", *, block: int = BLOCK, implementation: str = "native"):
+    """Causal attention within segments by `kind` (cudnn, splash, blockwise or dense; resolve "auto" first).
+    `implementation`: "native" runs the fused kinds' kernels, "xla" their stand-ins (see the module doc)."""
     if kind == "blockwise":
         return blockwise(q, k, v, segment_ids, block=block)
-    if kind == "cudnn":
-        return fused(q, k, v, segment_ids, implementation=implementation)
+    if kind in FUSED.values():
+        return _kernel(kind)(q, k, v, segment_ids, implementation=implementation)
     if kind == "dense":
         return nn.dot_product_attention(q, k, v, mask=causal_segment_mask(segment_ids))
     raise ValueError(f"attention={kind!r} is not one of {', '.join(KINDS[1:])}")
@@ -57,10 +64,35 @@ def causal_segment_mask(segment_ids):
     return (same & (jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]))[:, None]
 
 
-def fused(q, k, v, segment_ids, *, implementation: str = "cudnn"):
+def fused(q, k, v, segment_ids, *, implementation: str = "native"):
     """jax.nn.dot_product_attention with the causal mask type and the segments as a mask (see the module doc)."""
     same = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-    return jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True, implementation=implementation)
+    return jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True,
+                                        implementation="cudnn" if implementation == "native" else implementation)
+
+
+def splash(q, k, v, segment_ids, *, implementation: str = "native"):
+    """Splash attention over [B, S, H, D] (see the module doc); S a multiple of 128."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    _, s, h, d = q.shape
+    block = next((b for b in (512, 256, 128) if s % b == 0), None)
+    if block is None:
+        raise ValueError(f"Splash attention takes rows of a multiple of 128 positions, and these have {s}")
+    sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    kernel = sa.make_splash_mha(sa.MultiHeadMask([sa.CausalMask((s, s))] * h), block_sizes=sizes, head_shards=1,
+                                q_seq_shards=1, interpret=implementation == "xla")
+    heads_first = (0, 2, 1, 3)  # the kernel's [H, S, D] a row
+    q, k, v = ((x * d ** -0.5).astype(x.dtype) if x is q else x for x in (q, k, v))
+    segments = sa.SegmentIds(q=segment_ids, kv=segment_ids)
+    out = jax.vmap(kernel)(*(x.transpose(heads_first) for x in (q, k, v)), segment_ids=segments)
+    return out.transpose(heads_first)
+
+
+def _kernel(kind: str):
+    """The function of a fused kind (looked up when called: the tests stand a faulty kernel in for one)."""
+    return fused if kind == "cudnn" else splash
 
 
 # --- blockwise (flash) attention ----------------------------------------------------------------------------------
@@ -177,15 +209,19 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 _CHOSEN: dict = {}
 
 
-def resolve(kind: str, q_shape: tuple, dtype, platform: str | None = None, *, implementation: str = "cudnn") -> str:
-    """The implementation `kind` names; for "auto": cudnn on a GPU when a compile of its forward and backward pass at
-    these shapes succeeds (bf16/fp16, a head dim cuDNN takes) and its outputs and gradients on two packed rows match
-    blockwise attention's, else blockwise. The choice is logged once per shape. `implementation`: what the cudnn kind
-    passes to jax.nn.dot_product_attention (the tests check the choosing with "xla" on the CPU)."""
+_NAMES = {"cudnn": ("cuDNN", "NVIDIA GPUs"), "splash": ("Splash", "TPUs")}  # a fused kind's name, and where it runs
+
+
+def resolve(kind: str, q_shape: tuple, dtype, platform: str | None = None, *, implementation: str = "native") -> str:
+    """The implementation `kind` names; for "auto": the platform's fused kernel (cuDNN on a GPU, Splash on a TPU)
+    when a compile of its forward and backward pass at these shapes succeeds (cuDNN: bf16/fp16, a head dim it
+    takes; Splash: rows of a multiple of 128) and its outputs and gradients on two packed rows match blockwise
+    attention's, else blockwise. The choice is logged once per shape. `implementation`: "xla" chooses with the fused
+    kinds' stand-ins (the tests, on the CPU)."""
     platform = platform or jax.default_backend()
-    if kind == "cudnn" and platform != "gpu":
-        raise ValueError(f"attention=cudnn runs on NVIDIA GPUs, and this backend is {platform}; use attention=auto "
-                         "(cuDNN where it runs, else blockwise) or attention=blockwise")
+    if kind in _NAMES and FUSED.get(platform) != kind:
+        raise ValueError(f"attention={kind} runs on {_NAMES[kind][1]}, and this backend is {platform}; use "
+                         "attention=auto (the fused kernel where one runs, else blockwise) or attention=blockwise")
     if kind != "auto":
         return kind
     key = (tuple(q_shape), jnp.dtype(dtype).name, platform, implementation)
@@ -197,33 +233,35 @@ def resolve(kind: str, q_shape: tuple, dtype, platform: str | None = None, *, im
 
 
 def _auto(q_shape, dtype, platform, implementation) -> tuple[str, str]:
-    if platform != "gpu":
-        return "blockwise", f"cuDNN's fused attention runs on NVIDIA GPUs; this backend is {platform}"
-    if dtype not in (jnp.bfloat16, jnp.float16):
+    kind = FUSED.get(platform)
+    if kind is None:
+        return "blockwise", f"the fused kernels run on NVIDIA GPUs (cuDNN) and TPUs (Splash); this backend is {platform}"
+    name = _NAMES[kind][0]
+    if kind == "cudnn" and dtype not in (jnp.bfloat16, jnp.float16):
         return "blockwise", f"cuDNN's fused attention takes bf16/fp16 and these queries are {dtype.name} (dtype=bfloat16)"
     b, s, h, d = q_shape
     qkv = jax.ShapeDtypeStruct(q_shape, dtype)
     seg = jax.ShapeDtypeStruct((b, s), jnp.int32)
 
     def loss(q, k, v, segment_ids):
-        return fused(q, k, v, segment_ids, implementation=implementation).astype(jnp.float32).sum()
+        return attend(q, k, v, segment_ids, kind, implementation=implementation).astype(jnp.float32).sum()
 
     try:
         jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(qkv, qkv, qkv, seg).compile()
-    except Exception as e:  # noqa: BLE001 - any refusal (JAX's checks, cuDNN's, XLA's) means: not here
-        return "blockwise", f"cuDNN refused these shapes: {type(e).__name__}: {_first_line(e)}"
+    except Exception as e:  # noqa: BLE001 - any refusal (JAX's checks, the kernel's, XLA's) means: not here
+        return "blockwise", f"{name} refused these shapes: {type(e).__name__}: {_first_line(e)}"
     try:
-        error = _agreement(min(s, CHECK_POSITIONS), h, d, dtype, implementation)
-    except Exception as e:  # noqa: BLE001 - cuDNN compiled but did not run here: not here either
-        return "blockwise", f"cuDNN compiled but its agreement check failed: {type(e).__name__}: {_first_line(e)}"
+        error = _agreement(kind, min(s, CHECK_POSITIONS), h, d, dtype, implementation)
+    except Exception as e:  # noqa: BLE001 - it compiled but did not run here: not here either
+        return "blockwise", f"{name} compiled but its agreement check failed: {type(e).__name__}: {_first_line(e)}"
     if not error <= AGREEMENT:
-        return "blockwise", (f"cuDNN's outputs or gradients on packed rows differ from blockwise attention's by "
-                             f"{error:.3f} (relative; at most {AGREEMENT} expected in {dtype.name}): this cuDNN does "
+        return "blockwise", (f"{name}'s outputs or gradients on packed rows differ from blockwise attention's by "
+                             f"{error:.3f} (relative; at most {AGREEMENT} expected in {dtype.name}): this {name} does "
                              f"not apply the packed documents' mask as asked")
-    note = unused_mask_gradient(jax.__version__)
+    note = unused_mask_gradient(jax.__version__) if kind == "cudnn" else None
     if note:
         log.warning("attention: %s", note)
-    return "cudnn", f"cuDNN fused attention compiled at these shapes; it matches blockwise attention ({error:.4f})"
+    return kind, f"{name} fused attention compiled at these shapes; it matches blockwise attention ({error:.4f})"
 
 
 def unused_mask_gradient(version: str) -> str | None:
@@ -247,12 +285,11 @@ def _first_line(e: Exception) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _agreement(s: int, h: int, d: int, dtype, implementation: str) -> float:
-    """The largest relative error (L2) of the cudnn kind's output and gradients, in `dtype`, against blockwise
+def _agreement(kind: str, s: int, h: int, d: int, dtype, implementation: str) -> float:
+    """The largest relative error (L2) of a fused kind's output and gradients, in `dtype`, against blockwise
     attention's in float32, on random inputs over check_segments(s); once per (positions, heads, head dim, dtype):
     the step's batch and the model's init batch differ, and the check need not run again."""
-    with jax.ensure_compile_time_eval():  # resolve() runs as the model is traced: these values are computed now
-        return _relative_error(s, h, d, dtype, implementation)
+    return _relative_error(kind, s, h, d, dtype, implementation)
 
 
 def check_segments(s: int) -> np.ndarray:
@@ -267,19 +304,23 @@ def check_segments(s: int) -> np.ndarray:
     return rows
 
 
-def _relative_error(s: int, h: int, d: int, dtype, implementation: str) -> float:
-    keys = jax.random.split(jax.random.PRNGKey(0), 4)
-    q, k, v, weights = (jax.random.normal(key, (2, s, h, d), jnp.float32) for key in keys)
-    segments = jnp.asarray(check_segments(s))
+def _relative_error(kind: str, s: int, h: int, d: int, dtype, implementation: str) -> float:
+    """(see _agreement) resolve() runs as the model is traced: the check's programs are compiled ahead of time and
+    run on NumPy inputs, so they run now instead of joining the model's trace (Splash's Pallas kernel cannot be
+    traced under jax.ensure_compile_time_eval)."""
+    rng = np.random.default_rng(0)
+    q, k, v, weights = (rng.standard_normal((2, s, h, d), np.float32) for _ in range(4))
+    segments = check_segments(s)
 
     def outputs(fn, dt):
-        def loss(q, k, v):
+        def loss(q, k, v, segments):
             out = fn(q, k, v, segments)
             return jnp.sum(out.astype(jnp.float32) * weights), out
-        (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(
-            *(x.astype(dt) for x in (q, k, v)))
+        args = (*(x.astype(dt) for x in (q, k, v)), segments)
+        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)).lower(*args).compile()
+        (_, out), grads = step(*args)
         return [np.asarray(x, np.float32) for x in (out, *grads)]
 
-    got = outputs(functools.partial(fused, implementation=implementation), dtype)
+    got = outputs(functools.partial(_kernel(kind), implementation=implementation), dtype)
     want = outputs(blockwise, jnp.float32)
     return max(float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)) for g, w in zip(got, want))

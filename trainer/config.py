@@ -21,7 +21,7 @@ SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16")
 SIZE_KEYS = ("width", "depth", "heads", "mlp_ratio")  # the keys that size the models in SIZED_MODELS
 SIZED_MODELS = ("transformer_lm",)
-ATTENTIONS = ("auto", "cudnn", "blockwise", "dense")  # trainer/attention.py
+ATTENTIONS = ("auto", "cudnn", "splash", "blockwise", "dense")  # trainer/attention.py
 # what the backward pass recomputes of each LM block: MaxText's remat_policy names (trainer/models.py remat_policy)
 REMATS = ("none", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj", "save_dot_except_mlp",
           "save_dot_except_mlpwi", "save_dot_with_context_except_mlp")
@@ -86,8 +86,8 @@ class TrainConfig:
     depth: int = 2  # Transformer blocks
     heads: int = 4  # attention heads, each width / heads features wide
     mlp_ratio: int = 4  # each block's MLP has mlp_ratio * width hidden units
-    # transformer_lm's attention: auto (cuDNN's fused kernel on a GPU where it compiles and matches blockwise on
-    # packed rows, else blockwise), cudnn,
+    # transformer_lm's attention: auto (the fused kernel, cuDNN's on a GPU and Splash on a TPU, where it compiles and
+    # matches blockwise on packed rows, else blockwise), cudnn, splash,
     # blockwise (flash attention in JAX: memory grows with seq_len, not its square) or dense ([B, H, S, S] scores)
     attention: str = "auto"
     # transformer_lm: what the backward pass recomputes of each block instead of keeping it (MaxText's remat_policy

@@ -95,7 +95,7 @@ class DecoderBlock(nn.Module):
     heads: int
     dim: int
     mlp_ratio: int = 4
-    attention: str = "auto"  # trainer/attention.py's auto, cudnn, blockwise or dense
+    attention: str = "auto"  # trainer/attention.py's auto, cudnn, splash, blockwise or dense
 
     def setup(self):
         # attribute names = the parameter tree's names (what compact auto-naming gave flax's block)
@@ -180,7 +180,7 @@ class TransformerLM(nn.Module):
     `depth` pre-norm blocks of `heads`-head attention over `width` features and a GELU MLP of
     `mlp_ratio * width`; learned position embeddings for `max_len` positions; an output layer of its own (not
     tied to the token embedding). `attention=` picks the attention's implementation (trainer/attention.py: auto,
-    cudnn, blockwise, dense), `remat=` what the backward pass recomputes of each block instead of keeping it
+    cudnn, splash, blockwise, dense), `remat=` what the backward pass recomputes of each block instead of keeping it
     (`remat_policy`, MaxText's names; each block recomputes its LayerNorms and GELU whatever the policy:
     DecoderBlock), `use_iota_embed=` whether the embeddings are looked up or one-hot matrix multiplies. None of them
     changes the parameters, which have the names and initial values of the blocks of flax's

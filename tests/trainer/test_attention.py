@@ -96,11 +96,13 @@ def test_bfloat16_inputs_stay_within_bfloat16_of_the_reference(rows, kind, optio
 def test_auto_is_blockwise_off_the_gpu_and_cudnn_needs_a_gpu(caplog):
     caplog.set_level(logging.INFO, "trainer.attention")
     assert attention.resolve("auto", (2, 64, 4, 32), jnp.bfloat16, platform="cpu") == "blockwise"
-    assert "cuDNN's fused attention runs on NVIDIA GPUs; this backend is cpu" in caplog.text
+    assert "the fused kernels run on NVIDIA GPUs (cuDNN) and TPUs (Splash); this backend is cpu" in caplog.text
     assert attention.resolve("dense", (2, 64, 4, 32), jnp.float32, platform="cpu") == "dense"
     with pytest.raises(ValueError, match="attention=cudnn runs on NVIDIA GPUs, and this backend is cpu; use "
-                                         r"attention=auto \(cuDNN where it runs, else blockwise\)"):
+                                         r"attention=auto \(the fused kernel where one runs, else blockwise\)"):
         attention.resolve("cudnn", (2, 64, 4, 32), jnp.bfloat16, platform="cpu")
+    with pytest.raises(ValueError, match="attention=splash runs on TPUs, and this backend is gpu"):
+        attention.resolve("splash", (2, 128, 4, 32), jnp.bfloat16, platform="gpu")
 
 
 def test_auto_on_a_gpu_falls_back_when_cudnn_refuses(caplog):
@@ -157,6 +159,50 @@ def test_auto_on_a_gpu_refuses_a_fused_kernel_that_lets_documents_see_each_other
     assert "cuDNN's outputs or gradients on packed rows differ from blockwise attention's by 0." in caplog.text
     assert "(relative; at most 0.05 expected in bfloat16): this cuDNN does not apply the packed documents' mask" \
            in caplog.text
+
+
+@pytest.fixture(scope="module")
+def long_rows():
+    """Rows of 256 positions (Splash takes multiples of 128): five documents a row across the 128-position block
+    edge, padding at the end."""
+    rng = np.random.default_rng(3)
+    b, s, h, d = 2, 256, 2, 32
+    q, k, v = (rng.normal(size=(b, s, h, d)).astype(np.float32) for _ in range(3))
+    segments = packed_rows(rng, b, s, documents=5, padding=20)
+    assert all(row[127] == row[128] > 0 for row in segments) or all(row[127] != row[128] for row in segments)
+    return q, k, v, segments
+
+
+def test_splash_is_the_reference_softmax_and_its_gradient(long_rows):
+    """Splash's Pallas kernel, interpreted on the CPU (implementation="xla"): the causal mask and the segment ids
+    are the kernel's own, so this checks what a TPU runs, but for the TPU's compiler."""
+    q, k, v, segments = long_rows
+    out = attention.attend(q, k, v, segments, "splash", implementation="xla")
+    np.testing.assert_allclose(out, reference(q, k, v, segments), atol=2e-6)
+    weights = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
+
+    def loss(kind, **options):
+        return lambda q, k, v: jnp.sum(attention.attend(q, k, v, segments, kind, **options) * weights)
+
+    got = jax.grad(loss("splash", implementation="xla"), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(loss("dense"), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=2e-5)
+    with pytest.raises(ValueError, match="Splash attention takes rows of a multiple of 128 positions, and these have "
+                                         "80"):
+        attention.splash(q[:, :80], k[:, :80], v[:, :80], segments[:, :80], implementation="xla")
+
+
+def test_auto_on_a_tpu_takes_splash_when_it_compiles_and_matches_blockwise(caplog):
+    """The choosing as on a TPU, the kernel interpreted: Splash where its rows fit, blockwise where they do not."""
+    caplog.set_level(logging.INFO, "trainer.attention")
+    assert attention.resolve("auto", (2, 256, 2, 32), jnp.float32, platform="tpu", implementation="xla") == "splash"
+    assert "splash for queries 2x256x2x32 float32 (Splash fused attention compiled at these shapes; it matches " \
+           "blockwise attention (0.00" in caplog.text
+    assert attention.resolve("auto", (2, 200, 2, 32), jnp.float32, platform="tpu", implementation="xla") == "blockwise"
+    assert "Splash refused these shapes: ValueError: Splash attention takes rows of a multiple of 128 positions, and " \
+           "these have 200" in caplog.text
+    assert "jax-ml/jax#34685" not in caplog.text  # cuDNN's note only
 
 
 def test_the_agreement_check_rows_have_documents_across_block_edges_and_padding():
@@ -246,7 +292,7 @@ def test_remat_keeps_less_for_the_backward_pass():
 
 
 def test_the_config_refuses_unknown_attention_and_remat_and_keeps_them_to_the_lm():
-    with pytest.raises(ValueError, match="attention='flash' is not one of auto, cudnn, blockwise, dense"):
+    with pytest.raises(ValueError, match="attention='flash' is not one of auto, cudnn, splash, blockwise, dense"):
         TrainConfig(data="x", workdir="w", model="transformer_lm", attention="flash")
     with pytest.raises(ValueError, match="remat='all' is not one of none, full, minimal"):
         TrainConfig(data="x", workdir="w", model="transformer_lm", remat="all")
