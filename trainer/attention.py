@@ -84,7 +84,7 @@ def splash(q, k, v, segment_ids, *, implementation: str = "native"):
     kernel = sa.make_splash_mha(sa.MultiHeadMask([sa.CausalMask((s, s))] * h), block_sizes=sizes, head_shards=1,
                                 q_seq_shards=1, interpret=implementation == "xla")
     heads_first = (0, 2, 1, 3)  # the kernel's [H, S, D] a row
-    q, k, v = ((x * d ** -0.5).astype(x.dtype) if x is q else x for x in (q, k, v))
+    q = (q * d ** -0.5).astype(q.dtype)  # the kernel does not scale its scores
     segments = sa.SegmentIds(q=segment_ids, kv=segment_ids)
     out = jax.vmap(kernel)(*(x.transpose(heads_first) for x in (q, k, v)), segment_ids=segments)
     return out.transpose(heads_first)
