@@ -469,6 +469,32 @@ def test_the_rates_leave_out_the_time_a_checkpoint_takes(digits, tmp_path, monke
     assert [(int(m[1]), float(m[2]) >= 3) for m in saved if m] == [(2, True), (4, True), (6, True)]
 
 
+def test_the_loop_runs_with_the_setups_objects_left_out_of_garbage_collection(digits, tmp_path, monkeypatch):
+    """A full collection in the loop would scan everything the imports and the setup made (tens of ms on this VM,
+    more with a bigger heap): the loop runs with those objects frozen (gc.freeze), and the process collects as
+    before once it ends."""
+    import gc
+
+    from trainer import TrainConfig, train
+
+    before, frozen, compile_step = gc.get_freeze_count(), [], train.compile_step
+
+    def compiled(*args):
+        step = compile_step(*args)
+
+        def run(state, batch):
+            frozen.append(gc.get_freeze_count())
+            return step(state, batch)
+        return run
+
+    monkeypatch.setattr(train, "compile_step", compiled)
+    config = TrainConfig(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", steps=5, batch_size=32,
+                         num_classes=10, log_every=5, checkpoint_every=100)
+    train.train_and_evaluate(config)
+    assert len(frozen) == 5 and min(frozen) > 10_000, frozen  # JAX alone makes ~100k objects
+    assert gc.get_freeze_count() == before
+
+
 def _top_level_calls(trace: Path, name: str) -> int:
     """Calls of `name` in an xplane trace that no other call of it encloses (a jitted call shows as two nested
     events)."""
