@@ -41,8 +41,8 @@ def setup(width: int, depth: int, seq_len: int):
     import jax.numpy as jnp
     import optax
     import orbax.checkpoint  # noqa: F401 - imported by the trainer
-    import loader  # noqa: F401 - imported by the trainer
 
+    import loader  # noqa: F401 - imported by the trainer
     from trainer import models
 
     model = models.TransformerLM(vocab_size=1024, max_len=seq_len, width=width, depth=depth, heads=8,
