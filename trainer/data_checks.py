@@ -58,6 +58,26 @@ def check_records(config: TrainConfig, sources: Sequence[Source], key: str) -> N
             raise ValueError(f"{key}={text}" if said and not part else f"{key}={source.path}{part}: {text}") from None
 
 
+def check_features(task, config: TrainConfig, sources: Sequence[Source], key: str) -> None:
+    """Each of `sources` (the config's `key`) has the features the task reads, by its first record: one line naming
+    the key, the missing feature and the source's own features, before anything is compiled (eval_data with other
+    feature names failed at the first evaluation, after training, with the loader's advice on features=)."""
+    for source in sources:
+        try:
+            record = next(iter(loader.load(source.path, batch_size=1, shuffle=False, split=source.split,
+                                           shard_index=0, shard_count=1, allow_incomplete=config.allow_incomplete)), {})
+        except (ValueError, FileNotFoundError) as e:  # the loader's own line (no manifest, ...), the component named
+            if source.name is None:
+                raise
+            raise type(e)(f"mixture component {source.name!r}: {e}") from e
+        missing = [f for f in task.features if f not in record]
+        if missing:
+            part = f" (mixture component {source.name!r})" if source.name is not None else ""
+            raise ValueError(f"task reads feature {missing[0]!r}, which {key}={source.path}{part} does not have; its "
+                             f"features are {sorted(record)}: data= and eval_data= need the same names (set "
+                             "image_key= / label_key= / text_key= to names both have, or convert it with them)")
+
+
 def check_ranges(task, config: TrainConfig, sources: Sequence[Source]) -> None:
     """Each of the task's `ranged_features` over each source (trainer/sources.py: its path, split and TFDS feature
     specs), checked by the task's `check_range`; a mixture component's error names it."""

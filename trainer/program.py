@@ -52,9 +52,12 @@ class Program:
 
     def check_data(self) -> None:
         """Before anything is compiled: eval_data holds records (the training data's first record is read already),
-        and the task's `ranged_features` (a classification's labels) over every record of the training data and of
+        every source has the task's features, and the task's `ranged_features` (a classification's labels) over every record of the training data and of
         eval_data: one line naming the source, the range and the fix (trainer/data_checks.py)."""
         data_checks.check_records(self.config, self.data.eval, "eval_data")
+        shaping = self.data.shaping  # (its first record is read already)
+        for key, group in (("data", self.data.train), ("eval_data", self.data.eval)):
+            data_checks.check_features(self.task, self.config, [s for s in group if s is not shaping], key)
         data_checks.check_ranges(self.task, self.config, self.data.train + self.data.eval)
 
     # --- parameters, model state and optimizer ------------------------------------------------

@@ -83,6 +83,28 @@ def test_an_empty_eval_data_is_named_before_anything_compiles(digits, tmp_path):
     assert "step compiled" not in proc.stderr and _no_checkpoint(tmp_path / "run")
 
 
+def test_eval_data_with_other_feature_names_is_one_line_before_anything_compiles(digits, tmp_path):
+    """Its features named like the training data's or not: checked on its first record at start (the first
+    evaluation found it, after training, with the loader's advice on features=)."""
+    import numpy as np
+
+    from dataset_format.example_proto import encode_example
+    from pipelines import ConvertConfig, run_conversion
+    from tests.conftest import write_tfrecord_shards
+
+    records = [encode_example({"img": np.arange(64), "lbl": np.array([i % 10])}) for i in range(20)]
+    write_tfrecord_shards(tmp_path / "raw", [records])
+    assert run_conversion(ConvertConfig(input=str(tmp_path / "raw" / "*.tfrecord"), output=str(tmp_path / "other")),
+                          ["--direct_num_workers=1"]).ok
+    proc = trainer_here(f"data={digits['train']}", f"eval_data={tmp_path / 'other'}", f"workdir={tmp_path / 'run'}",
+                        "model=mlp", "num_classes=10", "steps=5")
+    assert proc.returncode == 2 and _errors(proc) == [
+        f"error: task reads feature 'image', which eval_data={tmp_path / 'other'} does not have; its features are "
+        "['img', 'lbl']: data= and eval_data= need the same names (set image_key= / label_key= / text_key= to names "
+        "both have, or convert it with them)"]
+    assert "step compiled" not in proc.stderr and _no_checkpoint(tmp_path / "run")
+
+
 @pytest.mark.parametrize("low, high, num_classes, offset, hint", [
     (1, 1000, 1000, 0, "1-based labels: pass label_offset=-1"),
     (0, 10, 10, 0, "set num_classes=11 (or check label_key=)"),
