@@ -52,8 +52,9 @@ class Program:
 
     def check_data(self) -> None:
         """Before anything is compiled: eval_data holds records (the training data's first record is read already),
-        every source has the task's features, and the task's `ranged_features` (a classification's labels) over every record of the training data and of
-        eval_data: one line naming the source, the range and the fix (trainer/data_checks.py)."""
+        every source has the task's features, and the task's `ranged_features` (a classification's labels) over
+        every record of the training data and of eval_data: one line naming the source, the range and the fix
+        (trainer/data_checks.py)."""
         data_checks.check_records(self.config, self.data.eval, "eval_data")
         shaping = self.data.shaping  # (its first record is read already)
         for key, group in (("data", self.data.train), ("eval_data", self.data.eval)):
