@@ -11,13 +11,13 @@ id; padding, id 0, attends only to padding), so packed documents never see each 
   MaxText runs it on TPU: the causal mask and the segment ids are the kernel's own (blocks wholly masked are
   skipped), one kernel a row (vmapped over the batch), the queries scaled by 1/sqrt(d) before it. Rows of a multiple
   of 128 positions.
-- `blockwise`: flash attention in plain JAX, for the CPU and every case the fused kernels do not take. Queries and keys go in
-  blocks of `block` positions; each query block folds in its key blocks up to the diagonal with an online softmax
-  (running max and sum), so no more than [B, H, block, block] scores exist at a time. The forward pass keeps the
-  output and each row's log-sum-exp; the backward pass recomputes each block's scores from them (FlashAttention-2's
-  scheme, arXiv:2307.08691, section 3.1). Memory grows with S, not S².
+- `blockwise`: flash attention in plain JAX, for the CPU and every case the fused kernels do not take. Queries and
+  keys go in blocks of `block` positions; each query block folds in its key blocks up to the diagonal with an online
+  softmax (running max and sum), so no more than [B, H, block, block] scores exist at a time. The forward pass keeps
+  the output and each row's log-sum-exp; the backward pass recomputes each block's scores from them
+  (FlashAttention-2's scheme, arXiv:2307.08691, section 3.1). Memory grows with S, not S².
 - `dense`: flax's `dot_product_attention` with a [B, 1, S, S] mask: [B, H, S, S] scores and probabilities, kept for
-  the backward pass in each layer. What the LM used before; kept as the anchor of benchmarks/lm_memory_bench.py.
+  the backward pass in each layer; the anchor of benchmarks/lm_memory_bench.py.
 
 `resolve("auto", ...)` picks cuDNN on a GPU and Splash on a TPU where a compile of it at the step's shapes succeeds
 and its outputs and gradients on packed rows match blockwise attention's, else blockwise, and logs the choice once
@@ -235,10 +235,12 @@ def resolve(kind: str, q_shape: tuple, dtype, platform: str | None = None, *, im
 def _auto(q_shape, dtype, platform, implementation) -> tuple[str, str]:
     kind = FUSED.get(platform)
     if kind is None:
-        return "blockwise", f"the fused kernels run on NVIDIA GPUs (cuDNN) and TPUs (Splash); this backend is {platform}"
+        return "blockwise", (f"the fused kernels run on NVIDIA GPUs (cuDNN) and TPUs (Splash); this backend is "
+                             f"{platform}")
     name = _NAMES[kind][0]
     if kind == "cudnn" and dtype not in (jnp.bfloat16, jnp.float16):
-        return "blockwise", f"cuDNN's fused attention takes bf16/fp16 and these queries are {dtype.name} (dtype=bfloat16)"
+        return "blockwise", (f"cuDNN's fused attention takes bf16/fp16 and these queries are {dtype.name} "
+                             "(dtype=bfloat16)")
     b, s, h, d = q_shape
     qkv = jax.ShapeDtypeStruct(q_shape, dtype)
     seg = jax.ShapeDtypeStruct((b, s), jnp.int32)
