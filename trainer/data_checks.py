@@ -23,7 +23,7 @@ import numpy as np
 import loader
 from loader.format.source import resolve as resolve_source
 from trainer.config import TrainConfig
-from trainer.sources import Source
+from trainer.sources import Source, raw_first_record
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,7 @@ def check_features(task, config: TrainConfig, sources: Sequence[Source], key: st
     feature names failed at the first evaluation, after training, with the loader's advice on features=)."""
     for source in sources:
         try:
-            record = next(iter(loader.load(source.path, batch_size=1, shuffle=False, split=source.split,
-                                           shard_index=0, shard_count=1, allow_incomplete=config.allow_incomplete)), {})
+            record = raw_first_record(source, config.allow_incomplete)
         except (ValueError, FileNotFoundError) as e:  # the loader's own line (no manifest, ...), the component named
             if source.name is None:
                 raise

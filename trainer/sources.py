@@ -111,13 +111,17 @@ def _feature_specs(data: str) -> dict[str, dict]:
     return tfds_info.feature_specs(features) if features else {}
 
 
+def raw_first_record(source: Source, allow_incomplete: bool) -> dict[str, np.ndarray]:
+    """The first record of `source`, every feature decoded as it is stored, a batch of one ({} when it has none)."""
+    return next(iter(loader.load(source.path, batch_size=1, shuffle=False, split=source.split, shard_index=0,
+                                 shard_count=1, allow_incomplete=allow_incomplete)), {})
+
+
 def first_record(source: Source, task: Any, allow_incomplete: bool) -> dict[str, np.ndarray]:
     """The first record of `source` as the task sees it, a batch of one (all features are decoded once, to name them
     if one is missing)."""
-    one = dict(batch_size=1, shuffle=False, split=source.split, shard_index=0, shard_count=1,
-               allow_incomplete=allow_incomplete)
     data = source.path
-    record = next(iter(loader.load(data, **one)))
+    record = raw_first_record(source, allow_incomplete)
     missing = [f for f in task.features if f not in record]
     if missing:
         raise ValueError(f"task reads feature {missing[0]!r}, which {data} does not have; its features are "
