@@ -1,8 +1,10 @@
 """Causal self-attention over packed rows, without holding [batch, heads, seq, seq] scores.
 
-`attend(q, k, v, segment_ids, kind)`: q, k, v [B, S, H, D] (flax's layout), segment_ids [B, S] -> [B, S, H, D]. A
-token attends to the positions up to its own that share its segment id (packing gives each document of a row its own
-id; padding, id 0, attends only to padding), so packed documents never see each other. Three implementations:
+`attend(q, k, v, segment_ids, kind)`: q [B, S, H, D], k and v [B, S, K, D] (flax's layout), segment_ids [B, S] ->
+[B, S, H, D]. A token attends to the positions up to its own that share its segment id (packing gives each document of
+a row its own id; padding, id 0, attends only to padding), so packed documents never see each other. K may divide H
+(grouped-query attention): query head h reads key/value head h // (H / K), as in jax.nn.dot_product_attention,
+Splash and MaxText. The implementations:
 
 - `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN's fused flash attention (NVIDIA GPUs, bf16 or
   fp16, a head dim cuDNN takes). Causal by its mask type (it skips the blocks above the diagonal); the segments as a
@@ -53,8 +55,17 @@ def attend(q, k, v, segment_ids, kind: str = "blockwise", *, block: int = BLOCK,
     if kind in FUSED.values():
         return _kernel(kind)(q, k, v, segment_ids, implementation=implementation)
     if kind == "dense":
-        return nn.dot_product_attention(q, k, v, mask=causal_segment_mask(segment_ids))
+        return nn.dot_product_attention(q, *_repeat_heads(k, v, q.shape[2]), mask=causal_segment_mask(segment_ids))
     raise ValueError(f"attention={kind!r} is not one of {', '.join(KINDS[1:])}")
+
+
+def _repeat_heads(k, v, heads: int):
+    """k and v [B, S, K, D] with each head repeated heads / K times: key/value head h // (heads / K) at head h."""
+    if k.shape[2] == heads:
+        return k, v
+    if heads % k.shape[2]:
+        raise ValueError(f"{k.shape[2]} key/value heads do not divide {heads} query heads")
+    return tuple(jnp.repeat(x, heads // k.shape[2], axis=2) for x in (k, v))
 
 
 def causal_segment_mask(segment_ids):
@@ -98,7 +109,8 @@ def _kernel(kind: str):
 # --- blockwise (flash) attention ----------------------------------------------------------------------------------
 def blockwise(q, k, v, segment_ids, *, block: int = BLOCK):
     """Flash attention in JAX (see the module doc); S need not be a multiple of `block` (the rows are padded with a
-    segment of their own, then cut)."""
+    segment of their own, then cut). Grouped keys and values are repeated to the query heads first."""
+    k, v = _repeat_heads(k, v, q.shape[2])
     s = q.shape[1]
     block = min(block, s)
     pad = -s % block
@@ -212,27 +224,30 @@ _CHOSEN: dict = {}
 _NAMES = {"cudnn": ("cuDNN", "NVIDIA GPUs"), "splash": ("Splash", "TPUs")}  # a fused kind's name, and where it runs
 
 
-def resolve(kind: str, q_shape: tuple, dtype, platform: str | None = None, *, implementation: str = "native") -> str:
+def resolve(kind: str, q_shape: tuple, dtype, platform: str | None = None, *, implementation: str = "native",
+            kv_heads: int | None = None) -> str:
     """The implementation `kind` names; for "auto": the platform's fused kernel (cuDNN on a GPU, Splash on a TPU)
     when a compile of its forward and backward pass at these shapes succeeds (cuDNN: bf16/fp16, a head dim it
     takes; Splash: rows of a multiple of 128) and its outputs and gradients on two packed rows match blockwise
     attention's, else blockwise. The choice is logged once per shape. `implementation`: "xla" chooses with the fused
-    kinds' stand-ins (the tests, on the CPU)."""
+    kinds' stand-ins (the tests, on the CPU). `kv_heads`: the keys' and values' heads (None: the queries')."""
     platform = platform or jax.default_backend()
     if kind in _NAMES and FUSED.get(platform) != kind:
         raise ValueError(f"attention={kind} runs on {_NAMES[kind][1]}, and this backend is {platform}; use "
                          "attention=auto (the fused kernel where one runs, else blockwise) or attention=blockwise")
     if kind != "auto":
         return kind
-    key = (tuple(q_shape), jnp.dtype(dtype).name, platform, implementation)
+    kv_heads = kv_heads or q_shape[2]
+    key = (tuple(q_shape), kv_heads, jnp.dtype(dtype).name, platform, implementation)
     if key not in _CHOSEN:
-        _CHOSEN[key], why = _auto(q_shape, jnp.dtype(dtype), platform, implementation)
-        log.info("attention: %s for queries %s %s (%s)", _CHOSEN[key], "x".join(map(str, q_shape)),
+        _CHOSEN[key], why = _auto(q_shape, kv_heads, jnp.dtype(dtype), platform, implementation)
+        grouped = f" ({kv_heads} key/value heads)" if kv_heads != q_shape[2] else ""
+        log.info("attention: %s for queries %s%s %s (%s)", _CHOSEN[key], "x".join(map(str, q_shape)), grouped,
                  jnp.dtype(dtype).name, why)
     return _CHOSEN[key]
 
 
-def _auto(q_shape, dtype, platform, implementation) -> tuple[str, str]:
+def _auto(q_shape, kv_heads, dtype, platform, implementation) -> tuple[str, str]:
     kind = FUSED.get(platform)
     if kind is None:
         return "blockwise", (f"the fused kernels run on NVIDIA GPUs (cuDNN) and TPUs (Splash); this backend is "
@@ -242,18 +257,18 @@ def _auto(q_shape, dtype, platform, implementation) -> tuple[str, str]:
         return "blockwise", (f"cuDNN's fused attention takes bf16/fp16 and these queries are {dtype.name} "
                              "(dtype=bfloat16)")
     b, s, h, d = q_shape
-    qkv = jax.ShapeDtypeStruct(q_shape, dtype)
+    query, kv = jax.ShapeDtypeStruct(q_shape, dtype), jax.ShapeDtypeStruct((b, s, kv_heads, d), dtype)
     seg = jax.ShapeDtypeStruct((b, s), jnp.int32)
 
     def loss(q, k, v, segment_ids):
         return attend(q, k, v, segment_ids, kind, implementation=implementation).astype(jnp.float32).sum()
 
     try:
-        jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(qkv, qkv, qkv, seg).compile()
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(query, kv, kv, seg).compile()
     except Exception as e:  # noqa: BLE001 - any refusal (JAX's checks, the kernel's, XLA's) means: not here
         return "blockwise", f"{name} refused these shapes: {type(e).__name__}: {_first_line(e)}"
     try:
-        error = _agreement(kind, min(s, CHECK_POSITIONS), h, d, dtype, implementation)
+        error = _agreement(kind, min(s, CHECK_POSITIONS), h, d, dtype, implementation, kv_heads)
     except Exception as e:  # noqa: BLE001 - it compiled but did not run here: not here either
         return "blockwise", f"{name} compiled but its agreement check failed: {type(e).__name__}: {_first_line(e)}"
     if not error <= AGREEMENT:
@@ -287,11 +302,12 @@ def _first_line(e: Exception) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _agreement(kind: str, s: int, h: int, d: int, dtype, implementation: str) -> float:
+def _agreement(kind: str, s: int, h: int, d: int, dtype, implementation: str,
+               kv_heads: int | None = None) -> float:
     """The largest relative error (L2) of a fused kind's output and gradients, in `dtype`, against blockwise
-    attention's in float32, on random inputs over check_segments(s); once per (positions, heads, head dim, dtype):
-    the step's batch and the model's init batch differ, and the check need not run again."""
-    return _relative_error(kind, s, h, d, dtype, implementation)
+    attention's in float32, on random inputs over check_segments(s); once per (positions, heads, head dim, dtype,
+    key/value heads): the step's batch and the model's init batch differ, and the check need not run again."""
+    return _relative_error(kind, s, h, d, dtype, implementation, kv_heads or h)
 
 
 def check_segments(s: int) -> np.ndarray:
@@ -306,12 +322,13 @@ def check_segments(s: int) -> np.ndarray:
     return rows
 
 
-def _relative_error(kind: str, s: int, h: int, d: int, dtype, implementation: str) -> float:
+def _relative_error(kind: str, s: int, h: int, d: int, dtype, implementation: str, kv_heads: int) -> float:
     """(see _agreement) resolve() runs as the model is traced: the check's programs are compiled ahead of time and
     run on NumPy inputs, so they run now instead of joining the model's trace (Splash's Pallas kernel cannot be
     traced under jax.ensure_compile_time_eval)."""
     rng = np.random.default_rng(0)
-    q, k, v, weights = (rng.standard_normal((2, s, h, d), np.float32) for _ in range(4))
+    q, weights = (rng.standard_normal((2, s, h, d), np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((2, s, kv_heads, d), np.float32) for _ in range(2))
     segments = check_segments(s)
 
     def outputs(fn, dt):

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from trainer.config import TrainConfig
+from trainer.config import LAYOUT_KEYS, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,8 @@ def checkpoint_manager(config: TrainConfig) -> ocp.CheckpointManager:
 
 
 # The settings that give the parameters their shapes: named when a checkpoint's shapes differ from this run's.
-SHAPING_KEYS = ("task", "model", "width", "depth", "heads", "mlp_ratio", "seq_len", "vocab_size", "tokenizer",
-                "text_key", "num_classes", "image_size", "optimizer")
+SHAPING_KEYS = ("task", "model", "width", "depth", "heads", "mlp_ratio", *LAYOUT_KEYS, "seq_len", "vocab_size",
+                "tokenizer", "text_key", "num_classes", "image_size", "optimizer")
 
 
 def config_record(config: TrainConfig) -> ocp.args.JsonSave:

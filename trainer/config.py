@@ -25,7 +25,13 @@ ATTENTIONS = ("auto", "cudnn", "splash", "blockwise", "dense")  # trainer/attent
 # what the backward pass recomputes of each LM block: MaxText's remat_policy names (trainer/models.py remat_policy)
 REMATS = ("none", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj", "save_dot_except_mlp",
           "save_dot_except_mlpwi", "save_dot_with_context_except_mlp")
-LM_KEYS = SIZE_KEYS + ("attention", "remat", "use_iota_embed")  # what model=transformer_lm takes from the config
+# transformer_lm's layout (MaxText's names): GPT-2's by default; Llama's: num_kv_heads < heads, rope, rmsnorm, SwiGLU
+LAYOUT_KEYS = ("num_kv_heads", "head_dim", "mlp_dim", "mlp_activations", "normalization", "position_embedding",
+               "rope_max_timescale")
+NORMALIZATIONS = ("layernorm", "rmsnorm")
+POSITION_EMBEDDINGS = ("learned", "rope")
+MLP_ACTIVATIONS = ("gelu", "silu", "relu", "linear")  # mlp_activations: one, or two whose outputs multiply (gated)
+LM_KEYS = SIZE_KEYS + LAYOUT_KEYS + ("attention", "remat", "use_iota_embed")  # what model=transformer_lm takes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +88,21 @@ class TrainConfig:
     add_bos: bool | None = None
     add_eos: bool | None = None  # as add_bos, for one EOS at each text's end
     # model=transformer_lm's size (MaxText: emb_dim, num_decoder_layers, num_query_heads, mlp_dim = mlp_ratio * width)
-    width: int = 128  # d_model: each token's features (a multiple of heads)
+    width: int = 128  # d_model: each token's features (a multiple of heads, unless head_dim is set)
     depth: int = 2  # Transformer blocks
-    heads: int = 4  # attention heads, each width / heads features wide
-    mlp_ratio: int = 4  # each block's MLP has mlp_ratio * width hidden units
+    heads: int = 4  # attention (query) heads, each width / heads features wide (or head_dim)
+    mlp_ratio: int = 4  # each block's MLP has mlp_ratio * width hidden units (unless mlp_dim is set)
+    # transformer_lm's layout, by MaxText's names; the defaults are GPT-2's, Llama's is num_kv_heads < heads
+    # position_embedding=rope normalization=rmsnorm mlp_activations=silu,linear (docs/training.md)
+    num_kv_heads: int | None = None  # key/value heads, dividing heads: grouped-query attention (1: multi-query)
+    head_dim: int | None = None  # features of each head (default width / heads)
+    mlp_dim: int | None = None  # the MLP's hidden units (default mlp_ratio * width)
+    # the MLP's activation, or two comma-separated (gelu, silu, relu, linear) whose outputs multiply: silu,linear is
+    # SwiGLU (a list in a config file, as in MaxText's)
+    mlp_activations: str = "gelu"
+    normalization: str = "layernorm"  # or rmsnorm
+    position_embedding: str = "learned"  # a table of seq_len positions, or rope: rotary embeddings of queries and keys
+    rope_max_timescale: float = 10_000.0  # rope: the longest wavelength's scale (Llama 3: 500000)
     # transformer_lm's attention: auto (the fused kernel, cuDNN's on a GPU and Splash on a TPU, where it compiles and
     # matches blockwise on packed rows, else blockwise), cudnn, splash,
     # blockwise (flash attention in JAX: memory grows with seq_len, not its square) or dense ([B, H, S, S] scores)
@@ -226,21 +243,41 @@ class TrainConfig:
                                  f"convert --{name.replace('_', '-')}): drop {name}=, or pass tokenizer= with text data")
 
     def _check_size(self):
-        """width, depth, heads, mlp_ratio: each >= 1, width a multiple of heads; attention and remat: names they
-        know; all only for a model they size."""
+        """width, depth, heads, mlp_ratio (and num_kv_heads, head_dim, mlp_dim where set): each >= 1, width a multiple
+        of heads unless head_dim is set, num_kv_heads a divisor of heads; the layout's, attention's and remat's
+        names: ones they know; all only for a model they size."""
+        if isinstance(self.mlp_activations, (list, tuple)):  # a config file's list, as MaxText's yaml has it
+            object.__setattr__(self, "mlp_activations", ",".join(map(str, self.mlp_activations)))
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in LM_KEYS}
-        for name, allowed in (("attention", ATTENTIONS), ("remat", REMATS)):
+        for name, allowed in (("attention", ATTENTIONS), ("remat", REMATS), ("normalization", NORMALIZATIONS),
+                              ("position_embedding", POSITION_EMBEDDINGS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
-        for name in SIZE_KEYS:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)}); the default is "
-                                 f"{name}={defaults[name]}")
-        if self.width % self.heads:
+        activations = self.mlp_activations.split(",")
+        unknown = [a for a in activations if a not in MLP_ACTIVATIONS]
+        if unknown or not 1 <= len(activations) <= 2:
+            raise ValueError(f"mlp_activations={self.mlp_activations!r} is not one or two of "
+                             f"{', '.join(MLP_ACTIVATIONS)} (e.g. mlp_activations=gelu, or silu,linear for SwiGLU)")
+        for name in SIZE_KEYS + ("num_kv_heads", "head_dim", "mlp_dim"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                default = "unset" if defaults[name] is None else f"{name}={defaults[name]}"
+                raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)}); the default is {default}")
+        if self.rope_max_timescale <= 0:
+            raise ValueError(f"rope_max_timescale must be > 0 (got rope_max_timescale={self.rope_max_timescale}); "
+                             "the default is 10000")
+        if self.num_kv_heads is not None and self.heads % self.num_kv_heads:
+            divisors = [str(k) for k in range(1, self.heads + 1) if self.heads % k == 0]
+            raise ValueError(f"num_kv_heads={self.num_kv_heads} does not divide heads={self.heads} (each key/value "
+                             f"head serves heads / num_kv_heads query heads); use one of {', '.join(divisors)}")
+        if self.head_dim is None and self.width % self.heads:
             fewer = max(h for h in range(1, self.heads) if self.width % h == 0)
             wider = -(-self.width // self.heads) * self.heads
             raise ValueError(f"width={self.width} is not divisible by heads={self.heads} (each head gets width / heads "
-                             f"features); use heads={fewer} or width={wider}")
+                             f"features); use heads={fewer} or width={wider}, or set head_dim=")
+        head_dim = self.head_dim or self.width // self.heads
+        if self.position_embedding == "rope" and head_dim % 2:
+            raise ValueError(f"position_embedding=rope turns pairs of a head's features, and heads have {head_dim} "
+                             f"(an odd number): set head_dim= to an even number")
         changed = [name for name in LM_KEYS if getattr(self, name) != defaults[name]]
         if changed and self.model not in SIZED_MODELS:
             name = changed[0]

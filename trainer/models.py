@@ -60,15 +60,20 @@ class TransformerBlock(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """flax's MultiHeadDotProductAttention's parameters (query, key, value: [dim, heads, dim / heads]; out: [heads,
-    dim / heads, dim]; the same initialisers), in two steps: the projections, and the output after an attention."""
+    """flax's MultiHeadDotProductAttention's parameters (query, key, value: [dim, heads, head_dim]; out: [heads,
+    head_dim, dim]; the same initialisers), in two steps: the projections, and the output after an attention. With
+    `kv_heads` below `heads` the key and value have kv_heads heads, each shared by heads / kv_heads query heads
+    (grouped-query attention; one: multi-query); `head_dim` is dim / heads unless given."""
 
     heads: int
     dim: int
+    kv_heads: int | None = None
+    head_dim: int | None = None
 
     def setup(self):
-        head = (self.heads, self.dim // self.heads)
-        self.query, self.key, self.value = (nn.DenseGeneral(head, axis=-1) for _ in range(3))
+        head_dim = self.head_dim or self.dim // self.heads
+        self.query = nn.DenseGeneral((self.heads, head_dim), axis=-1)
+        self.key, self.value = (nn.DenseGeneral((self.kv_heads or self.heads, head_dim), axis=-1) for _ in range(2))
         self.out = nn.DenseGeneral(self.dim, axis=(-2, -1))
 
     def project(self, x):
@@ -79,50 +84,89 @@ class SelfAttention(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """A pre-norm decoder block: causal self-attention within segments (trainer/attention.py, by `attention`), then a
-    GELU MLP of mlp_ratio * dim, each added to its input.
+    """A pre-norm decoder block: causal self-attention within segments (trainer/attention.py, by `attention`), then an
+    MLP of mlp_dim (gated when `mlp_activations` names two), each added to its input.
 
     The backward pass recomputes the block's elementwise steps from their inputs instead of keeping what they
-    compute: the LayerNorms (a float32 centred, squared and scaled copy of the input each) and GELU (its tanh form:
-    four tensors of the MLP's width), and so also their outputs, which the next matrix multiply's weight gradient
-    needs. That costs a few elementwise passes, nothing next to the block's matrix multiplies: a block keeps 11
-    tensors of its width a token for the backward pass (tests/trainer/test_attention.py counts them), flax's block
-    kept about 38 besides its attention's scores. The matrix multiplies' outputs are named for
-    remat policies (`jax.ad_checkpoint.checkpoint_name`, MaxText's names): query_proj, key_proj, value_proj, context
-    (the attention's output), out_proj, mlpwi, mlpwo. The parameters are those of flax's MultiHeadDotProductAttention
-    block, under the same names."""
+    compute: the norms (a float32 centred, squared and scaled copy of the input each), the rotary embedding and the
+    MLP's activations (GELU's tanh form: four tensors of the MLP's width), and so also their outputs, which the next
+    matrix multiply's weight gradient needs. That costs a few elementwise passes, nothing next to the block's matrix
+    multiplies: a block keeps 11 tensors of its width a token for the backward pass (tests/trainer/test_attention.py
+    counts them), flax's block kept about 38 besides its attention's scores. The matrix multiplies' outputs are named
+    for remat policies (`jax.ad_checkpoint.checkpoint_name`, MaxText's names): query_proj, key_proj, value_proj (after
+    the rotary embedding, which is what the attention reads), context (the attention's output), out_proj, mlpwi (each
+    of a gated MLP's two), mlpwo. With the defaults the parameters are those of flax's MultiHeadDotProductAttention
+    block, under the same names; RMSNorms are RMSNorm_0 and RMSNorm_1, a gated MLP's second input layer Dense_2."""
 
     heads: int
     dim: int
     mlp_ratio: int = 4
     attention: str = "auto"  # trainer/attention.py's auto, cudnn, splash, blockwise or dense
+    kv_heads: int | None = None  # key/value heads (None: heads)
+    head_dim: int | None = None  # features a head (None: dim / heads)
+    mlp_dim: int | None = None  # the MLP's hidden units (None: mlp_ratio * dim)
+    mlp_activations: str = "gelu"  # one activation, or two (comma-separated) whose outputs multiply: a gated MLP
+    normalization: str = "layernorm"  # or rmsnorm
+    rope_max_timescale: float | None = None  # rotary embeddings of the queries and keys at this timescale; None: none
 
     def setup(self):
         # attribute names = the parameter tree's names (what compact auto-naming gave flax's block)
-        self.LayerNorm_0, self.LayerNorm_1 = nn.LayerNorm(), nn.LayerNorm()
-        self.MultiHeadDotProductAttention_0 = SelfAttention(self.heads, self.dim)
+        if self.normalization == "rmsnorm":
+            self.RMSNorm_0, self.RMSNorm_1 = nn.RMSNorm(), nn.RMSNorm()
+        else:
+            self.LayerNorm_0, self.LayerNorm_1 = nn.LayerNorm(), nn.LayerNorm()
+        self.MultiHeadDotProductAttention_0 = SelfAttention(self.heads, self.dim, self.kv_heads, self.head_dim)
+        hidden = self.mlp_dim or self.mlp_ratio * self.dim
         self.Dense_0 = nn.Dense(self.dim)  # the MLP's second layer
-        self.Dense_1 = nn.Dense(self.mlp_ratio * self.dim)  # its first
+        self.Dense_1 = nn.Dense(hidden)  # its first
+        if len(self.mlp_activations.split(",")) == 2:
+            self.Dense_2 = nn.Dense(hidden)  # a gated MLP's second first layer
 
-    def __call__(self, x, segment_ids):
+    def norm(self, i: int, x):
+        return getattr(self, f"{'RMSNorm' if self.normalization == 'rmsnorm' else 'LayerNorm'}_{i}")(x)
+
+    def __call__(self, x, segment_ids, positions):
         attention_names = ("query_proj", "key_proj", "value_proj")
         q, k, v = nn.remat(_normed_projections, policy=jax.checkpoint_policies.save_only_these_names(
-            *attention_names))(self, x)
+            *attention_names))(self, x, positions)
         q, k, v = (checkpoint_name(a, n) for a, n in zip((q, k, v), attention_names))  # seen by an outer remat too
-        kind = attention.resolve(self.attention, q.shape, q.dtype)
+        kind = attention.resolve(self.attention, q.shape, q.dtype, kv_heads=k.shape[2])
         context = checkpoint_name(attention.attend(q, k, v, segment_ids, kind), "context")
         x = x + checkpoint_name(self.MultiHeadDotProductAttention_0(context), "out_proj")
         mlp = nn.remat(_normed_mlp, policy=jax.checkpoint_policies.save_only_these_names("mlpwi"))
         return x + checkpoint_name(mlp(self, x), "mlpwo")
 
 
-def _normed_projections(block: DecoderBlock, x):
-    return block.MultiHeadDotProductAttention_0.project(block.LayerNorm_0(x))
+def _normed_projections(block: DecoderBlock, x, positions):
+    q, k, v = block.MultiHeadDotProductAttention_0.project(block.norm(0, x))
+    if block.rope_max_timescale is not None:
+        q, k = (rotary_embedding(a, positions, block.rope_max_timescale) for a in (q, k))
+    return q, k, v
+
+
+ACTIVATIONS = {"gelu": nn.gelu, "silu": nn.silu, "relu": nn.relu, "linear": lambda x: x}
 
 
 def _normed_mlp(block: DecoderBlock, x):
-    h = checkpoint_name(block.Dense_1(block.LayerNorm_1(x)), "mlpwi")
-    return block.Dense_0(nn.gelu(h))
+    x = block.norm(1, x)
+    first, *gate = block.mlp_activations.split(",")
+    h = ACTIVATIONS[first](checkpoint_name(block.Dense_1(x), "mlpwi"))
+    if gate:  # MaxText's mlp_activations=[silu, linear]: SwiGLU (arXiv:2002.05202)
+        h = h * ACTIVATIONS[gate[0]](checkpoint_name(block.Dense_2(x), "mlpwi"))
+    return block.Dense_0(h)
+
+
+def rotary_embedding(x, positions, max_timescale: float):
+    """x [B, S, H, D] with each position's features rotated by angles proportional to the position (RoFormer,
+    arXiv:2104.09864): feature i of the first half pairs with feature i of the second (MaxText's and Llama's layout)
+    and turns by position / max_timescale^(2i / D). A query's product with a key then depends on their positions'
+    difference only, so a document packed mid-row (its positions restarting at 0) is computed as it is alone."""
+    d = x.shape[-1]
+    timescale = max_timescale ** (2 * jnp.arange(d // 2, dtype=jnp.float32) / d)
+    angles = positions.astype(jnp.float32)[..., None, None] / timescale  # [B, S, 1, D / 2]
+    sin, cos = jnp.sin(angles), jnp.cos(angles)
+    first, second = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x.dtype)
 
 
 def remat_policy(name: str):
@@ -176,15 +220,20 @@ class TransformerLM(nn.Module):
     earlier positions of its own segment only, so examples packed into one row never see each other, and
     positions restart at each segment.
 
-    Sized by the config keys of the same names (`width= depth= heads= mlp_ratio=`, validated in trainer/config.py):
-    `depth` pre-norm blocks of `heads`-head attention over `width` features and a GELU MLP of
-    `mlp_ratio * width`; learned position embeddings for `max_len` positions; an output layer of its own (not
-    tied to the token embedding). `attention=` picks the attention's implementation (trainer/attention.py: auto,
-    cudnn, splash, blockwise, dense), `remat=` what the backward pass recomputes of each block instead of keeping it
-    (`remat_policy`, MaxText's names; each block recomputes its LayerNorms and GELU whatever the policy:
-    DecoderBlock), `use_iota_embed=` whether the embeddings are looked up or one-hot matrix multiplies. None of them
-    changes the parameters, which have the names and initial values of the blocks of flax's
-    MultiHeadDotProductAttention this model had before.
+    Sized by the config keys of the same names (validated in trainer/config.py): `depth` pre-norm blocks of
+    `heads`-head attention over `width` features and an MLP of `mlp_ratio * width` (or `mlp_dim`) hidden units; an
+    output layer of its own (not tied to the token embedding). The defaults are GPT-2's layout: learned position
+    embeddings for `max_len` positions, LayerNorms, a GELU MLP, every head with its own keys and values. Llama's is
+    `position_embedding="rope"` (rotary embeddings of the queries and keys, no position table),
+    `normalization="rmsnorm"`, `mlp_activations="silu,linear"` (SwiGLU) and `num_kv_heads` below `heads`
+    (grouped-query attention); `head_dim` sets the features a head apart from width / heads. MaxText's names, all.
+
+    `attention=` picks the attention's implementation (trainer/attention.py: auto, cudnn, splash, blockwise, dense),
+    `remat=` what the backward pass recomputes of each block instead of keeping it (`remat_policy`, MaxText's names;
+    each block recomputes its norms and activations whatever the policy: DecoderBlock), `use_iota_embed=` whether the
+    embeddings are looked up or one-hot matrix multiplies. None of these three changes the parameters, which with the
+    default layout have the names and initial values of the blocks of flax's MultiHeadDotProductAttention this model
+    had before.
     """
 
     vocab_size: int
@@ -196,6 +245,13 @@ class TransformerLM(nn.Module):
     attention: str = "auto"
     remat: str = "none"
     use_iota_embed: bool = False
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    mlp_dim: int | None = None
+    mlp_activations: str = "gelu"
+    normalization: str = "layernorm"
+    position_embedding: str = "learned"
+    rope_max_timescale: float = 10_000.0
 
     @nn.compact
     def __call__(self, inputs):
@@ -205,27 +261,36 @@ class TransformerLM(nn.Module):
             tokens = inputs
             segments = jnp.ones_like(tokens)
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
-        embed_tokens, embed_positions = nn.Embed(self.vocab_size, self.width), nn.Embed(self.max_len, self.width)
+        tables = [(nn.Embed(self.vocab_size, self.width), tokens)]
+        rope = self.position_embedding == "rope"
+        if not rope:
+            tables.append((nn.Embed(self.max_len, self.width), positions))
         if self.use_iota_embed:
-            x = _one_hot_rows(embed_tokens, tokens) + _one_hot_rows(embed_positions, positions)
+            x = sum(_one_hot_rows(table, ids) for table, ids in tables)
         else:
-            x = embed_tokens(tokens) + embed_positions(positions)
+            x = sum(table(ids) for table, ids in tables)
         block = DecoderBlock
         if self.remat != "none":
             block = nn.remat(DecoderBlock, policy=remat_policy(self.remat))
         for i in range(self.depth):  # named as flax named them, so checkpoints of earlier versions still restore
-            x = block(self.heads, self.width, self.mlp_ratio, self.attention, name=f"TransformerBlock_{i}")(
-                x, segments)
-        return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
+            x = block(self.heads, self.width, self.mlp_ratio, self.attention, self.num_kv_heads, self.head_dim,
+                      self.mlp_dim, self.mlp_activations, self.normalization,
+                      self.rope_max_timescale if rope else None, name=f"TransformerBlock_{i}")(x, segments, positions)
+        norm = nn.RMSNorm() if self.normalization == "rmsnorm" else nn.LayerNorm()
+        return nn.Dense(self.vocab_size)(norm(x))
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token (forward and backward) at max_len: 6 per weight of each matrix multiply (the
         projections, the MLP, the output layer; not the embedding lookups, norms or biases) plus 12 * depth *
-        max_len * width for the attention's two S x S products (PaLM's count, arXiv:2204.02311 appendix B; causal
-        kernels skip about half of that work, which the count does not credit)."""
+        max_len * heads * head_dim for the attention's two S x S products (PaLM's count, arXiv:2204.02311 appendix
+        B; causal kernels skip about half of that work, which the count does not credit)."""
         w = self.width
-        matmul = self.depth * (4 + 2 * self.mlp_ratio) * w * w + w * self.vocab_size
-        return 6 * matmul + 12 * self.depth * self.max_len * w
+        head_dim = self.head_dim or w // self.heads
+        queries, keys = self.heads * head_dim, (self.num_kv_heads or self.heads) * head_dim
+        hidden = self.mlp_dim or self.mlp_ratio * w
+        gates = len(self.mlp_activations.split(","))
+        block = 2 * w * queries + 2 * w * keys + (gates + 1) * w * hidden  # q and out; k and v; the MLP
+        return 6 * (self.depth * block + w * self.vocab_size) + 12 * self.depth * self.max_len * queries
 
 
 def _one_hot_rows(embed: nn.Embed, ids):

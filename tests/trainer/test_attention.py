@@ -74,6 +74,46 @@ def _jax_reference(q, k, v, segment_ids):
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v)
 
 
+@pytest.fixture(scope="module")
+def grouped_rows():
+    """Four query heads over one or two key/value heads, on packed rows."""
+    rng = np.random.default_rng(11)
+    b, s, h, d = 2, 48, 4, 8
+    q = rng.normal(size=(b, s, h, d)).astype(np.float32)
+    k, v = (rng.normal(size=(b, s, 2, d)).astype(np.float32) for _ in range(2))
+    return q, k, v, packed_rows(rng, b, s, documents=4, padding=3)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("kind, options", [("blockwise", {"block": 16}), ("cudnn", {"implementation": "xla"}),
+                                           ("dense", {})], ids=lambda c: str(c))
+def test_grouped_key_value_heads_are_each_shared_by_their_run_of_query_heads(grouped_rows, kind, options, kv_heads):
+    """Grouped-query attention: query head h reads key/value head h // (heads / kv_heads) in every kind (cuDNN's
+    stand-in is JAX's own grouping), outputs and gradients."""
+    q, k, v, segments = grouped_rows
+    k, v = k[:, :, :kv_heads], v[:, :, :kv_heads]
+    group = q.shape[2] // kv_heads
+    out = attention.attend(q, k, v, segments, kind, **options)
+    np.testing.assert_allclose(out, reference(q, np.repeat(k, group, 2), np.repeat(v, group, 2), segments),
+                               atol=2e-6)
+    weights = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
+
+    ours = jax.grad(loss(lambda *a: attention.attend(*a, segments, kind, **options)), argnums=(0, 1, 2))(q, k, v)
+    expected = jax.grad(loss(lambda q, k, v: _jax_reference(q, jnp.repeat(k, group, 2), jnp.repeat(v, group, 2),
+                                                            segments)), argnums=(0, 1, 2))(q, k, v)
+    for got, want in zip(ours, expected):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=2e-5)
+    if kv_heads == 2:  # the second key/value head moves the last two query heads' outputs only
+        changed = v.copy()
+        changed[:, :, 1] += 10.0
+        moved = np.abs(np.asarray(attention.attend(q, k, changed, segments, kind, **options) - out)).max(axis=(0, 1, 3))
+        assert (moved[:2] < 1e-5).all() and (moved[2:] > 1).all(), moved
+
+
 def test_a_document_never_sees_another_and_padding_only_padding(rows):
     q, k, v, segments = rows
     changed = v.copy()
@@ -133,6 +173,9 @@ def test_auto_on_a_gpu_takes_cudnn_when_it_compiles_and_matches_blockwise(caplog
     assert chosen == ["cudnn"]
     assert "cudnn for queries 2x96x2x16 bfloat16 (cuDNN fused attention compiled at these shapes; it matches " \
            "blockwise attention (0.00" in caplog.text
+    assert attention.resolve("auto", (2, 96, 4, 16), jnp.bfloat16, platform="gpu", implementation="xla",
+                             kv_heads=2) == "cudnn"
+    assert "cudnn for queries 2x96x4x16 (2 key/value heads) bfloat16 (cuDNN fused attention compiled" in caplog.text
     note = attention.unused_mask_gradient(jax.__version__)  # this jax's own cost of the cudnn kind, if any
     assert (note in caplog.text) if note else ("jax-ml/jax#34685" not in caplog.text)
 
@@ -193,6 +236,14 @@ def test_splash_is_the_reference_softmax_and_its_gradient(long_rows):
         attention.splash(q[:, :80], k[:, :80], v[:, :80], segments[:, :80], implementation="xla")
 
 
+def test_splash_takes_grouped_key_value_heads(long_rows):
+    """The kernel's own grouped path (one key/value head for the two query heads here), interpreted."""
+    q, k, v, segments = long_rows
+    k, v = k[:, :, :1], v[:, :, :1]
+    out = attention.attend(q, k, v, segments, "splash", implementation="xla")
+    np.testing.assert_allclose(out, reference(q, np.repeat(k, 2, 2), np.repeat(v, 2, 2), segments), atol=2e-6)
+
+
 def test_auto_on_a_tpu_takes_splash_when_it_compiles_and_matches_blockwise(caplog):
     """The choosing as on a TPU, the kernel interpreted: Splash where its rows fit, blockwise where they do not."""
     caplog.set_level(logging.INFO, "trainer.attention")
@@ -250,6 +301,32 @@ def test_every_remat_policy_gives_the_loss_and_gradients_of_none():
             np.testing.assert_allclose(got, want, atol=1e-6, err_msg=remat)
     with pytest.raises(ValueError, match="remat='sometimes' is not one of none, full, minimal"):
         remat_policy("sometimes")
+
+
+def test_llamas_layout_gives_the_same_loss_and_gradients_under_remat_and_with_each_attention():
+    """Grouped keys and values, rope, RMSNorm and a gated MLP through the remat policies (the projections' names
+    after the rotary embedding, both of the MLP's input layers under mlpwi) and the attention kinds."""
+    batch = _lm_batch()
+    layout = {"num_kv_heads": 1, "mlp_activations": "silu,linear", "normalization": "rmsnorm",
+              "position_embedding": "rope"}
+
+    def loss_and_grads(remat, kind="blockwise"):
+        model = TransformerLM(vocab_size=61, max_len=40, width=16, depth=2, heads=2, attention=kind, remat=remat,
+                              **layout)
+        params = model.init(jax.random.key(0), batch)
+
+        def loss(p):
+            return -jnp.mean(jax.nn.log_softmax(model.apply(p, batch))[..., 0] * (batch["segment_ids"] > 0))
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    base_loss, base_grads = loss_and_grads("none")
+    for remat, kind in (("none", "dense"), ("full", "blockwise"), ("save_qkv_proj", "blockwise"),
+                        ("save_dot_except_mlpwi", "blockwise"), ("minimal", "dense")):
+        loss, grads = loss_and_grads(remat, kind)
+        assert float(loss) == pytest.approx(float(base_loss), abs=1e-5), (remat, kind)
+        for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(base_grads)):
+            np.testing.assert_allclose(got, want, atol=1e-5, err_msg=f"{remat} {kind}")
 
 
 def _lm_step(seq_len: int, attention_kind: str, remat: str = "none"):

@@ -95,6 +95,25 @@ def test_lm_over_an_int64_sequence_feature_trains(rich_tfds, tmp_path):
     assert "task=lm features=['tokens'] model=transformer_lm" in proc.stderr
 
 
+def test_llamas_layout_trains_from_the_command_line_and_a_resume_without_it_names_it(stdlib_text, tmp_path):
+    """num_kv_heads, rope, rmsnorm and SwiGLU by their MaxText names on packed text; a resume that drops one of them
+    is one line naming it."""
+    common = (f"data={stdlib_text['train']}", f"workdir={tmp_path}", "task=lm", "seq_len=64", "packing=true",
+              "batch_size=8", "log_every=1", "learning_rate=0.003", "width=64", "heads=4", "position_embedding=rope",
+              "normalization=rmsnorm", "mlp_activations=silu,linear", "mlp_dim=160")
+    proc = run_trainer(*common, "num_kv_heads=2", "steps=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "attention: blockwise for queries 8x64x4x16 (2 key/value heads) float32" in proc.stderr
+    losses = [r["loss"] for r in _metrics(tmp_path)]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 1, losses  # it learns
+    again = trainer_here(*common, "steps=6")
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'checkpoints'} holds step 4 of a model other than this one (params['TransformerBlock_0']"
+        "['MultiHeadDotProductAttention_0']['key']['bias'] is (2, 16) there and (4, 16) here, and 7 more arrays "
+        "differ): resume with num_kv_heads=2 (what it was written with), or pass another workdir= to start afresh")
+
+
 @pytest.mark.parametrize("overrides, message", [
     (("text_key=vec",), "error: task=lm needs a token-sequence feature (int64 ids, or text read as bytes), but 'vec' "
                         "is Tensor of float32"),

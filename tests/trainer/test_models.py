@@ -68,7 +68,21 @@ def test_the_documented_presets_have_the_documented_counts():
     ({"heads": 0}, "heads must be >= 1 (got heads=0); the default is heads=4"),
     ({"mlp_ratio": -1}, "mlp_ratio must be >= 1 (got mlp_ratio=-1); the default is mlp_ratio=4"),
     ({"width": 100, "heads": 8}, "width=100 is not divisible by heads=8 (each head gets width / heads features); use "
-                                 "heads=5 or width=104"),
+                                 "heads=5 or width=104, or set head_dim="),
+    ({"num_kv_heads": 3}, "num_kv_heads=3 does not divide heads=4 (each key/value head serves heads / num_kv_heads "
+                          "query heads); use one of 1, 2, 4"),
+    ({"num_kv_heads": 0}, "num_kv_heads must be >= 1 (got num_kv_heads=0); the default is unset"),
+    ({"mlp_activations": "swish"}, "mlp_activations='swish' is not one or two of gelu, silu, relu, linear (e.g. "
+                                   "mlp_activations=gelu, or silu,linear for SwiGLU)"),
+    ({"mlp_activations": "silu,linear,gelu"}, "mlp_activations='silu,linear,gelu' is not one or two of gelu, silu, "
+                                              "relu, linear (e.g. mlp_activations=gelu, or silu,linear for SwiGLU)"),
+    ({"position_embedding": "alibi"}, "position_embedding='alibi' is not one of learned, rope"),
+    ({"normalization": "batchnorm"}, "normalization='batchnorm' is not one of layernorm, rmsnorm"),
+    ({"position_embedding": "rope", "width": 36, "heads": 4}, "position_embedding=rope turns pairs of a head's "
+                                                              "features, and heads have 9 (an odd number): set "
+                                                              "head_dim= to an even number"),
+    ({"model": "cnn", "num_kv_heads": 2}, "num_kv_heads=2 is for model=transformer_lm; model='cnn' does not take "
+                                          "it: drop num_kv_heads="),
     ({"model": "cnn", "depth": 6}, "depth=6 sizes model=transformer_lm; model='cnn' does not take it: drop depth="),
 ])
 def test_a_bad_size_is_one_line_naming_the_key(overrides, message):
@@ -82,7 +96,8 @@ def test_a_bad_size_stops_the_trainer_before_it_reads_data(tmp_path):
                         "heads=5")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == ("error: width=96 is not divisible by heads=5 (each head gets "
-                                                    "width / heads features); use heads=4 or width=100")
+                                                    "width / heads features); use heads=4 or width=100, or set "
+                                                    "head_dim=")
 
 
 def test_the_default_model_is_the_tasks():
@@ -141,3 +156,127 @@ def test_iota_embeddings_are_the_lookups_and_their_gradient_is_no_scatter():
     assert config.model_size["use_iota_embed"] is True
     with pytest.raises(ValueError, match="use_iota_embed=True is for model=transformer_lm; model='cnn'"):
         TrainConfig.from_args(["data=d", "workdir=w", "model=cnn", "use_iota_embed=true"])
+
+
+# --- the layout keys: Llama's (grouped-query attention, head_dim, rope, rmsnorm, a gated MLP) -------------------------
+LLAMA = {"num_kv_heads": 2, "head_dim": 12, "mlp_dim": 40, "mlp_activations": "silu,linear",
+         "normalization": "rmsnorm", "position_embedding": "rope"}
+
+
+def llama_parameters(vocab: int, width: int, depth: int, heads: int, kv_heads: int, head_dim: int, mlp_dim: int) -> int:
+    """TransformerLM's parameter count with Llama's layout, term by term: no position table; queries of heads x
+    head_dim, keys and values of kv_heads x head_dim; a gated MLP (two input layers); RMSNorms (a scale each)."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attention = (width * q + q) + 2 * (width * kv + kv) + (q * width + width)
+    mlp = 2 * (width * mlp_dim + mlp_dim) + (mlp_dim * width + width)
+    return vocab * width + depth * (attention + mlp + 2 * width) + width + (width * vocab + vocab)
+
+
+def test_the_layout_keys_build_the_lm_they_name(stdlib_text):  # noqa: F811
+    config = TrainConfig(data=str(stdlib_text["train"]), workdir="w", task="lm", width=32, depth=2, heads=4, **LLAMA)
+    params = Program.build(config).abstract_params()
+    assert count(params) == 34_306 == llama_parameters(258, 32, 2, 4, 2, 12, 40)
+    block = params["TransformerBlock_1"]
+    attention = block["MultiHeadDotProductAttention_0"]
+    assert [attention[name]["kernel"].shape for name in ("query", "key", "value", "out")] == [
+        (32, 4, 12), (32, 2, 12), (32, 2, 12), (4, 12, 32)]
+    assert sorted(block) == ["Dense_0", "Dense_1", "Dense_2", "MultiHeadDotProductAttention_0", "RMSNorm_0",
+                             "RMSNorm_1"]
+    assert sorted(params) == ["Dense_0", "Embed_0", "RMSNorm_0", "TransformerBlock_0", "TransformerBlock_1"]
+
+
+def test_a_config_file_may_list_the_mlp_activations_as_maxtext_does(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text('{"task": "lm", "mlp_activations": ["silu", "linear"]}')
+    config = TrainConfig.from_args(["data=x", "workdir=w"], str(path))
+    assert config.mlp_activations == "silu,linear" and config.model_size["mlp_activations"] == "silu,linear"
+    assert TrainConfig(data="x", workdir="w", task="lm", width=40, heads=3, head_dim=16).model_size["head_dim"] == 16
+
+
+@pytest.mark.parametrize("layout", [{}, LLAMA], ids=["gpt2", "llama"])
+def test_flops_per_token_is_six_per_weight_of_each_matrix_multiply_and_the_attention(layout):
+    """Counted from the model's own kernels (every Dense and DenseGeneral: the embeddings are lookups, not
+    multiplies), plus 12 x depth x seq_len x (heads x head_dim) for the attention's two S x S products."""
+    model = TransformerLM(vocab_size=300, max_len=64, width=32, depth=3, heads=4, **layout)
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 64), jnp.int32)))["params"]
+    kernels = sum(math.prod(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(shapes)
+                  if path[-1].key == "kernel")
+    query_features = 4 * layout.get("head_dim", 32 // 4)
+    assert model.flops_per_token() == 6 * kernels + 12 * 3 * 64 * query_features
+    # the figure docs/training.md gives for the 104M model of the GPU measurements
+    measured = TransformerLM(vocab_size=1024, max_len=1024, width=1024, depth=8, heads=16)
+    assert measured.flops_per_token() == 710_934_528  # "711M"
+
+
+def test_rotary_embeddings_turn_feature_pairs_by_the_position_so_only_offsets_count():
+    x = np.zeros((1, 2, 1, 4), np.float32)
+    x[..., 0] = 1.0  # feature 0 pairs with feature 2 (the second half's first), and turns 1 radian a position
+    turned = np.asarray(models.rotary_embedding(jnp.asarray(x), np.array([[0, 1]]), 10_000.0))
+    np.testing.assert_allclose(turned[0, :, 0], [[1, 0, 0, 0], [np.cos(1), 0, np.sin(1), 0]], atol=1e-6)
+
+    rng = np.random.default_rng(5)
+    q, k = (rng.normal(size=(1, 9, 2, 16)).astype(np.float32) for _ in range(2))
+
+    def scores(positions):
+        rq, rk = (models.rotary_embedding(jnp.asarray(a), positions, 10_000.0) for a in (q, k))
+        return np.einsum("bqhd,bkhd->bhqk", rq, rk)
+
+    positions = np.arange(9)[None]
+    np.testing.assert_allclose(scores(positions), scores(positions + 1000), rtol=1e-3, atol=1e-3)
+    plain = np.einsum("bqhd,bkhd->bhqk", q, k)
+    assert np.abs(scores(positions) - plain).max() > 1  # the offsets do count: the check can fail
+    np.testing.assert_allclose(np.linalg.norm(models.rotary_embedding(jnp.asarray(q), positions, 1e4), axis=-1),
+                               np.linalg.norm(q, axis=-1), rtol=1e-5)  # a rotation
+
+
+@pytest.mark.parametrize("position_embedding", ["learned", "rope"])
+def test_a_packed_document_is_computed_as_it_is_alone_and_rope_ignores_where_it_starts(position_embedding):
+    model = TransformerLM(vocab_size=50, max_len=24, width=32, depth=2, heads=4, num_kv_heads=2,
+                          position_embedding=position_embedding, attention="blockwise")
+    tokens = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0, 0]])
+    packed = {"tokens": tokens, "segment_ids": np.array([[1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 0, 0]]),
+              "positions": np.array([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 0]])}
+    params = model.init(jax.random.key(0), packed)
+    alone = {"tokens": tokens[:, 4:10], "segment_ids": np.ones((1, 6), np.int32), "positions": np.arange(6)[None]}
+    logits = np.asarray(model.apply(params, packed))
+    np.testing.assert_allclose(logits[0, 4:10], np.asarray(model.apply(params, alone))[0], atol=1e-5)
+    later = {**alone, "positions": alone["positions"] + 7}  # the same document, numbered from 7
+    moved = np.abs(np.asarray(model.apply(params, later)) - np.asarray(model.apply(params, alone))).max()
+    assert moved < 1e-4 if position_embedding == "rope" else moved > 1e-3  # a learned table sees where it starts
+
+
+def test_a_gated_mlp_multiplies_its_activated_input_layer_by_its_linear_one():
+    """mlp_activations=silu,linear (SwiGLU) with RMSNorm, written out: (silu(n W1 + b1) * (n W2 + b2)) W0 + b0 over
+    n = x / rms(x) * scale."""
+    block = models.DecoderBlock(heads=2, dim=8, mlp_dim=12, mlp_activations="silu,linear", normalization="rmsnorm",
+                                attention="blockwise")
+    x = np.random.default_rng(2).normal(size=(2, 5, 8)).astype(np.float32)
+    ones = np.ones((2, 5), np.int32)
+    variables = block.init(jax.random.key(0), x, ones, ones)
+    got = block.apply(variables, x, method=models._normed_mlp)
+    p = variables["params"]
+    n = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * np.asarray(p["RMSNorm_1"]["scale"])
+
+    def dense(name, a):
+        return a @ np.asarray(p[name]["kernel"]) + np.asarray(p[name]["bias"])
+
+    a = dense("Dense_1", n)
+    want = dense("Dense_0", a / (1 + np.exp(-a)) * dense("Dense_2", n))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_documented_llama_layout_run_has_the_documented_count():
+    """docs/training.md's "Llama's layout" command, its model keys read from the page, counted from the model."""
+    text = (Path(REPO) / "docs" / "training.md").read_text()
+    section = text[text.index("### Llama's layout"):]
+    command = section[section.index("python -m trainer"):section.index("```", section.index("python -m trainer"))]
+    keys = dict(item.split("=", 1) for item in command.replace("\\\n", " ").split() if "=" in item)
+    layout = {k: (int(v) if v.isdigit() else v) for k, v in keys.items()
+              if k in ("width", "depth", "heads", *LLAMA)}
+    assert set(layout) == {"width", "depth", "heads", *LLAMA} - {"head_dim"}, layout
+    model = TransformerLM(vocab_size=1024, max_len=int(keys["seq_len"]), **layout)
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))
+    documented = re.search(r"Over a 1,024-token vocabulary the run above\s+has ([\d,]+) parameters", section)
+    assert count(shapes) == int(documented.group(1).replace(",", "")) == llama_parameters(
+        1024, layout["width"], layout["depth"], layout["heads"], layout["num_kv_heads"],
+        layout["width"] // layout["heads"], layout["mlp_dim"])
