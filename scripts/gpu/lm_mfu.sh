@@ -10,6 +10,8 @@
 #               name; the backward pass is a matrix multiply, not a scatter-add of 65,536 rows into 1,024)
 #   b256        batch 256
 #   combined    batch 256 with all of the above
+#   llama       batch 64 in Llama's layout: 4 key/value heads (grouped-query attention through cuDNN), SwiGLU of 2,816,
+#               RMSNorm, rope (92M parameters)
 # Prepare as lm_attention.sh does (bash scripts/gpu/lm_attention.sh prepare), then there:
 #   bash scripts/gpu/lm_mfu.sh  -> $OUT/lm_mfu.tgz after each run (~6 min; each run starts in ~30 s)
 set -euo pipefail
@@ -32,7 +34,7 @@ s = open(path).read()
 edits = {
     "keep_elem": [  # each block's LayerNorms and MLP as plain calls (no inner nn.remat)
         ("q, k, v = nn.remat(_normed_projections, policy=jax.checkpoint_policies.save_only_these_names(\n"
-         "            *attention_names))(self, x)", "q, k, v = _normed_projections(self, x)"),
+         "            *attention_names))(self, x, positions)", "q, k, v = _normed_projections(self, x, positions)"),
         ('mlp = nn.remat(_normed_mlp, policy=jax.checkpoint_policies.save_only_these_names("mlpwi"))',
          "mlp = _normed_mlp")],
 }
@@ -55,3 +57,5 @@ run keep_elem /tmp/exp_keep batch_size=64 steps=75
 run iota batch_size=64 steps=75 use_iota_embed=true
 run b256 batch_size=256 steps=50
 XLA_FLAGS=--xla_gpu_enable_triton_gemm=false run combined /tmp/exp_keep batch_size=256 steps=50 use_iota_embed=true
+run llama batch_size=64 steps=50 num_kv_heads=4 mlp_dim=2816 mlp_activations=silu,linear normalization=rmsnorm \
+    position_embedding=rope

@@ -308,3 +308,42 @@ def test_the_tokenizer_module_imports_without_jax(small):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["1", "2", "[]"]
+
+
+@pytest.fixture(scope="module")
+def numbered_text(tmp_path_factory):
+    """400 documents, "document 0000 ..." to "document 0399 ...", 100 bytes each, converted as one dataset."""
+    from dataset_format import example_proto
+    from pipelines import ConvertConfig, run_conversion, tfrecord
+
+    root = tmp_path_factory.mktemp("numbered")
+    texts = [f"document {i:04d} ".encode() + bytes([97 + i % 26]) * 86 for i in range(400)]
+    for shard in range(2):
+        with open(root / f"text.tfrecord-{shard:05d}-of-00002", "wb") as f:
+            tfrecord.write_records(f, (example_proto.encode_example({"text": t}) for t in texts[shard::2]))
+    run_conversion(ConvertConfig(input=str(root / "text.tfrecord-*"), output=str(root / "out")),
+                   ["--direct_num_workers=1"])
+    return root / "out", texts
+
+
+def test_a_large_corpus_is_sampled_uniformly_and_the_same_for_the_same_seed(numbered_text, tmp_path, capsys):
+    """Past --max_bytes the tokenizer trains on the documents a seeded global shuffle puts first: spread over the
+    whole corpus (not its first shard), without repeats, the same documents for the same seed."""
+    source, texts = numbered_text
+    everything, documents = tokenizer.sample_texts(str(source), "text", max_bytes=0)
+    assert documents == 400 and sorted(everything) == sorted(texts)
+
+    def ids(seed):
+        sample, _ = tokenizer.sample_texts(str(source), "text", max_bytes=5_000, seed=seed)
+        return [int(t[9:13]) for t in sample]
+
+    sample = ids(0)
+    assert len(sample) == 50 == len(set(sample))  # 5,000 bytes of 100-byte documents
+    assert sample[:8] == [168, 329, 20, 178, 318, 68, 137, 209]
+    assert ids(0) == sample and ids(1) != sample
+    assert min(sample) < 40 and max(sample) > 360
+    assert tokenizer.main([str(source), "--max_bytes", "5000", "--output", str(tmp_path / "t.json")]) == 0
+    assert ("trained on 50 texts (5,000 bytes: a uniform sample of the 400 documents, --max_bytes 5000), to "
+            in capsys.readouterr().out)
+    assert tokenizer.main([str(source), "--max_bytes", "-1", "--output", str(tmp_path / "t.json")]) == 2
+    assert capsys.readouterr().err.strip() == "error: --max_bytes -1 must be >= 0 (0: all the text)"
