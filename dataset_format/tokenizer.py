@@ -246,3 +246,54 @@ def train_sentencepiece(texts: Iterable[bytes | str], vocab_size: int, path: str
     with open(path, "wb") as f:
         f.write(model.getvalue())
     return path
+
+
+# --- training from the command line: `python -m trainer.tokenizer` (a converted dataset) and `python -m pipelines
+# tokenizer` (TFRecord shards) share the flags and the training below; each reads its own kind of input.
+SUFFIXES = {"bpe": ".json", "sentencepiece": ".model"}  # the kind a trainer and the converter read from the suffix
+MAX_BYTES = 100_000_000  # --max_bytes' default: MaxText's tokenizer trainer reads 10M characters; SentencePiece's
+# guide suggests ~10M sentences. 100 MB trains either kind in minutes on one core.
+
+
+def add_training_arguments(p) -> None:
+    """The flags of a tokenizer-training command, on the argparse parser `p`."""
+    p.add_argument("--kind", choices=tuple(SUFFIXES), default="bpe",
+                   help="bpe: a byte-level BPE, a Hugging Face tokenizer.json; sentencepiece: a unigram .model")
+    p.add_argument("--vocab_size", "--vocab-size", dest="vocab_size", type=int, default=1024,
+                   help="the vocabulary to learn, special tokens included (default: 1024); from a small text bpe gives "
+                   "fewer, and sentencepiece says the range it can give")
+    p.add_argument("--text_key", "--text-key", dest="text_key", default="text",
+                   help="the feature holding the text (default: text)")
+    p.add_argument("--output", required=True, help="the file to write (.json for bpe, .model for sentencepiece)")
+    p.add_argument("--max_bytes", "--max-bytes", dest="max_bytes", type=float, default=MAX_BYTES,
+                   help=f"train on a sample of about this many bytes of text when the input holds more (default: "
+                   f"{MAX_BYTES:.0e}; 0: all of it)")
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed (default: 0)")
+
+
+def check_training_arguments(args) -> None:
+    """ValueError naming the flag, before any text is read: the output's suffix, the sample's size."""
+    suffix = SUFFIXES[args.kind]
+    if not args.output.endswith(suffix):
+        raise ValueError(f"--output {args.output} must end in {suffix} for --kind {args.kind} (the trainer and the "
+                         f"converter tell a tokenizer's kind by its suffix: .json for bpe, .model for sentencepiece)")
+    if args.max_bytes < 0:
+        raise ValueError(f"--max_bytes {args.max_bytes:g} must be >= 0 (0: all the text)")
+
+
+def train_and_report(args, texts: list[bytes], sampled: str = "") -> int:
+    """Trains the tokenizer `args` asks for on `texts`, writes it and says so on stdout (`sampled`: how the texts were
+    drawn, when they are a sample), with a note on stderr when the text gave fewer tokens than asked; exit status 0."""
+    import sys
+
+    train = train_bpe if args.kind == "bpe" else train_sentencepiece
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    path = train(texts, args.vocab_size, args.output)
+    size = load(path).vocab_size
+    print(f"wrote a {args.kind} tokenizer of {size:,} tokens, trained on {len(texts):,} texts "
+          f"({sum(map(len, texts)):,} bytes{sampled}), to {path}")
+    if size < args.vocab_size:
+        print(f"note: this text gives a {args.kind} tokenizer {size:,} tokens, fewer than --vocab_size "
+              f"{args.vocab_size} asked for; the converter and the trainer take the tokenizer's own size",
+              file=sys.stderr)
+    return 0

@@ -1,4 +1,4 @@
-"""`python -m pipelines {convert,plan,verify,status,make-demo}`.
+"""`python -m pipelines {convert,plan,verify,status,make-demo,tokenizer}`.
 
     python -m pipelines convert --input 'data/train-*' --output out/train [Beam options]
     python -m pipelines convert --input ~/tensorflow_datasets/digits/1.0.0 --output gs://my-bucket/digits/1.0.0
@@ -6,11 +6,13 @@
     python -m pipelines verify --output out/ [--deep]
     python -m pipelines status --output gs://my-bucket/ar      # how far a running conversion has got
     python -m pipelines make-demo --output data/ --num-shards 4 [--kind digits|text|digits-jpeg|imagenet|photos]
+    python -m pipelines tokenizer --input 'raw/text-*' --kind bpe --vocab_size 32000 --output tokenizer.json
 
 Other flags of `convert` are Beam pipeline options and pass through unchanged
 (`--runner DataflowRunner --project P --region R --temp_location gs://...`: see dataflow/README.md); a flag that is
 neither ours nor Beam's is an error naming it.
 `plan` says what `convert` would do (a scheduled refresh launches no job when it finds nothing).
+`tokenizer` trains the tokenizer `convert --tokenizer` takes, on a sample of the shards' text (pipelines/text_sample.py).
 Boolean flags also take a value (`--prune=true`), as Flex Template launches pass them.
 """
 
@@ -265,8 +267,24 @@ def status_main(argv: list[str]) -> int:
     return 0
 
 
+def tokenizer_main(argv: list[str]) -> int:
+    from dataset_format.tokenizer import add_training_arguments, check_training_arguments, train_and_report
+
+    p = argparse.ArgumentParser(prog="python -m pipelines tokenizer",
+                                description="Train a tokenizer on the text of TFRecord shards of tf.train.Example, "
+                                            "for `convert --tokenizer`: on a sample of the shards past --max_bytes.")
+    p.add_argument("--input", required=True, help="the shards, as `convert --input` takes them (local or gs://)")
+    add_training_arguments(p)
+    args = p.parse_args(argv)
+    check_training_arguments(args)
+    from pipelines.text_sample import sample_texts
+
+    sample = sample_texts(args.input, args.text_key, int(args.max_bytes), args.seed)
+    return train_and_report(args, sample.texts, sample.describe(int(args.max_bytes)))
+
+
 _COMMANDS = {"convert": convert_main, "plan": plan_main, "verify": verify_main, "status": status_main,
-             "make-demo": make_demo_main}
+             "make-demo": make_demo_main, "tokenizer": tokenizer_main}
 
 
 def main(argv: list[str] | None = None) -> int:

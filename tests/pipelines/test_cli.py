@@ -83,7 +83,7 @@ def test_an_unknown_command_is_named(capsys):
 
     assert pipelines_cli.main(["stats"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: 'stats' is not a command; the commands are convert, plan, verify, status, make-demo")
+        "error: 'stats' is not a command; the commands are convert, plan, verify, status, make-demo, tokenizer")
 
 
 def test_output_of_another_kind_is_refused(tmp_path, tfds_digits):

@@ -1,0 +1,90 @@
+"""`python -m pipelines tokenizer`: a tokenizer trained on TFRecord shards of text before any conversion, on a sample
+drawn by shard (pipelines/text_sample.py), local, gzip and gs://; what `convert --tokenizer` then takes."""
+
+import gzip
+
+import pytest
+
+from dataset_format import example_proto, tokenizer
+from pipelines import cli, tfrecord, text_sample
+
+SHARDS, PER_SHARD = 6, 50
+
+
+def _text(shard: int, doc: int) -> bytes:
+    return f"shard {shard} doc {doc:02d} ".encode() + bytes([97 + (shard * 7 + doc) % 26]) * 85  # 100 bytes
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Six shards of 50 documents of 100 bytes each: "shard S doc DD ..."."""
+    root = tmp_path_factory.mktemp("raw")
+    for s in range(SHARDS):
+        with open(root / f"text.tfrecord-{s:05d}-of-{SHARDS:05d}", "wb") as f:
+            tfrecord.write_records(f, (example_proto.encode_example({"text": _text(s, d)})
+                                       for d in range(PER_SHARD)))
+    return root
+
+
+def _where(texts):
+    return [(int(t.split()[1]), int(t.split()[3])) for t in texts]
+
+
+def test_all_the_text_or_the_first_share_of_each_shard(shards):
+    everything = text_sample.sample_texts(str(shards / "text.tfrecord-*"), "text", max_bytes=0)
+    assert sorted(everything.texts) == sorted(_text(s, d) for s in range(SHARDS) for d in range(PER_SHARD))
+    assert everything.describe(0) == ""
+    sample = text_sample.sample_texts(str(shards / "text.tfrecord-*"), "text", max_bytes=1_200)
+    assert sorted(_where(sample.texts)) == [(s, d) for s in range(SHARDS) for d in (0, 1)]  # 200 bytes a shard
+    assert sample.describe(1_200) == ": the first ~200 bytes of text of each of the 6 shards, --max_bytes 1200"
+
+
+def test_past_max_shards_a_seeded_draw_of_shards(shards, monkeypatch):
+    monkeypatch.setattr(text_sample, "MAX_SHARDS", 3)
+
+    def drawn(seed):
+        sample = text_sample.sample_texts(str(shards / "text.tfrecord-*"), "text", max_bytes=300, seed=seed)
+        return sample, [s for s, _ in _where(sample.texts)]
+
+    sample, order = drawn(0)
+    assert order == [3, 2, 5] and _where(sample.texts) == [(3, 0), (2, 0), (5, 0)]
+    assert drawn(0)[1] == order and drawn(1)[1] != order
+    assert sample.describe(300) == (": the first ~100 bytes of text of each of 3 of the 6 shards, drawn at random, "
+                                    "--max_bytes 300")
+
+
+def test_the_command_trains_what_convert_takes_from_gzip_shards(shards, tmp_path, capsys):
+    raw = tmp_path / "gz"
+    raw.mkdir()
+    for path in sorted(shards.iterdir()):
+        (raw / f"{path.name}.gz").write_bytes(gzip.compress(path.read_bytes()))
+    output = tmp_path / "tok" / "tokenizer.json"
+    assert cli.main(["tokenizer", "--input", str(raw), "--vocab_size", "300", "--output", str(output),
+                     "--max_bytes", "6000"]) == 0
+    assert ("wrote a bpe tokenizer of 300 tokens, trained on 60 texts (6,000 bytes: the first ~1,000 bytes of text of "
+            f"each of the 6 shards, --max_bytes 6000), to {output}") in capsys.readouterr().out
+    import tokenizers
+
+    ids = tokenizer.load(str(output)).encode_batch([_text(3, 7)])[0]
+    assert ids[0] == 1 and tokenizers.Tokenizer.from_file(str(output)).decode(ids.tolist()) == _text(3, 7).decode()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--text-key", "body"], ": record 0 has no feature 'body' (it has ['text']); pass its text feature as "
+                             "--text-key"),
+    (["--kind", "sentencepiece"], "must end in .model for --kind sentencepiece"),
+])
+def test_a_bad_flag_is_one_line(shards, tmp_path, capsys, argv, message):
+    assert cli.main(["tokenizer", "--input", str(shards / "text.tfrecord-*"), "--output", str(tmp_path / "t.json"),
+                     *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and message in err, err
+
+
+@pytest.mark.gcs
+def test_gs_shards(shards, tmp_path, gcs_bucket):
+    bucket, client = gcs_bucket
+    for path in sorted(shards.iterdir()):
+        client.bucket(bucket).blob(f"raw/{path.name}").upload_from_filename(str(path))
+    sample = text_sample.sample_texts(f"gs://{bucket}/raw/", "text", max_bytes=600)
+    assert sorted(_where(sample.texts)) == [(s, 0) for s in range(SHARDS)]
