@@ -26,6 +26,17 @@ def is_tfrecord_header(head: bytes, size: int | None = None) -> bool:
     return size is None or 16 + length <= size
 
 
+# Every Riegeli file (ArrayRecord's container) begins with the same 64 bytes: a block header and the signature chunk.
+RIEGELI_SIGNATURE = bytes.fromhex("83af70d10d884a3f" "0000000000000000" "4000000000000000" "91bac23c9287e1a9"
+                                  "0000000000000000" "e19f13c0e9b1c372" "7300000000000000" "0000000000000000")
+
+
+def is_array_record(head: bytes) -> bool:
+    """Whether `head` (a file's first 12 bytes or more) begins as every ArrayRecord (Riegeli) file does."""
+    n = min(len(head), len(RIEGELI_SIGNATURE))
+    return n >= HEAD_BYTES and head[:n] == RIEGELI_SIGNATURE[:n]
+
+
 def is_text(head: bytes) -> bool:
     """Whether `head` (a file's first 12 bytes) is all printable ASCII or whitespace: JSON lines, CSV, plain text. Never
     a TFRecord header (its length would be over 2 PB) nor an ArrayRecord file's first block."""

@@ -280,6 +280,9 @@ def tokenizer_main(argv: list[str]) -> int:
     from pipelines.text_sample import sample_texts
 
     sample = sample_texts(args.input, args.text_key, int(args.max_bytes), args.seed)
+    if not sample.texts:
+        raise ValueError(f"--input {args.input}: its {sample.shards:,} shard(s) hold no records, so there is no text "
+                         "to train a tokenizer on")
     return train_and_report(args, sample.texts, sample.describe(int(args.max_bytes)))
 
 

@@ -24,7 +24,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-from dataset_format.sniff import is_text, masked_crc32c
+from dataset_format.sniff import is_array_record, is_text, masked_crc32c
 
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length bytes
 _FOOTER = struct.Struct("<I")  # masked crc of the data
@@ -77,6 +77,12 @@ class NotTFRecordError(CorruptRecordError):
     Fails the shard even with --skip-corrupt, which would otherwise keep none of its records."""
 
     def __init__(self, path: str, head: bytes):
+        if is_array_record(head):  # a converted shard given back as input (a glob over an output directory)
+            super().__init__(path, 0, "an ArrayRecord file where a TFRecord file should be", message=(
+                f"{path} is an ArrayRecord file (converted already), not a TFRecord file: convert and `pipelines "
+                "tokenizer` read the TFRecord sources, so pass those as --input; the loader and `python -m "
+                "trainer.tokenizer` read converted data"))
+            return
         super().__init__(path, 0, "text where a TFRecord header should be", message=(
             f"{path} is not a TFRecord file: it begins with text ({head.decode('ascii')!r}...); convert reads TFRecord "
             "files of tf.train.Example records: write the data as such (e.g. with tf.io.TFRecordWriter, one "
@@ -117,7 +123,7 @@ def iter_records(
             return
         length, length_crc = _HEADER.unpack(header)
         length_ok = length_crc == masked_crc32c(header[:8])
-        if not length_ok and offset == 0 and is_text(header):
+        if not length_ok and offset == 0 and (is_text(header) or is_array_record(header)):
             raise NotTFRecordError(path, header)
         if not length_ok or length > _MAX_RECORD_BYTES:
             reason = "length CRC mismatch" if not length_ok else f"implausible record length {length}"

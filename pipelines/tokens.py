@@ -53,7 +53,7 @@ class TokenizeSpec:
         directory (a Hugging Face model's) is taken as the tokenizer file in it (dataset_format.tokenizer)."""
         from dataset_format.tokenizer import TokenizerError, tokenizer_file  # noqa: PLC0415 - as load() imports it
 
-        tokenizer = tokenizer_file(tokenizer, "--tokenizer ")
+        tokenizer = storage.absolute(tokenizer_file(tokenizer, "--tokenizer "))  # verify may run from elsewhere
         data = storage.read_bytes(tokenizer)
         if data is None:
             raise FileNotFoundError(f"--tokenizer {tokenizer}: no such file; pass a Hugging Face tokenizer.json or a "

@@ -26,11 +26,21 @@ ATTENTIONS = ("auto", "cudnn", "splash", "blockwise", "dense")  # trainer/attent
 REMATS = ("none", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj", "save_dot_except_mlp",
           "save_dot_except_mlpwi", "save_dot_with_context_except_mlp")
 # transformer_lm's layout (MaxText's names): GPT-2's by default; Llama's: num_kv_heads < heads, rope, rmsnorm, SwiGLU
-LAYOUT_KEYS = ("num_kv_heads", "head_dim", "mlp_dim", "mlp_activations", "normalization", "position_embedding",
-               "rope_max_timescale")
+LAYOUT_KEYS = ("num_kv_heads", "head_dim", "mlp_dim", "mlp_activations", "normalization",
+               "normalization_layer_epsilon", "position_embedding", "rope_max_timescale")
 NORMALIZATIONS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned", "rope")
-MLP_ACTIVATIONS = ("gelu", "silu", "relu", "linear")  # mlp_activations: one, or two whose outputs multiply (gated)
+MLP_ACTIVATIONS = ("gelu", "silu", "swish", "relu", "linear")  # one, or two whose outputs multiply (gated)
+# MaxText's names for what the trainer calls otherwise: named when a config uses them
+MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layers": "depth",
+                 "base_num_decoder_layers": "depth", "num_query_heads": "heads", "base_num_query_heads": "heads",
+                 "base_num_kv_heads": "num_kv_heads", "base_mlp_dim": "mlp_dim", "max_target_length": "seq_len",
+                 "per_device_batch_size": "batch_size (the global batch)", "remat_policy": "remat",
+                 "eval_interval": "eval_every", "checkpoint_period": "checkpoint_every",
+                 "adam_weight_decay": "weight_decay (with optimizer=adamw)", "gradient_clipping_threshold": "grad_clip",
+                 "dataset_path": "data", "base_output_directory": "workdir",
+                 "warmup_steps_fraction": "warmup_steps (a count of steps)",
+                 "gradient_accumulation_steps": "grad_accum_steps"}
 LM_KEYS = SIZE_KEYS + LAYOUT_KEYS + ("attention", "remat", "use_iota_embed")  # what model=transformer_lm takes
 
 
@@ -101,6 +111,7 @@ class TrainConfig:
     # SwiGLU (a list in a config file, as in MaxText's)
     mlp_activations: str = "gelu"
     normalization: str = "layernorm"  # or rmsnorm
+    normalization_layer_epsilon: float = 1e-6  # the norms' epsilon (Llama: 1e-5)
     position_embedding: str = "learned"  # a table of seq_len positions, or rope: rotary embeddings of queries and keys
     rope_max_timescale: float = 10_000.0  # rope: the longest wavelength's scale (Llama 3: 500000)
     # transformer_lm's attention: auto (the fused kernel, cuDNN's on a GPU and Splash on a TPU, where it compiles and
@@ -265,6 +276,13 @@ class TrainConfig:
         if self.rope_max_timescale <= 0:
             raise ValueError(f"rope_max_timescale must be > 0 (got rope_max_timescale={self.rope_max_timescale}); "
                              "the default is 10000")
+        if self.rope_max_timescale != defaults["rope_max_timescale"] and self.position_embedding != "rope":
+            raise ValueError(f"rope_max_timescale={self.rope_max_timescale:g} is for position_embedding=rope, and "
+                             f"this model's is {self.position_embedding}: add position_embedding=rope, or drop "
+                             "rope_max_timescale=")
+        if not 0 < self.normalization_layer_epsilon < 1:
+            raise ValueError(f"normalization_layer_epsilon must be in (0, 1) (got normalization_layer_epsilon="
+                             f"{self.normalization_layer_epsilon}); the default is 1e-06")
         if self.num_kv_heads is not None and self.heads % self.num_kv_heads:
             divisors = [str(k) for k in range(1, self.heads + 1) if self.heads % k == 0]
             raise ValueError(f"num_kv_heads={self.num_kv_heads} does not divide heads={self.heads} (each key/value "
@@ -306,7 +324,8 @@ class TrainConfig:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
         if unknown:
-            hint = did_you_mean(unknown, fields)
+            maxtext = [f"{name} is {MAXTEXT_NAMES[name]} here" for name in unknown if name in MAXTEXT_NAMES]
+            hint = (f"MaxText's names: {'; '.join(maxtext)}" if maxtext else "") or did_you_mean(unknown, fields)
             raise ValueError(f"unknown config key(s) {unknown}" + (f"; {hint}" if hint else "")
                              + " (python -m trainer --help lists every key)")
         if values.get("mode") == "evaluate" and "data" not in values and "eval_data" in values:

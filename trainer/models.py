@@ -107,14 +107,16 @@ class DecoderBlock(nn.Module):
     mlp_dim: int | None = None  # the MLP's hidden units (None: mlp_ratio * dim)
     mlp_activations: str = "gelu"  # one activation, or two (comma-separated) whose outputs multiply: a gated MLP
     normalization: str = "layernorm"  # or rmsnorm
+    normalization_layer_epsilon: float = 1e-6
     rope_max_timescale: float | None = None  # rotary embeddings of the queries and keys at this timescale; None: none
 
     def setup(self):
         # attribute names = the parameter tree's names (what compact auto-naming gave flax's block)
+        eps = self.normalization_layer_epsilon
         if self.normalization == "rmsnorm":
-            self.RMSNorm_0, self.RMSNorm_1 = nn.RMSNorm(), nn.RMSNorm()
+            self.RMSNorm_0, self.RMSNorm_1 = nn.RMSNorm(epsilon=eps), nn.RMSNorm(epsilon=eps)
         else:
-            self.LayerNorm_0, self.LayerNorm_1 = nn.LayerNorm(), nn.LayerNorm()
+            self.LayerNorm_0, self.LayerNorm_1 = nn.LayerNorm(epsilon=eps), nn.LayerNorm(epsilon=eps)
         self.MultiHeadDotProductAttention_0 = SelfAttention(self.heads, self.dim, self.kv_heads, self.head_dim)
         hidden = self.mlp_dim or self.mlp_ratio * self.dim
         self.Dense_0 = nn.Dense(self.dim)  # the MLP's second layer
@@ -144,7 +146,7 @@ def _normed_projections(block: DecoderBlock, x, positions):
     return q, k, v
 
 
-ACTIVATIONS = {"gelu": nn.gelu, "silu": nn.silu, "relu": nn.relu, "linear": lambda x: x}
+ACTIVATIONS = {"gelu": nn.gelu, "silu": nn.silu, "swish": nn.silu, "relu": nn.relu, "linear": lambda x: x}
 
 
 def _normed_mlp(block: DecoderBlock, x):
@@ -250,6 +252,7 @@ class TransformerLM(nn.Module):
     mlp_dim: int | None = None
     mlp_activations: str = "gelu"
     normalization: str = "layernorm"
+    normalization_layer_epsilon: float = 1e-6
     position_embedding: str = "learned"
     rope_max_timescale: float = 10_000.0
 
@@ -274,9 +277,10 @@ class TransformerLM(nn.Module):
             block = nn.remat(DecoderBlock, policy=remat_policy(self.remat))
         for i in range(self.depth):  # named as flax named them, so checkpoints of earlier versions still restore
             x = block(self.heads, self.width, self.mlp_ratio, self.attention, self.num_kv_heads, self.head_dim,
-                      self.mlp_dim, self.mlp_activations, self.normalization,
+                      self.mlp_dim, self.mlp_activations, self.normalization, self.normalization_layer_epsilon,
                       self.rope_max_timescale if rope else None, name=f"TransformerBlock_{i}")(x, segments, positions)
-        norm = nn.RMSNorm() if self.normalization == "rmsnorm" else nn.LayerNorm()
+        norm_class = nn.RMSNorm if self.normalization == "rmsnorm" else nn.LayerNorm
+        norm = norm_class(epsilon=self.normalization_layer_epsilon)
         return nn.Dense(self.vocab_size)(norm(x))
 
     def flops_per_token(self) -> int:

@@ -81,6 +81,17 @@ def test_a_bad_flag_is_one_line(shards, tmp_path, capsys, argv, message):
     assert err.startswith("error: ") and message in err, err
 
 
+def test_empty_shards_train_no_tokenizer(tmp_path, capsys):
+    for s in range(2):
+        (tmp_path / f"text.tfrecord-{s:05d}-of-00002").write_bytes(b"")
+    assert cli.main(["tokenizer", "--input", str(tmp_path / "text.tfrecord-*"), "--output",
+                     str(tmp_path / "t.json")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --input {tmp_path / 'text.tfrecord-*'}: its 2 shard(s) hold no records, so there is no text to "
+        "train a tokenizer on")
+    assert not (tmp_path / "t.json").exists()
+
+
 @pytest.mark.gcs
 def test_gs_shards(shards, tmp_path, gcs_bucket):
     bucket, client = gcs_bucket

@@ -97,6 +97,23 @@ def test_text_is_named_as_another_format_even_when_skipping(text):
         assert isinstance(e.value, tfrecord.CorruptRecordError)  # fails the shard, as corruption does
 
 
+def test_an_array_record_file_given_as_input_is_named_as_converted_data(tmp_path):
+    """A glob over a converted directory (ArrayRecord shards) was "corrupt TFRecord at byte offset 0: length CRC
+    mismatch", with --skip-corrupt as the fix."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    path = str(tmp_path / "text.array_record-00000-of-00001")
+    writer = ArrayRecordWriter(path, "group_size:1")
+    writer.write(b"a record")
+    writer.close()
+    for on_corrupt in (None, lambda c: None):
+        with open(path, "rb") as f, pytest.raises(tfrecord.NotTFRecordError) as e:
+            list(tfrecord.iter_records(f, path=path, on_corrupt=on_corrupt))
+        assert str(e.value) == (f"{path} is an ArrayRecord file (converted already), not a TFRecord file: convert and "
+                                "`pipelines tokenizer` read the TFRecord sources, so pass those as --input; the loader "
+                                "and `python -m trainer.tokenizer` read converted data")
+
+
 def test_a_damaged_first_header_of_binary_bytes_is_still_corruption():
     data = bytearray(tfrecord.encode_record(b"x" * 40) + tfrecord.encode_record(b"y" * 7))
     data[8] ^= 0xFF  # the length CRC

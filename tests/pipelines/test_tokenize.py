@@ -158,6 +158,18 @@ def test_verify_deep_tokenises_the_sources_again_and_checks_the_counts(corpus, t
                                                               "damaged, re-run the conversion with --force")
 
 
+def test_a_relative_tokenizer_path_is_kept_absolute_so_verify_deep_runs_from_anywhere(corpus, tmp_path, monkeypatch):
+    from pipelines.verify import verify
+
+    root, tok = corpus
+    monkeypatch.chdir(root)
+    _convert(root, tmp_path / "out", "tokenizer.json")  # as typed, relative to where the conversion ran
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["tokens"]["tokenizer"] == tok
+    monkeypatch.chdir(tmp_path)
+    result = verify(str(tmp_path / "out"), deep=True)
+    assert result.ok and result.records == len(TEXTS), result.problems
+
+
 def test_a_file_that_is_no_tokenizer_is_named_by_the_converters_flag(tmp_path):
     from pipelines.tokens import TokenizeSpec
 

@@ -72,10 +72,11 @@ def test_the_documented_presets_have_the_documented_counts():
     ({"num_kv_heads": 3}, "num_kv_heads=3 does not divide heads=4 (each key/value head serves heads / num_kv_heads "
                           "query heads); use one of 1, 2, 4"),
     ({"num_kv_heads": 0}, "num_kv_heads must be >= 1 (got num_kv_heads=0); the default is unset"),
-    ({"mlp_activations": "swish"}, "mlp_activations='swish' is not one or two of gelu, silu, relu, linear (e.g. "
-                                   "mlp_activations=gelu, or silu,linear for SwiGLU)"),
+    ({"mlp_activations": "tanh"}, "mlp_activations='tanh' is not one or two of gelu, silu, swish, relu, linear (e.g. "
+                                  "mlp_activations=gelu, or silu,linear for SwiGLU)"),
     ({"mlp_activations": "silu,linear,gelu"}, "mlp_activations='silu,linear,gelu' is not one or two of gelu, silu, "
-                                              "relu, linear (e.g. mlp_activations=gelu, or silu,linear for SwiGLU)"),
+                                              "swish, relu, linear (e.g. mlp_activations=gelu, or silu,linear for "
+                                              "SwiGLU)"),
     ({"position_embedding": "alibi"}, "position_embedding='alibi' is not one of learned, rope"),
     ({"normalization": "batchnorm"}, "normalization='batchnorm' is not one of layernorm, rmsnorm"),
     ({"position_embedding": "rope", "width": 36, "heads": 4}, "position_embedding=rope turns pairs of a head's "
@@ -83,6 +84,10 @@ def test_the_documented_presets_have_the_documented_counts():
                                                               "head_dim= to an even number"),
     ({"model": "cnn", "num_kv_heads": 2}, "num_kv_heads=2 is for model=transformer_lm; model='cnn' does not take "
                                           "it: drop num_kv_heads="),
+    ({"rope_max_timescale": 500000.0}, "rope_max_timescale=500000 is for position_embedding=rope, and this model's "
+                                       "is learned: add position_embedding=rope, or drop rope_max_timescale="),
+    ({"normalization_layer_epsilon": 0.0}, "normalization_layer_epsilon must be in (0, 1) (got "
+                                           "normalization_layer_epsilon=0.0); the default is 1e-06"),
     ({"model": "cnn", "depth": 6}, "depth=6 sizes model=transformer_lm; model='cnn' does not take it: drop depth="),
 ])
 def test_a_bad_size_is_one_line_naming_the_key(overrides, message):
@@ -248,14 +253,14 @@ def test_a_packed_document_is_computed_as_it_is_alone_and_rope_ignores_where_it_
 def test_a_gated_mlp_multiplies_its_activated_input_layer_by_its_linear_one():
     """mlp_activations=silu,linear (SwiGLU) with RMSNorm, written out: (silu(n W1 + b1) * (n W2 + b2)) W0 + b0 over
     n = x / rms(x) * scale."""
-    block = models.DecoderBlock(heads=2, dim=8, mlp_dim=12, mlp_activations="silu,linear", normalization="rmsnorm",
-                                attention="blockwise")
+    block = models.DecoderBlock(heads=2, dim=8, mlp_dim=12, mlp_activations="swish,linear", normalization="rmsnorm",
+                                normalization_layer_epsilon=0.5, attention="blockwise")  # swish: silu's other name
     x = np.random.default_rng(2).normal(size=(2, 5, 8)).astype(np.float32)
     ones = np.ones((2, 5), np.int32)
     variables = block.init(jax.random.key(0), x, ones, ones)
     got = block.apply(variables, x, method=models._normed_mlp)
     p = variables["params"]
-    n = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * np.asarray(p["RMSNorm_1"]["scale"])
+    n = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 0.5) * np.asarray(p["RMSNorm_1"]["scale"])
 
     def dense(name, a):
         return a @ np.asarray(p[name]["kernel"]) + np.asarray(p[name]["bias"])
@@ -280,3 +285,13 @@ def test_the_documented_llama_layout_run_has_the_documented_count():
     assert count(shapes) == int(documented.group(1).replace(",", "")) == llama_parameters(
         1024, layout["width"], layout["depth"], layout["heads"], layout["num_kv_heads"],
         layout["width"] // layout["heads"], layout["mlp_dim"])
+
+
+def test_maxtexts_names_for_the_trainers_keys_are_named_with_ours():
+    with pytest.raises(ValueError) as e:
+        TrainConfig.from_args(["data=x", "workdir=w", "task=lm", "base_emb_dim=1024", "base_num_kv_heads=4"])
+    assert str(e.value) == ("unknown config key(s) ['base_emb_dim', 'base_num_kv_heads']; MaxText's names: base_emb_dim "
+                            "is width here; base_num_kv_heads is num_kv_heads here (python -m trainer --help lists "
+                            "every key)")
+    with pytest.raises(ValueError, match=r"did you mean mlp_dim\?"):  # not MaxText's: the closest of ours
+        TrainConfig.from_args(["data=x", "workdir=w", "task=lm", "mlp_dims=64"])
