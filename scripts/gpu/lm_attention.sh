@@ -20,8 +20,7 @@ if [ "${1:-}" = prepare ]; then
   PY=${PY:-.venv/bin/python}
   wheels
   $PY -m pipelines make-demo --kind text --output .gpu/text
-  $PY -m pipelines convert --input ".gpu/text/text-train.*" --output .gpu/text/train
-  $PY -m trainer.tokenizer .gpu/text/train --kind bpe --vocab_size 1024 --output .gpu/tokenizer.json
+  $PY -m pipelines tokenizer --input ".gpu/text/text-train.*" --kind bpe --vocab_size 1024 --output .gpu/tokenizer.json
   $PY -m pipelines convert --input ".gpu/text/text-train.*" --output .gpu/lm_tok --tokenizer .gpu/tokenizer.json \
     --text-key text --add-eos
   # the anchor's project as it was (its trainer, and the loader that trainer imports), its C extensions built there
