@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -56,29 +55,13 @@ def _write_shard(path: str, n: int, seed: int, lengths_range: tuple[int, int] = 
 def make_corpus(root: Path, docs: int, lengths: tuple[int, int] = (8, 24)) -> str:
     """`docs` documents of `lengths` ids (uniform, inclusive) in shards of PER_SHARD, with counts and a manifest
     (kept: a later run reuses them)."""
-    from dataset_format.manifest import Manifest, ShardEntry
+    from generated import write_corpus  # benchmarks/generated.py
 
     out = root / (f"docs-{docs}" if lengths == (8, 24) else f"docs-{docs}-ids-{lengths[0]}-{lengths[1]}")
-    if (out / "manifest.json").exists():
-        return str(out)
-    out.mkdir(parents=True, exist_ok=True)
-    sizes = [min(PER_SHARD, docs - first) for first in range(0, docs, PER_SHARD)]
-    names = [f"docs-{i:05d}-of-{len(sizes):05d}.array_record" for i in range(len(sizes))]
-    started = time.monotonic()
-    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
-        written = list(pool.map(_write_shard, [str(out / n) for n in names], sizes, range(len(sizes)),
-                                [lengths] * len(sizes)))
-    print(f"wrote {docs:,} documents in {len(names)} shards ({sum(b for _, b in written) / 1e9:.1f} GB) in "
-          f"{time.monotonic() - started:.0f} s", flush=True)
-    entries = tuple(ShardEntry(path=name, source=f"generated:{i}", records=n, bytes=b, source_bytes=0,
-                               source_fingerprint="generated", writer_options="group_size:1,uncompressed",
-                               tokens="generated")
-                    for i, (name, (n, b)) in enumerate(zip(names, written)))
     tokens = {"dtype": "<u2", "vocab_size": 32000, "tokenizer": "random", "tokenizer_sha256": "-", "text_key": "-",
               "add_bos": None, "add_eos": False, "counts": ".counts"}
-    manifest = Manifest(input="generated", kind="tfrecord", shards=entries, tool_version="bench", tokens=tokens)
-    (out / "manifest.json").write_text(manifest.to_json())
-    return str(out)
+    return write_corpus(out, docs, _write_shard, name="docs", per_shard=PER_SHARD,
+                        writer_options="group_size:1,uncompressed", shard_args=(lengths,), tokens=tokens)
 
 
 def _rss() -> int:

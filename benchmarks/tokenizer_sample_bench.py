@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -48,25 +47,10 @@ def _write_shard(path: str, n: int, seed: int) -> tuple[int, int]:
 
 
 def make_corpus(root: Path, docs: int) -> str:
-    from dataset_format.manifest import Manifest, ShardEntry
+    from generated import write_corpus  # benchmarks/generated.py
 
-    out = root / f"text-{docs}"
-    if (out / "manifest.json").exists():
-        return str(out)
-    out.mkdir(parents=True, exist_ok=True)
-    sizes = [min(PER_SHARD, docs - first) for first in range(0, docs, PER_SHARD)]
-    names = [f"text.array_record-{i:05d}-of-{len(sizes):05d}" for i in range(len(sizes))]
-    started = time.monotonic()
-    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
-        written = list(pool.map(_write_shard, [str(out / n) for n in names], sizes, range(len(sizes))))
-    print(f"wrote {docs:,} documents in {len(names)} shards ({sum(b for _, b in written) / 1e9:.2f} GB) in "
-          f"{time.monotonic() - started:.0f} s", flush=True)
-    entries = tuple(ShardEntry(path=name, source=f"generated:{i}", records=n, bytes=b, source_bytes=0,
-                               source_fingerprint="generated", writer_options="group_size:1,snappy")
-                    for i, (name, (n, b)) in enumerate(zip(names, written)))
-    manifest = Manifest(input="generated", kind="tfrecord", shards=entries, tool_version="bench")
-    (out / "manifest.json").write_text(manifest.to_json())
-    return str(out)
+    return write_corpus(root / f"text-{docs}", docs, _write_shard, name="text", per_shard=PER_SHARD,
+                        writer_options="group_size:1,snappy")
 
 
 def _rss() -> int:
