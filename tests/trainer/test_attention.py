@@ -380,9 +380,10 @@ def test_the_config_refuses_unknown_attention_and_remat_and_keeps_them_to_the_lm
     assert config.model_size["attention"] == "dense" and config.model_size["remat"] == "minimal"
 
 
-@pytest.mark.parametrize("layout, expected", [({}, 11), ({"mlp_activations": "silu,linear",
-                                                           "normalization": "rmsnorm", "position_embedding": "rope"}, 15)],
-                         ids=["gpt2", "llama"])
+LLAMA_BLOCK = {"mlp_activations": "silu,linear", "normalization": "rmsnorm", "position_embedding": "rope"}
+
+
+@pytest.mark.parametrize("layout, expected", [({}, 11), (LLAMA_BLOCK, 15)], ids=["gpt2", "llama"])
 def test_a_block_keeps_its_matrix_multiplies_outputs_and_recomputes_the_rest(layout, expected):
     """What each DecoderBlock keeps for the backward pass, in tensors of [B, S, width]: its input and the MLP's input
     (1 + 1), q, k, v and the attention's output (4, the output counted twice: as the attention's and as `context`),
