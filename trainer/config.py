@@ -190,6 +190,12 @@ class TrainConfig:
         return {name: getattr(self, name) for name in LM_KEYS} if self.model in SIZED_MODELS else {}
 
     @property
+    def model_settings(self) -> str:
+        """The model keys this run sets otherwise than their defaults, as KEY=VALUE, for the log ("" for none)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return " ".join(f"{k}={v}" for k, v in self.model_size.items() if v != defaults[k])
+
+    @property
     def checkpoint_dir(self) -> str:
         """WORKDIR/checkpoints, absolute (as orbax wants it; a gs:// workdir as it is): the trainers write it, the
         evaluator reads it."""

@@ -101,8 +101,8 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     state_sharding = strategy.param_sharding(state)
     state = jax.device_put(state, state_sharding)
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-    log.info("task=%s features=%s model=%s parameters=%s", config.task, list(program.task.features), config.model,
-             f"{n_params:,}")
+    log.info("task=%s features=%s model=%s parameters=%s%s", config.task, list(program.task.features), config.model,
+             f"{n_params:,}", f" ({config.model_settings})" if config.model_settings else "")
     log.info("optimizer=%s learning_rate=%g schedule=%s warmup_steps=%d weight_decay=%g grad_clip=%g "
              "grad_accum_steps=%d dtype=%s", config.optimizer, config.learning_rate, config.schedule,
              config.warmup_steps, config.weight_decay, config.grad_clip, config.grad_accum_steps, config.dtype)

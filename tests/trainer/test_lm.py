@@ -104,6 +104,8 @@ def test_llamas_layout_trains_from_the_command_line_and_a_resume_without_it_name
     proc = run_trainer(*common, "num_kv_heads=2", "steps=4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "attention: blockwise for queries 8x64x4x16 (2 key/value heads) float32" in proc.stderr
+    assert ("model=transformer_lm parameters=120,770 (width=64 num_kv_heads=2 mlp_dim=160 mlp_activations=silu,linear "
+            "normalization=rmsnorm position_embedding=rope)") in proc.stderr
     losses = [r["loss"] for r in _metrics(tmp_path)]
     assert len(losses) == 4 and losses[-1] < losses[0] - 1, losses  # it learns
     again = trainer_here(*common, "steps=6")
