@@ -314,12 +314,12 @@ def read_text(path: str) -> str | None:
     return None if data is None else data.decode("utf-8")
 
 
-def open_read(path: str):
-    """A binary file object for streaming reads (buffered; on gs:// ranged reads of `_READ_BUFFER` bytes)."""
+def open_read(path: str, chunk_size: int = _READ_BUFFER):
+    """A binary file object for streaming reads (buffered; on gs:// ranged reads of `chunk_size` bytes)."""
     if not is_remote(path):
         return open(path, "rb", buffering=_READ_BUFFER)
     with _gcs_errors(path):
-        return _blob(path).open("rb", chunk_size=_READ_BUFFER, retry=_retry())
+        return _blob(path).open("rb", chunk_size=chunk_size, retry=_retry())
 
 
 def write_bytes(path: str, data: bytes, *, metadata: dict[str, str] | None = None) -> None:

@@ -18,7 +18,7 @@ import zlib
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from dataset_format import sniff
+from dataset_format import sniff, storage
 from dataset_format.manifest import MANIFEST_NAME
 from dataset_format.naming import is_tfrecord_name, output_name
 from dataset_format.storage import absolute, basename, has_glob, is_remote
@@ -272,8 +272,7 @@ def source_compression(path: str) -> str:
     named = CompressionTypes.detect_compression_type(path)
     if named != CompressionTypes.UNCOMPRESSED:
         return named
-    with _raw(path) as f:
-        head = f.read(12)
+    head = storage.read_range(path, 0, 12, exact=False)  # gs://: 12 bytes, where a reader's first chunk is 16 MB
     if len(head) < 2 or sniff.is_tfrecord_header(head):
         return named
     if head[:3] == b"\x1f\x8b\x08":
@@ -293,27 +292,30 @@ _KIND = {CompressionTypes.GZIP: "GZIP", CompressionTypes.DEFLATE: "zlib", Compre
 _STREAM_ERRORS = (zlib.error, EOFError, gzip.BadGzipFile, lzma.LZMAError)
 
 
-def _raw(path: str):
+def _raw(path: str, read_buffer: int | None = None):
     if not is_remote(path):
         return open(path, "rb", buffering=_READ_BUFFER)
+    if read_buffer is not None:  # a read of the file's first part: ranges of this size, not Beam's 16 MB ones
+        return storage.open_read(path, chunk_size=read_buffer)
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-def open_source(path: str, compression: str | None = None):
+def open_source(path: str, compression: str | None = None, *, read_buffer: int | None = None):
     """Opens a (possibly compressed, possibly remote) TFRecord file for streaming reads; `compression` as
-    source_compression(path) gives it (read here when not given). A compressed stream that is damaged, cut short or
+    source_compression(path) gives it (read here when not given). `read_buffer`: for a read of the file's first part
+    only (a sample, a first record), the bytes each gs:// request asks for (else Beam's reader's 16 MB). A compressed stream that is damaged, cut short or
     not what its name says raises tfrecord.CompressedStreamError naming the file (GZIP, BZIP2 and LZMA are read by
     Python's own readers, which check the stream's end and its checksum: Beam's gzip reader ends a cut stream
     silently)."""
     compression = compression or source_compression(path)
     if compression == CompressionTypes.UNCOMPRESSED:
-        return _raw(path)
+        return _raw(path, read_buffer)
     if compression == CompressionTypes.GZIP:
-        stream = gzip.GzipFile(fileobj=_raw(path), mode="rb")
+        stream = gzip.GzipFile(fileobj=_raw(path, read_buffer), mode="rb")
     elif compression == CompressionTypes.BZIP2:
-        stream = bz2.BZ2File(_raw(path), mode="rb")
+        stream = bz2.BZ2File(_raw(path, read_buffer), mode="rb")
     elif compression == CompressionTypes.LZMA:
-        stream = lzma.LZMAFile(_raw(path), mode="rb")
+        stream = lzma.LZMAFile(_raw(path, read_buffer), mode="rb")
     else:
         stream = FileSystems.open(path, compression_type=compression)
     return _CheckedStream(stream, path, _KIND.get(compression, compression))

@@ -25,6 +25,7 @@ from pipelines import paths, tfrecord
 from pipelines.tokens import record_text
 
 MAX_SHARDS = 1024  # shards a sample visits at most: each costs an open (a request on gs://)
+MIN_READ_BUFFER = 256 << 10  # the least a gs:// request of a sample asks for
 PROGRESS_SECONDS = 10.0
 
 
@@ -53,11 +54,13 @@ def sample_texts(pattern: str, text_key: str, max_bytes: int, seed: int = 0) -> 
     order = np.random.default_rng(seed).permutation(len(files))
     chosen = [files[i] for i in (order[:MAX_SHARDS] if max_bytes else order)]
     per_shard = -(-max_bytes // len(chosen)) if max_bytes else 0
+    # gs://: ask for about a shard's share (its records' framing and other features besides), not 16 MB at a time
+    read_buffer = min(max(2 * per_shard, MIN_READ_BUFFER), 16 << 20) if per_shard else None
 
     def read(file: paths.InputFile) -> tuple[list[bytes], bool]:
         """The shard's texts up to per_shard bytes, and whether it held more."""
         example, texts, size = example_class(), [], 0
-        with paths.open_source(file.path) as f:
+        with paths.open_source(file.path, read_buffer=read_buffer) as f:
             records = tfrecord.iter_records(f, path=file.path)
             for index, record in enumerate(records):
                 if per_shard and size >= per_shard:

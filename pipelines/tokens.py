@@ -128,7 +128,7 @@ def check_first_record(config, tasks, *, shards: int = 8) -> None:
 
     for task in list(tasks)[:shards]:
         try:
-            with paths.open_source(task.source.path) as f:
+            with paths.open_source(task.source.path, read_buffer=1 << 20) as f:  # a first record, not 16 MB
                 record = next(tfrecord.iter_records(f, path=task.source.path), None)
         except tfrecord.CorruptRecordError:
             continue  # a damaged first frame: the conversion says so of that shard (no scan for the next frame here)

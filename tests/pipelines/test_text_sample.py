@@ -99,3 +99,33 @@ def test_gs_shards(shards, tmp_path, gcs_bucket):
         client.bucket(bucket).blob(f"raw/{path.name}").upload_from_filename(str(path))
     sample = text_sample.sample_texts(f"gs://{bucket}/raw/", "text", max_bytes=600)
     assert sorted(_where(sample.texts)) == [(s, 0) for s in range(SHARDS)]
+
+
+@pytest.mark.gcs
+def test_a_sample_of_gs_shards_downloads_about_what_it_reads(tmp_path, gcs_bucket, monkeypatch):
+    """Each shard's first bytes only: the sniff of its compression is one 12-byte range, its records come in ranges
+    of about its share (Beam's reader asked for 16 MB at a time: a 100 MB sample of 1,024 shards, 16 GB). The ranges
+    are read off the requests the clients send."""
+    import requests
+
+    bucket, client = gcs_bucket
+    for s in range(3):
+        path = tmp_path / f"big.tfrecord-{s:05d}-of-00003"
+        with open(path, "wb") as f:  # 2 MB a shard
+            tfrecord.write_records(f, (example_proto.encode_example({"text": _text(s, d % 100)})
+                                       for d in range(20_000)))
+        client.bucket(bucket).blob(f"big/{path.name}").upload_from_filename(str(path))
+    media = []
+    send = requests.Session.send
+
+    def recorded(session, request, **kwargs):
+        if "alt=media" in request.url:
+            media.append(request.headers.get("Range"))
+        return send(session, request, **kwargs)
+
+    monkeypatch.setattr(requests.Session, "send", recorded)
+    sample = text_sample.sample_texts(f"gs://{bucket}/big/", "text", max_bytes=3_000)
+    assert len(sample.texts) == 30
+    assert None not in media and len(media) >= 3, media  # every download a range
+    sizes = [int(b) - int(a) + 1 for a, b in (r.split("=")[1].split("-") for r in media)]
+    assert sum(sizes) <= 3 * (12 + (256 << 10) + 1), (media, sizes)  # + 1: the client asks for one byte more
