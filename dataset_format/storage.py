@@ -275,8 +275,13 @@ def read_range(path: str, start: int, end: int, *, exact: bool = True) -> bytes:
             f.seek(start)
             data = f.read(end - start)
     else:
-        with _gcs_errors(path):
-            data = _blob(path).download_as_bytes(start=start, end=end - 1, checksum=None, retry=_retry())
+        from google.api_core.exceptions import RequestRangeNotSatisfiable
+
+        try:
+            with _gcs_errors(path):
+                data = _blob(path).download_as_bytes(start=start, end=end - 1, checksum=None, retry=_retry())
+        except RequestRangeNotSatisfiable:  # 416: the object ends before `start` (an empty one, for any range)
+            data = b""
     if exact:
         check_length(path, start, end, data)
     return data

@@ -91,6 +91,19 @@ def test_a_range_read_cut_off_or_refused_is_retried_and_exact(faulty_gcs, fault,
     assert storage.read_range(f"gs://{bucket}/shard", len(data) + 5, len(data) + 10, exact=False) == b""
 
 
+def test_a_range_past_the_end_answered_416_is_no_bytes(faulty_gcs):
+    """Cloud Storage answers a range that starts past an object's end (any range of an empty object) with 416, where
+    the emulator answers no bytes: the first 12 bytes of an empty TFRecord shard (a converter's sniff) are none."""
+    bucket, front = faulty_gcs
+    storage.write_bytes(f"gs://{bucket}/empty.tfrecord", b"")
+    front.fail_next(416, where="/empty.tfrecord?")
+    assert storage.read_range(f"gs://{bucket}/empty.tfrecord", 0, 12, exact=False) == b""
+    assert [s for s, _ in front.failed] == [416]
+    front.fail_next(416, where="/empty.tfrecord?")
+    with pytest.raises(OSError, match="read 0 bytes at 0, expected 12"):
+        storage.read_range(f"gs://{bucket}/empty.tfrecord", 0, 12)
+
+
 def test_403_is_one_line_naming_bucket_and_object(faulty_gcs):
     bucket, front = faulty_gcs
     front.fail_next(403, where="m.json")
