@@ -135,7 +135,7 @@ def check_first_record(config, tasks, *, shards: int = 8) -> None:
         if record is None:
             continue
         try:
-            Tokenize(spec, task.source.path)._text(record, 0)
+            record_text(example_class(), record, spec.text_key, task.source.path, 0)
         except TextKeyError as e:
             raise ValueError(f"{e} (checked before converting: nothing was written)") from None
         return
@@ -175,9 +175,6 @@ class Tokenize:
         self.counts: list[np.ndarray] = []
         self._seen = 0
 
-    def _text(self, record: bytes, index: int) -> bytes:
-        return record_text(self._example, record, self._spec.text_key, self._source, index)
-
     def __call__(self, records: Iterable[bytes]) -> Iterator[bytes]:
         """Token-id records for `records`, in order. The tokenizer's batch call (native threads, the GIL released)
         runs on a thread while this one reads, parses and writes the neighbouring batches."""
@@ -188,7 +185,8 @@ class Tokenize:
                 if record is not None:
                     batch.append(record)
                 if len(batch) == BATCH or (record is None and batch):
-                    texts = [self._text(r, self._seen + i) for i, r in enumerate(batch)]
+                    texts = [record_text(self._example, r, self._spec.text_key, self._source, self._seen + i)
+                             for i, r in enumerate(batch)]
                     self._seen += len(batch)
                     future = pool.submit(self._tokenizer.encode_batch, texts)
                     if pending is not None:

@@ -107,8 +107,8 @@ class TrainConfig:
     num_kv_heads: int | None = None  # key/value heads, dividing heads: grouped-query attention (1: multi-query)
     head_dim: int | None = None  # features of each head (default width / heads)
     mlp_dim: int | None = None  # the MLP's hidden units (default mlp_ratio * width)
-    # the MLP's activation, or two comma-separated (gelu, silu, relu, linear) whose outputs multiply: silu,linear is
-    # SwiGLU (a list in a config file, as in MaxText's)
+    # the MLP's activation, or two comma-separated (gelu, silu or swish, relu, linear) whose outputs multiply:
+    # silu,linear is SwiGLU (a list in a config file, as in MaxText's)
     mlp_activations: str = "gelu"
     normalization: str = "layernorm"  # or rmsnorm
     normalization_layer_epsilon: float = 1e-6  # the norms' epsilon (Llama: 1e-5)
