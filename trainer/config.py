@@ -22,14 +22,16 @@ DTYPES = ("float32", "bfloat16")
 SIZE_KEYS = ("width", "depth", "heads", "mlp_ratio")  # the keys that size the models in SIZED_MODELS
 SIZED_MODELS = ("transformer_lm",)
 ATTENTIONS = ("auto", "cudnn", "splash", "blockwise", "dense")  # trainer/attention.py
-# what the backward pass recomputes of each LM block: MaxText's remat_policy names (trainer/models.py remat_policy)
-REMATS = ("none", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj", "save_dot_except_mlp",
+# what the backward pass recomputes of each LM block (trainer/models.py remat_policy): none, ours (elementwise: the
+# norms and activations), MaxText's remat_policy names; the config's auto picks among them (trainer/remat.py)
+REMATS = ("none", "elementwise", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj", "save_dot_except_mlp",
           "save_dot_except_mlpwi", "save_dot_with_context_except_mlp")
 # transformer_lm's layout (MaxText's names): GPT-2's by default; Llama's: num_kv_heads < heads, rope, rmsnorm, SwiGLU
 LAYOUT_KEYS = ("num_kv_heads", "head_dim", "mlp_dim", "mlp_activations", "normalization",
                "normalization_layer_epsilon", "position_embedding", "rope_max_timescale")
 NORMALIZATIONS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned", "rope")
+REMAT_CHOICES = ("auto", *REMATS)
 MLP_ACTIVATIONS = ("gelu", "silu", "swish", "relu", "linear")  # one, or two whose outputs multiply (gated)
 # MaxText's names for what the trainer calls otherwise: named when a config uses them
 MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layers": "depth",
@@ -118,13 +120,16 @@ class TrainConfig:
     # matches blockwise on packed rows, else blockwise), cudnn, splash,
     # blockwise (flash attention in JAX: memory grows with seq_len, not its square) or dense ([B, H, S, S] scores)
     attention: str = "auto"
-    # transformer_lm: what the backward pass recomputes of each block instead of keeping it (MaxText's remat_policy
-    # names): none, full, minimal, minimal_with_context, save_qkv_proj, save_out_proj, save_dot_except_mlp,
-    # save_dot_except_mlpwi, save_dot_with_context_except_mlp
-    remat: str = "none"
+    # transformer_lm: what the backward pass recomputes of each block instead of keeping it: auto (on a GPU or TPU the
+    # first of none, elementwise, full whose compiled step fits the devices' free memory; elsewhere elementwise:
+    # trainer/remat.py), none (nothing), elementwise (the norms and activations), or MaxText's remat_policy names:
+    # full, minimal, minimal_with_context, save_qkv_proj, save_out_proj, save_dot_except_mlp, save_dot_except_mlpwi,
+    # save_dot_with_context_except_mlp
+    remat: str = "auto"
     # transformer_lm: token and position embeddings as one-hot matrix multiplies (MaxText's use_iota_embed): the
-    # backward pass is a matrix multiply instead of a scatter-add of every token's gradient into the tables
-    use_iota_embed: bool = False
+    # backward pass is a matrix multiply instead of a scatter-add of every token's gradient into the tables. auto: for
+    # tables of at most 4,096 rows on a GPU or TPU (trainer/models.py embed_by_matmul), true, false
+    use_iota_embed: bool | str = "auto"
     packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/planning/packing.py); eval pads
     split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
     log_every: int = 50  # steps between log lines and metrics
@@ -266,7 +271,9 @@ class TrainConfig:
         if isinstance(self.mlp_activations, (list, tuple)):  # a config file's list, as MaxText's yaml has it
             object.__setattr__(self, "mlp_activations", ",".join(map(str, self.mlp_activations)))
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in LM_KEYS}
-        for name, allowed in (("attention", ATTENTIONS), ("remat", REMATS), ("normalization", NORMALIZATIONS),
+        if self.use_iota_embed not in (True, False, "auto"):
+            raise ValueError(f"use_iota_embed={self.use_iota_embed!r} is not one of auto, true, false")
+        for name, allowed in (("attention", ATTENTIONS), ("remat", REMAT_CHOICES), ("normalization", NORMALIZATIONS),
                               ("position_embedding", POSITION_EMBEDDINGS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")

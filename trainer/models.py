@@ -87,12 +87,13 @@ class DecoderBlock(nn.Module):
     """A pre-norm decoder block: causal self-attention within segments (trainer/attention.py, by `attention`), then an
     MLP of mlp_dim (gated when `mlp_activations` names two), each added to its input.
 
-    The backward pass recomputes the block's elementwise steps from their inputs instead of keeping what they
-    compute: the norms (a float32 centred, squared and scaled copy of the input each), the rotary embedding and the
-    MLP's activations (GELU's tanh form: four tensors of the MLP's width), and so also their outputs, which the next
-    matrix multiply's weight gradient needs. That costs a few elementwise passes, nothing next to the block's matrix
-    multiplies: a block keeps 11 tensors of its width a token for the backward pass (tests/trainer/test_attention.py
-    counts them), flax's block kept about 38 besides its attention's scores. The matrix multiplies' outputs are named
+    With `recompute` (remat=elementwise, and under every block-level remat policy) the backward pass recomputes the
+    block's elementwise steps from their inputs instead of keeping what they compute: the norms (a float32 centred,
+    squared and scaled copy of the input each), the rotary embedding and the MLP's activations (GELU's tanh form:
+    four tensors of the MLP's width), and so also their outputs, which the next matrix multiply's weight gradient
+    needs. A block then keeps 11 tensors of its width a token for the backward pass (tests/trainer/test_attention.py
+    counts them), flax's block kept about 38 besides its attention's scores; the price is a few elementwise passes
+    (the 104M model of docs/benchmarks.md on an H200: 41% MFU against 45% keeping them, at 1.8x the temporaries). The matrix multiplies' outputs are named
     for remat policies (`jax.ad_checkpoint.checkpoint_name`, MaxText's names): query_proj, key_proj, value_proj (after
     the rotary embedding, which is what the attention reads), context (the attention's output), out_proj, mlpwi (each
     of a gated MLP's two), mlpwo. With the defaults the parameters are those of flax's MultiHeadDotProductAttention
@@ -109,6 +110,7 @@ class DecoderBlock(nn.Module):
     normalization: str = "layernorm"  # or rmsnorm
     normalization_layer_epsilon: float = 1e-6
     rope_max_timescale: float | None = None  # rotary embeddings of the queries and keys at this timescale; None: none
+    recompute: bool = True  # the backward pass recomputes the norms, the rotary embedding and the activations
 
     def setup(self):
         # attribute names = the parameter tree's names (what compact auto-naming gave flax's block)
@@ -129,13 +131,15 @@ class DecoderBlock(nn.Module):
 
     def __call__(self, x, segment_ids, positions):
         attention_names = ("query_proj", "key_proj", "value_proj")
-        q, k, v = nn.remat(_normed_projections, policy=jax.checkpoint_policies.save_only_these_names(
-            *attention_names))(self, x, positions)
+        projections, mlp = _normed_projections, _normed_mlp
+        if self.recompute:  # keep the matrix multiplies' outputs only
+            projections = nn.remat(projections, policy=jax.checkpoint_policies.save_only_these_names(*attention_names))
+            mlp = nn.remat(mlp, policy=jax.checkpoint_policies.save_only_these_names("mlpwi"))
+        q, k, v = projections(self, x, positions)
         q, k, v = (checkpoint_name(a, n) for a, n in zip((q, k, v), attention_names))  # seen by an outer remat too
         kind = attention.resolve(self.attention, q.shape, q.dtype, kv_heads=k.shape[2])
         context = checkpoint_name(attention.attend(q, k, v, segment_ids, kind), "context")
         x = x + checkpoint_name(self.MultiHeadDotProductAttention_0(context), "out_proj")
-        mlp = nn.remat(_normed_mlp, policy=jax.checkpoint_policies.save_only_these_names("mlpwi"))
         return x + checkpoint_name(mlp(self, x), "mlpwo")
 
 
@@ -173,13 +177,16 @@ def rotary_embedding(x, positions, max_timescale: float):
 
 def remat_policy(name: str):
     """MaxText's `remat_policy` names -> what jax.checkpoint keeps of a block for the backward pass (the rest is
-    recomputed there). "none" is no remat at all (everything kept)."""
+    recomputed there). "none" (everything kept) and "elementwise" (DecoderBlock's recompute) have no block-level
+    policy: None."""
     names = {"save_qkv_proj": ("query_proj", "key_proj", "value_proj"),
              "save_out_proj": ("out_proj",),
              "save_dot_except_mlp": ("query_proj", "key_proj", "value_proj", "out_proj"),
              "save_dot_except_mlpwi": ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"),
              "save_dot_with_context_except_mlp": ("query_proj", "key_proj", "value_proj", "context", "out_proj")}
     policies = jax.checkpoint_policies
+    if name in ("none", "elementwise"):
+        return None
     if name == "full":
         return policies.nothing_saveable
     if name == "minimal":
@@ -231,11 +238,13 @@ class TransformerLM(nn.Module):
     (grouped-query attention); `head_dim` sets the features a head apart from width / heads. MaxText's names, all.
 
     `attention=` picks the attention's implementation (trainer/attention.py: auto, cudnn, splash, blockwise, dense),
-    `remat=` what the backward pass recomputes of each block instead of keeping it (`remat_policy`, MaxText's names;
-    each block recomputes its norms and activations whatever the policy: DecoderBlock), `use_iota_embed=` whether the
-    embeddings are looked up or one-hot matrix multiplies. None of these three changes the parameters, which with the
-    default layout have the names and initial values of the blocks of flax's MultiHeadDotProductAttention this model
-    had before.
+    `remat=` what the backward pass recomputes of each block instead of keeping it: none, elementwise (the norms and
+    activations: DecoderBlock's recompute), or a block-level policy by MaxText's names (`remat_policy`; the block
+    recomputes its norms and activations under each); auto is the trainer's choice by memory (trainer/remat.py), and
+    elementwise for a model built outside it. `use_iota_embed=` whether the embeddings are looked up or one-hot
+    matrix multiplies (auto: `embed_by_matmul`). None of these three changes the parameters, which with the default
+    layout have the names and initial values of the blocks of flax's MultiHeadDotProductAttention this model had
+    before.
     """
 
     vocab_size: int
@@ -245,8 +254,8 @@ class TransformerLM(nn.Module):
     heads: int = 4
     mlp_ratio: int = 4
     attention: str = "auto"
-    remat: str = "none"
-    use_iota_embed: bool = False
+    remat: str = "elementwise"
+    use_iota_embed: bool | str = "auto"
     num_kv_heads: int | None = None
     head_dim: int | None = None
     mlp_dim: int | None = None
@@ -268,17 +277,16 @@ class TransformerLM(nn.Module):
         rope = self.position_embedding == "rope"
         if not rope:
             tables.append((nn.Embed(self.max_len, self.width), positions))
-        if self.use_iota_embed:
-            x = sum(_one_hot_rows(table, ids) for table, ids in tables)
-        else:
-            x = sum(table(ids) for table, ids in tables)
-        block = DecoderBlock
-        if self.remat != "none":
-            block = nn.remat(DecoderBlock, policy=remat_policy(self.remat))
+        x = sum(_one_hot_rows(table, ids) if self._by_matmul(table) else table(ids) for table, ids in tables)
+        remat = "elementwise" if self.remat == "auto" else self.remat
+        block, policy = DecoderBlock, remat_policy(remat)
+        if policy is not None:
+            block = nn.remat(DecoderBlock, policy=policy)
         for i in range(self.depth):  # named as flax named them, so checkpoints of earlier versions still restore
             x = block(self.heads, self.width, self.mlp_ratio, self.attention, self.num_kv_heads, self.head_dim,
                       self.mlp_dim, self.mlp_activations, self.normalization, self.normalization_layer_epsilon,
-                      self.rope_max_timescale if rope else None, name=f"TransformerBlock_{i}")(x, segments, positions)
+                      self.rope_max_timescale if rope else None, remat != "none",
+                      name=f"TransformerBlock_{i}")(x, segments, positions)
         norm_class = nn.RMSNorm if self.normalization == "rmsnorm" else nn.LayerNorm
         norm = norm_class(epsilon=self.normalization_layer_epsilon)
         return nn.Dense(self.vocab_size)(norm(x))
@@ -295,6 +303,27 @@ class TransformerLM(nn.Module):
         gates = len(self.mlp_activations.split(","))
         block = 2 * w * queries + 2 * w * keys + (gates + 1) * w * hidden  # q and out; k and v; the MLP
         return 6 * (self.depth * block + w * self.vocab_size) + 12 * self.depth * self.max_len * queries
+
+
+    def _by_matmul(self, table: nn.Embed) -> bool:
+        if self.use_iota_embed == "auto":
+            return embed_by_matmul(table.num_embeddings)
+        return bool(self.use_iota_embed)
+
+
+ONE_HOT_ROWS = 4096  # use_iota_embed=auto: the largest table looked up by a one-hot matrix multiply on a GPU or TPU
+
+
+def embed_by_matmul(rows: int, platform: str | None = None) -> bool:
+    """use_iota_embed=auto: whether a table of `rows` is read by a one-hot matrix multiply on this platform. Where the
+    two differ is the backward pass: a lookup's gradient scatter-adds every token's row into the table, which a GPU
+    does with atomic adds that collide the more the fewer rows there are; the one-hot matrix multiply costs
+    4 * rows * width FLOPs a token forward and backward instead, which grows with the rows. On an NVIDIA H200 (the
+    104M model of docs/benchmarks.md: 65,536 tokens a step, tables of 1,024 rows) the two scatter-adds took 8.7% of
+    the step, and the matrix multiplies took MFU from 41.7% to 43.9%; the crossing from that profile is ~11,000 rows,
+    so 4,096 leaves a margin. TPUs gather and scatter slowly too (MaxText and flaxformer multiply there). A CPU's
+    scatter-add is cheap: lookups."""
+    return (platform or jax.default_backend()) in ("gpu", "tpu") and rows <= ONE_HOT_ROWS
 
 
 def _one_hot_rows(embed: nn.Embed, ids):

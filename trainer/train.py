@@ -16,6 +16,7 @@ before the first batch arrives.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import logging
@@ -30,10 +31,10 @@ import optax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, checkpoints, compile_cache, tasks
+from trainer import accelerators, checkpoints, compile_cache, remat, tasks
 from trainer.checkpoints import checkpoint_manager, config_record, finished_run
 from trainer import strategy as strategies
-from trainer.config import TrainConfig
+from trainer.config import SIZED_MODELS, TrainConfig
 from trainer.metrics import MetricsWriter
 from trainer.program import Program
 from trainer.preemption import PreemptionNotice
@@ -107,8 +108,10 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
              "grad_accum_steps=%d dtype=%s", config.optimizer, config.learning_rate, config.schedule,
              config.warmup_steps, config.weight_decay, config.grad_clip, config.grad_accum_steps, config.dtype)
 
-    train_step = jax.jit(make_train_step(program, tx, strategy), in_shardings=(state_sharding, strategy.batch_sharding),
-                         out_shardings=(state_sharding, strategy.replicated, strategy.replicated), donate_argnums=(0,))
+
+    def jit_step(program: Program):
+        return jax.jit(make_train_step(program, tx, strategy), in_shardings=(state_sharding, strategy.batch_sharding),
+                       out_shardings=(state_sharding, strategy.replicated, strategy.replicated), donate_argnums=(0,))
 
     # --- restore ----------------------------------------------------------------------------
     it = iter(batches)
@@ -125,7 +128,15 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     try:
         first = next(it)  # this host's rows, still in host memory
         tasks.check(program.task, first)  # data the task cannot train on: one line before compiling, not a silent run
-        train_step = compile_step(train_step, state, first, strategy.batch_sharding)
+        if config.model in SIZED_MODELS and config.remat == "auto":  # the fastest that fits (trainer/remat.py)
+            def compile_with(policy: str) -> jax.stages.Compiled:
+                with_policy = dataclasses.replace(program, model=program.model.clone(remat=policy))
+                return compile_step(jit_step(with_policy), state, first, strategy.batch_sharding)
+
+            batch_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(first)) // jax.local_device_count()
+            _, train_step = remat.choose(compile_with, batch_bytes, remat.free_bytes())
+        else:
+            train_step = compile_step(jit_step(program), state, first, strategy.batch_sharding)
     except BaseException:
         it.close()  # the loader's read-ahead threads and worker processes
         mngr.close()
@@ -271,13 +282,9 @@ def compile_step(step, state, host_batch: dict, sharding) -> jax.stages.Compiled
         log.info("step %s in %.1f s; per device: %s of temporaries, %s of arguments (state and batch), %s of "
                  "outputs not written over the arguments (XLA's memory analysis)",
                  "read from the compilation cache" if lookups.hits else "compiled", time.perf_counter() - t,
-                 _size(memory.temp_size_in_bytes), _size(memory.argument_size_in_bytes),
-                 _size(memory.output_size_in_bytes - memory.alias_size_in_bytes))
+                 remat.size(memory.temp_size_in_bytes), remat.size(memory.argument_size_in_bytes),
+                 remat.size(memory.output_size_in_bytes - memory.alias_size_in_bytes))
     return compiled
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _component_rows(it) -> dict[str, int]:

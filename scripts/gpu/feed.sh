@@ -31,7 +31,7 @@ run auto data_workers=auto steps=500
 run w15 data_workers=15 steps=500
 for workers in auto 15; do
   timeout 120 python3 -m loader bench .gpu/photos --batch_size 256 --step-time 0.0376 --workers $workers \
-    --map images:224 --start 100 --batches 800 > "$OUT/bench_$workers.log" 2>&1 || echo "bench $workers: exit $?" >> "$OUT/gpu.txt"
-  sed "s/^/bench $workers: /" "$OUT/bench_$workers.log" | grep -v Warn | head -8
+    --map images:224 --start 100 --batches 800 > "$LOGS/bench_$workers.log" 2>&1 || echo "bench $workers: exit $?" >> "$LOGS/gpu.txt"
+  sed "s/^/bench $workers: /" "$LOGS/bench_$workers.log" | grep -v Warn | head -8
   pack feed
 done

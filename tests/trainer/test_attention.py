@@ -299,7 +299,7 @@ def test_every_remat_policy_gives_the_loss_and_gradients_of_none():
         assert float(loss) == pytest.approx(float(base_loss), abs=1e-6), remat
         for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(base_grads)):
             np.testing.assert_allclose(got, want, atol=1e-6, err_msg=remat)
-    with pytest.raises(ValueError, match="remat='sometimes' is not one of none, full, minimal"):
+    with pytest.raises(ValueError, match="remat='sometimes' is not one of none, elementwise, full, minimal"):
         remat_policy("sometimes")
 
 
@@ -364,14 +364,14 @@ def test_remat_keeps_less_for_the_backward_pass():
         residuals = jax.eval_shape(lambda p, b: jax.vjp(lambda p: loss(p, b), p)[1], params, batch)
         return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(residuals))
 
-    none, full, qkv = kept("none"), kept("full"), kept("save_qkv_proj")
-    assert full < qkv < none and full < 0.5 * none, (none, qkv, full)
+    none, elementwise, full, qkv = kept("none"), kept("elementwise"), kept("full"), kept("save_qkv_proj")
+    assert full < qkv < elementwise < none and full < 0.5 * none, (none, elementwise, qkv, full)
 
 
 def test_the_config_refuses_unknown_attention_and_remat_and_keeps_them_to_the_lm():
     with pytest.raises(ValueError, match="attention='flash' is not one of auto, cudnn, splash, blockwise, dense"):
         TrainConfig(data="x", workdir="w", model="transformer_lm", attention="flash")
-    with pytest.raises(ValueError, match="remat='all' is not one of none, full, minimal"):
+    with pytest.raises(ValueError, match="remat='all' is not one of auto, none, elementwise, full, minimal"):
         TrainConfig(data="x", workdir="w", model="transformer_lm", remat="all")
     with pytest.raises(ValueError) as e:
         TrainConfig(data="x", workdir="w", model="cnn", remat="full")
@@ -383,15 +383,18 @@ def test_the_config_refuses_unknown_attention_and_remat_and_keeps_them_to_the_lm
 LLAMA_BLOCK = {"mlp_activations": "silu,linear", "normalization": "rmsnorm", "position_embedding": "rope"}
 
 
-@pytest.mark.parametrize("layout, expected", [({}, 11), (LLAMA_BLOCK, 15)], ids=["gpt2", "llama"])
-def test_a_block_keeps_its_matrix_multiplies_outputs_and_recomputes_the_rest(layout, expected):
-    """What each DecoderBlock keeps for the backward pass, in tensors of [B, S, width]: its input and the MLP's input
-    (1 + 1), q, k, v and the attention's output (4, the output counted twice: as the attention's and as `context`),
-    the MLP's hidden layer (mlp_ratio = 4), a gated MLP's two (8); not the norms', the rotary embedding's or the
-    activations' insides (they were 30 of flax's block)."""
+@pytest.mark.parametrize("remat, layout, expected", [("elementwise", {}, 11), ("elementwise", LLAMA_BLOCK, 15),
+                                                     ("none", {}, 37), ("none", LLAMA_BLOCK, 37)],
+                         ids=["gpt2", "llama", "gpt2-none", "llama-none"])
+def test_a_block_keeps_its_matrix_multiplies_outputs_and_recomputes_the_rest(remat, layout, expected):
+    """What each DecoderBlock keeps for the backward pass, in tensors of [B, S, width], with remat=elementwise (the
+    model's default): its input and the MLP's input (1 + 1), q, k, v and the attention's output (4, the output
+    counted twice: as the attention's and as `context`), the MLP's hidden layer (mlp_ratio = 4), a gated MLP's two
+    (8); not the norms', the rotary embedding's or the activations' insides (they were 30 of flax's block). With
+    remat=none it keeps those too: 37."""
     def kept(depth):
         model = TransformerLM(vocab_size=64, max_len=128, width=64, depth=depth, heads=4, attention="blockwise",
-                              **layout)
+                              remat=remat, **layout)
         batch = {k: jax.ShapeDtypeStruct((2, 128), jnp.int32) for k in ("tokens", "segment_ids", "positions")}
         params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 128), jnp.int32)))
         residuals = jax.eval_shape(lambda p, b: jax.vjp(lambda p: model.apply(p, b).sum(), p)[1], params, batch)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from trainer import TrainConfig, models
-from trainer.models import TransformerLM
+from trainer.models import TransformerLM, embed_by_matmul
 from trainer.program import Program
 from tests.conftest import REPO
 from tests.trainer.conftest import trainer_here
@@ -161,6 +161,22 @@ def test_iota_embeddings_are_the_lookups_and_their_gradient_is_no_scatter():
     assert config.model_size["use_iota_embed"] is True
     with pytest.raises(ValueError, match="use_iota_embed=True is for model=transformer_lm; model='cnn'"):
         TrainConfig.from_args(["data=d", "workdir=w", "model=cnn", "use_iota_embed=true"])
+
+
+def test_iota_embeddings_by_default_for_small_tables_on_accelerators_only():
+    """use_iota_embed=auto: one-hot matrix multiplies for tables of up to 4,096 rows on a GPU or TPU, lookups on a CPU
+    and for larger tables; the config takes auto, true and false, and names them for anything else."""
+    assert [embed_by_matmul(rows, "gpu") for rows in (1024, 4096, 4097, 32_000)] == [True, True, False, False]
+    assert embed_by_matmul(1024, "tpu") and not embed_by_matmul(1024, "cpu")
+    tokens = jnp.arange(40).reshape(2, 20) % 61
+    auto = TransformerLM(vocab_size=61, max_len=20, width=16, depth=1, heads=2, attention="blockwise")
+    params = auto.init(jax.random.key(0), tokens)
+    grads = jax.make_jaxpr(jax.grad(lambda p: auto.apply(p, tokens).sum()))(params)
+    assert "scatter-add" in str(grads)  # this CPU: lookups
+    assert TrainConfig.from_args(["data=d", "workdir=w", "task=lm"]).model_size["use_iota_embed"] == "auto"
+    assert TrainConfig.from_args(["data=d", "workdir=w", "task=lm", "use_iota_embed=false"]).use_iota_embed is False
+    with pytest.raises(ValueError, match="use_iota_embed='sometimes' is not one of auto, true, false"):
+        TrainConfig.from_args(["data=d", "workdir=w", "task=lm", "use_iota_embed=sometimes"])
 
 
 # --- the layout keys: Llama's (grouped-query attention, head_dim, rope, rmsnorm, a gated MLP) -------------------------
