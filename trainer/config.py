@@ -24,8 +24,8 @@ SIZED_MODELS = ("transformer_lm",)
 ATTENTIONS = ("auto", "cudnn", "splash", "blockwise", "dense")  # trainer/attention.py
 # what the backward pass recomputes of each LM block (trainer/models.py remat_policy): none, ours (elementwise: the
 # norms and activations), MaxText's remat_policy names; the config's auto picks among them (trainer/remat.py)
-REMATS = ("none", "elementwise", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj", "save_dot_except_mlp",
-          "save_dot_except_mlpwi", "save_dot_with_context_except_mlp")
+REMATS = ("none", "elementwise", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj",
+          "save_dot_except_mlp", "save_dot_except_mlpwi", "save_dot_with_context_except_mlp")
 # transformer_lm's layout (MaxText's names): GPT-2's by default; Llama's: num_kv_heads < heads, rope, rmsnorm, SwiGLU
 LAYOUT_KEYS = ("num_kv_heads", "head_dim", "mlp_dim", "mlp_activations", "normalization",
                "normalization_layer_epsilon", "position_embedding", "rope_max_timescale")

@@ -93,11 +93,12 @@ class DecoderBlock(nn.Module):
     four tensors of the MLP's width), and so also their outputs, which the next matrix multiply's weight gradient
     needs. A block then keeps 11 tensors of its width a token for the backward pass (tests/trainer/test_attention.py
     counts them), flax's block kept about 38 besides its attention's scores; the price is a few elementwise passes
-    (the 104M model of docs/benchmarks.md on an H200: 41% MFU against 45% keeping them, at 1.8x the temporaries). The matrix multiplies' outputs are named
-    for remat policies (`jax.ad_checkpoint.checkpoint_name`, MaxText's names): query_proj, key_proj, value_proj (after
-    the rotary embedding, which is what the attention reads), context (the attention's output), out_proj, mlpwi (each
-    of a gated MLP's two), mlpwo. With the defaults the parameters are those of flax's MultiHeadDotProductAttention
-    block, under the same names; RMSNorms are RMSNorm_0 and RMSNorm_1, a gated MLP's second input layer Dense_2."""
+    (the 104M model of docs/benchmarks.md on an H200: 41-42% MFU, against 44-45% keeping them at 1.8x the
+    temporaries). The matrix multiplies' outputs are named for remat policies (`jax.ad_checkpoint.checkpoint_name`,
+    MaxText's names): query_proj, key_proj, value_proj (after the rotary embedding, which is what the attention
+    reads), context (the attention's output), out_proj, mlpwi (each of a gated MLP's two), mlpwo. With the defaults
+    the parameters are those of flax's MultiHeadDotProductAttention block, under the same names; RMSNorms are
+    RMSNorm_0 and RMSNorm_1, a gated MLP's second input layer Dense_2."""
 
     heads: int
     dim: int
@@ -303,7 +304,6 @@ class TransformerLM(nn.Module):
         gates = len(self.mlp_activations.split(","))
         block = 2 * w * queries + 2 * w * keys + (gates + 1) * w * hidden  # q and out; k and v; the MLP
         return 6 * (self.depth * block + w * self.vocab_size) + 12 * self.depth * self.max_len * queries
-
 
     def _by_matmul(self, table: nn.Embed) -> bool:
         if self.use_iota_embed == "auto":
