@@ -303,10 +303,10 @@ def _raw(path: str, read_buffer: int | None = None):
 def open_source(path: str, compression: str | None = None, *, read_buffer: int | None = None):
     """Opens a (possibly compressed, possibly remote) TFRecord file for streaming reads; `compression` as
     source_compression(path) gives it (read here when not given). `read_buffer`: for a read of the file's first part
-    only (a sample, a first record), the bytes each gs:// request asks for (else Beam's reader's 16 MB). A compressed stream that is damaged, cut short or
-    not what its name says raises tfrecord.CompressedStreamError naming the file (GZIP, BZIP2 and LZMA are read by
-    Python's own readers, which check the stream's end and its checksum: Beam's gzip reader ends a cut stream
-    silently)."""
+    only (a sample, a first record), the bytes each gs:// request asks for (else Beam's reader's 16 MB). A compressed
+    stream that is damaged, cut short or not what its name says raises tfrecord.CompressedStreamError naming the file
+    (GZIP, BZIP2 and LZMA are read by Python's own readers, which check the stream's end and its checksum: Beam's gzip
+    reader ends a cut stream silently)."""
     compression = compression or source_compression(path)
     if compression == CompressionTypes.UNCOMPRESSED:
         return _raw(path, read_buffer)

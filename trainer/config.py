@@ -26,12 +26,12 @@ ATTENTIONS = ("auto", "cudnn", "splash", "blockwise", "dense")  # trainer/attent
 # norms and activations), MaxText's remat_policy names; the config's auto picks among them (trainer/remat.py)
 REMATS = ("none", "elementwise", "full", "minimal", "minimal_with_context", "save_qkv_proj", "save_out_proj",
           "save_dot_except_mlp", "save_dot_except_mlpwi", "save_dot_with_context_except_mlp")
+REMAT_CHOICES = ("auto", *REMATS)
 # transformer_lm's layout (MaxText's names): GPT-2's by default; Llama's: num_kv_heads < heads, rope, rmsnorm, SwiGLU
 LAYOUT_KEYS = ("num_kv_heads", "head_dim", "mlp_dim", "mlp_activations", "normalization",
                "normalization_layer_epsilon", "position_embedding", "rope_max_timescale")
 NORMALIZATIONS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned", "rope")
-REMAT_CHOICES = ("auto", *REMATS)
 MLP_ACTIVATIONS = ("gelu", "silu", "swish", "relu", "linear")  # one, or two whose outputs multiply (gated)
 # MaxText's names for what the trainer calls otherwise: named when a config uses them
 MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layers": "depth",

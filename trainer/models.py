@@ -83,6 +83,9 @@ class SelfAttention(nn.Module):
         return self.out(context)
 
 
+NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}  # normalization= -> the norm (its parameters' name too)
+
+
 class DecoderBlock(nn.Module):
     """A pre-norm decoder block: causal self-attention within segments (trainer/attention.py, by `attention`), then an
     MLP of mlp_dim (gated when `mlp_activations` names two), each added to its input.
@@ -128,7 +131,7 @@ class DecoderBlock(nn.Module):
             self.Dense_2 = nn.Dense(hidden)  # a gated MLP's second first layer
 
     def norm(self, i: int, x):
-        return getattr(self, f"{'RMSNorm' if self.normalization == 'rmsnorm' else 'LayerNorm'}_{i}")(x)
+        return getattr(self, f"{NORMS[self.normalization].__name__}_{i}")(x)
 
     def __call__(self, x, segment_ids, positions):
         attention_names = ("query_proj", "key_proj", "value_proj")
@@ -288,8 +291,7 @@ class TransformerLM(nn.Module):
                       self.mlp_dim, self.mlp_activations, self.normalization, self.normalization_layer_epsilon,
                       self.rope_max_timescale if rope else None, remat != "none",
                       name=f"TransformerBlock_{i}")(x, segments, positions)
-        norm_class = nn.RMSNorm if self.normalization == "rmsnorm" else nn.LayerNorm
-        norm = norm_class(epsilon=self.normalization_layer_epsilon)
+        norm = NORMS[self.normalization](epsilon=self.normalization_layer_epsilon)
         return nn.Dense(self.vocab_size)(norm(x))
 
     def flops_per_token(self) -> int:

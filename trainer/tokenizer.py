@@ -1,8 +1,9 @@
 """`python -m trainer.tokenizer SOURCE --kind bpe|sentencepiece --vocab_size N --output FILE`: a tokenizer trained
 offline on the text feature of a converted dataset, or on a uniform sample of its documents when the text runs past
 --max_bytes: the sample reads those documents only, wherever they are, through the index
-(benchmarks/tokenizer_sample_bench.py). `python -m pipelines tokenizer` trains one on TFRecord shards before any conversion. The tokenizers themselves
-are dataset_format/tokenizer.py (the converter uses them too); their names are re-exported here.
+(benchmarks/tokenizer_sample_bench.py). `python -m pipelines tokenizer` trains one on TFRecord shards before any
+conversion. The tokenizers themselves are dataset_format/tokenizer.py (the converter uses them too); their names are
+re-exported here.
 """
 
 from __future__ import annotations

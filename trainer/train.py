@@ -108,7 +108,6 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
              "grad_accum_steps=%d dtype=%s", config.optimizer, config.learning_rate, config.schedule,
              config.warmup_steps, config.weight_decay, config.grad_clip, config.grad_accum_steps, config.dtype)
 
-
     def jit_step(program: Program):
         return jax.jit(make_train_step(program, tx, strategy), in_shardings=(state_sharding, strategy.batch_sharding),
                        out_shardings=(state_sharding, strategy.replicated, strategy.replicated), donate_argnums=(0,))
