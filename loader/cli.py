@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in (("inspect", inspect_main), ("bench", bench_main)):
         s = sub.add_parser(name, help=helps[name], description=helps[name][0].upper() + helps[name][1:] + ".")
         s.add_argument("source", help="a converted directory, a TFDS array_record directory, or a glob")
-        s.add_argument("--split", default=None, help="TFDS split (default train)")
+        s.add_argument("--split", default=None, help="TFDS split (default train), a slice of one (train[:99%%]), or a "
+                       "slice alone for other sources ([99%%:])")
         s.add_argument("--decode", default="auto", help="auto, example, tfds or none")
         s.set_defaults(fn=fn)
         if name == "bench":

@@ -66,7 +66,9 @@ class LoaderConfig:
     # Or, for augmentation: fn(record, rng) with a numpy Generator seeded from (seed, epoch, global record index),
     # so the same record in the same epoch gets the same draw on any host count, worker count, and after a resume.
     random_map_fn: Callable[[Any, np.random.Generator], Any] | None = None
-    split: str | None = None  # for TFDS sources; default "train"
+    # A TFDS source's split (default "train"), a slice of one ("train[:99%]", TFDS's syntax), or a slice alone for
+    # other sources ("[:99%]"): loader/format/source.py
+    split: str | None = None
     weights: Mapping[str, float] | None = None  # a mixture's weight per component (loader/planning/mixture.py)
     # Worker processes (0: none, reads run on this process's threads; one that dies is replaced), or "auto": this
     # process's threads, or as many worker processes as the caller's demand needs, measured as it runs
@@ -582,5 +584,6 @@ def _packing_inputs(src: ShardedSource, config: LoaderConfig) -> Inputs:
     inputs = Inputs(src, _reader(src, config), source_decoder(config.decode, src, (feature,)))
     if packing.tokenized and src.tokens_dtype is not None:
         max_count = config.max_record_bytes // np.dtype(src.tokens_dtype).itemsize
-        return dataclasses.replace(inputs, counts=TokenCounts.of_files(src.paths, src.lengths, max_count))
-    return dataclasses.replace(inputs, index_key=index.source_key(src), cache_dir=index.default_dir())
+        return dataclasses.replace(inputs, counts=TokenCounts.of_source(src, max_count))
+    # (the counts cached per record of the source: a slice's under a key of its own)
+    return dataclasses.replace(inputs, index_key=index.source_key(src) + src.slice_key, cache_dir=index.default_dir())

@@ -131,7 +131,11 @@ class TrainConfig:
     # tables of at most 4,096 rows on a GPU or TPU (trainer/models.py embed_by_matmul), true, false
     use_iota_embed: bool | str = "auto"
     packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/planning/packing.py); eval pads
-    split: str | None = None  # TFDS split of `data` (eval_data uses "test" for TFDS sources)
+    # The records of `data`: a TFDS split (default "train"), a slice of one in TFDS's syntax ("train[:99%]"), or a
+    # slice alone, which for other sources is of all their records ("[:99%]", with eval_split="[99%:]": a held-out
+    # part of one corpus)
+    split: str | None = None
+    eval_split: str | None = None  # the same for `eval_data` (default: "test" for TFDS sources)
     log_every: int = 50  # steps between log lines and metrics
     eval_every: int = 250  # steps between evaluations of eval_data
     checkpoint_every: int = 250  # steps between checkpoints (also one at the end and at SIGTERM)

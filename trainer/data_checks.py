@@ -117,7 +117,8 @@ def feature_range(data: str, split: str | None, feature: str, *, allow_incomplet
     stats = source.feature_stats.get(feature)
     if stats is None or stats["kind"] != "int64" or "min" not in stats:
         return None
-    return FeatureRange(stats["min"], stats["max"], stats["records"], len(source), counted=False)
+    # (a slice's: the range over its shards' every record, which holds its own)
+    return FeatureRange(stats["min"], stats["max"], stats["records"], sum(source.records_in_files), counted=False)
 
 
 def _count(source, data: str, feature: str) -> FeatureRange | None:

@@ -52,10 +52,11 @@ def resolve(config: TrainConfig) -> Sources:
     """Each source of the run, its metadata read once. The sidecar evaluator (mode=evaluate) reads eval_data only."""
     evaluating = config.mode == "evaluate"
     train = () if evaluating else tuple(
-        _source(_existing("data", name, path), name, config.split or source_split(path, "train"))
+        _source(_existing("data", name, path), name, _split(config.split, path, "train"))
         for name, path in _named(config.data_source))
     evaluation = () if config.eval_source is None else tuple(
-        _source(_existing("eval_data", name, path), name, source_split(path, "test")) for name, path in _named(config.eval_source))
+        _source(_existing("eval_data", name, path), name, _split(config.eval_split, path, "test"))
+        for name, path in _named(config.eval_source))
     named = {_key(key, s.name, s.path): s for key, group in (("data", train), ("eval_data", evaluation)) for s in group}
     tokenized = {key: s.specs["tokens"]["tokenizer"] for key, s in named.items() if _pretokenized(s)}
     if tokenized and len(tokenized) < len(named):
@@ -87,6 +88,15 @@ def _existing(key: str, name: str | None, path: str) -> str:
 def source_split(path: str, default: str | None) -> str | None:
     """TFDS sources (local or gs://) need a split; others must not get one."""
     return default if storage.exists(storage.join(path, tfds_info.INFO_NAME)) else None
+
+
+def _split(given: str | None, path: str, default: str) -> str | None:
+    """The split of `path`: `given` (a slice alone, "[:99%]", slices a TFDS source's `default` split), else a TFDS
+    source's `default`, else None."""
+    named = source_split(path, default)
+    if given is None:
+        return named
+    return named + given if named is not None and given.startswith("[") else given
 
 
 def _source(path: str, name: str | None, split: str | None) -> Source:

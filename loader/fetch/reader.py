@@ -70,6 +70,11 @@ class BatchReader:
         `max_record_bytes`: a larger record is an error naming it (checked before anything is allocated for it)."""
         self._paths = source.paths
         self._starts = source.starts
+        self._first = source.first_records  # a slice's first record of each shard's file (zeros: whole shards)
+        # Caches name a record by its number among all the shards' records, a slice's (split="train[:99%]") as the
+        # whole source's: one disk cache serves the whole and each slice of it.
+        whole = np.asarray(source.records_in_files, dtype=np.int64)
+        self._file_starts = np.concatenate([[0], np.cumsum(whole[:-1])]).astype(np.int64)
         self._total = len(source)
         self._check = check_hashes
         self._cache_bytes = cache_bytes
@@ -78,7 +83,7 @@ class BatchReader:
         self._disk = None
         if cache_dir is not None and self._remote:
             self._disk = {"directory": os.path.expanduser(cache_dir), "key": source_key(source),
-                          "capacity": cache_bytes, "mean_chunk": source.mean_record_bytes, "records": len(source),
+                          "capacity": cache_bytes, "mean_chunk": source.mean_record_bytes, "records": int(whole.sum()),
                           "dataset": hashlib.sha256("\n".join(source.paths).encode()).hexdigest()[:32]}
         # where each shard ends: no span from the index may pass it (-1: unknown)
         self._ends = np.asarray(source.shard_bytes if source.shard_bytes else [-1] * len(source.paths),
@@ -140,7 +145,7 @@ class BatchReader:
         if next_reads is not None and self._planned:
             plan = (np.asarray(next_reads, dtype=np.int64)[order], now)
         shards = np.searchsorted(self._starts, sorted_indices, side="right") - 1
-        local = sorted_indices - self._starts[shards]
+        local = sorted_indices - self._starts[shards] + self._first[shards]  # the record of the shard's file
         records = np.empty(len(indices), dtype=object)
         fallback = self._fallback[shards]
         ours = ~fallback
@@ -169,7 +174,7 @@ class BatchReader:
         try:
             if self._remote:
                 return self._remote_reader.read(shards, begins, ends, self._check, self._max_record,
-                                                self._starts[shards] + local, plan)
+                                                self._file_starts[shards] + local, plan)
             fds, temporary = self._fds_for(shards)
             try:
                 return _riegeli.read(fds, begins, ends, self._check, LOCAL_GAP, self._max_record)

@@ -225,10 +225,10 @@ def _footer(source: ShardedSource, shard: int, size: int | None) -> Footer:
         if size is None:
             raise FileNotFoundError(f"{path} does not exist; re-run the conversion or restage the data")
     footer = read_footer(path, size)
-    if footer.num_records != source.lengths[shard]:
+    if footer.num_records != source.records_in_files[shard]:
         raise ValueError(f"{path} holds {footer.num_records} records but the dataset's metadata says "
-                         f"{source.lengths[shard]}; the shard was replaced or the metadata is stale: re-run the "
-                         "conversion")
+                         f"{source.records_in_files[shard]}; the shard was replaced or the metadata is stale: re-run "
+                         "the conversion")
     return footer
 
 

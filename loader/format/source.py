@@ -6,6 +6,11 @@ Accepted sources:
   for one split), including our own TFDS conversions;
 - a glob of ArrayRecord files (each opened once to read its record count).
 
+Any of them may be sliced by records with TFDS's split syntax (`split="train[:99%]"`, `"train[-1000:]"`,
+`"train[2shard:]"`; a source without named splits takes the slice alone, `split="[:99%]"`): a held-out part of one
+corpus without a second conversion. A slice keeps the whole source's shards and index; the shards outside it hold none
+of its records and the two at its ends part of theirs (`ShardedSource.offsets`).
+
 Shard presence and sizes are checked against the manifest here (local shards: stat(2) on several threads at once;
 gs://: one listing), so a missing or truncated shard fails before the epoch starts, naming the file.
 """
@@ -14,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import os
+import re
 
 import numpy as np
 
@@ -47,11 +54,51 @@ class ShardedSource:
     # A pre-tokenized dataset's tokenizer, "PATH (sha256:16 hex digits)" from its manifest: the ids of datasets with
     # other tokenizers mean other tokens, so a mixture refuses them (loader/planning/mixture.py `concatenate`).
     tokenizer: str | None = None
+    # A slice (resolve's split="train[:99%]"): the record of each shard's file where the source's records of it begin,
+    # and each file's whole record count (the files are checked against it). None: every record of every shard.
+    offsets: tuple[int, ...] | None = None
+    file_lengths: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if sum(self.lengths) == 0:
             raise ValueError(f"{self.location} has no records ({len(self.paths)} shard(s), all empty); "
                              "check that the conversion finished and that its input had records")
+        if (self.offsets is None) != (self.file_lengths is None):
+            raise ValueError("a ShardedSource's offsets and file_lengths come together (ShardedSource.sliced)")
+
+    @property
+    def first_records(self) -> np.ndarray:
+        """Per shard, the record of its file that is the source's first of it (int64; zeros unless sliced)."""
+        return np.zeros(len(self.paths), np.int64) if self.offsets is None else np.asarray(self.offsets, np.int64)
+
+    @property
+    def records_in_files(self) -> tuple[int, ...]:
+        """Each shard file's record count (its footer's): `lengths` unless the source is a slice."""
+        return self.lengths if self.file_lengths is None else self.file_lengths
+
+    @property
+    def slice_key(self) -> str:
+        """'' for whole shards, else a digest of which records of them the source holds (for caches keyed by the
+        shards' index key that hold a value per record of the source)."""
+        if self.offsets is None:
+            return ""
+        return hashlib.sha256(np.asarray(self.offsets + self.lengths, "<i8").tobytes()).hexdigest()[:16]
+
+    def sliced(self, start: int, stop: int, what: str = "") -> ShardedSource:
+        """Records [start, stop) of this source (its shards end to end), over the same shards and index. `what` names
+        the slice in the error for an empty one."""
+        if self.component_lengths is not None:
+            raise ValueError("slice each component of a mixture, not the mixture (resolve each with split=)")
+        if not 0 <= start < stop <= len(self):
+            raise ValueError(f"{what or f'records [{start}:{stop}]'} of {self.location} holds no records (it has "
+                             f"{len(self):,}); check the slice")
+        starts = self.starts
+        lengths = np.asarray(self.lengths, np.int64)
+        begin = np.clip(start, starts, starts + lengths)
+        end = np.clip(stop, starts, starts + lengths)
+        return dataclasses.replace(self, lengths=tuple((end - begin).tolist()),
+                                   offsets=tuple((self.first_records + begin - starts).tolist()),
+                                   file_lengths=self.records_in_files)
 
     def __len__(self) -> int:
         return int(sum(self.lengths))
@@ -69,7 +116,7 @@ class ShardedSource:
     @property
     def mean_record_bytes(self) -> int:
         """Stored bytes per record (compressed: a lower bound of the decoded size); 1 KB if unknown."""
-        return max(1, self.total_bytes // len(self)) if self.total_bytes else 1024
+        return max(1, self.total_bytes // sum(self.records_in_files)) if self.total_bytes else 1024
 
     @property
     def starts(self) -> np.ndarray:
@@ -77,21 +124,19 @@ class ShardedSource:
         return np.concatenate([[0], np.cumsum(self.lengths[:-1], dtype=np.int64)]).astype(np.int64)
 
     def where(self, index: int) -> str:
-        """'SHARD: record i' for global record `index`, for errors."""
-        starts = self.starts
-        shard = int(np.searchsorted(starts, index, side="right") - 1)
-        return f"{self.paths[shard]}: record {int(index - starts[shard])}"
+        """'SHARD: record i' for global record `index`, for errors (i counts the records of the shard's file)."""
+        return self.where_all(np.array([index]))
 
     def where_all(self, indices: np.ndarray, shards_shown: int = 3, numbers_shown: int = 12) -> str:
         """'SHARD: records 3, 7-9; SHARD: records ...' for global records `indices`, for errors (a few shards and
         numbers, then how many more)."""
-        starts = self.starts
+        starts, first = self.starts, self.first_records
         indices = np.unique(np.asarray(indices, dtype=np.int64))
         of_shard = np.searchsorted(starts, indices, side="right") - 1
         parts = []
         shards = np.unique(of_shard)
         for shard in shards[:shards_shown]:
-            local = (indices[of_shard == shard] - starts[shard]).tolist()
+            local = (indices[of_shard == shard] - starts[shard] + first[shard]).tolist()
             runs: list[list[int]] = []
             for i in local:
                 if runs and i == runs[-1][1] + 1:
@@ -107,6 +152,17 @@ class ShardedSource:
 
 
 def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:
+    """The shards of `source` (see module doc) with their record counts; `split`: a TFDS split's name (default
+    "train" for TFDS datasets), optionally sliced ("train[:99%]"), or a slice alone ("[:99%]") for other sources."""
+    name, selector = parse_split(split)
+    whole = _resolve_whole(source, name, allow_incomplete)
+    if selector is None:
+        return whole
+    start, stop = selector.bounds(whole.lengths, f"split={split!r}")
+    return whole.sliced(start, stop, f"split={split!r}")
+
+
+def _resolve_whole(source: str, split: str | None, allow_incomplete: bool) -> ShardedSource:
     if _is_dir(source):
         manifest_path = storage.join(source, MANIFEST_NAME)
         if storage.exists(manifest_path):
@@ -122,7 +178,93 @@ def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = F
         raise FileNotFoundError(f"{source} has neither {MANIFEST_NAME} nor {TFDS_INFO}; pass a directory written "
                                 "by `python -m pipelines convert` or `tfds build --file_format=array_record`, or a "
                                 f"glob of ArrayRecord files{hint}")
+    if split is not None:
+        raise ValueError(f"split={split!r} names a split, but {source!r} is a glob of files, which has none; leave the "
+                         "name out (a slice alone, e.g. split='[:99%]', takes part of the files' records)")
     return _from_glob(source)
+
+
+# TFDS's split syntax (tensorflow_datasets/core/splits.py): NAME, NAME[FROM:TO], with FROM and TO in records (negative:
+# from the end), in percent of the records (rounded to the closest record) or in shards (NAME[2shard:] , NAME[3shard]).
+_SPLIT = re.compile(r"^(?P<name>[\w-]*)(?:\[(?P<selector>[^\[\]]*)\])?$")
+_BOUND = re.compile(r"^(?:(?P<value>-?[\d_]+(?:\.[\d_]*)?)(?P<unit>%|shard)?)?$")
+_SPLIT_FORMS = ("a split's name ('train'), a slice of one ('train[:99%]', 'train[-1000:]', 'train[2shard:]'; TFDS's "
+                "syntax) or, for a source without named splits, a slice alone ('[99%:]')")
+
+
+@dataclasses.dataclass(frozen=True)
+class Selector:
+    """[start:stop] of a split, as written: bounds (None: open) in one unit, "abs" (records), "%" or "shard"."""
+
+    start: float | int | None
+    stop: float | int | None
+    unit: str
+
+    def bounds(self, lengths: tuple[int, ...], what: str) -> tuple[int, int]:
+        """[start, stop) in records of shards of `lengths` (as TFDS reads the same slice); an error naming `what` if
+        the slice holds no records or passes the records' end."""
+        n = int(sum(lengths))
+        ends = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        shards = len(lengths)
+
+        def absolute(value, default: int) -> int:
+            if value is None:
+                return default
+            if self.unit == "%":
+                if not -100 <= value <= 100:  # (also an infinite one, from hundreds of digits)
+                    raise ValueError(f"{what} passes the end of the records (a bound beyond 100%); check the slice")
+                return int(round(value * n / 100.0))
+            if self.unit == "shard":
+                if not -shards <= value <= shards:
+                    raise ValueError(f"{what} names shard {value}, but there are {shards} shard(s); check the slice")
+                return int(ends[value % shards if value < 0 else value])
+            return int(value)
+
+        start, stop = absolute(self.start, 0), absolute(self.stop, n)
+        if abs(start) > n or abs(stop) > n:
+            raise ValueError(f"{what} passes the end of the {n:,} records; check the slice")
+        start, stop = start + n if start < 0 else start, stop + n if stop < 0 else stop
+        if start >= stop:
+            raise ValueError(f"{what} is records [{start}:{stop}] of {n:,}: no records; check the slice")
+        return start, stop
+
+
+def parse_split(split: str | None) -> tuple[str | None, Selector | None]:
+    """(the split's name or None, its slice or None) of `split` in TFDS's syntax; a clear error for anything else."""
+    if split is None:
+        return None, None
+    if not isinstance(split, str):
+        raise ValueError(f"split={split!r} is not text; pass {_SPLIT_FORMS}")
+    if "+" in split or "(" in split:
+        raise ValueError(f"split={split!r}: one split or slice at a time (no '+' of splits, no rounding option); for "
+                         f"records of several, load a mixture of them ({{name: source}} with weights=)")
+    match = _SPLIT.match(split.strip())
+    if match is None or not (match["name"] or match["selector"] is not None):
+        raise ValueError(f"split={split!r} is not a split; pass {_SPLIT_FORMS}")
+    name, selector = match["name"] or None, match["selector"]
+    if selector is None:
+        return name, None
+    parts = [_BOUND.match(part.strip()) for part in selector.split(":")]
+    if len(parts) > 2 or not all(parts) or not any(p["value"] for p in parts):
+        raise ValueError(f"split={split!r} has a slice that does not read [FROM:TO]; pass {_SPLIT_FORMS}")
+    units = {p["unit"] or "abs" for p in parts if p["value"]}
+    if len(units) > 1:
+        raise ValueError(f"split={split!r} mixes units ({', '.join(sorted(units))}); write both bounds in records, "
+                         "in % or in shards")
+    unit = units.pop()
+    if len(parts) == 1 and unit != "shard":
+        raise ValueError(f"split={split!r}: a single bound is a shard ('train[3shard]'); for records write a slice "
+                         "('train[3:4]')")
+    values = []
+    for part in parts:
+        text = (part["value"] or "").replace("_", "")
+        if unit != "%" and "." in text:
+            raise ValueError(f"split={split!r}: {'records' if unit == 'abs' else 'shards'} are whole numbers; a "
+                             "fraction is written in % ('train[:99.5%]')")
+        values.append(None if not text else float(text) if unit == "%" else int(text))
+    if len(values) == 1:  # NAME[3shard]: that shard alone
+        values.append(values[0] + 1 if values[0] != -1 else None)
+    return name, Selector(values[0], values[1], unit)
 
 
 def token_info(source: str) -> dict | None:
@@ -178,7 +320,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
             raise ValueError(f"{path}: no shards for split {split!r}; the splits are {sorted(set(table.splits))}")
         names, records, sizes, stats = (tuple(column[i] for i in keep) for column in (names, records, sizes, stats))
     elif split is not None:
-        raise ValueError(f"split={split!r} was given but {root} is not a TFDS dataset; leave split unset")
+        raise ValueError(f"split={split!r} names a split, but {root} is not a TFDS dataset and has none; leave the "
+                         "name out (a slice alone, e.g. split='[:99%]', takes part of its records)")
     prefix = storage.join(root, "")  # one join: 100k shards paid ~0.5 s for joining each
     paths = [prefix + name for name in names]
     found, versions = _stat(paths, missing=f"is listed in {MANIFEST_NAME} but missing; re-run `python -m pipelines "

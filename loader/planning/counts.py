@@ -7,7 +7,7 @@ costs no start-up time and at most 4 bytes a document of page cache. For text to
 counted once (reading, decoding and tokenising on the loader's executor: every core) and cached beside the loader's index, keyed by the
 source's index key and the tokenizer's `cache_key`, so a restart reads them back instead of tokenising again.
 
-    counts = TokenCounts.of_files(source.paths, source.lengths)   # pre-tokenized shards
+    counts = TokenCounts.of_source(source)                        # pre-tokenized shards
     counts(np.array([3, 17]))                                      # token ids of records 3 and 17
 """
 
@@ -35,11 +35,12 @@ class TokenCounts:
     """Token ids per record, for global record indices of a source (its shards end to end)."""
 
     def __init__(self, columns: list[np.ndarray], identity: str, paths: tuple[str, ...] = (),
-                 max_count: int | None = None):
+                 max_count: int | None = None, first: tuple[int, ...] | None = None):
         self._columns = columns
         self._starts = np.concatenate([[0], np.cumsum([len(c) for c in columns])]).astype(np.int64)
         self.identity = identity  # what the loader's state key holds of them
         self._paths, self._max_count = paths, max_count  # the counts files; the most ids a record can hold
+        self._first = first or (0,) * len(columns)  # each column's first record in its shard (a slice's)
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -60,23 +61,26 @@ class TokenCounts:
             at = int(np.argmax(out > self._max_count))
             bad = int(records[at])
             shard = int(np.searchsorted(self._starts, bad, side="right") - 1)
-            raise ValueError(f"{self._paths[shard]}{SUFFIX} says record {bad - int(self._starts[shard])} of "
+            record = bad - int(self._starts[shard]) + self._first[shard]
+            raise ValueError(f"{self._paths[shard]}{SUFFIX} says record {record} of "
                              f"{self._paths[shard]} holds {int(out[at]):,} token ids, more than a record can "
                              f"(at most {self._max_count:,}: max_record_bytes over the id size); the counts file is "
                              "damaged or from another conversion: re-run the conversion")
         return out
 
     @classmethod
-    def of_files(cls, shard_paths: tuple[str, ...], lengths: tuple[int, ...], max_count: int | None = None
-                 ) -> TokenCounts:
-        """The `.counts` files beside pre-tokenized shards, each checked to hold one count per record; a count over
-        `max_count` (more ids than a record can hold) is an error naming its file and record when it is used."""
-        columns = []
-        for path, n in zip(shard_paths, lengths):
-            counts_path = path + SUFFIX
-            columns.append(_open_column(counts_path, n))
-        digest = hashlib.sha256("\n".join(shard_paths).encode()).hexdigest()[:16]
-        return cls(columns, f"files:{digest}", tuple(shard_paths), max_count)
+    def of_source(cls, source, max_count: int | None = None) -> TokenCounts:
+        """The `.counts` files beside a pre-tokenized source's shards (loader.format.source.ShardedSource), each
+        checked to hold one count per record of its shard; a slice's part of each. A count over `max_count` (more ids
+        than a record can hold) is an error naming its file and record when it is used."""
+        columns, first = [], source.first_records.tolist()
+        for path, n, whole, at in zip(source.paths, source.lengths, source.records_in_files, first):
+            # (a slice's shards outside it are not opened: on gs:// each would be a whole download)
+            opened = n or source.offsets is None
+            columns.append(_open_column(path + SUFFIX, whole)[at:at + n] if opened else np.zeros(0, DTYPE))
+        digest = hashlib.sha256("\n".join(source.paths).encode()).hexdigest()[:16]
+        return cls(columns, f"files:{digest}{source.slice_key and ':' + source.slice_key}", tuple(source.paths),
+                   max_count, tuple(first))
 
     @classmethod
     def counted(cls, source, index_key: str, cache_key: str | None,

@@ -274,6 +274,7 @@ def concatenate(sources: Mapping[str, ShardedSource]) -> ShardedSource:
     parts = list(sources.values())
     known = all(p.shard_bytes for p in parts)
     versions = all(p.shard_versions for p in parts)
+    sliced = any(p.offsets is not None for p in parts)
     tokens = {name: p.tokens_dtype for name, p in sources.items()}
     if len(set(tokens.values())) > 1:
         raise ValueError(f"the mixture's components hold different records (token id types, None: not pre-tokenized: "
@@ -288,7 +289,10 @@ def concatenate(sources: Mapping[str, ShardedSource]) -> ShardedSource:
                          None if alike else tuple(len(p) for p in parts),
                          # (None when a component has none: unknown, not partial)
                          feature_stats=merge_feature_stats(p.feature_stats for p in parts),
-                         tokenizer=parts[0].tokenizer)
+                         tokenizer=parts[0].tokenizer,
+                         # (components that are slices of their datasets: split="[:99%]")
+                         offsets=tuple(o for p in parts for o in p.first_records.tolist()) if sliced else None,
+                         file_lengths=tuple(n for p in parts for n in p.records_in_files) if sliced else None)
 
 
 def check_one_tokenizer(tokenizers: Mapping[str, str | None], what: str) -> None:

@@ -243,6 +243,20 @@ def test_counts_are_cached_by_cache_key(token_data, tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("*.counts"))) == 1
 
 
+def test_slices_count_and_cache_their_own_records(token_data, tmp_path, monkeypatch):
+    """Two slices of one length under one cache_key: each packs its own documents (its counts cached apart)."""
+    monkeypatch.setenv("LOADER_INDEX_DIR", str(tmp_path))
+    for split, documents in (("[:6]", range(6)), ("[6:]", range(6, 12))):
+        for _ in range(2):  # counted, then from the cache
+            packing = loader.Packing("ids", seq_len=6, tokenize=flat_ids, cache_key="reshape-v1")
+            rows = np.concatenate([b["tokens"] for b in loader.load(token_data, split=split, packing=packing,
+                                                                     batch_size=1, num_epochs=1, seed=0)])
+            ids = set(rows[rows > 0].tolist())  # (0 pads; it is also document 0's first id)
+            assert {t // 100 for t in ids} == set(documents), split  # every document of the slice, no other's
+            assert ids <= {int(t) for i in documents for t in _ids(i)}, split
+    assert len(list(tmp_path.glob("*.counts"))) == 2
+
+
 def test_counts_that_disagree_with_the_records_are_an_error_naming_the_record(token_data, tmp_path, monkeypatch):
     monkeypatch.setenv("LOADER_INDEX_DIR", str(tmp_path))
     packing = loader.Packing("ids", seq_len=6, tokenize=lambda v: np.asarray(v).reshape(-1), cache_key="k")

@@ -94,3 +94,24 @@ def test_packing_needs_a_task_that_packs(digits):
     # on text data too: the packing is named, not the image feature a classification reads
     with pytest.raises(ValueError, match=r"packing=true needs a task that packs token sequences"):
         tasks.make(TrainConfig(data="x", workdir="w", packing=True), {"text": {"type": "Text"}})
+
+
+def test_a_held_out_slice_of_one_corpus_trains_and_evaluates(digits, tmp_path):
+    """split= and eval_split= slice one converted dataset (TFDS's syntax): 90% to train on, the rest to evaluate."""
+    train_dir = str(digits["train"])  # 1,438 records
+    config = TrainConfig(data=train_dir, split="[:90%]", eval_data=train_dir, eval_split="[90%:]",
+                         workdir=str(tmp_path), model="mlp", steps=2, batch_size=32, num_classes=10, log_every=1,
+                         eval_every=2, checkpoint_every=100)
+    data = sources.resolve(config)
+    assert (data.train[0].split, data.eval[0].split) == ("[:90%]", "[90%:]")
+    summary = train.train_and_evaluate(config)
+    assert summary["final_step"] == 2 and summary["eval_examples"] == 1438 - 1294  # round(1294.2) train records
+
+
+def test_a_slice_alone_slices_a_tfds_sources_default_split(tfds_digits_array_record, tmp_path):
+    path = str(tfds_digits_array_record)
+    config = TrainConfig(data=path, split="[:50%]", eval_data=path, eval_split="[-100:]", workdir=str(tmp_path))
+    data = sources.resolve(config)
+    assert (data.train[0].split, data.eval[0].split) == ("train[:50%]", "test[-100:]")
+    named = TrainConfig(data=path, split="test[1shard:]", eval_data=path, workdir=str(tmp_path))
+    assert [s.split for s in sources.resolve(named).train + sources.resolve(named).eval] == ["test[1shard:]", "test"]

@@ -150,6 +150,21 @@ def test_a_later_run_reads_what_an_earlier_one_cached_and_requests_nothing(gcs_b
 
 
 @pytest.mark.gcs
+def test_slices_of_a_source_share_its_disk_cache(gcs_bucket, converted, all_records, tmp_path):
+    """A slice (split="[...]") names its records by the whole source's numbers: two slices of one length read the
+    whole's cached chunks, each its own records, with no request."""
+    bucket, client = gcs_bucket
+    remote = upload_files(client, bucket, converted, "sliced")
+    options = dict(batch_size=8, seed=5, num_epochs=1, decode=None, cache_dir=str(tmp_path), cache_bytes=1 << 20)
+    list(loader.load(remote, drop_remainder=False, **options))  # every record, now cached
+    for split, first in (("[:128]", 0), ("[128:256]", 128)):
+        part = loader.load(remote, split=split, **options)
+        assert sorted(r for batch in part for r in batch) == sorted(all_records[first:first + 128])
+        spans = part._reader._remote_reader
+        assert spans.requests == 0 and spans._cache.disk.hits == spans.records == 128
+
+
+@pytest.mark.gcs
 def test_a_bucket_larger_than_the_disk_cache_gives_the_local_batches_within_the_bound(gcs_bucket, converted,
                                                                                         tmp_path):
     bucket, client = gcs_bucket

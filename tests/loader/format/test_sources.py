@@ -86,3 +86,117 @@ def test_where_all_names_shards_and_runs_of_records():
         "a: records 3-5, 7; b: record 2; c: record 5; and records of 2 more shards"
     assert source.where_all(np.arange(0, 20, 2), numbers_shown=3) == \
         "a: records 0, 2, 4 and 2 more; b: records 0, 2, 4 and 2 more"
+
+
+# Slices by records (TFDS's split syntax): SHARD_SIZES are [37, 0, 101, 64, 55], 257 records.
+
+def _records(source, split, **options):
+    batches = loader.load(source, split=split, batch_size=1000, num_epochs=1, drop_remainder=False, decode=None,
+                          **options)
+    return [r for batch in batches for r in batch]
+
+
+@pytest.mark.parametrize("split, first, stop", [
+    ("[10:200]", 10, 200),            # across the empty shard and two shard edges
+    ("[:99%]", 0, 254),               # round(99 * 257 / 100) = round(254.43)
+    ("[99%:]", 254, 257),
+    ("[-50:]", 207, 257),
+    ("[:-250]", 0, 7),
+    ("[2shard:4shard]", 37, 202),     # shards 2 and 3 (shard 1 is empty)
+    ("[-1shard]", 202, 257),          # the last shard alone
+    ("[1_00:1_01]", 100, 101),
+])
+def test_a_slice_holds_those_records_of_the_whole_in_order(converted, all_records, split, first, stop):
+    assert _records(str(converted), split, shuffle=False) == all_records[first:stop]
+
+
+def test_slices_shuffle_within_themselves_and_partition_the_whole(converted, all_records):
+    train = _records(str(converted), "[:90%]", seed=3)
+    held_out = _records(str(converted), "[90%:]", seed=3)
+    assert len(train) == 231 and len(held_out) == 26  # round(231.3)
+    assert sorted(train) == sorted(all_records[:231]) and train != all_records[:231]
+    assert sorted(held_out) == sorted(all_records[231:])
+    # a fixed sequence: the permutation of 26 records for seed 3 (records 7, 17, 25, 9, 3, 24 of the slice), as a
+    # source of those 26 records alone would be shuffled
+    assert held_out[:6] == [b"4:36", b"4:46", b"4:54", b"4:38", b"4:32", b"4:53"]
+    from loader.planning.batches import BatchPlan
+
+    order = BatchPlan(26, 26, 3, True, 1, False, 0, 1).indices_at(np.arange(26))
+    assert held_out == [all_records[231 + i] for i in order.tolist()]
+
+
+def test_a_slice_reads_through_the_whole_sources_index(converted, loader_index_dir):
+    from loader.format.index import RecordIndex, source_key
+    from loader.format.source import resolve
+
+    whole, part = resolve(str(converted)), resolve(str(converted), split="[40:60]")
+    assert source_key(part) == source_key(whole) and part.paths == whole.paths
+    assert part.lengths == (0, 0, 20, 0, 0) and part.offsets == (37, 0, 3, 0, 0)
+    assert part.file_lengths == whole.lengths and len(part) == 20
+    assert RecordIndex.for_source(part).path == RecordIndex.for_source(whole).path
+    assert part.where(0) == f"{whole.paths[2]}: record 3"  # errors name the record of the shard's file
+    assert part.where_all(np.arange(5)) == f"{whole.paths[2]}: records 3-7"
+
+
+def test_tfds_slices_match_tfds(tfds_digits_array_record):
+    builder = tfds.builder_from_directory(str(tfds_digits_array_record))
+    for split in ("test[:10%]", "test[-7:]", "test[1shard:]", "train[33%:34%]"):
+        ours = list(loader.load(str(tfds_digits_array_record), split=split, batch_size=1000, shuffle=False,
+                                num_epochs=1, drop_remainder=False))
+        theirs = builder.as_data_source(split)
+        labels = np.concatenate([b["label"] for b in ours])
+        np.testing.assert_array_equal(labels, [theirs[i]["label"] for i in range(len(theirs))], err_msg=split)
+        np.testing.assert_array_equal(ours[0]["image"][-1], theirs[len(theirs) - 1]["image"], err_msg=split)
+
+
+@pytest.mark.parametrize("split, error", [
+    ("train[:10%]", r"split='train' names a split, but .* is not a TFDS dataset and has none; leave the name out \(a "
+                    r"slice alone, e.g. split='\[:99%\]', takes part of its records\)"),
+    ("[5:5]", r"split='\[5:5\]' is records \[5:5\] of 257: no records; check the slice"),
+    ("[:300]", r"split='\[:300\]' passes the end of the 257 records; check the slice"),
+    ("[9shard:]", r"split='\[9shard:\]' names shard 9, but there are 5 shard\(s\)"),
+    ("[:101%]", r"split='\[:101%\]' passes the end of the records \(a bound beyond 100%\)"),
+    ("[:" + "9" * 400 + "%]", r"passes the end of the records \(a bound beyond 100%\)"),
+    ("[1%:50]", r"split='\[1%:50\]' mixes units \(%, abs\); write both bounds in records, in % or in shards"),
+    ("[3]", r"split='\[3\]': a single bound is a shard \('train\[3shard\]'\); for records write a slice"),
+    ("[1.5:]", r"split='\[1.5:\]': records are whole numbers; a fraction is written in %"),
+    ("train+test", r"one split or slice at a time \(no '\+' of splits, no rounding option\)"),
+    ("train[:5%](pct1_dropremainder)", r"one split or slice at a time"),
+    ("train[a:]", r"has a slice that does not read \[FROM:TO\]; pass a split's name \('train'\), a slice of one"),
+])
+def test_bad_slices_are_named_with_the_fix(converted, split, error):
+    with pytest.raises(ValueError, match=error):
+        loader.load(str(converted), split=split, batch_size=1)
+
+
+def test_a_glob_takes_a_slice_but_no_split_name(converted, all_records):
+    pattern = str(converted / "*.array_record*")
+    assert _records(pattern, "[250:]", shuffle=False) == all_records[250:]
+    with pytest.raises(ValueError, match=r"split='test' names a split, but .* is a glob of files, which has none"):
+        loader.load(pattern, split="test", batch_size=1)
+
+
+def test_a_mixture_of_slices_reads_each_components_part(converted, all_records):
+    from loader.planning.mixture import COMPONENT_KEY
+
+    batches = loader.load({"a": str(converted), "b": str(converted / "*.array_record*")}, split="[-3:]",
+                          batch_size=6, num_epochs=1, shuffle=False, weights={"a": 1, "b": 1},
+                          decode=lambda record: {"record": np.frombuffer(record, np.uint8)})
+    rows = [bytes(r) for b in batches for r in b["record"]]
+    assert sorted(rows) == sorted(all_records[-3:] * 2)
+
+
+def test_token_counts_of_a_slice_are_its_records(tmp_path):
+    from loader.format.source import ShardedSource
+    from loader.planning.counts import TokenCounts
+
+    counts = [np.arange(10, 17, dtype="<u4"), np.zeros(0, "<u4"), np.arange(20, 25, dtype="<u4")]
+    paths = tuple(str(tmp_path / f"s{i}") for i in range(3))
+    for path, column in zip(paths, counts):
+        column.tofile(path + ".counts")
+    whole = ShardedSource(paths, (7, 0, 5), "glob")
+    part = whole.sliced(4, 9)
+    np.testing.assert_array_equal(TokenCounts.of_source(part)(np.arange(5)), [14, 15, 16, 20, 21])
+    assert TokenCounts.of_source(part).identity != TokenCounts.of_source(whole).identity
+    with pytest.raises(ValueError, match=r"s2.counts says record 1 of .*s2 holds 21 token ids, more than a record can"):
+        TokenCounts.of_source(part, max_count=20)(np.array([4]))
