@@ -71,7 +71,7 @@ def check_restorable(mngr: ocp.CheckpointManager, step: int, abstract: Any, conf
 
 
 # The settings that give the optimizer's state its structure.
-OPTIMIZER_KEYS = ("optimizer", "grad_clip", "weight_decay", "schedule")
+OPTIMIZER_KEYS = ("optimizer", "grad_clip", "weight_decay", "weight_decay_on", "schedule")
 
 
 def _written_otherwise(mngr: ocp.CheckpointManager, step: int, config: TrainConfig, keys: tuple[str, ...]) -> list[str]:

@@ -17,6 +17,7 @@ from dataset_format.suggest import did_you_mean
 STRATEGIES = ("default", "one_device", "mirrored", "central_storage", "fsdp", "multi_worker", "tpu", "parameter_server")
 MODES = ("train", "evaluate")
 OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
+DECAYED = ("all", "matrices")  # weight_decay_on
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16")
 SIZE_KEYS = ("width", "depth", "heads", "mlp_ratio")  # the keys that size the models in SIZED_MODELS
@@ -78,6 +79,9 @@ class TrainConfig:
     warmup_steps: int = 0  # linear warmup from 0
     end_lr_fraction: float = 0.0  # cosine/linear: the learning rate at `steps`, as a fraction of the peak
     weight_decay: float = 0.0  # adamw: decoupled; sgd: added to the gradient; adafactor: its decay rate
+    # What weight_decay decays: all (every parameter, as optax and MaxText do), or matrices (parameters of two or more
+    # dimensions: kernels and embeddings, not biases or norm scales, as nanoGPT, Hugging Face and big_vision do)
+    weight_decay_on: str = "all"
     momentum: float = 0.9  # sgd
     grad_clip: float = 0.0  # clip gradients to this global norm (0: off)
     grad_accum_steps: int = 1  # split each batch into this many micro-batches, one update (less device memory)
@@ -228,7 +232,8 @@ class TrainConfig:
         self._check_loader_options()
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0 (got learning_rate={self.learning_rate})")
-        for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("dtype", DTYPES), ("mode", MODES)):
+        for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("dtype", DTYPES), ("mode", MODES),
+                              ("weight_decay_on", DECAYED)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         for name in ("warmup_steps", "weight_decay", "momentum", "grad_clip"):
@@ -240,6 +245,9 @@ class TrainConfig:
             raise ValueError(f"end_lr_fraction must be in [0, 1] (got end_lr_fraction={self.end_lr_fraction})")
         if self.optimizer == "adam" and self.weight_decay:
             raise ValueError("optimizer=adam has no weight decay; use optimizer=adamw with weight_decay=")
+        if self.weight_decay_on != "all" and not self.weight_decay:
+            raise ValueError(f"weight_decay_on={self.weight_decay_on} chooses what weight_decay decays, and "
+                             "weight_decay is 0: set weight_decay= (with optimizer=adamw, sgd or adafactor)")
         if self.grad_accum_steps < 1 or self.batch_size % self.grad_accum_steps:
             raise ValueError(f"grad_accum_steps={self.grad_accum_steps} must be >= 1 and divide batch_size="
                              f"{self.batch_size}")

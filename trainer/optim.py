@@ -6,12 +6,17 @@
   adafactor (factored second moments, MaxText's and T5's memory-light choice).
 - `schedule`: constant, cosine or linear decay from `learning_rate` to `learning_rate * end_lr_fraction` at the
   last step, after `warmup_steps` of linear warmup from 0.
+- `weight_decay_on`: all (every parameter, optax's and MaxText's way) or matrices (parameters of two or more
+  dimensions: kernels and embeddings; not biases, norm scales or batch-norm offsets: nanoGPT's, Hugging Face's and
+  big_vision's way). The optimizer state holds the same arrays either way, but not the same structure: a resume with
+  the other setting is one line naming the one its checkpoint was written with.
 - `grad_clip`: the global norm gradients are clipped to first (0: off).
 Gradient accumulation and mixed precision are the training step's (trainer/train.py), not the optimizer's.
 """
 
 from __future__ import annotations
 
+import jax
 import optax
 
 
@@ -34,18 +39,24 @@ def schedule(config) -> optax.Schedule | float:
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), main], [warmup])
 
 
+def matrices(params):
+    """True for each parameter of two or more dimensions (weight_decay_on=matrices decays those alone)."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
 def make(config) -> optax.GradientTransformation:
     """The optimizer of `config` (see module doc); its values were checked by TrainConfig."""
     lr = schedule(config)
+    mask = matrices if config.weight_decay_on == "matrices" else None
     if config.optimizer == "adam":
         tx = optax.adam(lr)
     elif config.optimizer == "adamw":
-        tx = optax.adamw(lr, weight_decay=config.weight_decay)
+        tx = optax.adamw(lr, weight_decay=config.weight_decay, mask=mask)
     elif config.optimizer == "sgd":
-        tx = optax.chain(optax.add_decayed_weights(config.weight_decay),
+        tx = optax.chain(optax.add_decayed_weights(config.weight_decay, mask=mask),
                          optax.sgd(lr, momentum=config.momentum or None))
     else:
-        tx = optax.adafactor(lr, weight_decay_rate=config.weight_decay or None)
+        tx = optax.adafactor(lr, weight_decay_rate=config.weight_decay or None, weight_decay_mask=mask)
     if config.grad_clip:
         tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), tx)
     return tx

@@ -104,9 +104,10 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
     log.info("task=%s features=%s model=%s parameters=%s%s", config.task, list(program.task.features), config.model,
              f"{n_params:,}", f" ({config.model_settings})" if config.model_settings else "")
-    log.info("optimizer=%s learning_rate=%g schedule=%s warmup_steps=%d weight_decay=%g grad_clip=%g "
+    decayed = f" (on {config.weight_decay_on})" if config.weight_decay else ""
+    log.info("optimizer=%s learning_rate=%g schedule=%s warmup_steps=%d weight_decay=%g%s grad_clip=%g "
              "grad_accum_steps=%d dtype=%s", config.optimizer, config.learning_rate, config.schedule,
-             config.warmup_steps, config.weight_decay, config.grad_clip, config.grad_accum_steps, config.dtype)
+             config.warmup_steps, config.weight_decay, decayed, config.grad_clip, config.grad_accum_steps, config.dtype)
 
     def jit_step(program: Program):
         return jax.jit(make_train_step(program, tx, strategy), in_shardings=(state_sharding, strategy.batch_sharding),

@@ -43,6 +43,37 @@ def test_each_optimizer_minimises_a_quadratic(name):
     assert float(jnp.abs(params["w"] - target).max()) < 0.05
 
 
+@pytest.mark.parametrize("name", ["adamw", "sgd", "adafactor"])
+def test_weight_decay_on_matrices_leaves_vectors_alone(name):
+    params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(3)}, "norm": {"scale": jnp.ones(2)}}
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, states = {}, {}
+    for on in ("all", "matrices"):
+        tx = optim.make(_config(optimizer=name, learning_rate=0.1, weight_decay=0.5, weight_decay_on=on,
+                                momentum=0.0))
+        states[on] = tx.init(params)
+        updates[on], _ = tx.update(zero, states[on], params)  # no gradient: the update is the decay alone
+    moved = {on: {jax.tree_util.keystr(path): bool(jnp.any(v != 0))
+                  for path, v in jax.tree_util.tree_flatten_with_path(u)[0]} for on, u in updates.items()}
+    assert moved["all"] == {"['dense']['bias']": True, "['dense']['kernel']": True, "['norm']['scale']": True}
+    assert moved["matrices"] == {"['dense']['bias']": False, "['dense']['kernel']": True, "['norm']['scale']": False}
+    if name != "adafactor":  # -learning_rate * weight_decay * parameter
+        np.testing.assert_allclose(updates["matrices"]["dense"]["kernel"], np.full((2, 2), -0.05), rtol=1e-6)
+    # the mask holds no arrays: the optimizer state has the same ones either way
+    assert [x.shape for x in jax.tree.leaves(states["all"])] == [x.shape for x in jax.tree.leaves(states["matrices"])]
+
+
+def test_a_resume_with_the_other_weight_decay_on_names_it(digits, tmp_path):
+    from trainer import train
+
+    common = dict(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", num_classes=10, batch_size=32,
+                  checkpoint_every=2, optimizer="adamw", weight_decay=0.1)
+    assert train.train_and_evaluate(TrainConfig(steps=2, **common))["final_step"] == 2
+    with pytest.raises(ValueError, match="holds step 2 of a training state other than this run's .*: resume with "
+                                         "weight_decay_on=all \\(what it was written with\\)"):
+        train.train_and_evaluate(TrainConfig(steps=4, weight_decay_on="matrices", **common))
+
+
 def test_clipping_bounds_the_update():
     tx = optim.make(_config(optimizer="sgd", momentum=0.0, learning_rate=1.0, grad_clip=0.5))
     params = {"w": jnp.zeros(4)}
@@ -56,6 +87,9 @@ def test_clipping_bounds_the_update():
     ({"warmup_steps": 100}, "warmup_steps=100 must be below steps=100"),
     ({"grad_accum_steps": 3, "batch_size": 32}, "grad_accum_steps=3 must be >= 1 and divide batch_size=32"),
     ({"dtype": "float16"}, "dtype='float16' is not one of float32, bfloat16"),
+    ({"weight_decay_on": "kernels"}, "weight_decay_on='kernels' is not one of all, matrices"),
+    ({"optimizer": "adamw", "weight_decay_on": "matrices"}, "weight_decay_on=matrices chooses what weight_decay "
+                                                            "decays, and weight_decay is 0: set weight_decay="),
 ])
 def test_bad_optimizer_keys_name_the_value(overrides, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
