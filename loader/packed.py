@@ -205,7 +205,8 @@ class PackedLoader:
         return {"num_records": layout.n, "batch_size": self.plan.batch_size, "seed": layout.seed,
                 "shuffle": layout.shuffle, "num_epochs": self.plan.num_epochs, "seq_len": layout.seq_len,
                 "fit": layout.fit, "layout": f"blocks of {layout.block_size}, window {WINDOW}",
-                "counts": self.counts.identity}
+                "counts": self.counts.identity,
+                **({"records": self.source.slice_bounds} if self.source.offsets is not None else {})}
 
 
 class Jobs:

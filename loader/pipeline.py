@@ -402,8 +402,9 @@ class Loader:
         plan = self.plan
         if self.components is not None:
             return {}
-        return {"num_records": plan.num_records, "batch_size": plan.batch_size, "seed": plan.seed,
-                "shuffle": plan.shuffle, "num_epochs": plan.num_epochs, "drop_remainder": plan.drop_remainder}
+        key = {"num_records": plan.num_records, "batch_size": plan.batch_size, "seed": plan.seed,
+               "shuffle": plan.shuffle, "num_epochs": plan.num_epochs, "drop_remainder": plan.drop_remainder}
+        return {**key, "records": self.source.slice_bounds} if self.source.offsets is not None else key
 
 
 class LoaderIterator(WorkerControls, Iterator):

@@ -77,6 +77,17 @@ class ShardedSource:
         return self.lengths if self.file_lengths is None else self.file_lengths
 
     @property
+    def slice_bounds(self) -> list[int] | None:
+        """[start, stop] of a slice in the whole's records (its shards' every record, end to end); None when whole.
+        What a loader state holds of the slice it was saved on."""
+        if self.offsets is None:
+            return None
+        whole = np.concatenate([[0], np.cumsum(self.records_in_files, dtype=np.int64)[:-1]])
+        held = np.flatnonzero(np.asarray(self.lengths) > 0)
+        first = whole[held] + self.first_records[held]
+        return [int(first.min()), int((first + np.asarray(self.lengths)[held]).max())]
+
+    @property
     def slice_key(self) -> str:
         """'' for whole shards, else a digest of which records of them the source holds (for caches keyed by the
         shards' index key that hold a value per record of the source)."""

@@ -200,3 +200,24 @@ def test_token_counts_of_a_slice_are_its_records(tmp_path):
     assert TokenCounts.of_source(part).identity != TokenCounts.of_source(whole).identity
     with pytest.raises(ValueError, match=r"s2.counts says record 1 of .*s2 holds 21 token ids, more than a record can"):
         TokenCounts.of_source(part, max_count=20)(np.array([4]))
+
+
+def test_a_state_names_its_slice(converted, token_data):
+    def state(source, split, **options):
+        it = iter(loader.load(source, split=split, batch_size=2, seed=0, **options))
+        next(it)
+        return it.get_state()
+
+    saved = state(str(converted), "[:128]", decode=None)
+    assert saved["records"] == [0, 128] and "records" not in state(str(converted), None, decode=None)
+    other = iter(loader.load(str(converted), split="[128:256]", batch_size=2, seed=0, decode=None))
+    with pytest.raises(ValueError, match=r"cannot restore loader state: records: saved \[0, 128\], now \[128, 256\]"):
+        other.set_state(saved)
+    same = iter(loader.load(str(converted), split="[:128]", batch_size=2, seed=0, decode=None))
+    same.set_state(saved)  # the slice it was saved on
+    packing = loader.Packing("ids", seq_len=6, tokenize=lambda v: np.asarray(v).reshape(-1))
+    packed = state(token_data, "[:6]", packing=packing)
+    assert packed["records"] == [0, 6]
+    with pytest.raises(ValueError, match=r"does not match the data or options \(saved, now\): \{'records': \(\[0, 6\], "
+                                         r"\[6, 12\]\)\}"):
+        iter(loader.load(token_data, split="[6:]", packing=packing, batch_size=2, seed=0)).set_state(packed)
