@@ -30,7 +30,8 @@ REMATS = ("none", "elementwise", "full", "minimal", "minimal_with_context", "sav
 REMAT_CHOICES = ("auto", *REMATS)
 # transformer_lm's layout (MaxText's names): GPT-2's by default; Llama's: num_kv_heads < heads, rope, rmsnorm, SwiGLU
 LAYOUT_KEYS = ("num_kv_heads", "head_dim", "mlp_dim", "mlp_activations", "normalization",
-               "normalization_layer_epsilon", "position_embedding", "rope_max_timescale")
+               "normalization_layer_epsilon", "position_embedding", "rope_max_timescale", "logits_via_embedding",
+               "normalize_embedding_logits")
 NORMALIZATIONS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned", "rope")
 MLP_ACTIVATIONS = ("gelu", "silu", "swish", "relu", "linear")  # one, or two whose outputs multiply (gated)
@@ -120,6 +121,10 @@ class TrainConfig:
     normalization_layer_epsilon: float = 1e-6  # the norms' epsilon (Llama: 1e-5)
     position_embedding: str = "learned"  # a table of seq_len positions, or rope: rotary embeddings of queries and keys
     rope_max_timescale: float = 10_000.0  # rope: the longest wavelength's scale (Llama 3: 500000)
+    # the output layer: its own (false), or the token embedding's table transposed (true: tied embeddings, as GPT-2's),
+    # then divided by sqrt(width) unless normalize_embedding_logits=false (GPT-2 does not divide; MaxText does)
+    logits_via_embedding: bool = False
+    normalize_embedding_logits: bool = True
     # transformer_lm's attention: auto (the fused kernel, cuDNN's on a GPU and Splash on a TPU, where it compiles and
     # matches blockwise on packed rows, else blockwise), cudnn, splash,
     # blockwise (flash attention in JAX: memory grows with seq_len, not its square) or dense ([B, H, S, S] scores)
@@ -206,7 +211,8 @@ class TrainConfig:
     def model_settings(self) -> str:
         """The model keys this run sets otherwise than their defaults, as KEY=VALUE, for the log ("" for none)."""
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        return " ".join(f"{k}={v}" for k, v in self.model_size.items() if v != defaults[k])
+        return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.model_size.items()
+                        if v != defaults[k])
 
     @property
     def checkpoint_dir(self) -> str:
@@ -305,6 +311,9 @@ class TrainConfig:
             raise ValueError(f"rope_max_timescale={self.rope_max_timescale:g} is for position_embedding=rope, and "
                              f"this model's is {self.position_embedding}: add position_embedding=rope, or drop "
                              "rope_max_timescale=")
+        if not self.normalize_embedding_logits and not self.logits_via_embedding:
+            raise ValueError("normalize_embedding_logits=false is for logits_via_embedding=true (tied embeddings): add "
+                             "logits_via_embedding=true, or drop normalize_embedding_logits=")
         if not 0 < self.normalization_layer_epsilon < 1:
             raise ValueError(f"normalization_layer_epsilon must be in (0, 1) (got normalization_layer_epsilon="
                              f"{self.normalization_layer_epsilon}); the default is 1e-06")

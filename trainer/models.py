@@ -235,11 +235,13 @@ class TransformerLM(nn.Module):
 
     Sized by the config keys of the same names (validated in trainer/config.py): `depth` pre-norm blocks of
     `heads`-head attention over `width` features and an MLP of `mlp_ratio * width` (or `mlp_dim`) hidden units; an
-    output layer of its own (not tied to the token embedding). The defaults are GPT-2's layout: learned position
+    output layer of its own (unless `logits_via_embedding`). The defaults are GPT-2's layout: learned position
     embeddings for `max_len` positions, LayerNorms, a GELU MLP, every head with its own keys and values. Llama's is
     `position_embedding="rope"` (rotary embeddings of the queries and keys, no position table),
     `normalization="rmsnorm"`, `mlp_activations="silu,linear"` (SwiGLU) and `num_kv_heads` below `heads`
-    (grouped-query attention); `head_dim` sets the features a head apart from width / heads. MaxText's names, all.
+    (grouped-query attention); `head_dim` sets the features a head apart from width / heads; `logits_via_embedding`
+    ties the output layer to the token embedding (its table transposed, no bias; divided by sqrt(width) unless
+    `normalize_embedding_logits=False`). MaxText's names, all.
 
     `attention=` picks the attention's implementation (trainer/attention.py: auto, cudnn, splash, blockwise, dense),
     `remat=` what the backward pass recomputes of each block instead of keeping it: none, elementwise (the norms and
@@ -268,6 +270,8 @@ class TransformerLM(nn.Module):
     normalization_layer_epsilon: float = 1e-6
     position_embedding: str = "learned"
     rope_max_timescale: float = 10_000.0
+    logits_via_embedding: bool = False
+    normalize_embedding_logits: bool = True
 
     @nn.compact
     def __call__(self, inputs):
@@ -277,7 +281,8 @@ class TransformerLM(nn.Module):
             tokens = inputs
             segments = jnp.ones_like(tokens)
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
-        tables = [(nn.Embed(self.vocab_size, self.width), tokens)]
+        token_table = nn.Embed(self.vocab_size, self.width)
+        tables = [(token_table, tokens)]
         rope = self.position_embedding == "rope"
         if not rope:
             tables.append((nn.Embed(self.max_len, self.width), positions))
@@ -291,8 +296,11 @@ class TransformerLM(nn.Module):
                       self.mlp_dim, self.mlp_activations, self.normalization, self.normalization_layer_epsilon,
                       self.rope_max_timescale if rope else None, remat != "none",
                       name=f"TransformerBlock_{i}")(x, segments, positions)
-        norm = NORMS[self.normalization](epsilon=self.normalization_layer_epsilon)
-        return nn.Dense(self.vocab_size)(norm(x))
+        x = NORMS[self.normalization](epsilon=self.normalization_layer_epsilon)(x)
+        if not self.logits_via_embedding:
+            return nn.Dense(self.vocab_size)(x)
+        logits = token_table.attend(x)  # x @ the table's transpose: tied embeddings
+        return logits / jnp.sqrt(x.shape[-1]).astype(logits.dtype) if self.normalize_embedding_logits else logits
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token (forward and backward) at max_len: 6 per weight of each matrix multiply (the

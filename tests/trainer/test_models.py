@@ -206,6 +206,52 @@ def test_the_layout_keys_build_the_lm_they_name(stdlib_text):  # noqa: F811
     assert sorted(params) == ["Dense_0", "Embed_0", "RMSNorm_0", "TransformerBlock_0", "TransformerBlock_1"]
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+def test_tied_logits_are_the_token_tables_transpose_and_train_it_from_both_ends(normalize):
+    """logits_via_embedding: the logits are what an untied model computes with the token table's transpose (divided
+    by sqrt(width) under normalize_embedding_logits) as its output layer, and the table's gradient is that model's
+    embedding gradient plus its output kernel's, transposed."""
+    sizes = dict(vocab_size=50, max_len=16, width=32, depth=1, heads=4, attention="dense")
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 16)))
+    tied = TransformerLM(**sizes, logits_via_embedding=True, normalize_embedding_logits=normalize)
+    untied = TransformerLM(**sizes)
+    params = tied.init(jax.random.key(0), tokens)["params"]
+    scale = math.sqrt(32) if normalize else 1.0
+    table = params["Embed_0"]["embedding"]
+    as_untied = {**params, "Dense_0": {"kernel": table.T / scale, "bias": jnp.zeros(50)}}
+    np.testing.assert_allclose(tied.apply({"params": params}, tokens), untied.apply({"params": as_untied}, tokens),
+                               rtol=1e-5, atol=1e-5)
+
+    def loss(model, p):
+        return jnp.mean(jax.nn.log_softmax(model.apply({"params": p}, tokens))[..., 0])
+
+    tied_grad = jax.grad(lambda p: loss(tied, p))(params)["Embed_0"]["embedding"]
+    untied_grads = jax.grad(lambda p: loss(untied, p))(as_untied)
+    np.testing.assert_allclose(tied_grad, untied_grads["Embed_0"]["embedding"] + untied_grads["Dense_0"]["kernel"].T
+                               / scale, rtol=1e-4, atol=1e-6)
+    assert count(params) == count(untied.init(jax.random.key(0), tokens)["params"]) - (32 * 50 + 50)  # no kernel, bias
+    assert tied.flops_per_token() == untied.flops_per_token()  # the logits' matrix multiply is still done
+
+
+def test_a_resume_without_tied_embeddings_names_them(stdlib_text, tmp_path):  # noqa: F811
+    from trainer import train
+
+    common = dict(data=str(stdlib_text["train"]), workdir=str(tmp_path), task="lm", seq_len=32, batch_size=4,
+                  width=32, heads=2, depth=1, checkpoint_every=2)
+    assert train.train_and_evaluate(TrainConfig(steps=2, logits_via_embedding=True, **common))["final_step"] == 2
+    with pytest.raises(ValueError, match=r"holds step 2 of a model other than this one \(params\['Dense_0'\]\['bias'\] "
+                                         r"is absent there .*: resume with logits_via_embedding=true \(what it was "
+                                         r"written with\)"):
+        train.train_and_evaluate(TrainConfig(steps=4, **common))
+
+
+def test_normalize_embedding_logits_is_for_tied_embeddings():
+    with pytest.raises(ValueError, match="normalize_embedding_logits=false is for logits_via_embedding=true"):
+        TrainConfig(data="x", workdir="w", task="lm", normalize_embedding_logits=False)
+    tied = TrainConfig(data="x", workdir="w", task="lm", logits_via_embedding=True, normalize_embedding_logits=False)
+    assert tied.model_size["logits_via_embedding"] is True and tied.model_size["normalize_embedding_logits"] is False
+
+
 def test_a_config_file_may_list_the_mlp_activations_as_maxtext_does(tmp_path):
     path = tmp_path / "run.json"
     path.write_text('{"task": "lm", "mlp_activations": ["silu", "linear"]}')
