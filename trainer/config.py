@@ -44,7 +44,7 @@ MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layer
                  "adam_weight_decay": "weight_decay (with optimizer=adamw)", "gradient_clipping_threshold": "grad_clip",
                  "dataset_path": "data", "base_output_directory": "workdir",
                  "warmup_steps_fraction": "warmup_steps (a count of steps)",
-                 "gradient_accumulation_steps": "grad_accum_steps"}
+                 "gradient_accumulation_steps": "grad_accum_steps", "train_split": "split"}
 LM_KEYS = SIZE_KEYS + LAYOUT_KEYS + ("attention", "remat", "use_iota_embed")  # what model=transformer_lm takes
 
 

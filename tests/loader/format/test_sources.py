@@ -221,3 +221,9 @@ def test_a_state_names_its_slice(converted, token_data):
     with pytest.raises(ValueError, match=r"does not match the data or options \(saved, now\): \{'records': \(\[0, 6\], "
                                          r"\[6, 12\]\)\}"):
         iter(loader.load(token_data, split="[6:]", packing=packing, batch_size=2, seed=0)).set_state(packed)
+
+
+def test_a_grain_data_source_of_a_slice(converted, all_records):
+    source = loader.DataSource(str(converted), split="[-7:]")
+    assert len(source) == 7 and [source[i] for i in range(7)] == all_records[-7:]
+    assert source.__getitems__([6, 0]) == [all_records[-1], all_records[-7]]
