@@ -69,10 +69,12 @@ def _ranges(source) -> list[str]:
                "`python -m pipelines convert --force` records them") if source.kind == "manifest" else \
             f"recorded only by `python -m pipelines convert` (this is a {source.kind} source)"
         return [f"feature ranges: {why}"]
-    lines = [f"feature ranges (over all {len(source):,} records, from the manifest):"]
+    whole = sum(source.records_in_files)  # (a slice's ranges are those of its shards' every record)
+    among = f"; the slice's {len(source):,} are among them" if source.offsets is not None else ""
+    lines = [f"feature ranges (over all {whole:,} records, from the manifest{among}):"]
     for key, s in stats.items():
         values = f"{s['min']}..{s['max']}" if "min" in s else "no values" if s["kind"] == "int64" else "present"
-        share = "every record" if s["records"] == len(source) else f"{s['records']:,} of {len(source):,} records"
+        share = "every record" if s["records"] == whole else f"{s['records']:,} of {whole:,} records"
         lines.append(f"  {key}: {s['kind']} {values} ({share}{_lengths(s)})")
     return lines
 

@@ -37,6 +37,11 @@ def test_inspect_prints_each_features_range(photos, converted, capsys):
             "  image/class/label: int64 0..1 (every record)\n"
             "  image/encoded: bytes present (every record)\n"
             "  image/format: bytes present (every record)\n") in out, out
+    assert main(["inspect", str(photos), "--split", "[40:]"]) == 0  # a slice: the ranges of its shards' records
+    out = capsys.readouterr().out
+    assert "records: 8 in 3 shard(s)\n" in out and ("feature ranges (over all 48 records, from the manifest; the "
+                                                    "slice's 8 are among them):\n"
+                                                    "  image/class/label: int64 0..1 (every record)\n") in out, out
     assert main(["inspect", str(converted), "--decode", "none"]) == 0  # raw records, not tf.train.Examples
     assert "feature ranges: the manifest has none: converted before they were recorded, or records that are not " \
            "tf.train.Examples; `python -m pipelines convert --force` records them" in capsys.readouterr().out
