@@ -91,12 +91,12 @@ def source_split(path: str, default: str | None) -> str | None:
 
 
 def _split(given: str | None, path: str, default: str) -> str | None:
-    """The split of `path`: `given` (a slice alone, "[:99%]", slices a TFDS source's `default` split), else a TFDS
-    source's `default`, else None."""
+    """The split of `path`: `given` (where a part of it is a slice alone, "[:99%]", it slices a TFDS source's
+    `default` split), else a TFDS source's `default`, else None."""
     named = source_split(path, default)
-    if given is None:
-        return named
-    return named + given if named is not None and given.startswith("[") else given
+    if given is None or named is None:
+        return given if given is not None else named
+    return "+".join(named + part.strip() if part.strip().startswith("[") else part.strip() for part in given.split("+"))
 
 
 def _source(path: str, name: str | None, split: str | None) -> Source:

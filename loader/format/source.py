@@ -77,15 +77,19 @@ class ShardedSource:
         return self.lengths if self.file_lengths is None else self.file_lengths
 
     @property
-    def slice_bounds(self) -> list[int] | None:
-        """[start, stop] of a slice in the whole's records (its shards' every record, end to end); None when whole.
-        What a loader state holds of the slice it was saved on."""
+    def slice_bounds(self) -> list[list[int]] | None:
+        """The runs [start, stop) of the shards' records (their every record, end to end) that a slice holds, in its
+        order; None when whole. What a loader state holds of the slice it was saved on."""
         if self.offsets is None:
             return None
         whole = np.concatenate([[0], np.cumsum(self.records_in_files, dtype=np.int64)[:-1]])
-        held = np.flatnonzero(np.asarray(self.lengths) > 0)
-        first = whole[held] + self.first_records[held]
-        return [int(first.min()), int((first + np.asarray(self.lengths)[held]).max())]
+        runs: list[list[int]] = []
+        for first, n in zip((whole + self.first_records).tolist(), self.lengths):
+            if n and runs and runs[-1][1] == first:
+                runs[-1][1] += n
+            elif n:
+                runs.append([first, first + n])
+        return runs
 
     @property
     def slice_key(self) -> str:
@@ -165,12 +169,36 @@ class ShardedSource:
 def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:
     """The shards of `source` (see module doc) with their record counts; `split`: a TFDS split's name (default
     "train" for TFDS datasets), optionally sliced ("train[:99%]"), or a slice alone ("[:99%]") for other sources."""
+    if split is not None and not isinstance(split, str):
+        raise ValueError(f"split={split!r} is not text; pass {_SPLIT_FORMS}")
+    parts = [None] if split is None else [part.strip() for part in split.split("+")]
+    resolved = [_resolve_part(source, part, allow_incomplete) for part in parts]
+    return resolved[0] if len(resolved) == 1 else joined(resolved)
+
+
+def _resolve_part(source: str, split: str | None, allow_incomplete: bool) -> ShardedSource:
+    """One split, or a slice of one, of `source` (a part of split="train+validation[:10%]")."""
     name, selector = parse_split(split)
     whole = _resolve_whole(source, name, allow_incomplete)
     if selector is None:
         return whole
     start, stop = selector.bounds(whole.lengths, f"split={split!r}")
     return whole.sliced(start, stop, f"split={split!r}")
+
+
+def joined(parts: list[ShardedSource]) -> ShardedSource:
+    """Parts of one dataset end to end (split="train+validation"): one source over their shards, in that order."""
+    def column(name: str) -> tuple:
+        return tuple(x for p in parts for x in getattr(p, name))
+
+    sliced = any(p.offsets is not None for p in parts)
+    return dataclasses.replace(
+        parts[0], paths=column("paths"), lengths=column("lengths"),
+        shard_bytes=column("shard_bytes") if all(p.shard_bytes for p in parts) else None,
+        shard_versions=column("shard_versions") if all(p.shard_versions for p in parts) else None,
+        feature_stats=merge_feature_stats(p.feature_stats for p in parts),
+        offsets=tuple(o for p in parts for o in p.first_records.tolist()) if sliced else None,
+        file_lengths=column("records_in_files") if sliced else None)
 
 
 def _resolve_whole(source: str, split: str | None, allow_incomplete: bool) -> ShardedSource:
@@ -200,7 +228,8 @@ def _resolve_whole(source: str, split: str | None, allow_incomplete: bool) -> Sh
 _SPLIT = re.compile(r"^(?P<name>[\w-]*)(?:\[(?P<selector>[^\[\]]*)\])?$")
 _BOUND = re.compile(r"^(?:(?P<value>-?[\d_]+(?:\.[\d_]*)?)(?P<unit>%|shard)?)?$")
 _SPLIT_FORMS = ("a split's name ('train'), a slice of one ('train[:99%]', 'train[-1000:]', 'train[2shard:]'; TFDS's "
-                "syntax) or, for a source without named splits, a slice alone ('[99%:]')")
+                "syntax), several joined by '+' ('train+validation') or, for a source without named splits, a slice "
+                "alone ('[99%:]')")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,14 +270,13 @@ class Selector:
 
 
 def parse_split(split: str | None) -> tuple[str | None, Selector | None]:
-    """(the split's name or None, its slice or None) of `split` in TFDS's syntax; a clear error for anything else."""
+    """(the split's name or None, its slice or None) of one part of `split` in TFDS's syntax (resolve takes several
+    joined by '+'); a clear error for anything else."""
     if split is None:
         return None, None
-    if not isinstance(split, str):
-        raise ValueError(f"split={split!r} is not text; pass {_SPLIT_FORMS}")
-    if "+" in split or "(" in split:
-        raise ValueError(f"split={split!r}: one split or slice at a time (no '+' of splits, no rounding option); for "
-                         f"records of several, load a mixture of them ({{name: source}} with weights=)")
+    if "(" in split:
+        raise ValueError(f"split={split!r}: percent bounds round to the closest record, as TFDS's default does; its "
+                         "other rounding, (pct1_dropremainder), is not taken: drop the option")
     match = _SPLIT.match(split.strip())
     if match is None or not (match["name"] or match["selector"] is not None):
         raise ValueError(f"split={split!r} is not a split; pass {_SPLIT_FORMS}")

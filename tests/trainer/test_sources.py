@@ -113,5 +113,7 @@ def test_a_slice_alone_slices_a_tfds_sources_default_split(tfds_digits_array_rec
     config = TrainConfig(data=path, split="[:50%]", eval_data=path, eval_split="[-100:]", workdir=str(tmp_path))
     data = sources.resolve(config)
     assert (data.train[0].split, data.eval[0].split) == ("train[:50%]", "test[-100:]")
+    joined = TrainConfig(data=path, eval_data=path, eval_split="[:10]+train[:5]", workdir=str(tmp_path))
+    assert sources.resolve(joined).eval[0].split == "test[:10]+train[:5]"
     named = TrainConfig(data=path, split="test[1shard:]", eval_data=path, workdir=str(tmp_path))
     assert [s.split for s in sources.resolve(named).train + sources.resolve(named).eval] == ["test[1shard:]", "test"]

@@ -96,6 +96,15 @@ def _records(source, split, **options):
     return [r for batch in batches for r in batch]
 
 
+def test_slices_joined_by_a_plus_are_read_end_to_end(converted, all_records):
+    split = "[250:]+[:3] + [100:102]"
+    assert _records(str(converted), split, shuffle=False) == all_records[250:] + all_records[:3] + all_records[100:102]
+    assert sorted(_records(str(converted), split, seed=1)) == sorted(all_records[250:] + all_records[:3] +
+                                                                    all_records[100:102])
+    twice = _records(str(converted), "[:2]+[:2]", shuffle=False)  # a record twice, as TFDS reads "train+train"
+    assert twice == all_records[:2] * 2
+
+
 @pytest.mark.parametrize("split, first, stop", [
     ("[10:200]", 10, 200),            # across the empty shard and two shard edges
     ("[:99%]", 0, 254),               # round(99 * 257 / 100) = round(254.43)
@@ -140,7 +149,7 @@ def test_a_slice_reads_through_the_whole_sources_index(converted, loader_index_d
 
 def test_tfds_slices_match_tfds(tfds_digits_array_record):
     builder = tfds.builder_from_directory(str(tfds_digits_array_record))
-    for split in ("test[:10%]", "test[-7:]", "test[1shard:]", "train[33%:34%]"):
+    for split in ("test[:10%]", "test[-7:]", "test[1shard:]", "train[33%:34%]", "test[:3]+train[-2:]+test[5:7]"):
         ours = list(loader.load(str(tfds_digits_array_record), split=split, batch_size=1000, shuffle=False,
                                 num_epochs=1, drop_remainder=False))
         theirs = builder.as_data_source(split)
@@ -160,8 +169,10 @@ def test_tfds_slices_match_tfds(tfds_digits_array_record):
     ("[1%:50]", r"split='\[1%:50\]' mixes units \(%, abs\); write both bounds in records, in % or in shards"),
     ("[3]", r"split='\[3\]': a single bound is a shard \('train\[3shard\]'\); for records write a slice"),
     ("[1.5:]", r"split='\[1.5:\]': records are whole numbers; a fraction is written in %"),
-    ("train+test", r"one split or slice at a time \(no '\+' of splits, no rounding option\)"),
-    ("train[:5%](pct1_dropremainder)", r"one split or slice at a time"),
+    ("train[:5%](pct1_dropremainder)", r"percent bounds round to the closest record, as TFDS's default does; its "
+                                        r"other rounding, \(pct1_dropremainder\), is not taken: drop the option"),
+    ("[:5]+", r"split='' is not a split; pass a split's name \('train'\)"),
+    ("[:5]+train[5:]", r"split='train' names a split, but .* is not a TFDS dataset"),
     ("train[a:]", r"has a slice that does not read \[FROM:TO\]; pass a split's name \('train'\), a slice of one"),
 ])
 def test_bad_slices_are_named_with_the_fix(converted, split, error):
@@ -209,17 +220,17 @@ def test_a_state_names_its_slice(converted, token_data):
         return it.get_state()
 
     saved = state(str(converted), "[:128]", decode=None)
-    assert saved["records"] == [0, 128] and "records" not in state(str(converted), None, decode=None)
+    assert saved["records"] == [[0, 128]] and "records" not in state(str(converted), None, decode=None)
     other = iter(loader.load(str(converted), split="[128:256]", batch_size=2, seed=0, decode=None))
-    with pytest.raises(ValueError, match=r"cannot restore loader state: records: saved \[0, 128\], now \[128, 256\]"):
+    with pytest.raises(ValueError, match=r"cannot restore loader state: records: saved \[\[0, 128\]\], now \[\[128, 256\]\]"):
         other.set_state(saved)
     same = iter(loader.load(str(converted), split="[:128]", batch_size=2, seed=0, decode=None))
     same.set_state(saved)  # the slice it was saved on
     packing = loader.Packing("ids", seq_len=6, tokenize=lambda v: np.asarray(v).reshape(-1))
     packed = state(token_data, "[:6]", packing=packing)
-    assert packed["records"] == [0, 6]
-    with pytest.raises(ValueError, match=r"does not match the data or options \(saved, now\): \{'records': \(\[0, 6\], "
-                                         r"\[6, 12\]\)\}"):
+    assert packed["records"] == [[0, 6]]
+    with pytest.raises(ValueError, match=r"does not match the data or options \(saved, now\): \{'records': \(\[\[0, 6\]\], "
+                                         r"\[\[6, 12\]\]\)\}"):
         iter(loader.load(token_data, split="[6:]", packing=packing, batch_size=2, seed=0)).set_state(packed)
 
 
