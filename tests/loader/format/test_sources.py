@@ -239,3 +239,26 @@ def test_a_grain_data_source_of_a_slice(converted, all_records):
     source = loader.DataSource(str(converted), split="[-7:]")
     assert len(source) == 7 and [source[i] for i in range(7)] == all_records[-7:]
     assert source.__getitems__([6, 0]) == [all_records[-1], all_records[-7]]
+
+
+def test_any_split_text_is_a_slice_within_the_records_or_a_value_error():
+    """20,000 strings of the syntax's pieces (seed 0): a slice in bounds, or a ValueError naming the text, never
+    another error (an index, an overflow from hundreds of digits) or a slice past the records."""
+    import random
+
+    from loader.format.source import parse_split
+
+    pieces = list("[]:%+-_.0123456789 ()e") + ["shard", "train", "9" * 400]
+    rng = random.Random(0)
+    parsed = 0
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        try:
+            name, selector = parse_split(text)
+            if selector is not None:
+                start, stop = selector.bounds((37, 0, 101, 64, 55), f"split={text!r}")
+                assert 0 <= start < stop <= 257, text
+            parsed += 1
+        except ValueError as e:
+            assert repr(text) in str(e), (text, str(e))
+    assert parsed > 1000  # the strings reach the bounds, not only the errors
