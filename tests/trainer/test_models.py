@@ -60,6 +60,10 @@ def test_the_documented_presets_have_the_documented_counts():
         n = count(shapes["params"])
         assert n == int(documented.replace(",", "")) == lm_parameters(32_000, 1024, int(width), int(depth),
                                                                         int(mlp_ratio))
+    tied = re.search(r"`logits_via_embedding=true normalize_embedding_logits=false`, ([\d,]+) \|", text)
+    gpt2 = TransformerLM(vocab_size=32_000, max_len=1024, width=768, depth=12, heads=12, logits_via_embedding=True)
+    shapes = jax.eval_shape(lambda: gpt2.init(jax.random.key(0), jnp.zeros((1, 1024), jnp.int32)))
+    assert count(shapes["params"]) == int(tied.group(1).replace(",", "")) == 135_026_432 - 768 * 32_000 - 32_000
 
 
 @pytest.mark.parametrize("overrides, message", [
