@@ -187,7 +187,9 @@ def _resolve_part(source: str, split: str | None, allow_incomplete: bool) -> Sha
 
 
 def joined(parts: list[ShardedSource]) -> ShardedSource:
-    """Parts of one dataset end to end (split="train+validation"): one source over their shards, in that order."""
+    """Sources end to end (the parts of split="train+validation", a mixture's components): one source over their
+    shards, in that order, the first's kind and features. Sizes and versions are known where every part's are; the
+    feature statistics are None where a part has none (unknown, not partial)."""
     def column(name: str) -> tuple:
         return tuple(x for p in parts for x in getattr(p, name))
 

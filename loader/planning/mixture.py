@@ -30,9 +30,8 @@ from fractions import Fraction
 import numpy as np
 
 from dataset_format import storage
-from dataset_format.manifest import merge_feature_stats
 from dataset_format.tfds_info import FEATURES_NAME
-from loader.format.source import ShardedSource
+from loader.format.source import ShardedSource, joined
 from loader.planning.batches import host_rows, record_rng, FOREVER
 from loader.planning.permutation import Permutation
 
@@ -272,27 +271,15 @@ class MixturePlan:
 def concatenate(sources: Mapping[str, ShardedSource]) -> ShardedSource:
     """The components' shards end to end, in the mapping's order: one source for the reader and its index."""
     parts = list(sources.values())
-    known = all(p.shard_bytes for p in parts)
-    versions = all(p.shard_versions for p in parts)
-    sliced = any(p.offsets is not None for p in parts)
     tokens = {name: p.tokens_dtype for name, p in sources.items()}
     if len(set(tokens.values())) > 1:
         raise ValueError(f"the mixture's components hold different records (token id types, None: not pre-tokenized: "
                          f"{tokens}); mix pre-tokenized datasets of one tokenizer, or text datasets")
     check_one_tokenizer({name: p.tokenizer for name, p in sources.items()}, "the mixture's components")
     alike = len({features_text(p.features_dir) for p in parts}) == 1
-    return ShardedSource(tuple(path for p in parts for path in p.paths), tuple(n for p in parts for n in p.lengths),
-                         "mixture", parts[0].features_dir if alike else None,
-                         tuple(b for p in parts for b in p.shard_bytes) if known else None,
-                         tuple(v for p in parts for v in p.shard_versions) if versions else None,
-                         parts[0].tokens_dtype, None if alike else tuple(p.features_dir for p in parts),
-                         None if alike else tuple(len(p) for p in parts),
-                         # (None when a component has none: unknown, not partial)
-                         feature_stats=merge_feature_stats(p.feature_stats for p in parts),
-                         tokenizer=parts[0].tokenizer,
-                         # (components that are slices of their datasets: split="[:99%]")
-                         offsets=tuple(o for p in parts for o in p.first_records.tolist()) if sliced else None,
-                         file_lengths=tuple(n for p in parts for n in p.records_in_files) if sliced else None)
+    return dataclasses.replace(joined(parts), kind="mixture", features_dir=parts[0].features_dir if alike else None,
+                               component_features=None if alike else tuple(p.features_dir for p in parts),
+                               component_lengths=None if alike else tuple(len(p) for p in parts))
 
 
 def check_one_tokenizer(tokenizers: Mapping[str, str | None], what: str) -> None:
