@@ -30,7 +30,7 @@ import numpy as np
 
 from loader.fetch.reader import BatchReader, MAX_RECORD_BYTES
 from loader.format.index import RecordIndex
-from loader.format.source import ShardedSource, of_files, resolve
+from loader.format.source import ShardedSource, of_files, resolve, select
 
 
 class DataSource:
@@ -54,7 +54,7 @@ class DataSource:
         if isinstance(data, (list, tuple)):
             data = of_files([os.fspath(p) for p in data])
         if isinstance(data, ShardedSource):
-            self._source = data
+            self._source = select(data, split)
             more = len(data.paths) - 1
             self._name = f"{data.paths[0]} and {more} more" if more else data.paths[0]
         else:

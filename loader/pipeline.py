@@ -37,7 +37,7 @@ from loader.executors.device import DevicePrefetcher
 from loader.executors.handout import HostBatches, WorkerControls, close_at_exit
 from loader.executors.stages import Group, Stopwatch
 from loader.fetch.reader import MAX_RECORD_BYTES, BatchReader
-from loader.format.source import ShardedSource, resolve
+from loader.format.source import ShardedSource, resolve, select
 from loader.packed import Inputs, PackedLoader
 from loader.planning import mixture
 from loader.planning.batches import BatchPlan
@@ -510,8 +510,9 @@ def _reader(source: ShardedSource, config: LoaderConfig, planned: bool = False) 
 
 
 def _resolved(source: str | ShardedSource, config: LoaderConfig) -> ShardedSource:
-    return source if isinstance(source, ShardedSource) else resolve(source, split=config.split,
-                                                                    allow_incomplete=config.allow_incomplete)
+    if isinstance(source, ShardedSource):
+        return select(source, config.split)
+    return resolve(source, split=config.split, allow_incomplete=config.allow_incomplete)
 
 
 def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_count: int):

@@ -70,6 +70,24 @@ def check_restorable(mngr: ocp.CheckpointManager, step: int, abstract: Any, conf
                      f"{fix}, or pass another workdir= to start afresh")
 
 
+# The settings that decide which batches the loader's state counts.
+DATA_KEYS = ("data", "split", "batch_size", "seed", "packing", "seq_len")
+
+
+def restore_loader(it, mngr: ocp.CheckpointManager, step: int, saved: dict, config: TrainConfig) -> None:
+    """`it.set_state(saved)`; a state of other batches (another split, batch size, seed...) is one line naming the
+    settings the run that wrote it had."""
+    try:
+        it.set_state(saved)
+    except ValueError as e:
+        changed = _written_otherwise(mngr, step, config, DATA_KEYS)
+        if not changed:
+            raise
+        raise ValueError(f"{config.checkpoint_dir} holds step {step} of a run over other batches: resume with "
+                         f"{' '.join(changed)} (what it was written with), or pass another workdir= to start afresh "
+                         f"(the loader: {e})") from None
+
+
 # The settings that give the optimizer's state its structure.
 OPTIMIZER_KEYS = ("optimizer", "grad_clip", "weight_decay", "weight_decay_on", "schedule")
 

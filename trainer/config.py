@@ -257,6 +257,9 @@ class TrainConfig:
         if self.grad_accum_steps < 1 or self.batch_size % self.grad_accum_steps:
             raise ValueError(f"grad_accum_steps={self.grad_accum_steps} must be >= 1 and divide batch_size="
                              f"{self.batch_size}")
+        if self.eval_split is not None and self.eval_data is None:
+            raise ValueError(f"eval_split={self.eval_split} is the records of eval_data=, and no eval_data is given: "
+                             "add eval_data=PATH (the same path as data= for a held-out slice of it)")
         data, weights = self.data_source, self.data_weights
         if isinstance(data, dict) and self.mode == "train":  # (the evaluator reads eval_data only)
             from loader.planning.mixture import check_weights
@@ -334,8 +337,9 @@ class TrainConfig:
         if changed and self.model not in SIZED_MODELS:
             name = changed[0]
             verb = "sizes" if name in SIZE_KEYS else "is for"
-            raise ValueError(f"{name}={getattr(self, name)} {verb} model={' or '.join(SIZED_MODELS)}; model="
-                             f"{self.model!r} does not take it: drop {name}=")
+            value = str(getattr(self, name)).lower() if isinstance(getattr(self, name), bool) else getattr(self, name)
+            raise ValueError(f"{name}={value} {verb} model={' or '.join(SIZED_MODELS)}; model={self.model!r} does not "
+                             f"take it: drop {name}=")
 
     @classmethod
     def from_args(cls, overrides: list[str], config_file: str | None = None) -> TrainConfig:

@@ -121,7 +121,7 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
         restored = checkpoints.restore(mngr, start, abstract, config)
         state = restored["state"]
-        it.set_state(restored["data"])
+        checkpoints.restore_loader(it, mngr, start, restored["data"], config)
         log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])
 
     # --- compile ------------------------------------------------------------------------------

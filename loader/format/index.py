@@ -214,7 +214,7 @@ def build(source: ShardedSource, path: str, key: str) -> None:
             os.remove(tmp)
     for shard, reason in sorted(fallback.items(), key=lambda kv: int(kv[0])):
         log.info("%s: read through ArrayRecord's reader (%s)", source.paths[int(shard)], reason)
-    log.info("indexed %d shards (%d records) in %.2f s: %s (%.1f MB)", len(source.paths), len(source),
+    log.info("indexed %d shards (%d records) in %.2f s: %s (%.1f MB)", len(source.paths), sum(source.records_in_files),
              time.monotonic() - started, path, os.path.getsize(path) / 1e6)
 
 

@@ -168,22 +168,41 @@ class ShardedSource:
 
 def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:
     """The shards of `source` (see module doc) with their record counts; `split`: a TFDS split's name (default
-    "train" for TFDS datasets), optionally sliced ("train[:99%]"), or a slice alone ("[:99%]") for other sources."""
-    if split is not None and not isinstance(split, str):
+    "train" for TFDS datasets), optionally sliced ("train[:99%]"), or a slice alone ("[:99%]"); parts joined by '+'."""
+    return _select(split, lambda name, given: _resolve_whole(source, name, allow_incomplete, given))
+
+
+def select(source: ShardedSource, split: str | None) -> ShardedSource:
+    """`source`, resolved already, sliced by `split`: slices alone ("[:99%]"; several joined by '+'). A split's name
+    is refused: a resolved source holds one split already."""
+    def whole(name: str | None, given: str | None) -> ShardedSource:
+        if name is not None:
+            raise ValueError(f"split={given!r} names a split, but {source.location} was resolved already and holds "
+                             "one; leave the name out (a slice alone, e.g. split='[:99%]', takes part of its records), "
+                             "or pass the path with split=")
+        return source
+
+    return _select(split, whole)
+
+
+def _select(split: str | None, whole_of) -> ShardedSource:
+    """The parts of `split` (TFDS's syntax, joined by '+'), each `whole_of(name, part as written)` sliced, end to
+    end."""
+    if split is None:
+        return whole_of(None, None)
+    if not isinstance(split, str):
         raise ValueError(f"split={split!r} is not text; pass {_SPLIT_FORMS}")
-    parts = [None] if split is None else [part.strip() for part in split.split("+")]
-    resolved = [_resolve_part(source, part, allow_incomplete) for part in parts]
-    return resolved[0] if len(resolved) == 1 else joined(resolved)
-
-
-def _resolve_part(source: str, split: str | None, allow_incomplete: bool) -> ShardedSource:
-    """One split, or a slice of one, of `source` (a part of split="train+validation[:10%]")."""
-    name, selector = parse_split(split)
-    whole = _resolve_whole(source, name, allow_incomplete)
-    if selector is None:
-        return whole
-    start, stop = selector.bounds(whole.lengths, f"split={split!r}")
-    return whole.sliced(start, stop, f"split={split!r}")
+    parts = []
+    for part in (p.strip() for p in split.split("+")):
+        if not part:
+            raise ValueError(f"split={split!r} has an empty part beside a '+'; pass {_SPLIT_FORMS}")
+        name, selector = parse_split(part)
+        whole = whole_of(name, part)
+        if selector is not None:
+            what = f"split={part!r}"
+            whole = whole.sliced(*selector.bounds(whole.lengths, what), what)
+        parts.append(whole)
+    return parts[0] if len(parts) == 1 else joined(parts)
 
 
 def joined(parts: list[ShardedSource]) -> ShardedSource:
@@ -203,11 +222,14 @@ def joined(parts: list[ShardedSource]) -> ShardedSource:
         file_lengths=column("records_in_files") if sliced else None)
 
 
-def _resolve_whole(source: str, split: str | None, allow_incomplete: bool) -> ShardedSource:
+def _resolve_whole(source: str, split: str | None, allow_incomplete: bool, given: str | None = None) -> ShardedSource:
+    """The shards of `source`, of split `split` (a name, or None) where it has named splits; `given`: the split as the
+    user wrote it, for messages."""
+    given = given or split
     if _is_dir(source):
         manifest_path = storage.join(source, MANIFEST_NAME)
         if storage.exists(manifest_path):
-            return _from_manifest(source, split, allow_incomplete)
+            return _from_manifest(source, split, allow_incomplete, given)
         if storage.exists(storage.join(source, TFDS_INFO)):
             return _from_tfds_info(source, split or "train")
         below = _datasets_below(source)
@@ -220,7 +242,7 @@ def _resolve_whole(source: str, split: str | None, allow_incomplete: bool) -> Sh
                                 "by `python -m pipelines convert` or `tfds build --file_format=array_record`, or a "
                                 f"glob of ArrayRecord files{hint}")
     if split is not None:
-        raise ValueError(f"split={split!r} names a split, but {source!r} is a glob of files, which has none; leave the "
+        raise ValueError(f"split={given!r} names a split, but {source!r} is a glob of files, which has none; leave the "
                          "name out (a slice alone, e.g. split='[:99%]', takes part of the files' records)")
     return _from_glob(source)
 
@@ -257,6 +279,8 @@ class Selector:
                     raise ValueError(f"{what} passes the end of the records (a bound beyond 100%); check the slice")
                 return int(round(value * n / 100.0))
             if self.unit == "shard":
+                if value == 0 and default == n:  # TFDS reads a stop of 0 shards as the split's end
+                    return n
                 if not -shards <= value <= shards:
                     raise ValueError(f"{what} names shard {value}, but there are {shards} shard(s); check the slice")
                 return int(ends[value % shards if value < 0 else value])
@@ -294,14 +318,14 @@ def parse_split(split: str | None) -> tuple[str | None, Selector | None]:
                          "in % or in shards")
     unit = units.pop()
     if len(parts) == 1 and unit != "shard":
-        raise ValueError(f"split={split!r}: a single bound is a shard ('train[3shard]'); for records write a slice "
-                         "('train[3:4]')")
+        raise ValueError(f"split={split!r}: a single bound is a shard ('[3shard]'); for records write a slice "
+                         "('[3:4]')")
     values = []
     for part in parts:
         text = (part["value"] or "").replace("_", "")
         if unit != "%" and "." in text:
             raise ValueError(f"split={split!r}: {'records' if unit == 'abs' else 'shards'} are whole numbers; a "
-                             "fraction is written in % ('train[:99.5%]')")
+                             "fraction is written in % ('[:99.5%]')")
         values.append(None if not text else float(text) if unit == "%" else int(text))
     if len(values) == 1:  # NAME[3shard]: that shard alone
         values.append(values[0] + 1 if values[0] != -1 else None)
@@ -345,7 +369,7 @@ def _datasets_below(root: str, depth: int = 3, limit: int = 5) -> list[str]:
     return found
 
 
-def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> ShardedSource:
+def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: str | None = None) -> ShardedSource:
     path = storage.join(root, MANIFEST_NAME)
     table = ShardTable.from_json(_read_text(path), path=path)
     if not table.complete and not allow_incomplete:
@@ -361,8 +385,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool) -> Shar
             raise ValueError(f"{path}: no shards for split {split!r}; the splits are {sorted(set(table.splits))}")
         names, records, sizes, stats = (tuple(column[i] for i in keep) for column in (names, records, sizes, stats))
     elif split is not None:
-        raise ValueError(f"split={split!r} names a split, but {root} is not a TFDS dataset and has none; leave the "
-                         "name out (a slice alone, e.g. split='[:99%]', takes part of its records)")
+        raise ValueError(f"split={given or split!r} names a split, but {root} is not a TFDS dataset and has none; "
+                         "leave the name out (a slice alone, e.g. split='[:99%]', takes part of its records)")
     prefix = storage.join(root, "")  # one join: 100k shards paid ~0.5 s for joining each
     paths = [prefix + name for name in names]
     found, versions = _stat(paths, missing=f"is listed in {MANIFEST_NAME} but missing; re-run `python -m pipelines "

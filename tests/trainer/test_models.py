@@ -163,7 +163,7 @@ def test_iota_embeddings_are_the_lookups_and_their_gradient_is_no_scatter():
     assert "scatter-add" not in str(jax.make_jaxpr(grads(one_hot))(params))
     config = TrainConfig.from_args(["data=d", "workdir=w", "task=lm", "use_iota_embed=true"])
     assert config.model_size["use_iota_embed"] is True
-    with pytest.raises(ValueError, match="use_iota_embed=True is for model=transformer_lm; model='cnn'"):
+    with pytest.raises(ValueError, match="use_iota_embed=true is for model=transformer_lm; model='cnn'"):
         TrainConfig.from_args(["data=d", "workdir=w", "model=cnn", "use_iota_embed=true"])
 
 

@@ -117,3 +117,16 @@ def test_a_slice_alone_slices_a_tfds_sources_default_split(tfds_digits_array_rec
     assert sources.resolve(joined).eval[0].split == "test[:10]+train[:5]"
     named = TrainConfig(data=path, split="test[1shard:]", eval_data=path, workdir=str(tmp_path))
     assert [s.split for s in sources.resolve(named).train + sources.resolve(named).eval] == ["test[1shard:]", "test"]
+
+
+def test_a_resume_over_another_split_names_it_and_eval_split_needs_eval_data(digits, tmp_path):
+    common = dict(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", num_classes=10, batch_size=32,
+                  checkpoint_every=2)
+    assert train.train_and_evaluate(TrainConfig(steps=2, split="[:90%]", **common))["final_step"] == 2
+    with pytest.raises(ValueError, match=r"holds step 2 of a run over other batches: resume with split=\[:90%\] \(what "
+                                         r"it was written with\), or pass another workdir= to start afresh \(the "
+                                         r"loader: cannot restore loader state: num_records: saved 1294, now 1150"):
+        train.train_and_evaluate(TrainConfig(steps=4, split="[:80%]", **common))
+    with pytest.raises(ValueError, match=r"eval_split=\[90%:\] is the records of eval_data=, and no eval_data is "
+                                         r"given: add eval_data=PATH"):
+        TrainConfig(data="x", workdir="w", eval_split="[90%:]")

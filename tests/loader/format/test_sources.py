@@ -113,6 +113,7 @@ def test_slices_joined_by_a_plus_are_read_end_to_end(converted, all_records):
     ("[:-250]", 0, 7),
     ("[2shard:4shard]", 37, 202),     # shards 2 and 3 (shard 1 is empty)
     ("[-1shard]", 202, 257),          # the last shard alone
+    ("[:0shard]", 0, 257),            # a stop of 0 shards is the end, as TFDS reads it
     ("[1_00:1_01]", 100, 101),
 ])
 def test_a_slice_holds_those_records_of_the_whole_in_order(converted, all_records, split, first, stop):
@@ -159,20 +160,21 @@ def test_tfds_slices_match_tfds(tfds_digits_array_record):
 
 
 @pytest.mark.parametrize("split, error", [
-    ("train[:10%]", r"split='train' names a split, but .* is not a TFDS dataset and has none; leave the name out \(a "
-                    r"slice alone, e.g. split='\[:99%\]', takes part of its records\)"),
+    ("train[:10%]", r"split='train\[:10%\]' names a split, but .* is not a TFDS dataset and has none; leave the "
+                    r"name out \(a slice alone, e.g. split='\[:99%\]', takes part of its records\)"),
     ("[5:5]", r"split='\[5:5\]' is records \[5:5\] of 257: no records; check the slice"),
     ("[:300]", r"split='\[:300\]' passes the end of the 257 records; check the slice"),
     ("[9shard:]", r"split='\[9shard:\]' names shard 9, but there are 5 shard\(s\)"),
     ("[:101%]", r"split='\[:101%\]' passes the end of the records \(a bound beyond 100%\)"),
     ("[:" + "9" * 400 + "%]", r"passes the end of the records \(a bound beyond 100%\)"),
     ("[1%:50]", r"split='\[1%:50\]' mixes units \(%, abs\); write both bounds in records, in % or in shards"),
-    ("[3]", r"split='\[3\]': a single bound is a shard \('train\[3shard\]'\); for records write a slice"),
+    ("[3]", r"split='\[3\]': a single bound is a shard \('\[3shard\]'\); for records write a slice \('\[3:4\]'\)"),
     ("[1.5:]", r"split='\[1.5:\]': records are whole numbers; a fraction is written in %"),
     ("train[:5%](pct1_dropremainder)", r"percent bounds round to the closest record, as TFDS's default does; its "
                                         r"other rounding, \(pct1_dropremainder\), is not taken: drop the option"),
-    ("[:5]+", r"split='' is not a split; pass a split's name \('train'\)"),
-    ("[:5]+train[5:]", r"split='train' names a split, but .* is not a TFDS dataset"),
+    ("[:5]+", r"split='\[:5\]\+' has an empty part beside a '\+'; pass a split's name \('train'\)"),
+    ("[:5]+train[5:]", r"split='train\[5:\]' names a split, but .* is not a TFDS dataset"),
+    ("[:0shard]+[:0]", r"split='\[:0\]' is records \[0:0\] of 257: no records"),
     ("train[a:]", r"has a slice that does not read \[FROM:TO\]; pass a split's name \('train'\), a slice of one"),
 ])
 def test_bad_slices_are_named_with_the_fix(converted, split, error):
@@ -262,3 +264,15 @@ def test_any_split_text_is_a_slice_within_the_records_or_a_value_error():
         except ValueError as e:
             assert repr(text) in str(e), (text, str(e))
     assert parsed > 1000  # the strings reach the bounds, not only the errors
+
+
+def test_a_resolved_source_or_a_list_of_files_takes_a_slice(converted, all_records):
+    whole = loader.resolve(str(converted))
+    assert _records(whole, "[-3:]", shuffle=False) == all_records[-3:]
+    files = sorted(str(p) for p in converted.glob("*.array_record*"))
+    source = loader.DataSource(files, split="[:2]+[-1:]")
+    assert [source[i] for i in range(len(source))] == all_records[:2] + all_records[-1:]
+    assert len(loader.DataSource(whole, split="[10:20]")) == 10
+    with pytest.raises(ValueError, match=r"split='train\[:5\]' names a split, but .* was resolved already and holds "
+                                         r"one; leave the name out"):
+        loader.load(whole, split="train[:5]", batch_size=1)
