@@ -122,9 +122,9 @@ class TrainConfig:
     position_embedding: str = "learned"  # a table of seq_len positions, or rope: rotary embeddings of queries and keys
     rope_max_timescale: float = 10_000.0  # rope: the longest wavelength's scale (Llama 3: 500000)
     # the output layer: its own (false), or the token embedding's table transposed (true: tied embeddings, as GPT-2's),
-    # then divided by sqrt(width) unless normalize_embedding_logits=false (GPT-2 does not divide; MaxText does)
+    # then divided by sqrt(width) unless normalize_embedding_logits=false
     logits_via_embedding: bool = False
-    normalize_embedding_logits: bool = True
+    normalize_embedding_logits: bool = True  # tied logits divided by sqrt(width), as MaxText does (false: GPT-2's)
     # transformer_lm's attention: auto (the fused kernel, cuDNN's on a GPU and Splash on a TPU, where it compiles and
     # matches blockwise on packed rows, else blockwise), cudnn, splash,
     # blockwise (flash attention in JAX: memory grows with seq_len, not its square) or dense ([B, H, S, S] scores)
