@@ -109,6 +109,10 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
     changed: its state holds other arrays) is one line naming the settings the run that wrote it had, not orbax's
     advice (partial_restore=True, which the trainer has no setting for)."""
     check_restorable(mngr, step, abstract, config)
+    layout = _written_otherwise(mngr, step, config, LAYOUT_KEYS)
+    if layout:  # the same shapes, another function: allowed (a longer rope wavelength to extend the context), said
+        log.warning("resuming step %d, written with %s: the model computes otherwise from here on (resume with those "
+                    "to continue the same model)", step, " ".join(layout))
     try:
         return mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                            data=ocp.args.JsonRestore()))

@@ -249,6 +249,19 @@ def test_a_resume_without_tied_embeddings_names_them(stdlib_text, tmp_path):  # 
         train.train_and_evaluate(TrainConfig(steps=4, **common))
 
 
+def test_a_resume_with_the_same_shapes_and_another_layout_says_so(stdlib_text, tmp_path, caplog):  # noqa: F811
+    from trainer import train
+
+    common = dict(data=str(stdlib_text["train"]), workdir=str(tmp_path), task="lm", seq_len=32, batch_size=4,
+                  width=32, heads=2, depth=1, checkpoint_every=2, logits_via_embedding=True)
+    train.train_and_evaluate(TrainConfig(steps=2, **common))
+    with caplog.at_level("WARNING", logger="trainer.checkpoints"):
+        assert train.train_and_evaluate(TrainConfig(steps=3, normalize_embedding_logits=False, **common))[
+            "final_step"] == 3
+    assert ("resuming step 2, written with normalize_embedding_logits=true: the model computes otherwise from here on "
+            "(resume with those to continue the same model)") in caplog.text
+
+
 def test_normalize_embedding_logits_is_for_tied_embeddings():
     with pytest.raises(ValueError, match="normalize_embedding_logits=false is for logits_via_embedding=true"):
         TrainConfig(data="x", workdir="w", task="lm", normalize_embedding_logits=False)
