@@ -271,7 +271,7 @@ class Selector:
         ends = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         shards = len(lengths)
 
-        def absolute(value, default: int) -> int:
+        def absolute(value, default: int, is_stop: bool) -> int:
             if value is None:
                 return default
             if self.unit == "%":
@@ -279,14 +279,14 @@ class Selector:
                     raise ValueError(f"{what} passes the end of the records (a bound beyond 100%); check the slice")
                 return int(round(value * n / 100.0))
             if self.unit == "shard":
-                if value == 0 and default == n:  # TFDS reads a stop of 0 shards as the split's end
+                if value == 0 and is_stop:  # TFDS reads a stop of 0 shards as the split's end
                     return n
                 if not -shards <= value <= shards:
                     raise ValueError(f"{what} names shard {value}, but there are {shards} shard(s); check the slice")
                 return int(ends[value % shards if value < 0 else value])
             return int(value)
 
-        start, stop = absolute(self.start, 0), absolute(self.stop, n)
+        start, stop = absolute(self.start, 0, False), absolute(self.stop, n, True)
         if abs(start) > n or abs(stop) > n:
             raise ValueError(f"{what} passes the end of the {n:,} records; check the slice")
         start, stop = start + n if start < 0 else start, stop + n if stop < 0 else stop
