@@ -44,8 +44,14 @@ MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layer
                  "adam_weight_decay": "weight_decay (with optimizer=adamw)", "gradient_clipping_threshold": "grad_clip",
                  "dataset_path": "data", "base_output_directory": "workdir",
                  "warmup_steps_fraction": "warmup_steps (a count of steps)",
-                 "gradient_accumulation_steps": "grad_accum_steps", "train_split": "split"}
+                 "gradient_accumulation_steps": "grad_accum_steps", "train_split": "split",
+                 "cosine_learning_rate_final_fraction": "end_lr_fraction (with schedule=cosine)"}
 LM_KEYS = SIZE_KEYS + LAYOUT_KEYS + ("attention", "remat", "use_iota_embed")  # what model=transformer_lm takes
+
+
+def _default(name: str):
+    """TrainConfig's default for field `name`."""
+    return next(f.default for f in dataclasses.fields(TrainConfig) if f.name == name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +85,10 @@ class TrainConfig:
     schedule: str = "constant"  # constant, cosine, linear: decay to learning_rate * end_lr_fraction at `steps`
     warmup_steps: int = 0  # linear warmup from 0
     end_lr_fraction: float = 0.0  # cosine/linear: the learning rate at `steps`, as a fraction of the peak
+    # adam, adamw (MaxText's names): the decay rate of the gradient's first moment
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999  # the second moment's decay rate (LLM pretraining commonly takes 0.95, MaxText's default)
+    adam_eps: float = 1e-8  # added to the second moment's root in the update's denominator
     weight_decay: float = 0.0  # adamw: decoupled; sgd: added to the gradient; adafactor: its decay rate
     # What weight_decay decays: all (every parameter, as optax and MaxText do), or matrices (parameters of two or more
     # dimensions: kernels and embeddings, not biases or norm scales, as nanoGPT, Hugging Face and big_vision do)
@@ -251,6 +261,16 @@ class TrainConfig:
             raise ValueError(f"end_lr_fraction must be in [0, 1] (got end_lr_fraction={self.end_lr_fraction})")
         if self.optimizer == "adam" and self.weight_decay:
             raise ValueError("optimizer=adam has no weight decay; use optimizer=adamw with weight_decay=")
+        for name in ("adam_b1", "adam_b2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1) (got {name}={getattr(self, name)}); the default is "
+                                 f"{_default(name)}")
+        if self.adam_eps <= 0:
+            raise ValueError(f"adam_eps must be > 0 (got adam_eps={self.adam_eps}); the default is 1e-08")
+        changed = [n for n in ("adam_b1", "adam_b2", "adam_eps") if getattr(self, n) != _default(n)]
+        if changed and self.optimizer not in ("adam", "adamw"):
+            raise ValueError(f"{changed[0]}={getattr(self, changed[0])} is for optimizer=adam or adamw, and this run's "
+                             f"is {self.optimizer}: drop {changed[0]}= or pass optimizer=adamw")
         if self.weight_decay_on != "all" and not self.weight_decay:
             raise ValueError(f"weight_decay_on={self.weight_decay_on} chooses what weight_decay decays, and "
                              "weight_decay is 0: set weight_decay= (with optimizer=adamw, sgd or adafactor)")

@@ -3,7 +3,8 @@
     optimizer=adamw learning_rate=3e-4 schedule=cosine warmup_steps=100 weight_decay=0.01 grad_clip=1.0
 
 - `optimizer`: adam, adamw (decoupled weight decay), sgd (with `momentum`, weight decay added to the gradient),
-  adafactor (factored second moments, MaxText's and T5's memory-light choice).
+  adafactor (factored second moments, MaxText's and T5's memory-light choice). Adam's `adam_b1`, `adam_b2` and
+  `adam_eps` by MaxText's names (optax's defaults; LLM pretraining commonly takes adam_b2=0.95).
 - `schedule`: constant, cosine or linear decay from `learning_rate` to `learning_rate * end_lr_fraction` at the
   last step, after `warmup_steps` of linear warmup from 0.
 - `weight_decay_on`: all (every parameter, optax's and MaxText's way) or matrices (parameters of two or more
@@ -48,10 +49,11 @@ def make(config) -> optax.GradientTransformation:
     """The optimizer of `config` (see module doc); its values were checked by TrainConfig."""
     lr = schedule(config)
     mask = matrices if config.weight_decay_on == "matrices" else None
+    moments = {"b1": config.adam_b1, "b2": config.adam_b2, "eps": config.adam_eps}
     if config.optimizer == "adam":
-        tx = optax.adam(lr)
+        tx = optax.adam(lr, **moments)
     elif config.optimizer == "adamw":
-        tx = optax.adamw(lr, weight_decay=config.weight_decay, mask=mask)
+        tx = optax.adamw(lr, **moments, weight_decay=config.weight_decay, mask=mask)
     elif config.optimizer == "sgd":
         tx = optax.chain(optax.add_decayed_weights(config.weight_decay, mask=mask),
                          optax.sgd(lr, momentum=config.momentum or None))

@@ -105,9 +105,12 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     log.info("task=%s features=%s model=%s parameters=%s%s", config.task, list(program.task.features), config.model,
              f"{n_params:,}", f" ({config.model_settings})" if config.model_settings else "")
     decayed = f" (on {config.weight_decay_on})" if config.weight_decay else ""
+    moments = (f" adam_b1={config.adam_b1:g} adam_b2={config.adam_b2:g} adam_eps={config.adam_eps:g}"
+               if config.optimizer in ("adam", "adamw") else "")
     log.info("optimizer=%s learning_rate=%g schedule=%s warmup_steps=%d weight_decay=%g%s grad_clip=%g "
-             "grad_accum_steps=%d dtype=%s", config.optimizer, config.learning_rate, config.schedule,
-             config.warmup_steps, config.weight_decay, decayed, config.grad_clip, config.grad_accum_steps, config.dtype)
+             "grad_accum_steps=%d dtype=%s%s", config.optimizer, config.learning_rate, config.schedule,
+             config.warmup_steps, config.weight_decay, decayed, config.grad_clip, config.grad_accum_steps, config.dtype,
+             moments)
 
     def jit_step(program: Program):
         return jax.jit(make_train_step(program, tx, strategy), in_shardings=(state_sharding, strategy.batch_sharding),

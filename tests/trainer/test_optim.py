@@ -74,6 +74,28 @@ def test_a_resume_with_the_other_weight_decay_on_names_it(digits, tmp_path):
         train.train_and_evaluate(TrainConfig(steps=4, weight_decay_on="matrices", **common))
 
 
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adams_moments_are_optaxs_with_the_given_rates(name):
+    """adam_b1, adam_b2, adam_eps reach optax: ten updates equal optax's own with those rates (and differ from the
+    defaults' by more than rounding)."""
+    rates = dict(b1=0.8, b2=0.95, eps=1e-6)
+    extra = {"weight_decay": 0.1} if name == "adamw" else {}
+    ours = optim.make(_config(optimizer=name, learning_rate=0.01, adam_b1=0.8, adam_b2=0.95, adam_eps=1e-6, **extra))
+    reference = getattr(optax, name)(0.01, **rates, **extra)
+    defaults = optim.make(_config(optimizer=name, learning_rate=0.01, **extra))
+    params = {"w": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)}
+    runs = []
+    for tx in (ours, reference, defaults):
+        p, state = params, tx.init(params)
+        for step in range(10):
+            grads = {"w": jnp.sin(p["w"] * (step + 1))}
+            updates, state = tx.update(grads, state, p)
+            p = optax.apply_updates(p, updates)
+        runs.append(np.asarray(p["w"]))
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-6)
+    assert np.abs(runs[0] - runs[2]).max() > 1e-4
+
+
 def test_clipping_bounds_the_update():
     tx = optim.make(_config(optimizer="sgd", momentum=0.0, learning_rate=1.0, grad_clip=0.5))
     params = {"w": jnp.zeros(4)}
@@ -88,6 +110,10 @@ def test_clipping_bounds_the_update():
     ({"grad_accum_steps": 3, "batch_size": 32}, "grad_accum_steps=3 must be >= 1 and divide batch_size=32"),
     ({"dtype": "float16"}, "dtype='float16' is not one of float32, bfloat16"),
     ({"weight_decay_on": "kernels"}, "weight_decay_on='kernels' is not one of all, matrices"),
+    ({"adam_b2": 1.0}, "(got adam_b2=1.0); the default is 0.999"),  # "must be in [0, 1)"
+    ({"adam_eps": 0.0}, "adam_eps must be > 0 (got adam_eps=0.0); the default is 1e-08"),
+    ({"optimizer": "sgd", "adam_b2": 0.95}, "adam_b2=0.95 is for optimizer=adam or adamw, and this run's is sgd: drop "
+                                            "adam_b2= or pass optimizer=adamw"),
     ({"optimizer": "adamw", "weight_decay_on": "matrices"}, "weight_decay_on=matrices chooses what weight_decay "
                                                             "decays, and weight_decay is 0: set weight_decay="),
 ])
