@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from trainer.config import LAYOUT_KEYS, TrainConfig
+from trainer.config import LAYOUT_KEYS, TrainConfig, setting_text
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,7 @@ def _written_otherwise(mngr: ocp.CheckpointManager, step: int, config: TrainConf
     except Exception:  # noqa: BLE001 - checkpoints written before the settings were saved beside them
         pass
     now = json.loads(json.dumps(dataclasses.asdict(config), default=str))
-    return [f"{k}={str(written[k]).lower() if isinstance(written[k], bool) else written[k]}" for k in keys
-            if k in written and written[k] != now.get(k)]
+    return [f"{k}={setting_text(written[k])}" for k in keys if k in written and written[k] != now.get(k)]
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: TrainConfig) -> dict[str, Any]:

@@ -49,6 +49,11 @@ MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layer
 LM_KEYS = SIZE_KEYS + LAYOUT_KEYS + ("attention", "remat", "use_iota_embed")  # what model=transformer_lm takes
 
 
+def setting_text(value) -> str:
+    """A setting's value as the command line writes it (true/false for bools), for logs and errors."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _default(name: str):
     """TrainConfig's default for field `name`."""
     return next(f.default for f in dataclasses.fields(TrainConfig) if f.name == name)
@@ -221,8 +226,7 @@ class TrainConfig:
     def model_settings(self) -> str:
         """The model keys this run sets otherwise than their defaults, as KEY=VALUE, for the log ("" for none)."""
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.model_size.items()
-                        if v != defaults[k])
+        return " ".join(f"{k}={setting_text(v)}" for k, v in self.model_size.items() if v != defaults[k])
 
     @property
     def checkpoint_dir(self) -> str:
@@ -357,9 +361,8 @@ class TrainConfig:
         if changed and self.model not in SIZED_MODELS:
             name = changed[0]
             verb = "sizes" if name in SIZE_KEYS else "is for"
-            value = str(getattr(self, name)).lower() if isinstance(getattr(self, name), bool) else getattr(self, name)
-            raise ValueError(f"{name}={value} {verb} model={' or '.join(SIZED_MODELS)}; model={self.model!r} does not "
-                             f"take it: drop {name}=")
+            raise ValueError(f"{name}={setting_text(getattr(self, name))} {verb} model={' or '.join(SIZED_MODELS)}; "
+                             f"model={self.model!r} does not take it: drop {name}=")
 
     @classmethod
     def from_args(cls, overrides: list[str], config_file: str | None = None) -> TrainConfig:

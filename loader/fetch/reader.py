@@ -73,8 +73,7 @@ class BatchReader:
         self._first = source.first_records  # a slice's first record of each shard's file (zeros: whole shards)
         # Caches name a record by its number among all the shards' records, a slice's (split="train[:99%]") as the
         # whole source's: one disk cache serves the whole and each slice of it.
-        whole = np.asarray(source.records_in_files, dtype=np.int64)
-        self._file_starts = np.concatenate([[0], np.cumsum(whole[:-1])]).astype(np.int64)
+        self._file_starts = source.file_starts
         self._total = len(source)
         self._check = check_hashes
         self._cache_bytes = cache_bytes
@@ -83,7 +82,8 @@ class BatchReader:
         self._disk = None
         if cache_dir is not None and self._remote:
             self._disk = {"directory": os.path.expanduser(cache_dir), "key": source_key(source),
-                          "capacity": cache_bytes, "mean_chunk": source.mean_record_bytes, "records": int(whole.sum()),
+                          "capacity": cache_bytes, "mean_chunk": source.mean_record_bytes,
+                          "records": sum(source.records_in_files),
                           "dataset": hashlib.sha256("\n".join(source.paths).encode()).hexdigest()[:32]}
         # where each shard ends: no span from the index may pass it (-1: unknown)
         self._ends = np.asarray(source.shard_bytes if source.shard_bytes else [-1] * len(source.paths),

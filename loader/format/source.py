@@ -82,9 +82,8 @@ class ShardedSource:
         order; None when whole. What a loader state holds of the slice it was saved on."""
         if self.offsets is None:
             return None
-        whole = np.concatenate([[0], np.cumsum(self.records_in_files, dtype=np.int64)[:-1]])
         runs: list[list[int]] = []
-        for first, n in zip((whole + self.first_records).tolist(), self.lengths):
+        for first, n in zip((self.file_starts + self.first_records).tolist(), self.lengths):
             if n and runs and runs[-1][1] == first:
                 runs[-1][1] += n
             elif n:
@@ -136,7 +135,13 @@ class ShardedSource:
     @property
     def starts(self) -> np.ndarray:
         """Global index of each shard's first record."""
-        return np.concatenate([[0], np.cumsum(self.lengths[:-1], dtype=np.int64)]).astype(np.int64)
+        return _starts_of(self.lengths)
+
+    @property
+    def file_starts(self) -> np.ndarray:
+        """Each shard's first record among its files' every record, end to end (`starts` unless sliced): how caches
+        and a slice's state name records, the same for the whole and each slice of it."""
+        return _starts_of(self.records_in_files)
 
     def where(self, index: int) -> str:
         """'SHARD: record i' for global record `index`, for errors (i counts the records of the shard's file)."""
@@ -164,6 +169,11 @@ class ShardedSource:
         if len(shards) > shards_shown:
             parts.append(f"and records of {len(shards) - shards_shown} more shards")
         return "; ".join(parts)
+
+
+def _starts_of(counts: tuple[int, ...]) -> np.ndarray:
+    """Where each of runs of `counts` records begins when they are laid end to end (int64)."""
+    return np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).astype(np.int64)
 
 
 def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:
