@@ -20,6 +20,7 @@ from loader.decoding.decode import decoder_at
 from loader.executors.handout import End, HostBatches, WorkerControls, close_at_exit, END
 from loader.executors.stages import Group, Stopwatch
 from loader.planning.batches import FOREVER
+from loader.planning.state import check
 from loader.planning.packing import (KEY_PRESETS, ROW_KEYS, START, WINDOW, Job, Layout, PackedPlan, Packing, Position,
                                       row_keys)
 
@@ -202,7 +203,7 @@ class PackedLoader:
 
     def state_key(self) -> dict:
         layout = self.plan.layout
-        return {"num_records": layout.n, "batch_size": self.plan.batch_size, "seed": layout.seed,
+        return {"dataset": self.source.identity, "num_records": layout.n, "batch_size": self.plan.batch_size, "seed": layout.seed,
                 "shuffle": layout.shuffle, "num_epochs": self.plan.num_epochs, "seq_len": layout.seq_len,
                 "fit": layout.fit, "layout": f"blocks of {layout.block_size}, window {WINDOW}",
                 "counts": self.counts.identity,
@@ -294,10 +295,7 @@ class PackedIterator(WorkerControls, Iterator):
                 **self._loader.state_key()}
 
     def set_state(self, state: dict) -> None:
-        key = self._loader.state_key()
-        mismatched = {k: (state.get(k), v) for k, v in key.items() if state.get(k) != v}
-        if mismatched:
-            raise ValueError(f"this packed loader state does not match the data or options (saved, now): {mismatched}")
+        check(state, self._loader.state_key(), "the packed loader's state")
         position = state.get("position")
         self.close()
         self._start(int(state["next_batch"]), Position(*position) if position is not None else None)

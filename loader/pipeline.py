@@ -42,6 +42,7 @@ from loader.packed import Inputs, PackedLoader
 from loader.planning import mixture
 from loader.planning.batches import BatchPlan
 from loader.planning.packing import Packing
+from loader.planning.state import check
 
 log = logging.getLogger(__name__)
 
@@ -402,8 +403,9 @@ class Loader:
         plan = self.plan
         if self.components is not None:
             return {}
-        key = {"num_records": plan.num_records, "batch_size": plan.batch_size, "seed": plan.seed,
-               "shuffle": plan.shuffle, "num_epochs": plan.num_epochs, "drop_remainder": plan.drop_remainder}
+        key = {"dataset": self.source.identity, "num_records": plan.num_records, "batch_size": plan.batch_size,
+               "seed": plan.seed, "shuffle": plan.shuffle, "num_epochs": plan.num_epochs,
+               "drop_remainder": plan.drop_remainder}
         return {**key, "records": self.source.slice_bounds} if self.source.offsets is not None else key
 
 
@@ -466,11 +468,7 @@ class LoaderIterator(WorkerControls, Iterator):
             raise ValueError("cannot restore loader state: it was saved by a "
                              f"{'mixture' if 'mixture' in state else 'single-source loader'} and this loader "
                              f"{'is a mixture' if self._loader.components is not None else 'has one source'}")
-        key = self._loader.state_key()
-        mismatched = {k: (state.get(k), v) for k, v in key.items() if state.get(k) != v}
-        if mismatched:
-            detail = ", ".join(f"{k}: saved {saved!r}, now {now!r}" for k, (saved, now) in mismatched.items())
-            raise ValueError(f"cannot restore loader state: {detail}; restore with the same dataset and options")
+        check(state, self._loader.state_key(), "loader state")
         self._next = int(state["next_batch"])
         if "mixture" in state:
             self._plan = self._loader.plan.restored(state["mixture"], self._next)
@@ -540,7 +538,7 @@ def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_cou
         epochs = (epochs,) * len(names)
     plan = mixture.MixturePlan(names, tuple(len(s) for s in resolved.values()), tuple(weights.values()),
                                config.batch_size, config.seed, config.shuffle, epochs, config.drop_remainder,
-                               shard_index, shard_count)
+                               shard_index, shard_count, datasets=tuple(s.identity for s in resolved.values()))
     return names, mixture.concatenate(resolved), plan
 
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
+import json
 import os
 import re
 
@@ -97,6 +99,16 @@ class ShardedSource:
         if self.offsets is None:
             return ""
         return hashlib.sha256(np.asarray(self.offsets + self.lengths, "<i8").tobytes()).hexdigest()[:16]
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """Which records, in which order: '3 shards, 1,000 records, sha256:<16 hex>' of each shard's file name (not
+        its directory: a copy elsewhere, local or gs://, is the same dataset), record count and the slice's part of
+        it. What a loader state holds of its dataset, so a state restores onto no other."""
+        rows = [[p.rsplit("/", 1)[-1], n, first, length] for p, n, first, length in
+                zip(self.paths, self.records_in_files, self.first_records.tolist(), self.lengths)]
+        digest = hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()[:16]
+        return f"{len(self.paths)} shard{'s' if len(self.paths) != 1 else ''}, {len(self):,} records, sha256:{digest}"
 
     def sliced(self, start: int, stop: int, what: str = "") -> ShardedSource:
         """Records [start, stop) of this source (its shards end to end), over the same shards and index. `what` names

@@ -34,6 +34,7 @@ from dataset_format.tfds_info import FEATURES_NAME
 from loader.format.source import ShardedSource, joined
 from loader.planning.batches import host_rows, record_rng, FOREVER
 from loader.planning.permutation import Permutation
+from loader.planning.state import check
 
 COMPONENT_KEY = "component"  # in a mixture's batches: each row's component, an index into `components`
 
@@ -115,6 +116,8 @@ class MixturePlan:
     start_batch: int = 0  # this segment's first batch
     base: tuple[int, ...] | None = None  # rows each component had given before start_batch
     dormant: tuple[tuple[str, int], ...] = ()  # (name, rows given) of components left out of the mix since
+    # Per component, which records of which shards (ShardedSource.identity): a state restores only onto the same.
+    datasets: tuple[str, ...] | None = None
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -241,24 +244,25 @@ class MixturePlan:
         counts = self.counts_at(next_batch)
         return {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
                 "drop_remainder": self.drop_remainder, "start_batch": self.start_batch,
-                "components": {n: {"records": s, "weight": w, "base": b, "rows": r}
-                               for n, s, w, b, r in zip(self.names, self.sizes, self.weights, self.base, counts)},
+                "components": {n: {"records": s, "weight": w, "base": b, "rows": r,
+                                   **({"dataset": self.datasets[c]} if self.datasets is not None else {})}
+                               for c, (n, s, w, b, r) in
+                               enumerate(zip(self.names, self.sizes, self.weights, self.base, counts))},
                 **({"dormant": dict(self.dormant)} if self.dormant else {})}
 
     def restored(self, saved: dict, next_batch: int) -> MixturePlan:
         """This plan continued from a saved state: the saved segment itself when the components and weights are the
         same (the batches continue bitwise), else a new segment at `next_batch` from each component's saved count."""
-        mine = {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
-                "drop_remainder": self.drop_remainder}
-        mismatched = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
+        options = ("seed", "batch_size", "shuffle", "drop_remainder")
+        mine, given = {k: getattr(self, k) for k in options}, {k: saved.get(k) for k in options}
         components = saved.get("components", {})
-        for name, size in zip(self.names, self.sizes):
-            if name in components and components[name]["records"] != size:
-                mismatched[f"records of component {name!r}"] = (components[name]["records"], size)
-        if mismatched:
-            detail = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in mismatched.items())
-            raise ValueError(f"cannot restore the mixture's state: {detail}; restore with the same datasets and "
-                             "options (weights and components may change)")
+        for c, name in enumerate(self.names):  # a component named in both is the same records
+            for key, now in (("records", self.sizes[c]), ("dataset", (self.datasets or {c: None})[c])):
+                if name in components and key in components[name] and now is not None:
+                    mine[f"{key} of component {name!r}"], given[f"{key} of component {name!r}"] = \
+                        now, components[name][key]
+        check(given, mine, "the mixture's state",
+              "restore with the same datasets and options (weights and components may change)")
         rows = {**saved.get("dormant", {}), **{name: c["rows"] for name, c in components.items()}}
         dormant = tuple((n, r) for n, r in sorted(rows.items()) if n not in self.names)
         if list(components) == list(self.names) and \

@@ -154,6 +154,37 @@ def test_restoring_a_state_from_other_options_is_refused(converted):
         it.set_state({"step": 10})  # a training state handed over by mistake
 
 
+def test_a_state_restores_onto_its_own_dataset_wherever_it_lies_and_no_other(converted, tmp_path):
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from loader.format.source import resolve
+
+    it = iter(loader.load(str(converted), batch_size=8, seed=2, decode=None))
+    _take(it, 3)
+    state = it.get_state()
+    expected = _take(it, 4)
+    # which records of which shards, named by file (not directory) and record count: a fixed digest
+    assert state["dataset"] == "5 shards, 257 records, sha256:040547b6594cc64a" == resolve(str(converted)).identity
+    copy = shutil.copytree(converted, tmp_path / "moved")  # the same dataset elsewhere (as a copy to gs:// would be)
+    moved = iter(loader.load(str(copy), batch_size=8, seed=2, decode=None))
+    moved.set_state(state)
+    assert _take(moved, 4) == expected
+    other = tmp_path / "other"  # as many records, in other shards
+    other.mkdir()
+    writer = ArrayRecordWriter(str(other / "all.array_record"), "group_size:1")
+    for i in range(257):
+        writer.write(b"%d" % i)
+    writer.close()
+    stranger = iter(loader.load(str(other / "*.array_record"), batch_size=8, seed=2, decode=None))
+    with pytest.raises(ValueError, match=r"cannot restore loader state: dataset: saved '5 shards, 257 records, "
+                                         r"sha256:040547b6594cc64a', now '1 shard, 257 records, sha256:[0-9a-f]{16}'; "
+                                         r"restore with the same dataset and options$"):
+        stranger.set_state(state)
+    older = {k: v for k, v in state.items() if k != "dataset"}  # saved before states named their dataset
+    stranger.set_state(older)
+    assert len(next(stranger)) == 8
+
+
 def test_map_fn_and_example_decoding(tmp_path, caplog):
     from dataset_format import example_proto
     from pipelines import ConvertConfig, run_conversion

@@ -53,7 +53,8 @@ def test_resume_mid_epoch_is_exact(token_data):
     for a, b in zip(rest, [next(again) for _ in range(4)]):
         assert all(np.array_equal(a[k], b[k]) for k in a)
     assert state["next_batch"] == 7 and len(seen) == 7
-    with pytest.raises(ValueError, match="does not match the data or options"):
+    with pytest.raises(ValueError, match="cannot restore the packed loader's state: seed: saved 0, now 1; restore "
+                                         "with the same dataset and options"):
         iter(_packed(token_data, num_epochs=3, seed=1)).set_state(state)
 
 

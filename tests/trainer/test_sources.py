@@ -125,7 +125,9 @@ def test_a_resume_over_another_split_names_it_and_eval_split_needs_eval_data(dig
     assert train.train_and_evaluate(TrainConfig(steps=2, split="[:90%]", **common))["final_step"] == 2
     with pytest.raises(ValueError, match=r"holds step 2 of a run over other batches: resume with split=\[:90%\] \(what "
                                          r"it was written with\), or pass another workdir= to start afresh \(the "
-                                         r"loader: cannot restore loader state: num_records: saved 1294, now 1150"):
+                                         r"loader: cannot restore loader state: dataset: saved '2 shards, 1,294 records, "
+                                         r"sha256:[0-9a-f]{16}', now '2 shards, 1,150 records, sha256:[0-9a-f]{16}', "
+                                         r"records: saved \[\[0, 1294\]\], now \[\[0, 1150\]\]; restore with"):
         train.train_and_evaluate(TrainConfig(steps=4, split="[:80%]", **common))
     with pytest.raises(ValueError, match=r"eval_split=\[90%:\] is the records of eval_data=, and no eval_data is "
                                          r"given: add eval_data=PATH"):

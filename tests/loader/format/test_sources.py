@@ -224,16 +224,19 @@ def test_a_state_names_its_slice(converted, token_data):
     saved = state(str(converted), "[:128]", decode=None)
     assert saved["records"] == [[0, 128]] and "records" not in state(str(converted), None, decode=None)
     other = iter(loader.load(str(converted), split="[128:256]", batch_size=2, seed=0, decode=None))
-    with pytest.raises(ValueError, match=r"cannot restore loader state: records: saved \[\[0, 128\]\], now "
-                                         r"\[\[128, 256\]\]"):
+    with pytest.raises(ValueError, match=r"cannot restore loader state: dataset: saved '5 shards, 128 records, "
+                                         r"sha256:44cdb2c42e1ac27b', now '5 shards, 128 records, sha256:9ba9a69082e96c9d'"
+                                         r".*, records: saved \[\[0, 128\]\], now \[\[128, 256\]\]"):
         other.set_state(saved)
     same = iter(loader.load(str(converted), split="[:128]", batch_size=2, seed=0, decode=None))
     same.set_state(saved)  # the slice it was saved on
     packing = loader.Packing("ids", seq_len=6, tokenize=lambda v: np.asarray(v).reshape(-1))
     packed = state(token_data, "[:6]", packing=packing)
     assert packed["records"] == [[0, 6]]
-    with pytest.raises(ValueError, match=r"does not match the data or options \(saved, now\): \{'records': "
-                                         r"\(\[\[0, 6\]\], \[\[6, 12\]\]\)\}"):
+    with pytest.raises(ValueError, match=r"cannot restore the packed loader's state: dataset: saved '2 shards, 6 "
+                                         r"records, sha256:6c63b3db2ac10367', now '2 shards, 6 records, "
+                                         r"sha256:bd349e32f8852773'"
+                                         r", records: saved \[\[0, 6\]\], now \[\[6, 12\]\]; restore with"):
         iter(loader.load(token_data, split="[6:]", packing=packing, batch_size=2, seed=0)).set_state(packed)
 
 

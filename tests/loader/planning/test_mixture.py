@@ -255,6 +255,25 @@ def test_a_state_of_another_kind_is_refused(corpora):
     other.close()
 
 
+def test_a_component_restores_only_onto_its_own_dataset(corpora, tmp_path):
+    it = iter(mix(corpora, ["web", "code"], [1, 1], batch_size=4))
+    next(it)
+    state = it.get_state()
+    it.close()
+    assert state["mixture"]["components"]["web"]["dataset"] == "2 shards, 1,000 records, sha256:99ae645d3ed51a89"
+    other = write_component(tmp_path, "news", SIZES["web"])  # as many records as web, in other shards
+    swapped = iter(loader.load({"web": other, "code": corpora["code"]}, weights={"web": 1, "code": 1}, batch_size=4))
+    with pytest.raises(ValueError, match=r"cannot restore the mixture's state: dataset of component 'web': saved '2 "
+                                         r"shards, 1,000 records, sha256:99ae645d3ed51a89', now '2 shards, 1,000 "
+                                         r"records, sha256:[0-9a-f]{16}'; restore with the same datasets"):
+        swapped.set_state(state)
+    for c in state["mixture"]["components"].values():  # a state saved before components named their dataset
+        del c["dataset"]
+    swapped.set_state(state)
+    assert len(next(swapped)["id"]) == 4
+    swapped.close()
+
+
 def test_random_map_fn_draws_depend_on_the_record_not_the_mix(corpora):
     def draw(example, rng):
         return {**example, "draw": rng.integers(1 << 30)}
