@@ -15,6 +15,7 @@ model recomputes in its backward pass. `--cpu-scheduler default` measures with X
 
     python benchmarks/lm_memory_bench.py                       # width 1024, depth 8, heads 16, batch 64, bf16
     python benchmarks/lm_memory_bench.py --seq-lens 1024 --batch-size 8 --remat
+    python benchmarks/lm_memory_bench.py --num-kv-heads 4 --previous repeated-kv --attentions blockwise
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from trainer.tasks import LanguageModel
 
 spec = json.loads(sys.argv[1])
 fields = {f.name for f in dataclasses.fields(TrainConfig)}
-options = {k: spec[k] for k in ("attention", "remat") if spec.get(k) is not None}
+options = {k: spec[k] for k in ("attention", "remat", "num_kv_heads") if spec.get(k) is not None}
 unknown = sorted(set(options) - fields)
 if unknown:
     sys.exit(f"this revision's TrainConfig has no {unknown}")
@@ -82,6 +83,11 @@ print(json.dumps({"temp": memory.temp_size_in_bytes, "arguments": memory.argumen
 """
 
 
+# Anchors by name: the revision whose LM used flax's attention with a [B, 1, S, S] mask; the last whose blockwise
+# attention repeated grouped keys and values to the query heads.
+ANCHORS = {"flax-attention": "5c575e8", "repeated-kv": "5dfdf33"}
+
+
 def measure(code: Path, spec: dict, env: dict) -> dict:
     """Runs _CHILD with the project at `code` first on the path (its trainer, and the loader it was written for)."""
     path = os.pathsep.join(dict.fromkeys([str(code), str(REPO)]))
@@ -103,9 +109,12 @@ def main() -> None:
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--depth", type=int, default=8)
     p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--num-kv-heads", type=int, default=None,
+                   help="grouped-query attention: key/value heads (default: one per query head)")
     p.add_argument("--vocab-size", type=int, default=1024)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--previous", default="5c575e8", help="the anchor: this git revision's trainer/ ('' for none)")
+    p.add_argument("--previous", default="flax-attention",
+                   help=f"the anchor: this git revision's trainer/, or one named: {', '.join(ANCHORS)} ('' for none)")
     p.add_argument("--attentions", nargs="+", default=["blockwise", "dense"], help="ours: attention= kinds")
     p.add_argument("--remat", nargs="*", default=None,
                    help="also the bytes kept for the backward pass per remat policy (no names: a usual set)")
@@ -115,18 +124,20 @@ def main() -> None:
     if args.cpu_scheduler == "memory":
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
     size = {"width": args.width, "depth": args.depth, "heads": args.heads, "batch_size": args.batch_size,
-            "vocab_size": args.vocab_size, "dtype": args.dtype}
+            "vocab_size": args.vocab_size, "dtype": args.dtype, "num_kv_heads": args.num_kv_heads}
     with tempfile.TemporaryDirectory() as tmp:
         previous = Path(tmp) / "previous"
         try:
             codes = {}
             if args.previous:
-                codes[f"previous ({args.previous})"] = (revision.checkout(args.previous, previous), None)
+                rev = ANCHORS.get(args.previous, args.previous)
+                codes[f"previous ({args.previous})"] = (revision.checkout(rev, previous), None)
             for kind in args.attentions:
                 codes[f"ours, attention={kind}"] = (REPO, kind)
             rows = {}
+            grouped = f" ({args.num_kv_heads} key/value heads)" if args.num_kv_heads else ""
             print(f"{platform.machine()}, {os.cpu_count()} cores; width {args.width} depth {args.depth} "
-                  f"heads {args.heads} batch {args.batch_size} vocab {args.vocab_size} {args.dtype}, Adam; "
+                  f"heads {args.heads}{grouped} batch {args.batch_size} vocab {args.vocab_size} {args.dtype}, Adam; "
                   f"XLA:CPU scheduler: {args.cpu_scheduler}\n")
             print("| seq_len | step | temporaries GiB | arguments GiB | compile s |\n"
                   "| ---: | --- | ---: | ---: | ---: |")

@@ -109,18 +109,25 @@ def _kernel(kind: str):
 # --- blockwise (flash) attention ----------------------------------------------------------------------------------
 def blockwise(q, k, v, segment_ids, *, block: int = BLOCK):
     """Flash attention in JAX (see the module doc); S need not be a multiple of `block` (the rows are padded with a
-    segment of their own, then cut). Grouped keys and values are repeated to the query heads first."""
-    k, v = _repeat_heads(k, v, q.shape[2])
-    s = q.shape[1]
+    segment of their own, then cut). Grouped keys and values stay grouped: each is read by its run of query heads,
+    never copied to them."""
+    b, s, h, d = q.shape
+    kv = k.shape[2]
+    if h % kv:
+        raise ValueError(f"{kv} key/value heads do not divide {h} query heads")
     block = min(block, s)
     pad = -s % block
     if pad:
         widths = ((0, 0), (0, pad), (0, 0), (0, 0))
         q, k, v = (jnp.pad(x, widths) for x in (q, k, v))
         segment_ids = jnp.pad(segment_ids, ((0, 0), (0, pad)), constant_values=-1)  # attends only to itself
-    heads_first = (0, 2, 1, 3)  # [B, H, S, D] inside: every product a batched matrix multiply over B and H
-    out = _flash(*(x.transpose(heads_first) for x in (q, k, v)), segment_ids.astype(jnp.int32), block)
-    out = out.transpose(heads_first)
+    # inside, [B, K, S, D] keys and values and [B, K, G, S, D] queries (G = H / K: the query heads of one key/value
+    # head; [B, H, S, D] without groups, which XLA:CPU computes faster than G = 1): every product a batched matrix
+    # multiply over B and K
+    heads_first = (0, 2, 1, 3)
+    grouped = q.transpose(heads_first) if kv == h else q.reshape(b, s + pad, kv, h // kv, d).transpose(0, 2, 3, 1, 4)
+    out = _flash(grouped, k.transpose(heads_first), v.transpose(heads_first), segment_ids.astype(jnp.int32), block)
+    out = out.transpose(heads_first) if kv == h else out.transpose(0, 3, 1, 2, 4).reshape(b, s + pad, h, d)
     return out[:, :s] if pad else out
 
 
@@ -129,22 +136,27 @@ def _flash(q, k, v, segment_ids, block):
     return _forward(q, k, v, segment_ids, block)[0]
 
 
-def _slice(x, i, block, axis=2):
-    return lax.dynamic_slice_in_dim(x, i * block, block, axis=axis)
+def _slice(x, i, block, axis=-2):
+    """Block i of `block` positions along `axis` (default: a query's, key's or value's positions)."""
+    return lax.dynamic_slice_in_dim(x, i * block, block, axis=axis % x.ndim)
+
+
+def _update(x, part, i, block, axis=-2):
+    return lax.dynamic_update_slice_in_dim(x, part, i * block, axis=axis % x.ndim)
 
 
 def _masked_scores(q_blk, k_blk, seg_q, seg_k, i, j, block):
-    """[B, H, bq, bk] float32 scaled scores of a query block i against a key block j, and where they count."""
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q_blk, k_blk, preferred_element_type=jnp.float32)
+    """[B, K, (G,) bq, bk] float32 scaled scores of a query block i against a key block j, and where they count."""
+    scores = jnp.einsum("bk...qd,bkjd->bk...qj", q_blk, k_blk, preferred_element_type=jnp.float32)
     scores = scores * (q_blk.shape[-1] ** -0.5)
     pos = jnp.arange(block)
     causal = (i * block + pos)[:, None] >= (j * block + pos)[None, :]
-    mask = ((seg_q[:, :, None] == seg_k[:, None, :]) & causal)[:, None]
-    return scores, mask
+    mask = (seg_q[:, :, None] == seg_k[:, None, :]) & causal
+    return scores, mask.reshape(mask.shape[:1] + (1,) * (scores.ndim - 3) + mask.shape[1:])
 
 
 def _forward(q, k, v, segment_ids, block):
-    b, h, s, d = q.shape
+    *rows, s, d = q.shape  # B, K(, G)
     n = s // block
 
     def query_block(i, carry):
@@ -158,19 +170,19 @@ def _forward(q, k, v, segment_ids, block):
             m_new = jnp.maximum(m, jnp.where(mask, scores, _MASKED).max(-1))
             p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
             rescale = jnp.exp(m - m_new)
-            pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), _slice(v, j, block),
+            pv = jnp.einsum("bk...qj,bkjd->bk...qd", p.astype(v.dtype), _slice(v, j, block),
                             preferred_element_type=jnp.float32)
             return m_new, l * rescale + p.sum(-1), o * rescale[..., None] + pv
 
-        init = (jnp.full((b, h, block), -jnp.inf, jnp.float32), jnp.zeros((b, h, block), jnp.float32),
-                jnp.zeros((b, h, block, d), jnp.float32))
+        shape = (*rows, block)
+        init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32),
+                jnp.zeros((*shape, d), jnp.float32))
         m, l, o = lax.fori_loop(0, i + 1, key_block, init)  # key blocks up to the diagonal: causal
-        out = lax.dynamic_update_slice_in_dim(out, (o / l[..., None]).astype(q.dtype), i * block, axis=2)
-        lse = lax.dynamic_update_slice_in_dim(lse, m + jnp.log(l), i * block, axis=2)
+        out = _update(out, (o / l[..., None]).astype(q.dtype), i, block)
+        lse = _update(lse, m + jnp.log(l), i, block, axis=-1)
         return out, lse
 
-    out, lse = lax.fori_loop(0, n, query_block, (jnp.zeros_like(q), jnp.zeros((b, h, s), jnp.float32)))
-    return out, lse
+    return lax.fori_loop(0, n, query_block, (jnp.zeros_like(q), jnp.zeros((*rows, s), jnp.float32)))
 
 
 def _flash_fwd(q, k, v, segment_ids, block):
@@ -180,10 +192,10 @@ def _flash_fwd(q, k, v, segment_ids, block):
 
 def _flash_bwd(block, residuals, d_out):
     q, k, v, segment_ids, out, lse = residuals
-    n = q.shape[2] // block
+    n = q.shape[-2] // block
     scale = q.shape[-1] ** -0.5
     # D_i = rowsum(dO_i * O_i): the softmax's backward term, one per query row
-    delta = jnp.einsum("bhqd,bhqd->bhq", d_out.astype(jnp.float32), out.astype(jnp.float32))
+    delta = jnp.einsum("...qd,...qd->...q", d_out.astype(jnp.float32), out.astype(jnp.float32))
 
     def key_block(j, grads):
         dq, dk, dv = grads
@@ -193,21 +205,20 @@ def _flash_bwd(block, residuals, d_out):
             dq, dk_j, dv_j = acc
             q_i, do_i = _slice(q, i, block), _slice(d_out, i, block)
             scores, mask = _masked_scores(q_i, k_j, _slice(segment_ids, i, block, axis=1), seg_j, i, j, block)
-            p = jnp.where(mask, jnp.exp(scores - _slice(lse, i, block)[..., None]), 0.0)
-            dv_j = dv_j + jnp.einsum("bhqk,bhqd->bhkd", p.astype(d_out.dtype), do_i,
+            p = jnp.where(mask, jnp.exp(scores - _slice(lse, i, block, axis=-1)[..., None]), 0.0)
+            # a key/value head's gradients sum over its query heads (G) as over its queries
+            dv_j = dv_j + jnp.einsum("bk...qj,bk...qd->bkjd", p.astype(d_out.dtype), do_i,
                                      preferred_element_type=jnp.float32)
-            dp = jnp.einsum("bhqd,bhkd->bhqk", do_i, v_j, preferred_element_type=jnp.float32)
-            ds = p * (dp - _slice(delta, i, block)[..., None]) * scale
-            dq_i = jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_j, preferred_element_type=jnp.float32)
-            dq = lax.dynamic_update_slice_in_dim(dq, _slice(dq, i, block) + dq_i, i * block, axis=2)
-            dk_j = dk_j + jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q_i, preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bk...qd,bkjd->bk...qj", do_i, v_j, preferred_element_type=jnp.float32)
+            ds = p * (dp - _slice(delta, i, block, axis=-1)[..., None]) * scale
+            dq_i = jnp.einsum("bk...qj,bkjd->bk...qd", ds.astype(k.dtype), k_j, preferred_element_type=jnp.float32)
+            dq = _update(dq, _slice(dq, i, block) + dq_i, i, block)
+            dk_j = dk_j + jnp.einsum("bk...qj,bk...qd->bkjd", ds.astype(q.dtype), q_i, preferred_element_type=jnp.float32)
             return dq, dk_j, dv_j
 
         zeros = jnp.zeros(k_j.shape, jnp.float32)
         dq, dk_j, dv_j = lax.fori_loop(j, n, query_block, (dq, zeros, zeros))  # query blocks from the diagonal on
-        dk = lax.dynamic_update_slice_in_dim(dk, dk_j, j * block, axis=2)
-        dv = lax.dynamic_update_slice_in_dim(dv, dv_j, j * block, axis=2)
-        return dq, dk, dv
+        return dq, _update(dk, dk_j, j, block), _update(dv, dv_j, j, block)
 
     zeros = [jnp.zeros(x.shape, jnp.float32) for x in (q, k, v)]
     dq, dk, dv = lax.fori_loop(0, n, key_block, tuple(zeros))

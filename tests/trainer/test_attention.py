@@ -114,6 +114,24 @@ def test_grouped_key_value_heads_are_each_shared_by_their_run_of_query_heads(gro
         assert (moved[:2] < 1e-5).all() and (moved[2:] > 1).all(), moved
 
 
+def test_blockwise_keeps_grouped_keys_and_values_at_their_own_heads():
+    """What the backward pass keeps of grouped-query attention: keys and values of 1 head, not copied to the 8 query
+    heads (which would keep 2 x 7 more heads' [B, S, D] arrays)."""
+    b, s, h, d = 2, 256, 8, 32
+    q = jax.ShapeDtypeStruct((b, s, h, d), jnp.float32)
+    segments = jnp.ones((b, s), jnp.int32)
+
+    def kept(kv_heads: int) -> int:
+        k = jax.ShapeDtypeStruct((b, s, kv_heads, d), jnp.float32)
+        residuals = jax.eval_shape(lambda q, k, v: jax.vjp(lambda q, k, v: attention.blockwise(q, k, v, segments),
+                                                           q, k, v)[1], q, k, k)
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(residuals))
+
+    one_head = b * s * d * 4
+    assert kept(8) - kept(1) == 2 * 7 * one_head, (kept(8), kept(1))
+    assert kept(1) < 3.5 * h * one_head  # queries, output (8 heads each), keys, values (1 each), one float a row
+
+
 def test_a_document_never_sees_another_and_padding_only_padding(rows):
     q, k, v, segments = rows
     changed = v.copy()
