@@ -46,7 +46,8 @@ MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layer
                  "warmup_steps_fraction": "warmup_steps (a count of steps)",
                  "gradient_accumulation_steps": "grad_accum_steps", "train_split": "split",
                  "cosine_learning_rate_final_fraction": "end_lr_fraction (with schedule=cosine)"}
-LM_KEYS = SIZE_KEYS + LAYOUT_KEYS + ("attention", "remat", "use_iota_embed")  # what model=transformer_lm takes
+LM_KEYS = SIZE_KEYS + LAYOUT_KEYS + ("attention", "remat", "use_iota_embed",
+                                     "logits_dot_in_fp32")  # what model=transformer_lm takes
 
 
 def setting_text(value) -> str:
@@ -140,6 +141,9 @@ class TrainConfig:
     # then divided by sqrt(width) unless normalize_embedding_logits=false
     logits_via_embedding: bool = False
     normalize_embedding_logits: bool = True  # tied logits divided by sqrt(width), as MaxText does (false: GPT-2's)
+    # the output layer's dot product in float32 whatever dtype is (MaxText's, for stability with large vocabularies;
+    # the logits go to the loss in float32 either way)
+    logits_dot_in_fp32: bool = False
     # transformer_lm's attention: auto (the fused kernel, cuDNN's on a GPU and Splash on a TPU, where it compiles and
     # matches blockwise on packed rows, else blockwise), cudnn, splash,
     # blockwise (flash attention in JAX: memory grows with seq_len, not its square) or dense ([B, H, S, S] scores)

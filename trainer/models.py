@@ -241,7 +241,8 @@ class TransformerLM(nn.Module):
     `normalization="rmsnorm"`, `mlp_activations="silu,linear"` (SwiGLU) and `num_kv_heads` below `heads`
     (grouped-query attention); `head_dim` sets the features a head apart from width / heads; `logits_via_embedding`
     ties the output layer to the token embedding (its table transposed, no bias; divided by sqrt(width) unless
-    `normalize_embedding_logits=False`). MaxText's names, all.
+    `normalize_embedding_logits=False`); `logits_dot_in_fp32` computes the logits' dot product in float32 whatever
+    the compute dtype. MaxText's names, all.
 
     `attention=` picks the attention's implementation (trainer/attention.py: auto, cudnn, splash, blockwise, dense),
     `remat=` what the backward pass recomputes of each block instead of keeping it: none, elementwise (the norms and
@@ -272,6 +273,7 @@ class TransformerLM(nn.Module):
     rope_max_timescale: float = 10_000.0
     logits_via_embedding: bool = False
     normalize_embedding_logits: bool = True
+    logits_dot_in_fp32: bool = False
 
     @nn.compact
     def __call__(self, inputs):
@@ -297,9 +299,13 @@ class TransformerLM(nn.Module):
                       self.rope_max_timescale if rope else None, remat != "none",
                       name=f"TransformerBlock_{i}")(x, segments, positions)
         x = NORMS[self.normalization](epsilon=self.normalization_layer_epsilon)(x)
+        wide = jnp.float32 if self.logits_dot_in_fp32 else None  # the logits' dot product in float32 (MaxText's)
         if not self.logits_via_embedding:
-            return nn.Dense(self.vocab_size)(x)
-        logits = token_table.attend(x)  # x @ the table's transpose: tied embeddings
+            return nn.Dense(self.vocab_size, dtype=wide)(x)
+        if wide is None:
+            logits = token_table.attend(x)  # x @ the table's transpose: tied embeddings
+        else:
+            logits = jnp.dot(x.astype(wide), token_table.embedding.astype(wide).T)
         return logits / jnp.sqrt(x.shape[-1]).astype(logits.dtype) if self.normalize_embedding_logits else logits
 
     def flops_per_token(self) -> int:

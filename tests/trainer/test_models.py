@@ -237,6 +237,24 @@ def test_tied_logits_are_the_token_tables_transpose_and_train_it_from_both_ends(
     assert tied.flops_per_token() == untied.flops_per_token()  # the logits' matrix multiply is still done
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_logits_dot_in_fp32_multiplies_the_bfloat16_model_in_float32(tied):
+    """With bf16 parameters (the trainer's dtype=bfloat16) the logits' dot product is a float32 one: float32 logits that
+    bf16 cannot hold, within bf16's rounding of the bf16 dot's (which alone rounds each logit to bf16)."""
+    sizes = dict(vocab_size=64, max_len=16, width=64, depth=1, heads=4, attention="dense", logits_via_embedding=tied)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 16)))
+    params = TransformerLM(**sizes).init(jax.random.key(0), tokens)["params"]
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    narrow = TransformerLM(**sizes).apply({"params": params}, tokens)
+    wide = TransformerLM(**sizes, logits_dot_in_fp32=True).apply({"params": params}, tokens)
+    assert narrow.dtype == jnp.bfloat16 and wide.dtype == jnp.float32
+    held = np.asarray(wide.astype(jnp.bfloat16).astype(jnp.float32))
+    assert np.mean(held != np.asarray(wide)) > 0.9  # not a bf16 product cast up
+    np.testing.assert_allclose(np.asarray(narrow, np.float32), np.asarray(wide), rtol=2e-2, atol=2e-2)
+    config = TrainConfig(data="x", workdir="w", task="lm", logits_dot_in_fp32=True)
+    assert config.model_size["logits_dot_in_fp32"] is True
+
+
 def test_a_resume_without_tied_embeddings_names_them(stdlib_text, tmp_path):  # noqa: F811
     from trainer import train
 
