@@ -21,7 +21,6 @@ from collections.abc import Sequence
 import numpy as np
 
 import loader
-from loader.format.source import resolve as resolve_source
 from trainer.config import TrainConfig
 from trainer.sources import Source, raw_first_record
 
@@ -50,7 +49,7 @@ def check_records(config: TrainConfig, sources: Sequence[Source], key: str) -> N
     empty eval_data was found by the first evaluation, after the step had compiled and trained)."""
     for source in sources:
         try:
-            resolve_source(source.path, split=source.split, allow_incomplete=config.allow_incomplete)
+            source.resolved  # noqa: B018 - resolved here first, for this line
         except ValueError as e:
             part = f" (mixture component {source.name!r})" if source.name is not None else ""
             text = str(e)
@@ -64,7 +63,7 @@ def check_features(task, config: TrainConfig, sources: Sequence[Source], key: st
     feature names failed at the first evaluation, after training, with the loader's advice on features=)."""
     for source in sources:
         try:
-            record = raw_first_record(source, config.allow_incomplete)
+            record = raw_first_record(source)
         except (ValueError, FileNotFoundError) as e:  # the loader's own line (no manifest, ...), the component named
             if source.name is None:
                 raise
@@ -96,7 +95,7 @@ def _check_source(task, config: TrainConfig, source: Source) -> None:
             log.info("%r of %s: a ClassLabel of %d classes, each label in range", feature, data,
                      source.specs[feature]["num_classes"])
             continue
-        found = feature_range(data, source.split, feature, allow_incomplete=config.allow_incomplete)
+        found = feature_range(source, feature)
         if found is not None:
             log.info("%r holds %d..%d%s", feature, found.low, found.high, found.where(data))
             task.check_range(feature, found.low, found.high, found.where(data))
@@ -108,10 +107,10 @@ def _valid_by_construction(spec: dict, task) -> bool:
             and not getattr(task, "label_offset", 0))
 
 
-def feature_range(data: str, split: str | None, feature: str, *, allow_incomplete: bool = False) -> FeatureRange | None:
-    """The min and max of integer feature `feature` over every record of `data`: the manifest's, or counted. None
+def feature_range(of: Source, feature: str) -> FeatureRange | None:
+    """The min and max of integer feature `feature` over every record of `of`: the manifest's, or counted. None
     when it holds no integers (the first-record check names that)."""
-    source = loader.resolve(data, split=split, allow_incomplete=allow_incomplete)
+    source, data = of.resolved, of.path
     if source.feature_stats is None:
         return _count(source, data, feature)
     stats = source.feature_stats.get(feature)

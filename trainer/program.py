@@ -43,7 +43,7 @@ class Program:
         data = sources.resolve(config)
         task = tasks.make(config, data.shaping.specs)
         try:
-            sample = sources.first_record(data.shaping, task, config.allow_incomplete)
+            sample = sources.first_record(data.shaping, task)
         except tasks.RecordRangeError:  # one record's labels: the whole data's range names the right fix
             data_checks.check_ranges(task, config, (data.shaping,))
             raise
@@ -113,14 +113,13 @@ class Program:
         task_args = ({"packing": self.task.packing} if c.packing else
                      {"features": self.task.features, "random_map_fn": augment} if augment is not None else
                      {"features": self.task.features, "map_fn": tasks.preprocess(self.task)})
-        options = dict(batch_size=c.batch_size, seed=c.seed, split=self.data.train[0].split,
-                       worker_count=self.data_workers(),
-                       allow_incomplete=c.allow_incomplete, ray_address=c.data_ray_address,
-                       cache_bytes=c.data_cache_bytes, cache_dir=c.data_cache_dir,
+        options = dict(batch_size=c.batch_size, seed=c.seed, worker_count=self.data_workers(),
+                       ray_address=c.data_ray_address, cache_bytes=c.data_cache_bytes, cache_dir=c.data_cache_dir,
                        ray_resources={c.data_ray_resource: 1} if c.data_ray_resource else None, **task_args)
-        if isinstance(c.data_source, dict):  # TFDS components default to their train split
-            options.update(split=c.split, weights=c.data_weights)
-        return loader.load(c.data_source, **{**options, **kwargs})
+        train = self.data.train  # resolved once (trainer/sources.py), each with its split
+        if isinstance(c.data_source, dict):
+            return loader.load({s.name: s.resolved for s in train}, weights=c.data_weights, **{**options, **kwargs})
+        return loader.load(train[0].resolved, **{**options, **kwargs})
 
     def data_workers(self) -> int | str:
         """`data_workers`, or by default "auto" where the devices are accelerators (the host's cores feed them) and 0
@@ -246,9 +245,8 @@ class Program:
     def _eval_sums(self, strategy, params, model_state, source: Source) -> tuple[dict[str, float], float, float]:
         """(summed metrics, summed weights, examples) over one pass of `source`."""
         config, task = self.config, self.task
-        batches = loader.load(source.path, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                              drop_remainder=False, split=source.split, allow_incomplete=config.allow_incomplete,
-                              features=task.features, map_fn=tasks.preprocess(task))
+        batches = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False, num_epochs=1,
+                              drop_remainder=False, features=task.features, map_fn=tasks.preprocess(task))
         per_process = config.batch_size // jax.process_count()
         totals: dict[str, float] = {}
         weight = examples = 0.0

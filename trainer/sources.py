@@ -1,17 +1,19 @@
-"""The run's data, resolved once: each source of `data=` and `eval_data=` with its split and its feature metadata, and
-the first record as the task sees it.
+"""The run's data, resolved once: each source of `data=` and `eval_data=` with its split, its feature metadata and its
+shards, and the first record as the task sees it.
 
     data = sources.resolve(config)            # every path's split and metadata, each read once
     task = tasks.make(config, data.shaping.specs)
-    sample = sources.first_record(data.shaping, task, config.allow_incomplete)
+    sample = sources.first_record(data.shaping, task)
 
-Everything after it (the task, the model, the range checks, the training and evaluation loaders) takes these values;
-nothing reads a source's metadata again.
+Everything after it (the task, the model, the checks, the training and evaluation loaders) takes these values: a
+source's manifest and shard listing are read once a run (`Source.resolved`), not by each of them (on gs://, a request
+and a listing each), and every evaluation reads the records the run started with.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,7 @@ import loader
 from dataset_format import storage, tfds_info
 from dataset_format.suggest import near_path
 from loader.decoding.decode import collate
-from loader.format.source import tokenizer_identity
+from loader.format.source import ShardedSource, tokenizer_identity
 from loader.planning.mixture import check_one_tokenizer
 from trainer import tasks
 from trainer.config import TrainConfig
@@ -34,6 +36,13 @@ class Source:
     split: str | None
     specs: dict[str, dict]  # TFDS feature metadata, or a pre-tokenized dataset's `tokens`; {} for other sources
     name: str | None = None  # a mixture component's name
+    allow_incomplete: bool = False  # the config's: read a conversion with failed shards
+
+    @functools.cached_property
+    def resolved(self) -> ShardedSource:
+        """Its shards (its split's, sliced), resolved at first use and kept for the run; raises the loader's error
+        naming the path."""
+        return loader.resolve(self.path, split=self.split, allow_incomplete=self.allow_incomplete)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +61,11 @@ def resolve(config: TrainConfig) -> Sources:
     """Each source of the run, its metadata read once. The sidecar evaluator (mode=evaluate) reads eval_data only."""
     evaluating = config.mode == "evaluate"
     train = () if evaluating else tuple(
-        _source(_existing("data", name, path), name, _split(config.split, path, "train"))
+        _source(_existing("data", name, path), name, _split(config.split, path, "train"), config.allow_incomplete)
         for name, path in _named(config.data_source))
     evaluation = () if config.eval_source is None else tuple(
-        _source(_existing("eval_data", name, path), name, _split(config.eval_split, path, "test"))
+        _source(_existing("eval_data", name, path), name, _split(config.eval_split, path, "test"),
+                config.allow_incomplete)
         for name, path in _named(config.eval_source))
     named = {_key(key, s.name, s.path): s for key, group in (("data", train), ("eval_data", evaluation)) for s in group}
     tokenized = {key: s.specs["tokens"]["tokenizer"] for key, s in named.items() if _pretokenized(s)}
@@ -99,8 +109,8 @@ def _split(given: str | None, path: str, default: str) -> str | None:
     return "+".join(named + part.strip() if part.strip().startswith("[") else part.strip() for part in given.split("+"))
 
 
-def _source(path: str, name: str | None, split: str | None) -> Source:
-    return Source(path, split, _feature_specs(path), name)
+def _source(path: str, name: str | None, split: str | None, allow_incomplete: bool) -> Source:
+    return Source(path, split, _feature_specs(path), name, allow_incomplete)
 
 
 def _named(data: str | dict[str, str]) -> list[tuple[str | None, str]]:
@@ -121,17 +131,16 @@ def _feature_specs(data: str) -> dict[str, dict]:
     return tfds_info.feature_specs(features) if features else {}
 
 
-def raw_first_record(source: Source, allow_incomplete: bool) -> dict[str, np.ndarray]:
+def raw_first_record(source: Source) -> dict[str, np.ndarray]:
     """The first record of `source`, every feature decoded as it is stored, a batch of one ({} when it has none)."""
-    return next(iter(loader.load(source.path, batch_size=1, shuffle=False, split=source.split, shard_index=0,
-                                 shard_count=1, allow_incomplete=allow_incomplete)), {})
+    return next(iter(loader.load(source.resolved, batch_size=1, shuffle=False, shard_index=0, shard_count=1)), {})
 
 
-def first_record(source: Source, task: Any, allow_incomplete: bool) -> dict[str, np.ndarray]:
+def first_record(source: Source, task: Any) -> dict[str, np.ndarray]:
     """The first record of `source` as the task sees it, a batch of one (all features are decoded once, to name them
     if one is missing)."""
     data = source.path
-    record = raw_first_record(source, allow_incomplete)
+    record = raw_first_record(source)
     missing = [f for f in task.features if f not in record]
     if missing:
         raise ValueError(f"task reads feature {missing[0]!r}, which {data} does not have; its features are "
