@@ -25,13 +25,17 @@ def _counted(monkeypatch, calls, module, name, key=lambda *a, **k: None):
 
 def test_each_setup_step_runs_once_per_run(digits, tmp_path, monkeypatch):
     """A run that evaluates three times and checks its labels' range: every setup function is called once (per
-    source, where it takes one), and nothing reads a source's metadata again after the setup."""
+    source, where it takes one), and nothing reads a source's metadata again after the setup: each source's manifest
+    is read into shards (and every shard stat'ed) once, not by each check, the training loader and each evaluation."""
+    from loader.format import source as loader_source
+
     calls = collections.Counter()
     for module, name, key in [
         (sources, "resolve", lambda config: None),
         (sources, "source_split", lambda path, default: path),
         (sources, "_feature_specs", lambda path: path),
-        (sources, "first_record", lambda source, task, allow: source.path),
+        (sources, "first_record", lambda source, task: source.path),
+        (loader_source, "_from_manifest", lambda root, *a: str(root)),
         (tasks, "make", lambda config, specs: None),
         (models, "make", lambda name, kwargs: name),
         (data_checks, "check_ranges", lambda task, config, found: tuple(s.path for s in found)),
@@ -54,6 +58,7 @@ def test_each_setup_step_runs_once_per_run(digits, tmp_path, monkeypatch):
         ("_feature_specs", train_dir): 1, ("_feature_specs", test_dir): 1,
         ("make", None): 1,  # tasks.make
         ("first_record", train_dir): 1,
+        ("_from_manifest", train_dir): 1, ("_from_manifest", test_dir): 1,
         ("make", "mlp"): 1,  # models.make
         ("check_ranges", (train_dir, test_dir)): 1,
     }

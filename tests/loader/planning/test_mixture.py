@@ -396,6 +396,60 @@ def test_new_weights_continue_each_packed_components_stream(packed_corpora):
         assert got[name] == stream[:len(got[name])], name
 
 
+@pytest.fixture(scope="module")
+def pretokenized(tmp_path_factory):
+    """Two corpora converted by the real pipeline with one tokenizer (`convert --tokenizer`): token ids and .counts."""
+    from dataset_format import tokenizer
+    from pipelines import ConvertConfig, run_conversion
+    from tests.conftest import write_tfrecord_shards
+
+    root = tmp_path_factory.mktemp("pretokenized")
+    texts = {name: [f"{name} document {i} says {'word ' * (i % 9)}".encode() for i in range(40)]
+             for name in ("web", "code", "books")}
+    tok = tokenizer.train_bpe([t for ts in texts.values() for t in ts], 300, str(root / "tokenizer.json"))
+    out = {}
+    for name, ts in texts.items():
+        write_tfrecord_shards(root / "raw" / name, [[example_proto.encode_example({"text": t}) for t in ts]])
+        out[name] = str(root / name)
+        assert run_conversion(ConvertConfig(input=str(root / "raw" / name / "*"), output=out[name], tokenizer=tok),
+                              ["--direct_num_workers=1"]).ok
+    return out
+
+
+def test_a_pretokenized_packed_mixture_resumes_with_a_component_added_or_left_out(pretokenized):
+    """The state of a mixture of pre-tokenized corpora (each packs from its own .counts) restores onto a mixture with a
+    component added, and onto one with a component left out: each component's rows continue its own stream."""
+    def mix(names, weights):
+        return loader.load({n: pretokenized[n] for n in names}, weights=dict(zip(names, weights)), batch_size=4,
+                           seed=3, packing=loader.Packing(seq_len=16))
+
+    def tokens_by_component(it, names, batches):
+        got = collections.defaultdict(list)
+        for _ in range(batches):
+            batch = next(it)
+            for c, row in zip(batch["component"], batch["tokens"]):
+                got[names[c]].append(row.tolist())
+        return got
+
+    first = iter(mix(["web", "code"], [1, 1]))
+    before = tokens_by_component(first, ["web", "code"], 3)
+    state = first.get_state()
+    first.close()
+    for names, weights in ((["web", "code", "books"], [1, 1, 1]), (["web"], [1])):
+        resumed = iter(mix(names, weights))
+        resumed.set_state(state)
+        after = tokens_by_component(resumed, names, 3)
+        resumed.close()
+        for name in names:
+            alone = iter(mix([name], [1]))
+            wanted = before.get(name, []) + after[name]
+            stream = []
+            while len(stream) < len(wanted):
+                stream += next(alone)["tokens"].tolist()
+            alone.close()
+            assert wanted == stream[:len(wanted)], (names, name)
+
+
 def test_a_packed_mixture_is_endless(packed_corpora):
     with pytest.raises(ValueError, match=r"^a packed mixture is endless .*leave num_epochs unset"):
         packed(packed_corpora, ["long", "short"], [1, 1], num_epochs=1)
