@@ -24,6 +24,7 @@ import numpy as np
 from loader.packed import Inputs, Jobs, PackedIterator, PackedLoader
 from loader.planning.mixture import MixturePlan, component_seed, COMPONENT_KEY
 from loader.planning.packing import Job, Layout, BLOCK, START, WINDOW
+from loader.planning.state import check
 
 
 class RowStream:
@@ -109,7 +110,7 @@ class PackedMixtureLoader(PackedLoader):
 
     def state_key(self) -> dict:
         return {"seq_len": self.packing.seq_len, "feature": self.packing.feature or "tokens", "fit": self.packing.fit,
-                "layout": f"blocks of {BLOCK}, window {WINDOW}", "counts": self.counts.identity}
+                "layout": f"blocks of {BLOCK}, window {WINDOW}", "counts": self.counts.how}
 
 
 def _shifted(counts, offset: int, records: np.ndarray) -> np.ndarray:
@@ -137,9 +138,14 @@ class PackedMixtureIterator(PackedIterator):
                 "anchors": anchors}
 
     def set_state(self, state: dict) -> None:
-        if "mixture" not in state or state.get("packing") != self._loader.state_key():
-            raise ValueError(f"cannot restore this packed mixture from a state saved by another loader (its packing: "
-                             f"{state.get('packing')!r}, this one's: {self._loader.state_key()!r})")
+        if "mixture" not in state or not isinstance(state.get("packing"), dict):
+            raise ValueError("cannot restore this packed mixture from a state saved by another loader (not a packed "
+                             f"mixture's: it has {sorted(state) if isinstance(state, dict) else type(state).__name__})")
+        saved = dict(state["packing"])
+        if str(saved.get("counts", "")).startswith("files:"):  # (a state saved when it named the components' files)
+            saved["counts"] = "files"
+        check(saved, self._loader.state_key(), "the packed mixture's state", "restore with the same "
+              "packing options (the components and weights may change)")
         self.close()
         self._plan = self._loader.plan.restored(state["mixture"], int(state["next_batch"]))
         anchors = state.get("anchors", {})  # (block, its first row) of each component's next row

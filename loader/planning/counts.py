@@ -38,7 +38,10 @@ class TokenCounts:
                  max_count: int | None = None, first: tuple[int, ...] | None = None):
         self._columns = columns
         self._starts = np.concatenate([[0], np.cumsum([len(c) for c in columns])]).astype(np.int64)
-        self.identity = identity  # what the loader's state key holds of them
+        self.identity = identity  # what the loader's state key holds of them: how they were made, of which records
+        # how they were made ("files": the dataset's own; "counted:KEY": by the tokenizer KEY names), apart from which
+        # records: what a mixture's state holds, whose components may change
+        self.how = identity.split(":", 1)[0] if identity.startswith("files:") else identity
         self._paths, self._max_count = paths, max_count  # the counts files; the most ids a record can hold
         self._first = first or (0,) * len(columns)  # each column's first record in its shard (a slice's)
 

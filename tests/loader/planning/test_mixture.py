@@ -448,6 +448,17 @@ def test_a_pretokenized_packed_mixture_resumes_with_a_component_added_or_left_ou
                 stream += next(alone)["tokens"].tolist()
             alone.close()
             assert wanted == stream[:len(wanted)], (names, name)
+    older = {**state, "packing": {**state["packing"], "counts": "files:e929226301b62b0e"}}  # as saved before
+    restored = iter(mix(["web", "code"], [1, 1]))
+    restored.set_state(older)
+    restored.close()
+    longer = iter(loader.load({"web": pretokenized["web"]}, weights={"web": 1}, batch_size=4, seed=3,
+                              packing=loader.Packing(seq_len=32)))
+    with pytest.raises(ValueError, match=r"^cannot restore the packed mixture's state: seq_len: saved 16, now 32; "
+                                         r"restore with the same packing options \(the components and weights may "
+                                         r"change\)$"):
+        longer.set_state(state)
+    longer.close()
 
 
 def test_a_packed_mixture_is_endless(packed_corpora):
