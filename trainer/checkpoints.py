@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from trainer import optim
 from trainer.config import LAYOUT_KEYS, TrainConfig, setting_text
 
 log = logging.getLogger(__name__)
@@ -92,13 +93,43 @@ def restore_loader(it, mngr: ocp.CheckpointManager, step: int, saved: dict, conf
 OPTIMIZER_KEYS = ("optimizer", "grad_clip", "weight_decay", "weight_decay_on", "schedule")
 
 
+# The settings that give the learning rate at each step.
+SCHEDULE_KEYS = ("learning_rate", "schedule", "warmup_steps", "end_lr_fraction", "steps", "learning_rate_schedule_steps")
+
+
+def check_schedule(mngr: ocp.CheckpointManager, step: int, config: TrainConfig) -> None:
+    """Warns when the learning rate after `step` is not the one the run that wrote the checkpoint had there: above all
+    steps= raised under a decaying schedule, which stretches the decay, so the rate jumps back up."""
+    written = _written(mngr, step)
+    keys = {k: written[k] for k in SCHEDULE_KEYS if k in written and written[k] != getattr(config, k)}
+    if not keys:
+        return
+    try:
+        before = dataclasses.replace(config, **keys)
+    except (TypeError, ValueError):  # (settings this version refuses: nothing to compare)
+        return
+    was, now = optim.rate_at(before, step), optim.rate_at(config, step)
+    if abs(now - was) <= 1e-6 * max(abs(was), 1e-12):
+        return
+    keep = ""
+    if "steps" in keys and config.learning_rate_schedule_steps is None and config.schedule != "constant":
+        keep = (f"; to keep its schedule (and train on at its end rate after step {before.schedule_steps}), pass "
+                f"learning_rate_schedule_steps={before.schedule_steps}")
+    log.warning("resuming step %d, written with %s: the learning rate there is now %.3g where that run had %.3g%s",
+                step, " ".join(f"{k}={setting_text(v)}" for k, v in keys.items()), now, was, keep)
+
+
+def _written(mngr: ocp.CheckpointManager, step: int) -> dict:
+    """The settings of the run that wrote the checkpoint at `step` ({} for checkpoints written before they were)."""
+    try:
+        return mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"] or {}
+    except Exception:  # noqa: BLE001 - checkpoints written before the settings were saved beside them
+        return {}
+
+
 def _written_otherwise(mngr: ocp.CheckpointManager, step: int, config: TrainConfig, keys: tuple[str, ...]) -> list[str]:
     """`KEY=VALUE` for each of `keys` that the run which wrote the checkpoint at `step` had otherwise."""
-    written = {}
-    try:
-        written = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"] or {}
-    except Exception:  # noqa: BLE001 - checkpoints written before the settings were saved beside them
-        pass
+    written = _written(mngr, step)
     now = json.loads(json.dumps(dataclasses.asdict(config), default=str))
     return [f"{k}={setting_text(written[k])}" for k in keys if k in written and written[k] != now.get(k)]
 
@@ -108,6 +139,7 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
     changed: its state holds other arrays) is one line naming the settings the run that wrote it had, not orbax's
     advice (partial_restore=True, which the trainer has no setting for)."""
     check_restorable(mngr, step, abstract, config)
+    check_schedule(mngr, step, config)
     layout = _written_otherwise(mngr, step, config, LAYOUT_KEYS)
     if layout:  # the same shapes, another function: allowed (a longer rope wavelength to extend the context), said
         log.warning("resuming step %d, written with %s: the model computes otherwise from here on (resume with those "
@@ -131,6 +163,9 @@ def finished_run(config: TrainConfig, mngr: ocp.CheckpointManager) -> dict[str, 
     latest = mngr.latest_step()
     if latest is None or latest < config.steps:
         return None
-    log.info("nothing to do: %s holds a checkpoint at step %d and steps=%d; raise steps= to train on from it, or "
-             "pass another workdir=", config.checkpoint_dir, latest, config.steps)
+    keep = (f" (and learning_rate_schedule_steps={config.schedule_steps} to keep the learning rates of its "
+            f"{config.schedule} schedule)" if config.schedule != "constant" and
+            config.learning_rate_schedule_steps is None else "")
+    log.info("nothing to do: %s holds a checkpoint at step %d and steps=%d; raise steps=%s to train on from it, or "
+             "pass another workdir=", config.checkpoint_dir, latest, config.steps, keep)
     return {"preempted": False, "final_step": latest, "already_finished": True}

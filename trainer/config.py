@@ -91,6 +91,9 @@ class TrainConfig:
     schedule: str = "constant"  # constant, cosine, linear: decay to learning_rate * end_lr_fraction at `steps`
     warmup_steps: int = 0  # linear warmup from 0
     end_lr_fraction: float = 0.0  # cosine/linear: the learning rate at `steps`, as a fraction of the peak
+    # the steps the schedule spans (MaxText's name; default: steps), the rate held at its end after them: set it to a
+    # run's steps to raise steps= on resuming without moving its learning rates
+    learning_rate_schedule_steps: int | None = None
     # adam, adamw (MaxText's names): the decay rate of the gradient's first moment
     adam_b1: float = 0.9
     adam_b2: float = 0.999  # the second moment's decay rate (LLM pretraining commonly takes 0.95, MaxText's default)
@@ -233,6 +236,11 @@ class TrainConfig:
         return " ".join(f"{k}={setting_text(v)}" for k, v in self.model_size.items() if v != defaults[k])
 
     @property
+    def schedule_steps(self) -> int:
+        """The steps the learning-rate schedule spans: learning_rate_schedule_steps, else steps."""
+        return self.learning_rate_schedule_steps or self.steps
+
+    @property
     def checkpoint_dir(self) -> str:
         """WORKDIR/checkpoints, absolute (as orbax wants it; a gs:// workdir as it is): the trainers write it, the
         evaluator reads it."""
@@ -241,7 +249,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.model is None:
             object.__setattr__(self, "model", "transformer_lm" if self.task == "lm" else "cnn")
-        for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes",
+        for name in ("steps", "learning_rate_schedule_steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes",
                      "seq_len", "vocab_size", "image_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
@@ -263,8 +271,10 @@ class TrainConfig:
         for name in ("warmup_steps", "weight_decay", "momentum", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
-        if self.warmup_steps >= self.steps:
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be below steps={self.steps}")
+        if self.warmup_steps >= self.schedule_steps:
+            spans = (f"learning_rate_schedule_steps={self.learning_rate_schedule_steps}"
+                     if self.learning_rate_schedule_steps is not None else f"steps={self.steps}")
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be below {spans}")
         if not 0 <= self.end_lr_fraction <= 1:
             raise ValueError(f"end_lr_fraction must be in [0, 1] (got end_lr_fraction={self.end_lr_fraction})")
         if self.optimizer == "adam" and self.weight_decay:

@@ -6,7 +6,8 @@
   adafactor (factored second moments, MaxText's and T5's memory-light choice). Adam's `adam_b1`, `adam_b2` and
   `adam_eps` by MaxText's names (optax's defaults; LLM pretraining commonly takes adam_b2=0.95).
 - `schedule`: constant, cosine or linear decay from `learning_rate` to `learning_rate * end_lr_fraction` at the
-  last step, after `warmup_steps` of linear warmup from 0.
+  last step (`learning_rate_schedule_steps`, by default `steps`; held there after it), after `warmup_steps` of linear
+  warmup from 0.
 - `weight_decay_on`: all (every parameter, optax's and MaxText's way) or matrices (parameters of two or more
   dimensions: kernels and embeddings; not biases, norm scales or batch-norm offsets: nanoGPT's, Hugging Face's and
   big_vision's way). The optimizer state holds the same arrays either way, but not the same structure: a resume with
@@ -28,7 +29,7 @@ def schedule(config) -> optax.Schedule | float:
     if config.schedule == "constant" and not warmup:
         return peak
     end = peak * config.end_lr_fraction
-    decay_steps = max(1, config.steps - warmup)
+    decay_steps = max(1, config.schedule_steps - warmup)
     if config.schedule == "constant":
         main = optax.constant_schedule(peak)
     elif config.schedule == "cosine":
@@ -38,6 +39,12 @@ def schedule(config) -> optax.Schedule | float:
     if not warmup:
         return main
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), main], [warmup])
+
+
+def rate_at(config, step: int) -> float:
+    """The learning rate of the update after `step` updates (the optimizer's count)."""
+    rate = schedule(config)
+    return float(rate) if isinstance(rate, (int, float)) else float(rate(step))
 
 
 def matrices(params):

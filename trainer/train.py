@@ -31,7 +31,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, checkpoints, compile_cache, remat, tasks
+from trainer import accelerators, checkpoints, compile_cache, optim, remat, tasks
 from trainer.checkpoints import checkpoint_manager, config_record, finished_run
 from trainer import strategy as strategies
 from trainer.config import SIZED_MODELS, TrainConfig
@@ -180,6 +180,7 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     losses: list = []
     tokens: list = []
     period_start, data_wait, host_wait, longest_wait, last = time.perf_counter(), 0.0, 0.0, 0.0, {}
+    varies = config.schedule != "constant" or config.warmup_steps > 0  # the log line says the learning rate
     try:
         for step in range(start + 1, config.steps + 1):
             t = time.perf_counter()
@@ -212,6 +213,7 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                         "examples_per_sec_per_device": len(values) * config.batch_size / elapsed / replicas,
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed,
                         "data_wait_longest_s": longest_wait, "host_wait_fraction": host_wait / elapsed,
+                        "learning_rate": optim.rate_at(config, step - 1),  # the step's own
                         **throughput.rates(len(values), jax.device_get(tokens), elapsed), **_component_rows(it)}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
                     last.update(program.evaluate(strategy, state["params"], state.get("model_state")))
@@ -219,9 +221,10 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                     metrics.write(last)
                 evals = "".join(f"{k} {v:.4f} " for k, v in last.items()
                                 if k.startswith("eval_") and not k.endswith("_examples"))  # (counts: metrics.jsonl)
-                log.info("step %d/%d loss %.4f %s%.0f ex/s %sdata-wait %.1f%% (longest %.2f s)", step, config.steps,
+                log.info("step %d/%d loss %.4f %s%.0f ex/s %sdata-wait %.1f%% (longest %.2f s)%s", step, config.steps,
                          last["loss"], evals, last["examples_per_sec"], throughput.describe(last),
-                         100 * last["data_wait_fraction"], longest_wait)
+                         100 * last["data_wait_fraction"], longest_wait,
+                         f" lr {last['learning_rate']:.3g}" if varies else "")
                 losses, tokens = [], []
                 period_start, data_wait, host_wait, longest_wait = time.perf_counter(), 0.0, 0.0, 0.0
             if itstime(step, config.checkpoint_every, config.steps) or stop:

@@ -1,6 +1,7 @@
 """The optimizer, schedule, accumulation and precision keys: exact schedules, real optax, real training runs."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,44 @@ def test_warmup_then_cosine_and_linear_schedules():
     linear = optim.schedule(_config(learning_rate=2.0, schedule="linear"))
     assert [float(linear(s)) for s in (0, 50, 100)] == [2.0, 1.0, 0.0]
     assert optim.schedule(_config(learning_rate=0.5)) == 0.5  # constant: a float, as before schedules
+
+
+def test_a_schedule_spans_learning_rate_schedule_steps_then_holds_its_end():
+    cosine = _config(learning_rate=1.0, schedule="cosine", end_lr_fraction=0.1, steps=200,
+                     learning_rate_schedule_steps=100)
+    assert [round(optim.rate_at(cosine, s), 4) for s in (0, 50, 100, 150, 199)] == [1.0, 0.55, 0.1, 0.1, 0.1]
+    assert [optim.rate_at(_config(learning_rate=2.0, schedule="linear"), s) for s in (0, 50)] == [2.0, 1.0]
+    with pytest.raises(ValueError, match=r"warmup_steps=100 must be below learning_rate_schedule_steps=100"):
+        _config(schedule="cosine", warmup_steps=100, steps=200, learning_rate_schedule_steps=100)
+
+
+def test_raising_steps_under_a_decaying_schedule_is_said_and_learning_rate_schedule_steps_keeps_it(digits, tmp_path,
+                                                                                                  caplog):
+    """A finished 6-step cosine run resumed with steps=10 stretches the decay: the rate jumps back up, and the resume
+    says so, with the setting that keeps the written schedule; with it the rate stays at the schedule's end."""
+    import shutil
+
+    from trainer import train
+
+    common = dict(data=str(digits["train"]), model="mlp", num_classes=10, batch_size=32, log_every=1,
+                  checkpoint_every=100, learning_rate=0.01, schedule="cosine", end_lr_fraction=0.1)
+    train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "a"), steps=6, **common))
+    rates = [json.loads(line)["learning_rate"] for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [round(r, 6) for r in rates] == [0.01, 0.009397, 0.00775, 0.0055, 0.00325, 0.001603]  # the step's own
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    with caplog.at_level("WARNING"):
+        train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "a"), steps=10, **common))
+    assert ("resuming step 6, written with steps=6: the learning rate there is now 0.00411 where that run had 0.001; "
+            "to keep its schedule (and train on at its end rate after step 6), pass learning_rate_schedule_steps=6"
+            ) in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "b"), steps=10, learning_rate_schedule_steps=6,
+                                             **common))
+    assert "learning rate there is now" not in caplog.text
+    assert re.search(r"step 10/10 loss [\d.]+ .*\(longest [\d.]+ s\) lr 0\.001$", caplog.text, re.M), caplog.text
+    rates = [json.loads(line)["learning_rate"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [round(r, 6) for r in rates[6:]] == [0.001] * 4
 
 
 @pytest.mark.parametrize("name", ["adam", "adamw", "sgd", "adafactor"])
