@@ -19,6 +19,9 @@ from typing import Any
 from dataset_format.storage import join
 
 MANIFEST_NAME = "manifest.json"
+# Beside each shard of a pre-tokenized dataset: its records' token counts (pipelines/tokens.py writes them,
+# loader/planning/counts.py reads them).
+COUNTS_SUFFIX = ".counts"
 FORMAT = "arrayrecord-platform/manifest"
 FORMAT_VERSION = 1
 TOKEN_DTYPES = ("<u1", "<u2", "<u4")  # pre-tokenized records: little-endian ids, the narrowest that holds the vocabulary

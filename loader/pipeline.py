@@ -544,9 +544,13 @@ def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_cou
 
 def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     """A loader of packed rows (loader/packed.py): the same source, reader, decoder, host sharding and executor."""
-    if config.map_fn is not None or config.random_map_fn is not None or not config.drop_remainder:
-        raise ValueError("packing= packs whole epochs into full batches: it takes no map_fn=, random_map_fn= or "
-                         "drop_remainder=False (tokenise in Packing.tokenize)")
+    if config.map_fn is not None or config.random_map_fn is not None:
+        raise ValueError("packing= reads one feature and tokenises it in Packing.tokenize: it takes no map_fn= or "
+                         "random_map_fn=")
+    if not config.drop_remainder:
+        raise ValueError("packing= lays each epoch into full batches of rows, so it takes no drop_remainder=False: "
+                         "the rows that do not fill an epoch's last batch (fewer than batch_size) are left out; a "
+                         "smaller batch_size leaves out fewer (a held-out set read once: batch_size=1 reads every row)")
     if config.features is not None:
         raise ValueError(f"packing= reads one feature, Packing.feature, and gives rows of token ids: drop "
                          f"features={list(config.features)} (name the text feature as Packing(feature=...))")

@@ -67,12 +67,23 @@ class _Parser(argparse.ArgumentParser):
         return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
 
 
+class _Once(argparse.Action):
+    """A flag given once: a second --input is an error, not a silent replacement of the first."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)}, then {values}): a conversion "
+                         "takes one (a glob or a directory); convert each into an output of its own and mix them in "
+                         "training (python -m trainer data=a=OUT_A,b=OUT_B weights=a=1,b=1)")
+        setattr(namespace, self.dest, values)
+
+
 def _convert_parser(prog: str = "python -m pipelines convert") -> argparse.ArgumentParser:
     """The conversion's flags; dataflow/metadata.json declares the same ones (a test checks)."""
     p = _Parser(prog=prog, description=
                                 "Convert TFRecord shards (a glob or a TFDS directory) to matched ArrayRecord shards. "
                                 "Other flags are Beam pipeline options.")
-    p.add_argument("--input", required=True, help="TFRecord file or glob (local or gs://), or a TFDS "
+    p.add_argument("--input", required=True, action=_Once, help="TFRecord file or glob (local or gs://), or a TFDS "
                    "dataset version directory (holding dataset_info.json)")
     p.add_argument("--output", required=True, help="output directory, local or gs://")
     p.add_argument("--compression", default=None,
@@ -273,7 +284,9 @@ def tokenizer_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines tokenizer",
                                 description="Train a tokenizer on the text of TFRecord shards of tf.train.Example, "
                                             "for `convert --tokenizer`: on a sample of the shards past --max_bytes.")
-    p.add_argument("--input", required=True, help="the shards, as `convert --input` takes them (local or gs://)")
+    p.add_argument("--input", required=True, action="append",
+                   help="the shards, as `convert --input` takes them (local or gs://); repeat it to train one "
+                   "tokenizer on several corpora (a mixture's, which must share one)")
     add_training_arguments(p)
     args = p.parse_args(argv)
     check_training_arguments(args)
@@ -281,8 +294,8 @@ def tokenizer_main(argv: list[str]) -> int:
 
     sample = sample_texts(args.input, args.text_key, int(args.max_bytes), args.seed)
     if not sample.texts:
-        raise ValueError(f"--input {args.input}: its {sample.shards:,} shard(s) hold no records, so there is no text "
-                         "to train a tokenizer on")
+        raise ValueError(f"--input {' '.join(args.input)}: its {sample.shards:,} shard(s) hold no records, so there is "
+                         "no text to train a tokenizer on")
     return train_and_report(args, sample.texts, sample.describe(int(args.max_bytes)))
 
 

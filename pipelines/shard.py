@@ -19,12 +19,12 @@ from apache_beam.io.filesystem import CompressionTypes
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 from dataset_format import storage
-from dataset_format.manifest import ShardEntry
+from dataset_format.manifest import COUNTS_SUFFIX, ShardEntry
 from dataset_format.storage import is_remote
 from pipelines import commits, paths, tfrecord
 from pipelines.paths import InputFile
 from pipelines.stats import ShardStats
-from pipelines.tokens import COUNTS_SUFFIX, Tokenize, TokenizeSpec
+from pipelines.tokens import Tokenize, TokenizeSpec
 
 log = logging.getLogger(__name__)
 

@@ -45,12 +45,13 @@ class Sample:
         return f": the first ~{self.per_shard:,} bytes of text of {which}, --max_bytes {max_bytes}"
 
 
-def sample_texts(pattern: str, text_key: str, max_bytes: int, seed: int = 0) -> Sample:
+def sample_texts(pattern: str | list[str], text_key: str, max_bytes: int, seed: int = 0) -> Sample:
     """The `text_key` of the records of the TFRecord shards `pattern` names (a glob, a directory, a TFDS dataset
-    directory; local or gs://): all of them when max_bytes is 0, else the first ~max_bytes / shards bytes of each of
-    up to MAX_SHARDS shards in a seeded random order (the same for the same seed). A record without the text is an
-    error naming the shard and the record."""
-    files = paths.list_inputs(pattern)
+    directory, local or gs://; or a list of them, their shards together): all of them when max_bytes is 0, else the
+    first ~max_bytes / shards bytes of each of up to MAX_SHARDS shards in a seeded random order (the same for the same
+    seed). A record without the text is an error naming the shard and the record."""
+    patterns = [pattern] if isinstance(pattern, str) else pattern
+    files = list({f.path: f for p in patterns for f in paths.list_inputs(p)}.values())
     order = np.random.default_rng(seed).permutation(len(files))
     chosen = [files[i] for i in (order[:MAX_SHARDS] if max_bytes else order)]
     per_shard = -(-max_bytes // len(chosen)) if max_bytes else 0

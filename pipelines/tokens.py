@@ -26,10 +26,9 @@ import numpy as np
 
 from dataset_format import storage
 from dataset_format.example_proto import example_class
-from dataset_format.manifest import token_dtype
+from dataset_format.manifest import COUNTS_SUFFIX, token_dtype
 
 BATCH = 2048  # texts per batch call of the tokenizer
-COUNTS_SUFFIX = ".counts"  # beside each shard; loader/planning/counts.py reads it
 
 
 class TextKeyError(ValueError):

@@ -16,10 +16,10 @@ import logging
 from array_record.python.array_record_module import ArrayRecordReader
 
 from dataset_format import storage, tfds_info
-from dataset_format.manifest import MANIFEST_NAME, ShardEntry
+from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, ShardEntry
 from pipelines import paths, tfrecord
 from pipelines.plan import read_manifest, same_path
-from pipelines.tokens import COUNTS_SUFFIX, Tokenize, TokenizeSpec
+from pipelines.tokens import Tokenize, TokenizeSpec
 
 log = logging.getLogger(__name__)
 

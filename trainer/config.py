@@ -46,6 +46,24 @@ MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layer
                  "warmup_steps_fraction": "warmup_steps (a count of steps)",
                  "gradient_accumulation_steps": "grad_accum_steps", "train_split": "split",
                  "cosine_learning_rate_final_fraction": "end_lr_fraction (with schedule=cosine)"}
+# MaxText's settings with no key of the same meaning here: what covers them, for the unknown-key error
+MAXTEXT_ELSEWHERE = {
+    "opt_type": "optimizer= (adamw, adam, sgd, adafactor)",
+    "weight_dtype": "the parameters are float32 here; dtype= sets the step's compute dtype",
+    "mu_dtype": "Adam's moments are float32 here",
+    "dataset_type": "the source's kind comes from data= (a converted or TFDS directory, or a glob of shards)",
+    "grain_train_files": "data= (a converted directory, or a glob of its shards)",
+    "grain_eval_files": "eval_data=",
+    "grain_worker_count": "data_workers=",
+    "eval_steps": "each evaluation reads all of eval_data= (take part of it with eval_split=, e.g. [:10000])",
+    "ici_fsdp_parallelism": "strategy=fsdp shards over every device",
+    "ici_data_parallelism": "strategy=mirrored replicates over every device",
+    "dcn_data_parallelism": "strategy= spans every host's devices",
+    "tokenizer_path": "tokenizer= (or convert --tokenizer, whose manifest names it)",
+}
+# MaxText's attention= names -> ours
+MAXTEXT_ATTENTIONS = {"dot_product": "dense", "flash": "auto (cuDNN on a GPU, Splash on a TPU, else blockwise)",
+                      "cudnn_flash_te": "cudnn", "autoselected": "auto"}
 LM_KEYS = SIZE_KEYS + LAYOUT_KEYS + ("attention", "remat", "use_iota_embed",
                                      "logits_dot_in_fp32")  # what model=transformer_lm takes
 
@@ -267,7 +285,9 @@ class TrainConfig:
         for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("dtype", DTYPES), ("mode", MODES),
                               ("weight_decay_on", DECAYED)):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+                ours = MAXTEXT_ATTENTIONS.get(self.attention) if name == "attention" else None
+                also = f" (MaxText's attention={self.attention} is attention={ours} here)" if ours else ""
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}{also}")
         for name in ("warmup_steps", "weight_decay", "momentum", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {name}={getattr(self, name)})")
@@ -335,7 +355,9 @@ class TrainConfig:
         for name, allowed in (("attention", ATTENTIONS), ("remat", REMAT_CHOICES), ("normalization", NORMALIZATIONS),
                               ("position_embedding", POSITION_EMBEDDINGS)):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+                ours = MAXTEXT_ATTENTIONS.get(self.attention) if name == "attention" else None
+                also = f" (MaxText's attention={self.attention} is attention={ours} here)" if ours else ""
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}{also}")
         activations = self.mlp_activations.split(",")
         unknown = [a for a in activations if a not in MLP_ACTIVATIONS]
         if unknown or not 1 <= len(activations) <= 2:
@@ -382,14 +404,7 @@ class TrainConfig:
     def from_args(cls, overrides: list[str], config_file: str | None = None) -> TrainConfig:
         values: dict = {}
         if config_file:
-            with open(config_file) as f:
-                try:
-                    loaded = json.load(f)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"--config {config_file} is not JSON: {e}") from None
-            if not isinstance(loaded, dict):
-                raise ValueError(f"--config {config_file} holds a {type(loaded).__name__}; it must be a JSON object "
-                                 'of keys, e.g. {"steps": 500, "strategy": "mirrored"}')
+            loaded = _config_file(config_file)
             values.update(loaded)
         for item in overrides:
             key, sep, raw = item.partition("=")
@@ -399,7 +414,9 @@ class TrainConfig:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
         if unknown:
-            maxtext = [f"{name} is {MAXTEXT_NAMES[name]} here" for name in unknown if name in MAXTEXT_NAMES]
+            maxtext = [f"{name} is {MAXTEXT_NAMES[name]} here" if name in MAXTEXT_NAMES else
+                       f"{name}: {MAXTEXT_ELSEWHERE[name]}" for name in unknown
+                       if name in MAXTEXT_NAMES or name in MAXTEXT_ELSEWHERE]
             hint = (f"MaxText's names: {'; '.join(maxtext)}" if maxtext else "") or did_you_mean(unknown, fields)
             raise ValueError(f"unknown config key(s) {unknown}" + (f"; {hint}" if hint else "")
                              + " (python -m trainer --help lists every key)")
@@ -409,6 +426,27 @@ class TrainConfig:
         if missing:
             raise ValueError(f"missing required key(s) {missing}, e.g. data=out/train workdir=/tmp/run")
         return cls(**{k: _coerce(k, v, fields[k].type) for k, v in values.items()})
+
+
+def _config_file(path: str) -> dict:
+    """A config file's keys: JSON, or YAML (.yml, .yaml) as MaxText writes its configs."""
+    yaml_file = path.endswith((".yml", ".yaml"))
+    with open(path) as f:
+        try:
+            if yaml_file:
+                import yaml
+
+                loaded = yaml.safe_load(f)
+            else:
+                loaded = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--config {path} is not JSON: {e} (a YAML file takes the suffix .yml or .yaml)") from None
+        except Exception as e:  # noqa: BLE001 - yaml's errors (yaml.YAMLError), imported only for YAML files
+            raise ValueError(f"--config {path} is not YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"--config {path} holds a {type(loaded).__name__}; it must be a mapping of keys, e.g. "
+                         '{"steps": 500, "strategy": "mirrored"} (JSON) or steps: 500 (YAML)')
+    return loaded
 
 
 def _coerce(key: str, value, annotation):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,8 @@ from loader.format.source import ShardedSource, tokenizer_identity
 from loader.planning.mixture import check_one_tokenizer
 from trainer import tasks
 from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +78,22 @@ def resolve(config: TrainConfig) -> Sources:
                          f"--tokenizer ({next(iter(tokenized.values()))}), or give only datasets of text")
     check_one_tokenizer({k: t for k, t in tokenized.items() if k.startswith("data")}, "the components of data=")
     check_one_tokenizer(tokenized, "the datasets of data= and eval_data=")
+    for held in evaluation:
+        trained = next((t for t in train if t.path == held.path and _within(held.split, t.split)), None)
+        if trained is not None:
+            log.warning("eval_data=%s%s is part of the records training reads (data=%s%s): its figures are not held "
+                        "out; hold part of one dataset out with split=[:95%%] eval_split=[95%%:]", held.path,
+                        f" eval_split={held.split}" if held.split else "", trained.path,
+                        f" split={trained.split}" if trained.split else "")
     return Sources(train, evaluation)
+
+
+def _within(part: str | None, whole: str | None) -> bool:
+    """Whether split `part` holds only records of split `whole` of the same dataset (None: every record): the same
+    split, or a slice of a whole one."""
+    if whole is None or part == whole:
+        return True
+    return "[" not in whole and part is not None and "+" not in part and part.split("[", 1)[0] == whole
 
 
 def _pretokenized(source: Source) -> bool:
@@ -121,12 +139,12 @@ def _named(data: str | dict[str, str]) -> list[tuple[str | None, str]]:
 def _feature_specs(data: str) -> dict[str, dict]:
     """The TFDS feature metadata (features.json) of a dataset directory; a pre-tokenized dataset's `tokens` (its
     manifest's vocabulary); {} for other sources."""
-    if storage.has_glob(data):
-        return {}
-    tokens = loader.token_info(data)
+    tokens = loader.token_info(data)  # (also of a glob over a pre-tokenized dataset's shards)
     if tokens is not None:
         return {"tokens": {"type": "Tokens", "dtype": tokens["dtype"], "vocab_size": int(tokens["vocab_size"]),
                            "tokenizer": tokenizer_identity(tokens)}}
+    if storage.has_glob(data):
+        return {}
     features = tfds_info.read_features(data)
     return tfds_info.feature_specs(features) if features else {}
 

@@ -28,7 +28,7 @@ import re
 import numpy as np
 
 from dataset_format import storage, tfds_info
-from dataset_format.manifest import MANIFEST_NAME, ShardTable, merge_feature_stats
+from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, ShardTable, merge_feature_stats
 from dataset_format.naming import is_tfrecord_name
 from dataset_format.suggest import near_path
 from dataset_format.tfds_info import FEATURES_NAME, INFO_NAME as TFDS_INFO
@@ -266,7 +266,7 @@ def _resolve_whole(source: str, split: str | None, allow_incomplete: bool, given
     if split is not None:
         raise ValueError(f"split={given!r} names a split, but {source!r} is a glob of files, which has none; leave the "
                          "name out (a slice alone, e.g. split='[:99%]', takes part of the files' records)")
-    return _from_glob(source)
+    return _from_glob(source, allow_incomplete)
 
 
 # TFDS's split syntax (tensorflow_datasets/core/splits.py): NAME, NAME[FROM:TO], with FROM and TO in records (negative:
@@ -355,8 +355,12 @@ def parse_split(split: str | None) -> tuple[str | None, Selector | None]:
 
 
 def token_info(source: str) -> dict | None:
-    """A pre-tokenized dataset's `tokens` manifest section (dtype, vocab_size, tokenizer...); None for other data."""
-    if not _is_dir(source) or not storage.exists(storage.join(source, MANIFEST_NAME)):
+    """A pre-tokenized dataset's `tokens` manifest section (dtype, vocab_size, tokenizer...), of its directory or of a
+    glob over its shards; None for other data."""
+    if storage.has_glob(source):
+        converted = _converted_shards(storage.glob(source))
+        source = converted[0] if converted is not None else None
+    if source is None or not _is_dir(source) or not storage.exists(storage.join(source, MANIFEST_NAME)):
         return None
     path = storage.join(source, MANIFEST_NAME)
     return ShardTable.from_json(_read_text(path), path=path).tokens
@@ -391,7 +395,9 @@ def _datasets_below(root: str, depth: int = 3, limit: int = 5) -> list[str]:
     return found
 
 
-def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: str | None = None) -> ShardedSource:
+def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: str | None = None,
+                   only: frozenset[str] | None = None) -> ShardedSource:
+    """The shards `root`'s manifest lists (of `split`; `only`: those of these names, whatever their split)."""
     path = storage.join(root, MANIFEST_NAME)
     table = ShardTable.from_json(_read_text(path), path=path)
     if not table.complete and not allow_incomplete:
@@ -400,7 +406,10 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: 
                          "allow_incomplete=True (python -m trainer: allow_incomplete=true) to load the shards that "
                          "converted")
     names, records, sizes, stats = table.paths, table.records, table.bytes, table.feature_stats
-    if table.kind == "tfds":
+    if only is not None:
+        keep = [i for i, name in enumerate(names) if name in only]
+        names, records, sizes, stats = (tuple(column[i] for i in keep) for column in (names, records, sizes, stats))
+    elif table.kind == "tfds":
         split = split or "train"
         keep = [i for i, s in enumerate(table.splits) if s == split]
         if not keep:
@@ -447,7 +456,7 @@ def _from_tfds_info(root: str, split: str) -> ShardedSource:
     return ShardedSource(tuple(paths), tuple(n for _, n in shards), "tfds", root, tuple(found.tolist()), versions)
 
 
-def _from_glob(pattern: str) -> ShardedSource:
+def _from_glob(pattern: str, allow_incomplete: bool = False) -> ShardedSource:
     paths = storage.glob(pattern)
     if not paths:
         raise FileNotFoundError(f"no files match {pattern!r}; check the path and the glob{near_path(pattern)}")
@@ -456,6 +465,10 @@ def _from_glob(pattern: str) -> ShardedSource:
         directory = sidecar[: -len(storage.basename(sidecar))].rstrip("/") or "."
         raise ValueError(f"{pattern!r} matches {sidecar}, the dataset's metadata, not an ArrayRecord shard: pass the "
                          f"directory itself ({directory}), which also keeps its record counts and split names")
+    converted = _converted_shards(paths)
+    if converted is not None:  # shards of a converted directory: its manifest's, with their counts and tokenizer
+        root, names = converted
+        return _from_manifest(root, None, allow_incomplete, only=names)
     from loader.format.arrayrecord import TFRecordFileError
 
     try:
@@ -468,6 +481,25 @@ def _from_glob(pattern: str) -> ShardedSource:
 
 
 _SIDECARS = frozenset({MANIFEST_NAME, TFDS_INFO, FEATURES_NAME, "report.json"})
+
+
+def _converted_shards(paths: list[str]) -> tuple[str, frozenset[str]] | None:
+    """(directory, shard names) when the glob's matches lie in one directory whose manifest lists them (a
+    pre-tokenized shard's `.counts` file, matched beside it, left out): the glob then reads those shards as the
+    directory does, not as bare files (which would lose the counts, the tokenizer and the feature ranges)."""
+    directories = {p[: -len(storage.basename(p))] for p in paths}
+    if len(directories) != 1:
+        return None
+    root = directories.pop().rstrip("/") or "."
+    if not storage.exists(storage.join(root, MANIFEST_NAME)):
+        return None
+    path = storage.join(root, MANIFEST_NAME)
+    listed = set(ShardTable.from_json(_read_text(path), path=path).paths)
+    names = {storage.basename(p) for p in paths}
+    names -= {n for n in names if n.endswith(COUNTS_SUFFIX) and n[: -len(COUNTS_SUFFIX)] in listed}
+    if not names <= listed:
+        return None
+    return root, frozenset(names)
 
 
 def of_files(paths: list[str], missing: str = "does not exist; check the path") -> ShardedSource:

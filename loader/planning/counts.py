@@ -23,10 +23,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from dataset_format import storage
+from dataset_format.manifest import COUNTS_SUFFIX
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".counts"
+SUFFIX = COUNTS_SUFFIX
 DTYPE = np.dtype("<u4")
 _COUNT_READ = 16384  # records per task of the counting pass
 

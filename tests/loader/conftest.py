@@ -81,3 +81,23 @@ def token_data(tmp_path_factory):
     run_conversion(ConvertConfig(input=str(root / "raw" / "*.tfrecord"), output=str(root / "out")),
                    ["--direct_num_workers=1"])
     return str(root / "out")
+
+
+@pytest.fixture(scope="session")
+def pretokenized(tmp_path_factory):
+    """Three corpora of 40 texts in 2 shards each, converted by the real pipeline with one tokenizer (`convert
+    --tokenizer`): token ids and .counts files. {name: directory}."""
+    from dataset_format import example_proto, tokenizer
+
+    root = tmp_path_factory.mktemp("pretokenized")
+    texts = {name: [f"{name} document {i} says {'word ' * (i % 9)}".encode() for i in range(40)]
+             for name in ("web", "code", "books")}
+    tok = tokenizer.train_bpe([t for ts in texts.values() for t in ts], 300, str(root / "tokenizer.json"))
+    out = {}
+    for name, ts in texts.items():
+        records = [example_proto.encode_example({"text": t}) for t in ts]
+        write_tfrecord_shards(root / "raw" / name, [records[:25], records[25:]])
+        out[name] = str(root / name)
+        assert run_conversion(ConvertConfig(input=str(root / "raw" / name / "*"), output=out[name], tokenizer=tok),
+                              ["--direct_num_workers=1"]).ok
+    return out

@@ -403,3 +403,16 @@ def test_auto_workers_pack_the_batches_of_threads_plain_and_mixed(token_data, mo
         assert it.worker_setting() != "closed"
         it.close()
         assert it.worker_setting() == "closed"
+
+
+def test_packing_refuses_map_fn_and_drop_remainder_false_each_with_its_reason(token_data):
+    packing = loader.Packing("ids", seq_len=6, tokenize=flat_ids)
+    with pytest.raises(ValueError, match=r"^packing= reads one feature and tokenises it in Packing.tokenize: it takes "
+                                         r"no map_fn= or random_map_fn=$"):
+        loader.load(token_data, batch_size=2, packing=packing, map_fn=lambda r: r)
+    with pytest.raises(ValueError, match=r"^packing= lays each epoch into full batches of rows, so it takes no "
+                                         r"drop_remainder=False: .* \(a held-out set read once: batch_size=1 reads "
+                                         r"every row\)$"):
+        loader.load(token_data, batch_size=2, packing=packing, num_epochs=1, drop_remainder=False)
+    once = loader.load(token_data, batch_size=1, packing=packing, num_epochs=1, shuffle=False)
+    assert sum(len(b["tokens"]) for b in once) == once.plan.layout.epoch_rows(0) > 0

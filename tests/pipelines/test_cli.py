@@ -131,6 +131,16 @@ def test_an_unknown_flag_of_convert_is_an_error_naming_it(tmp_path, capsys):
         f"--input glob, quote it (--input '{tmp_path / 'in'}/...*'), so that every file it matches is converted")
     assert not (tmp_path / "out").exists()
 
+    # --input twice: argparse kept the last one, silently
+    with pytest.raises(SystemExit) as e:
+        pipelines_cli.main(["convert", "--input", "web/*", "--input", "code/*", "--output", str(tmp_path / "out")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: --input given twice (web/*, then code/*): a conversion takes one (a glob or a directory); convert "
+        "each into an output of its own and mix them in training (python -m trainer data=a=OUT_A,b=OUT_B "
+        "weights=a=1,b=1)")
+    assert not (tmp_path / "out").exists()
+
 
 def test_a_rerun_without_the_options_keeps_the_outputs_own(tmp_path, capsys):
     """A rerun (or a scheduled refresh) that names only --input and --output keeps the compression and the

@@ -39,6 +39,14 @@ def test_all_the_text_or_the_first_share_of_each_shard(shards):
     assert sample.describe(1_200) == ": the first ~200 bytes of text of each of the 6 shards, --max_bytes 1200"
 
 
+def test_several_inputs_are_sampled_together(shards):
+    """`tokenizer --input A --input B`: one tokenizer for a mixture's corpora, each shard once."""
+    first, rest = str(shards / "text.tfrecord-0000[0-1]*"), str(shards / "text.tfrecord-*")
+    both = text_sample.sample_texts([first, rest], "text", max_bytes=0)
+    assert sorted(both.texts) == sorted(_text(s, d) for s in range(SHARDS) for d in range(PER_SHARD))
+    assert both.shards == SHARDS
+
+
 def test_past_max_shards_a_seeded_draw_of_shards(shards, monkeypatch):
     monkeypatch.setattr(text_sample, "MAX_SHARDS", 3)
 

@@ -392,3 +392,29 @@ def test_maxtexts_names_for_the_trainers_keys_are_named_with_ours():
                             "every key)")
     with pytest.raises(ValueError, match=r"did you mean mlp_dim\?"):  # not MaxText's: the closest of ours
         TrainConfig.from_args(["data=x", "workdir=w", "task=lm", "mlp_dims=64"])
+    with pytest.raises(ValueError) as e:  # MaxText's settings covered otherwise: what covers them
+        TrainConfig.from_args(["data=x", "workdir=w", "opt_type=adamw", "weight_dtype=float32", "eval_steps=10"])
+    assert str(e.value) == ("unknown config key(s) ['eval_steps', 'opt_type', 'weight_dtype']; MaxText's names: "
+                            "eval_steps: each evaluation reads all of eval_data= (take part of it with eval_split=, "
+                            "e.g. [:10000]); opt_type: optimizer= (adamw, adam, sgd, adafactor); weight_dtype: the "
+                            "parameters are float32 here; dtype= sets the step's compute dtype (python -m trainer "
+                            "--help lists every key)")
+    with pytest.raises(ValueError, match=r"^attention='flash' is not one of auto, cudnn, splash, blockwise, dense "
+                                         r"\(MaxText's attention=flash is attention=auto \(cuDNN on a GPU"):
+        TrainConfig.from_args(["data=x", "workdir=w", "task=lm", "attention=flash"])
+
+
+def test_a_config_file_in_yaml_as_maxtext_writes_them(tmp_path):
+    path = tmp_path / "run.yml"
+    path.write_text("# a MaxText-style config\ntask: lm\nsteps: 50\nlearning_rate: 3.0e-4\n"
+                    "mlp_activations: [silu, linear]\ndata: {web: out/web, code: out/code}\n"
+                    "weights: {web: 3, code: 1}\nworkdir: runs/lm\n")
+    config = TrainConfig.from_args(["steps=60"], str(path))
+    assert (config.steps, config.learning_rate, config.mlp_activations) == (60, 3e-4, "silu,linear")
+    assert config.data_source == {"web": "out/web", "code": "out/code"} and config.data_weights == {"web": 3, "code": 1}
+    (tmp_path / "bad.yaml").write_text("steps: [1\n")
+    with pytest.raises(ValueError, match=r"^--config .*bad.yaml is not YAML: "):
+        TrainConfig.from_args([], str(tmp_path / "bad.yaml"))
+    (tmp_path / "list.yml").write_text("- steps\n")
+    with pytest.raises(ValueError, match=r"holds a list; it must be a mapping of keys"):
+        TrainConfig.from_args([], str(tmp_path / "list.yml"))

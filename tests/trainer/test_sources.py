@@ -137,3 +137,25 @@ def test_a_resume_over_another_split_names_it_and_eval_split_needs_eval_data(dig
     with pytest.raises(ValueError, match=r"eval_split=\[90%:\] is the records of eval_data=, and no eval_data is "
                                          r"given: add eval_data=PATH"):
         TrainConfig(data="x", workdir="w", eval_split="[90%:]")
+
+
+def test_eval_data_that_training_reads_is_said(digits, caplog):
+    """Evaluating on records training reads (the same dataset and split, or a slice of what training reads whole) is a
+    warning with the held-out way; disjoint slices, or another dataset, are not."""
+    train_dir, test_dir = str(digits["train"]), str(digits["test"])
+
+    def warned(**keys) -> str:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="trainer.sources"):
+            sources.resolve(TrainConfig(workdir="w", **keys))
+        return caplog.text
+
+    assert f"eval_data={train_dir} is part of the records training reads (data={train_dir}): its figures are not " \
+           "held out; hold part of one dataset out with split=[:95%] eval_split=[95%:]" in warned(data=train_dir,
+                                                                                                 eval_data=train_dir)
+    assert f"eval_data={train_dir} eval_split=[95%:] is part of the records training reads (data={train_dir})" in \
+        warned(data=train_dir, eval_data=train_dir, eval_split="[95%:]")
+    assert warned(data=train_dir, split="[:95%]", eval_data=train_dir, eval_split="[95%:]") == ""
+    assert warned(data=train_dir, eval_data=test_dir) == ""
+    assert sources._within("train[95%:]", "train") and not sources._within("test", "train")
+    assert not sources._within("[95%:]", "[:95%]") and sources._within("train+test", None)

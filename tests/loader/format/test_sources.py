@@ -57,16 +57,21 @@ def test_gcs_source_reads_directly(tmp_path, gcs_bucket):
     assert remote == list(loader.load(str(tmp_path / "local"), batch_size=11, seed=1, num_epochs=1, decode=None))
 
 
-def test_every_kind_of_source_knows_its_shard_sizes_and_versions(converted):
+def test_every_kind_of_source_knows_its_shard_sizes_and_versions(converted, tmp_path):
     """The index is keyed by each shard's size and version: its inode, change and modification times
     (loader/format/index.py), so a touch, a chmod or a replacement changes it."""
     import os
+    import shutil
 
     import numpy as np
 
     from loader.format.source import _mix, resolve
 
-    for source in (resolve(str(converted)), resolve(str(converted / "*.array_record*"))):
+    for shard in converted.glob("*.array_record*"):  # bare files: a glob with no manifest beside them
+        shutil.copy(shard, tmp_path / shard.name)
+    sources = resolve(str(converted)), resolve(str(tmp_path / "*.array_record*"))
+    assert [s.kind for s in sources] == ["manifest", "glob"]
+    for source in sources:
         assert source.shard_bytes == tuple(os.path.getsize(p) for p in source.paths), source.kind
         assert source.total_bytes == sum(source.shard_bytes)
         stats = [os.stat(p) for p in source.paths]
@@ -213,6 +218,30 @@ def test_token_counts_of_a_slice_are_its_records(tmp_path):
     assert TokenCounts.of_source(part).identity != TokenCounts.of_source(whole).identity
     with pytest.raises(ValueError, match=r"s2.counts says record 1 of .*s2 holds 21 token ids, more than a record can"):
         TokenCounts.of_source(part, max_count=20)(np.array([4]))
+
+
+def test_a_glob_over_a_converted_directory_reads_its_manifest(pretokenized):
+    """A glob over a pre-tokenized directory's shards (which also matches their .counts files, as MaxText-style
+    `DIR/*.array_record-*` does) is those shards of its manifest: the token ids' type, the tokenizer, the counts; a
+    narrower glob, the shards it names."""
+    import os
+
+    from loader.format.source import resolve, token_info
+
+    whole = resolve(pretokenized["web"])
+    names = [p.rsplit("/", 1)[-1] for p in whole.paths]
+    assert len(names) == 2 and all(os.path.exists(p + ".counts") for p in whole.paths)
+    everything = resolve(pretokenized["web"] + "/*.array_record*")
+    assert (everything.kind, everything.paths, everything.lengths, everything.tokens_dtype, everything.tokenizer) == \
+        ("manifest", whole.paths, whole.lengths, whole.tokens_dtype, whole.tokenizer)
+    assert whole.tokens_dtype is not None and everything.identity == whole.identity
+    second = resolve(pretokenized["web"] + "/" + names[1])
+    assert (second.kind, second.paths, second.lengths) == ("manifest", whole.paths[1:], whole.lengths[1:])
+    assert token_info(pretokenized["web"] + "/*.array_record*") == token_info(pretokenized["web"])
+    rows = loader.load(pretokenized["web"] + "/*.array_record*", batch_size=2, packing=loader.Packing(seq_len=8))
+    same = loader.load(pretokenized["web"], batch_size=2, packing=loader.Packing(seq_len=8))
+    first, again = next(iter(rows)), next(iter(same))
+    assert all(np.array_equal(first[k], again[k]) for k in again)
 
 
 def test_a_state_names_its_slice(converted, token_data):

@@ -396,26 +396,6 @@ def test_new_weights_continue_each_packed_components_stream(packed_corpora):
         assert got[name] == stream[:len(got[name])], name
 
 
-@pytest.fixture(scope="module")
-def pretokenized(tmp_path_factory):
-    """Two corpora converted by the real pipeline with one tokenizer (`convert --tokenizer`): token ids and .counts."""
-    from dataset_format import tokenizer
-    from pipelines import ConvertConfig, run_conversion
-    from tests.conftest import write_tfrecord_shards
-
-    root = tmp_path_factory.mktemp("pretokenized")
-    texts = {name: [f"{name} document {i} says {'word ' * (i % 9)}".encode() for i in range(40)]
-             for name in ("web", "code", "books")}
-    tok = tokenizer.train_bpe([t for ts in texts.values() for t in ts], 300, str(root / "tokenizer.json"))
-    out = {}
-    for name, ts in texts.items():
-        write_tfrecord_shards(root / "raw" / name, [[example_proto.encode_example({"text": t}) for t in ts]])
-        out[name] = str(root / name)
-        assert run_conversion(ConvertConfig(input=str(root / "raw" / name / "*"), output=out[name], tokenizer=tok),
-                              ["--direct_num_workers=1"]).ok
-    return out
-
-
 def test_a_pretokenized_packed_mixture_resumes_with_a_component_added_or_left_out(pretokenized):
     """The state of a mixture of pre-tokenized corpora (each packs from its own .counts) restores onto a mixture with a
     component added, and onto one with a component left out: each component's rows continue its own stream."""
