@@ -219,12 +219,17 @@ def test_a_flipped_byte_in_the_footer_is_refused_before_the_first_batch(converte
 
 
 def test_a_truncated_shard_is_refused_before_the_first_batch(converted, tmp_path):
-    """A glob has no manifest to compare sizes with: the missing postscript names the file."""
+    """Bare files have no manifest to compare sizes with: the missing postscript names the file (a glob over the
+    converted directory itself reads its manifest, which names the size it should have)."""
     broken = tmp_path / "cut"
-    shutil.copytree(converted, broken)
+    shutil.copytree(converted, broken, ignore=shutil.ignore_patterns("*.json", ".*"))
     shard = broken / "train-00003-of-00005.array_record"
     shard.write_bytes(shard.read_bytes()[:-BLOCK_SIZE])
     with pytest.raises(ValueError, match="train-00003-of-00005.array_record is not a whole ArrayRecord file"):
+        loader.load(str(broken / "*.array_record*"), batch_size=4)
+    shutil.copy(converted / "manifest.json", broken)
+    with pytest.raises(ValueError, match=r"train-00003-of-00005.array_record is 65536 bytes but manifest.json says "
+                                         r"131072; the file is truncated"):
         loader.load(str(broken / "*.array_record*"), batch_size=4)
 
 
