@@ -213,7 +213,8 @@ def _flash_bwd(block, residuals, d_out):
             ds = p * (dp - _slice(delta, i, block, axis=-1)[..., None]) * scale
             dq_i = jnp.einsum("bk...qj,bkjd->bk...qd", ds.astype(k.dtype), k_j, preferred_element_type=jnp.float32)
             dq = _update(dq, _slice(dq, i, block) + dq_i, i, block)
-            dk_j = dk_j + jnp.einsum("bk...qj,bk...qd->bkjd", ds.astype(q.dtype), q_i, preferred_element_type=jnp.float32)
+            dk_j = dk_j + jnp.einsum("bk...qj,bk...qd->bkjd", ds.astype(q.dtype), q_i,
+                                     preferred_element_type=jnp.float32)
             return dq, dk_j, dv_j
 
         zeros = jnp.zeros(k_j.shape, jnp.float32)

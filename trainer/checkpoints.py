@@ -94,7 +94,8 @@ OPTIMIZER_KEYS = ("optimizer", "grad_clip", "weight_decay", "weight_decay_on", "
 
 
 # The settings that give the learning rate at each step.
-SCHEDULE_KEYS = ("learning_rate", "schedule", "warmup_steps", "end_lr_fraction", "steps", "learning_rate_schedule_steps")
+SCHEDULE_KEYS = ("learning_rate", "schedule", "warmup_steps", "end_lr_fraction", "steps",
+                 "learning_rate_schedule_steps")
 
 
 def check_schedule(mngr: ocp.CheckpointManager, step: int, config: TrainConfig) -> None:

@@ -55,7 +55,6 @@ MAXTEXT_ELSEWHERE = {
     "grain_train_files": "data= (a converted directory, or a glob of its shards)",
     "grain_eval_files": "eval_data=",
     "grain_worker_count": "data_workers=",
-    "eval_steps": "each evaluation reads all of eval_data= (take part of it with eval_split=, e.g. [:10000])",
     "ici_fsdp_parallelism": "strategy=fsdp shards over every device",
     "ici_data_parallelism": "strategy=mirrored replicates over every device",
     "dcn_data_parallelism": "strategy= spans every host's devices",
@@ -187,6 +186,9 @@ class TrainConfig:
     eval_split: str | None = None  # the same for `eval_data` (default: "test" for TFDS sources)
     log_every: int = 50  # steps between log lines and metrics
     eval_every: int = 250  # steps between evaluations of eval_data
+    # batches each evaluation reads, from the start of eval_data (MaxText's name; default: all of it). With
+    # packing=true, evaluation packs eval_data as training packs data: every token scored
+    eval_steps: int | None = None
     checkpoint_every: int = 250  # steps between checkpoints (also one at the end and at SIGTERM)
     # loader worker processes for `data` (0: threads in this process; auto: threads here, or as many worker processes
     # as the step's demand needs, measured as it runs). Default: auto on a host with an accelerator, 0 on CPU.
@@ -267,8 +269,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.model is None:
             object.__setattr__(self, "model", "transformer_lm" if self.task == "lm" else "cnn")
-        for name in ("steps", "learning_rate_schedule_steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "num_classes",
-                     "seq_len", "vocab_size", "image_size"):
+        for name in ("steps", "learning_rate_schedule_steps", "batch_size", "log_every", "eval_every", "eval_steps",
+                     "checkpoint_every", "num_classes", "seq_len", "vocab_size", "image_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
         for name in ("num_workers", "num_ps", "ps_min_shard_bytes"):

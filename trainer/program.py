@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 from typing import Any
 
@@ -243,15 +244,26 @@ class Program:
         return {**_means(totals, weight, examples), **out}
 
     def _eval_sums(self, strategy, params, model_state, source: Source) -> tuple[dict[str, float], float, float]:
-        """(summed metrics, summed weights, examples) over one pass of `source`."""
+        """(summed metrics, summed weights, examples) over one pass of `source` (its first eval_steps batches). With
+        packing, its rows packed as training's are, so every token of every document is scored (the rows that do not
+        fill a last batch left out), and the examples are rows."""
         config, task = self.config, self.task
-        batches = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                              drop_remainder=False, features=task.features, map_fn=tasks.preprocess(task))
+        if config.packing:
+            batches = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False, num_epochs=1,
+                                  packing=task.packing)
+            if len(batches) == 0:
+                raise ValueError(f"eval_data={source.path} packs into {batches.plan.layout.epoch_rows(0):,} rows of "
+                                 f"seq_len={config.seq_len}, fewer than batch_size={config.batch_size}: no batch to "
+                                 "evaluate; hold out more records (eval_split=) or lower batch_size")
+        else:
+            batches = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False, num_epochs=1,
+                                  drop_remainder=False, features=task.features, map_fn=tasks.preprocess(task))
         per_process = config.batch_size // jax.process_count()
         totals: dict[str, float] = {}
         weight = examples = 0.0
         template = None
-        for batch in batches:
+        it = iter(batches)
+        for batch in itertools.islice(it, config.eval_steps):
             if len(batch) == 0:  # no rows for this process in the last batch: take part with an all-padding one
                 if template is None:
                     raise ValueError("eval_data has fewer records than processes x rows; lower batch_size")
@@ -267,6 +279,7 @@ class Program:
             for name, value in sums.items():
                 totals[name] = totals.get(name, 0.0) + float(value)
             weight, examples = weight + float(w), examples + float(n)
+        it.close()  # (eval_steps may stop it early: its read-ahead stops now)
         return totals, weight, examples
 
 

@@ -60,6 +60,31 @@ def _train_and_compare(stdlib_text, workdir, seq_len: int, steps: int) -> tuple[
     return json.loads(proc.stdout)["summary"], unigram_bits_per_byte(t[:seq_len] for b in test for t in b["text"])
 
 
+def test_packed_evaluation_scores_every_token_of_eval_data_and_eval_steps_caps_it(stdlib_text, tmp_path):
+    """packing=true: evaluation packs eval_data as training packs data, so every byte of every passage is scored (not
+    each passage's first seq_len), the rows of full batches; eval_steps takes the first batches only."""
+    from trainer import tasks, train
+    from trainer.config import TrainConfig
+
+    common = dict(data=str(stdlib_text["train"]), eval_data=str(stdlib_text["test"]), task="lm", packing=True,
+                  seq_len=64, batch_size=8, steps=2, log_every=2, eval_every=2, checkpoint_every=2, width=32,
+                  depth=1, heads=2)
+    config = TrainConfig(workdir=str(tmp_path / "all"), **common)
+    packing = tasks.make(config, {}).packing
+    rows = loader.load(str(stdlib_text["test"]), batch_size=8, shuffle=False, num_epochs=1, packing=packing)
+    real = sum(int((b["segment_ids"] > 0).sum()) for b in rows)
+    passages = loader.load(str(stdlib_text["test"]), batch_size=64, shuffle=False, num_epochs=1, drop_remainder=False)
+    text = sum(len(t) + 1 for b in passages for t in b["text"])  # each passage's bytes and BOS
+    assert real > 0.97 * text  # all of it but the rows of a last, partial batch
+    summary = train.train_and_evaluate(config)
+    assert summary["eval_examples"] == 8 * len(rows) > 8
+    capped = train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "two"), eval_steps=2, **common))
+    assert capped["eval_examples"] == 16
+    with pytest.raises(ValueError, match=r"eval_data=.* packs into [\d,]+ rows of seq_len=64, fewer than "
+                                         r"batch_size=4096: no batch to evaluate"):
+        train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "big"), **{**common, "batch_size": 4096}))
+
+
 @pytest.mark.slow
 def test_the_lm_beats_the_unigram_entropy_of_the_eval_bytes(stdlib_text, tmp_path):
     summary, unigram = _train_and_compare(stdlib_text, tmp_path, seq_len=128, steps=200)

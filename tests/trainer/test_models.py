@@ -393,12 +393,11 @@ def test_maxtexts_names_for_the_trainers_keys_are_named_with_ours():
     with pytest.raises(ValueError, match=r"did you mean mlp_dim\?"):  # not MaxText's: the closest of ours
         TrainConfig.from_args(["data=x", "workdir=w", "task=lm", "mlp_dims=64"])
     with pytest.raises(ValueError) as e:  # MaxText's settings covered otherwise: what covers them
-        TrainConfig.from_args(["data=x", "workdir=w", "opt_type=adamw", "weight_dtype=float32", "eval_steps=10"])
-    assert str(e.value) == ("unknown config key(s) ['eval_steps', 'opt_type', 'weight_dtype']; MaxText's names: "
-                            "eval_steps: each evaluation reads all of eval_data= (take part of it with eval_split=, "
-                            "e.g. [:10000]); opt_type: optimizer= (adamw, adam, sgd, adafactor); weight_dtype: the "
-                            "parameters are float32 here; dtype= sets the step's compute dtype (python -m trainer "
-                            "--help lists every key)")
+        TrainConfig.from_args(["data=x", "workdir=w", "opt_type=adamw", "weight_dtype=float32", "grain_worker_count=4"])
+    assert str(e.value) == ("unknown config key(s) ['grain_worker_count', 'opt_type', 'weight_dtype']; MaxText's "
+                            "names: grain_worker_count: data_workers=; opt_type: optimizer= (adamw, adam, sgd, "
+                            "adafactor); weight_dtype: the parameters are float32 here; dtype= sets the step's compute "
+                            "dtype (python -m trainer --help lists every key)")
     with pytest.raises(ValueError, match=r"^attention='flash' is not one of auto, cudnn, splash, blockwise, dense "
                                          r"\(MaxText's attention=flash is attention=auto \(cuDNN on a GPU"):
         TrainConfig.from_args(["data=x", "workdir=w", "task=lm", "attention=flash"])
