@@ -204,8 +204,8 @@ class PackedLoader:
     def state_key(self) -> dict:
         layout = self.plan.layout
         return {"dataset": self.source.identity, "num_records": layout.n, "batch_size": self.plan.batch_size,
-                "seed": layout.seed,
-                "shuffle": layout.shuffle, "num_epochs": self.plan.num_epochs, "seq_len": layout.seq_len,
+                "seed": layout.seed, "shuffle": layout.shuffle, "num_epochs": self.plan.num_epochs,
+                "seq_len": layout.seq_len,
                 "fit": layout.fit, "layout": f"blocks of {layout.block_size}, window {WINDOW}",
                 "counts": self.counts.identity,
                 **({"records": self.source.slice_bounds} if self.source.offsets is not None else {})}
