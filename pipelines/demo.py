@@ -60,8 +60,9 @@ TEXT_TEST_FRACTION = 0.1
 
 def stdlib_passages(*, max_bytes: int = 4 << 20, passage_bytes: int = 256) -> dict[str, list[bytes]]:
     """{'train': [passage, ...], 'test': [...]}: the stdlib's .py files in path order, cut into passages of whole
-    lines of at most `passage_bytes` (a longer line is cut), up to `max_bytes` in all. A file goes to 'test' when
-    the first byte of the SHA-1 of its relative path is below TEXT_TEST_FRACTION * 256, so the split is fixed."""
+    lines of at most `passage_bytes` (a longer line is cut), up to `max_bytes` in all and past it until each split has
+    a file. A file goes to 'test' when the first byte of the SHA-1 of its relative path is below TEXT_TEST_FRACTION *
+    256, so the split is fixed."""
     root = sysconfig.get_paths()["stdlib"]
     files = sorted(os.path.relpath(os.path.join(d, f), root) for d, subdirs, names in os.walk(root)
                    if "site-packages" not in d and "test" not in os.path.relpath(d, root).split(os.sep)
@@ -87,7 +88,7 @@ def stdlib_passages(*, max_bytes: int = 4 << 20, passage_bytes: int = 256) -> di
         if passage:
             splits[split].append(passage)
         total += len(data)
-        if total >= max_bytes:
+        if total >= max_bytes and all(splits.values()):  # (a small max_bytes: no split left without text)
             break
     return splits
 

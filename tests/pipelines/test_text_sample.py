@@ -137,3 +137,12 @@ def test_a_sample_of_gs_shards_downloads_about_what_it_reads(tmp_path, gcs_bucke
     assert None not in media and len(media) >= 3, media  # every download a range
     sizes = [int(b) - int(a) + 1 for a, b in (r.split("=")[1].split("-") for r in media)]
     assert sum(sizes) <= 3 * (12 + (256 << 10) + 1), (media, sizes)  # + 1: the client asks for one byte more
+
+
+def test_the_demo_text_has_both_splits_at_any_size():
+    """`make-demo --kind text --max_mb 0.3`: the first files of the stdlib all went to train, and test was empty."""
+    from pipelines.demo import stdlib_passages
+
+    small = stdlib_passages(max_bytes=100_000)
+    assert small["train"] and small["test"]
+    assert all(len(p) <= 256 for ps in small.values() for p in ps)
