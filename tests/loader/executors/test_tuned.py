@@ -178,14 +178,25 @@ class _Ghost:
 
 
 @pytest.mark.timeout(120)
-def test_auto_goes_on_on_threads_when_worker_processes_cannot_start(caplog):
+def test_auto_goes_on_on_threads_when_worker_processes_cannot_start(caplog, monkeypatch):
     import sys
+    import threading
     import types
 
-    from loader.executors.tuned import Tuned
+    from loader.executors.tuned import Tuned, _TunedGroups
+
+    # Threads here compute while the process starts: each group waits until the executor has given processes up, so
+    # the 30 groups cannot all be done first (on a loaded host a start takes longer than they do).
+    given_up = threading.Event()
+    cannot_start = _TunedGroups._cannot_start
+    monkeypatch.setattr(_TunedGroups, "_cannot_start", lambda self, how: (cannot_start(self, how), given_up.set())[0])
+
+    def call(self, g: int) -> tuple[int, int]:
+        assert given_up.wait(60), "the worker processes were never given up"
+        return g, os.getpid()
 
     ghost = types.ModuleType("ghost_module_of_this_test")
-    ghost._Ghost = type("_Ghost", (_Ghost,), {"__module__": ghost.__name__})
+    ghost._Ghost = type("_Ghost", (_Ghost,), {"__module__": ghost.__name__, "__call__": call})
     sys.modules[ghost.__name__] = ghost
     try:
         groups = Tuned(per_worker=2).map(ghost._Ghost(), 30)
