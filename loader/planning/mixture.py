@@ -257,7 +257,7 @@ class MixturePlan:
         mine, given = {k: getattr(self, k) for k in options}, {k: saved.get(k) for k in options}
         components = saved.get("components", {})
         for c, name in enumerate(self.names):  # a component named in both is the same records
-            for key, now in (("records", self.sizes[c]), ("dataset", (self.datasets or {c: None})[c])):
+            for key, now in (("records", self.sizes[c]), ("dataset", self.datasets[c] if self.datasets else None)):
                 if name in components and key in components[name] and now is not None:
                     mine[f"{key} of component {name!r}"], given[f"{key} of component {name!r}"] = \
                         now, components[name][key]
