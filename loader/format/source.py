@@ -359,8 +359,8 @@ def token_info(source: str) -> dict | None:
     glob over its shards; None for other data."""
     if storage.has_glob(source):
         converted = _converted_shards(storage.glob(source))
-        source = converted[0] if converted is not None else None
-    if source is None or not _is_dir(source) or not storage.exists(storage.join(source, MANIFEST_NAME)):
+        return converted[2].tokens if converted is not None else None
+    if not _is_dir(source) or not storage.exists(storage.join(source, MANIFEST_NAME)):
         return None
     path = storage.join(source, MANIFEST_NAME)
     return ShardTable.from_json(_read_text(path), path=path).tokens
@@ -396,28 +396,30 @@ def _datasets_below(root: str, depth: int = 3, limit: int = 5) -> list[str]:
 
 
 def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: str | None = None,
-                   only: frozenset[str] | None = None) -> ShardedSource:
-    """The shards `root`'s manifest lists (of `split`; `only`: those of these names, whatever their split)."""
+                   only: frozenset[str] | None = None, table: ShardTable | None = None) -> ShardedSource:
+    """The shards `root`'s manifest lists (of `split`; `only`: those of these names, whatever their split); `table`:
+    the manifest, when the caller has read it."""
     path = storage.join(root, MANIFEST_NAME)
-    table = ShardTable.from_json(_read_text(path), path=path)
+    table = table or ShardTable.from_json(_read_text(path), path=path)
     if not table.complete and not allow_incomplete:
         raise ValueError(f"{path}: the conversion is incomplete ({len(table.failed)} shard(s) failed, e.g. "
                          f"{table.failed[0]['source']}); fix and re-run the conversion, or pass "
                          "allow_incomplete=True (python -m trainer: allow_incomplete=true) to load the shards that "
                          "converted")
     names, records, sizes, stats = table.paths, table.records, table.bytes, table.feature_stats
+    keep = None
     if only is not None:
         keep = [i for i, name in enumerate(names) if name in only]
-        names, records, sizes, stats = (tuple(column[i] for i in keep) for column in (names, records, sizes, stats))
     elif table.kind == "tfds":
         split = split or "train"
         keep = [i for i, s in enumerate(table.splits) if s == split]
         if not keep:
             raise ValueError(f"{path}: no shards for split {split!r}; the splits are {sorted(set(table.splits))}")
-        names, records, sizes, stats = (tuple(column[i] for i in keep) for column in (names, records, sizes, stats))
     elif split is not None:
         raise ValueError(f"split={given or split!r} names a split, but {root} is not a TFDS dataset and has none; "
                          "leave the name out (a slice alone, e.g. split='[:99%]', takes part of its records)")
+    if keep is not None:
+        names, records, sizes, stats = (tuple(column[i] for i in keep) for column in (names, records, sizes, stats))
     prefix = storage.join(root, "")  # one join: 100k shards paid ~0.5 s for joining each
     paths = [prefix + name for name in names]
     found, versions = _stat(paths, missing=f"is listed in {MANIFEST_NAME} but missing; re-run `python -m pipelines "
@@ -467,8 +469,8 @@ def _from_glob(pattern: str, allow_incomplete: bool = False) -> ShardedSource:
                          f"directory itself ({directory}), which also keeps its record counts and split names")
     converted = _converted_shards(paths)
     if converted is not None:  # shards of a converted directory: its manifest's, with their counts and tokenizer
-        root, names = converted
-        return _from_manifest(root, None, allow_incomplete, only=names)
+        root, names, table = converted
+        return _from_manifest(root, None, allow_incomplete, only=names, table=table)
     from loader.format.arrayrecord import TFRecordFileError
 
     try:
@@ -483,8 +485,8 @@ def _from_glob(pattern: str, allow_incomplete: bool = False) -> ShardedSource:
 _SIDECARS = frozenset({MANIFEST_NAME, TFDS_INFO, FEATURES_NAME, "report.json"})
 
 
-def _converted_shards(paths: list[str]) -> tuple[str, frozenset[str]] | None:
-    """(directory, shard names) when the glob's matches lie in one directory whose manifest lists them (a
+def _converted_shards(paths: list[str]) -> tuple[str, frozenset[str], ShardTable] | None:
+    """(directory, shard names, its manifest) when the glob's matches lie in one directory whose manifest lists them (a
     pre-tokenized shard's `.counts` file, matched beside it, left out): the glob then reads those shards as the
     directory does, not as bare files (which would lose the counts, the tokenizer and the feature ranges)."""
     directories = {p[: -len(storage.basename(p))] for p in paths}
@@ -494,12 +496,13 @@ def _converted_shards(paths: list[str]) -> tuple[str, frozenset[str]] | None:
     if not storage.exists(storage.join(root, MANIFEST_NAME)):
         return None
     path = storage.join(root, MANIFEST_NAME)
-    listed = set(ShardTable.from_json(_read_text(path), path=path).paths)
+    table = ShardTable.from_json(_read_text(path), path=path)
+    listed = set(table.paths)
     names = {storage.basename(p) for p in paths}
     names -= {n for n in names if n.endswith(COUNTS_SUFFIX) and n[: -len(COUNTS_SUFFIX)] in listed}
     if not names <= listed:
         return None
-    return root, frozenset(names)
+    return root, frozenset(names), table
 
 
 def of_files(paths: list[str], missing: str = "does not exist; check the path") -> ShardedSource:
