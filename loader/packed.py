@@ -150,7 +150,8 @@ class PackedLoader:
         self._setup(inputs, config)
         layout = Layout(self.counts, len(inputs.source), self.packing.seq_len, self.packing.fit, config.seed,
                         config.shuffle)
-        self.plan = PackedPlan(layout, config.batch_size, config.num_epochs, shard_index, shard_count)
+        self.plan = PackedPlan(layout, config.batch_size, config.num_epochs, shard_index, shard_count,
+                               config.drop_remainder)
 
     def _setup(self, inputs: Inputs, config) -> None:
         self.source, self.config, self.packing = inputs.source, config, config.packing
@@ -205,7 +206,7 @@ class PackedLoader:
         layout = self.plan.layout
         return {"dataset": self.source.identity, "num_records": layout.n, "batch_size": self.plan.batch_size,
                 "seed": layout.seed, "shuffle": layout.shuffle, "num_epochs": self.plan.num_epochs,
-                "seq_len": layout.seq_len,
+                "drop_remainder": self.plan.drop_remainder, "seq_len": layout.seq_len,
                 "fit": layout.fit, "layout": f"blocks of {layout.block_size}, window {WINDOW}",
                 "counts": self.counts.identity,
                 **({"records": self.source.slice_bounds} if self.source.offsets is not None else {})}

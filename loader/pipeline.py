@@ -547,10 +547,6 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
     if config.map_fn is not None or config.random_map_fn is not None:
         raise ValueError("packing= reads one feature and tokenises it in Packing.tokenize: it takes no map_fn= or "
                          "random_map_fn=")
-    if not config.drop_remainder:
-        raise ValueError("packing= lays each epoch into full batches of rows, so it takes no drop_remainder=False: "
-                         "the rows that do not fill an epoch's last batch (fewer than batch_size) are left out; a "
-                         "smaller batch_size leaves out fewer (a held-out set read once: batch_size=1 reads every row)")
     if config.features is not None:
         raise ValueError(f"packing= reads one feature, Packing.feature, and gives rows of token ids: drop "
                          f"features={list(config.features)} (name the text feature as Packing(feature=...))")
@@ -561,6 +557,9 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
         if config.num_epochs is not None:
             raise ValueError(f"a packed mixture is endless (each component repeats its epochs); leave num_epochs unset "
                              f"(got num_epochs={config.num_epochs})")
+        if not config.drop_remainder:
+            raise ValueError("a packed mixture is endless (each component repeats its epochs), so it has no last, "
+                             "short batch to keep: leave drop_remainder=True")
         names, src, plan = _mixture(source, config, shard_index, shard_count)
         return PackedMixtureLoader(names, _packing_inputs(src, config), config, plan)
     src = _resolved(source, config)

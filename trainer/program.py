@@ -244,17 +244,13 @@ class Program:
         return {**_means(totals, weight, examples), **out}
 
     def _eval_sums(self, strategy, params, model_state, source: Source) -> tuple[dict[str, float], float, float]:
-        """(summed metrics, summed weights, examples) over one pass of `source` (its first eval_steps batches). With
-        packing, its rows packed as training's are, so every token of every document is scored (the rows that do not
-        fill a last batch left out), and the examples are rows."""
+        """(summed metrics, summed weights, examples) over one pass of `source` (its first eval_steps batches; the
+        last one short, padded with rows of weight 0). With packing, its rows packed as training's are, so every token
+        of every document is scored, and the examples are rows."""
         config, task = self.config, self.task
         if config.packing:
             batches = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                                  packing=task.packing)
-            if len(batches) == 0:
-                raise ValueError(f"eval_data={source.path} packs into {batches.plan.layout.epoch_rows(0):,} rows of "
-                                 f"seq_len={config.seq_len}, fewer than batch_size={config.batch_size}: no batch to "
-                                 "evaluate; hold out more records (eval_split=) or lower batch_size")
+                                  drop_remainder=False, packing=task.packing)
         else:
             batches = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False, num_epochs=1,
                                   drop_remainder=False, features=task.features, map_fn=tasks.preprocess(task))

@@ -232,19 +232,24 @@ class PackedPlan:
     num_epochs: int | None = None
     shard_index: int = 0
     shard_count: int = 1
+    drop_remainder: bool = True  # False: an epoch's rows that fill no batch are its last, short batch
 
     def __post_init__(self):
         if self.batch_size % self.shard_count:
             raise ValueError(f"the global batch_size={self.batch_size} does not split evenly over "
                              f"shard_count={self.shard_count} hosts; use a multiple of {self.shard_count}")
+        if not self.drop_remainder and self.num_epochs is None:
+            raise ValueError("drop_remainder=False keeps each epoch's last, short batch, and an endless loader "
+                             "(num_epochs=None) has no last batch: set num_epochs, or keep drop_remainder=True")
 
     @property
     def seq_len(self) -> int:
         return self.layout.seq_len
 
     def batch_at(self, at: Position) -> tuple[list[tuple[Block, int]], Position] | None:
-        """This host's rows (block, row) of the batch whose first row is at or after `at` (an epoch's last rows that
-        fill no batch are passed over), and the position after it; None past the last epoch."""
+        """This host's rows (block, row) of the batch whose first row is at or after `at`, and the position after it;
+        None past the last epoch. An epoch's last rows that fill no batch are passed over, or with drop_remainder=False
+        are its last batch: host i of n takes its rows [i*B/n, (i+1)*B/n) of it, so fewer, or none."""
         layout, size = self.layout, self.batch_size
         epoch, b, r = at
         while self.num_epochs is None or epoch < self.num_epochs:
@@ -256,10 +261,10 @@ class PackedPlan:
                 r += take
                 if r >= block.rows:
                     b, r = b + 1, 0
-            if len(rows) == size:
+            if len(rows) == size or (rows and not self.drop_remainder):
                 per_host = size // self.shard_count
                 return rows[self.shard_index * per_host:(self.shard_index + 1) * per_host], Position(epoch, b, r)
-            if at == Position(epoch, 0, 0):
+            if at == Position(epoch, 0, 0) and self.drop_remainder:
                 raise ValueError(f"epoch {epoch} packs into {len(rows)} rows of {self.seq_len} tokens, fewer than "
                                  f"batch_size={size}: lower batch_size or seq_len, or add data")
             epoch, b, r = epoch + 1, 0, 0
@@ -267,7 +272,8 @@ class PackedPlan:
         return None
 
     def batches_in(self, epoch: int) -> int:
-        return self.layout.epoch_rows(epoch) // self.batch_size  # (the layout keeps each block's row count)
+        rows = self.layout.epoch_rows(epoch)  # (the layout keeps each block's row count)
+        return rows // self.batch_size if self.drop_remainder else -(-rows // self.batch_size)
 
     @property
     def num_batches(self) -> int | None:

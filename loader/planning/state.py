@@ -4,8 +4,9 @@ restores as it did then."""
 
 from __future__ import annotations
 
-# Keys a state saved by an earlier release lacks: "dataset", which records of which shards (ShardedSource.identity).
-LATER_KEYS = frozenset({"dataset"})
+# Keys a state saved by an earlier release lacks: "dataset", which records of which shards (ShardedSource.identity);
+# a packed loader's "drop_remainder" (always True before).
+LATER_KEYS = frozenset({"dataset", "drop_remainder"})
 
 
 def unmatched(saved: dict, key: dict) -> dict:

@@ -405,14 +405,40 @@ def test_auto_workers_pack_the_batches_of_threads_plain_and_mixed(token_data, mo
         assert it.worker_setting() == "closed"
 
 
-def test_packing_refuses_map_fn_and_drop_remainder_false_each_with_its_reason(token_data):
+def test_packing_refuses_map_fn_and_an_endless_drop_remainder_false_each_with_its_reason(token_data):
     packing = loader.Packing("ids", seq_len=6, tokenize=flat_ids)
     with pytest.raises(ValueError, match=r"^packing= reads one feature and tokenises it in Packing.tokenize: it takes "
                                          r"no map_fn= or random_map_fn=$"):
         loader.load(token_data, batch_size=2, packing=packing, map_fn=lambda r: r)
-    with pytest.raises(ValueError, match=r"^packing= lays each epoch into full batches of rows, so it takes no "
-                                         r"drop_remainder=False: .* \(a held-out set read once: batch_size=1 reads "
-                                         r"every row\)$"):
-        loader.load(token_data, batch_size=2, packing=packing, num_epochs=1, drop_remainder=False)
-    once = loader.load(token_data, batch_size=1, packing=packing, num_epochs=1, shuffle=False)
-    assert sum(len(b["tokens"]) for b in once) == once.plan.layout.epoch_rows(0) > 0
+    with pytest.raises(ValueError, match=r"^drop_remainder=False keeps each epoch's last, short batch, and an endless "
+                                         r"loader \(num_epochs=None\) has no last batch: set num_epochs"):
+        loader.load(token_data, batch_size=2, packing=packing, drop_remainder=False)
+    with pytest.raises(ValueError, match=r"^a packed mixture is endless .* leave drop_remainder=True$"):
+        loader.load({"a": token_data, "b": token_data}, batch_size=2, packing=packing, drop_remainder=False)
+
+
+@pytest.mark.parametrize("hosts", [1, 4])
+def test_drop_remainder_false_keeps_each_epochs_last_short_batch_split_over_hosts(token_data, hosts):
+    """10 rows an epoch in batches of 4: 4, 4, 2 each epoch, every target of the epoch in its 3 batches; host i of 4
+    takes its row of each full batch and rows [i, i+1) of the short one (hosts 2 and 3 none). Resume before the short
+    batch gives it."""
+    parts = [list(_packed(token_data, batch_size=4, num_epochs=2, shuffle=False, drop_remainder=False,
+                          shard_index=i, shard_count=hosts)) for i in range(hosts)]
+    whole = [{k: np.concatenate([p[b][k] for p in parts]) for k in parts[0][b]} for b in range(len(parts[0]))]
+    assert [len(b["tokens"]) for b in whole] == [4, 4, 2, 4, 4, 2]
+    if hosts == 4:
+        assert [len(parts[i][2]["tokens"]) for i in range(4)] == [1, 1, 0, 0]
+    targets = np.concatenate([b["targets"][b["segment_ids"] > 0] for b in whole[:3]])
+    assert sorted(targets.tolist()) == sorted(t for i in range(len(LENGTHS)) for t in _ids(i)[1:].tolist())
+    for a, b in zip(whole[:3], whole[3:]):  # (not shuffled: each epoch's rows alike)
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    it = iter(_packed(token_data, batch_size=4, num_epochs=2, shuffle=False, drop_remainder=False))
+    next(it), next(it)
+    state = it.get_state()
+    again = iter(_packed(token_data, batch_size=4, num_epochs=2, shuffle=False, drop_remainder=False))
+    again.set_state(state)
+    assert np.array_equal(next(again)["tokens"], whole[2]["tokens"])
+    with pytest.raises(ValueError, match="drop_remainder: saved False, now True"):
+        iter(_packed(token_data, batch_size=4, num_epochs=2, shuffle=False)).set_state(state)
+    dropped = _packed(token_data, batch_size=4, num_epochs=2, shuffle=False)
+    assert len(dropped) == 4 and "drop_remainder" in iter(dropped).get_state()

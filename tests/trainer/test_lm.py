@@ -62,7 +62,8 @@ def _train_and_compare(stdlib_text, workdir, seq_len: int, steps: int) -> tuple[
 
 def test_packed_evaluation_scores_every_token_of_eval_data_and_eval_steps_caps_it(stdlib_text, tmp_path):
     """packing=true: evaluation packs eval_data as training packs data, so every byte of every passage is scored (not
-    each passage's first seq_len), the rows of full batches; eval_steps takes the first batches only."""
+    each passage's first seq_len), the last batch short and padded; eval_steps takes the first batches only. A batch
+    larger than all the rows evaluates them all."""
     from trainer import tasks, train
     from trainer.config import TrainConfig
 
@@ -71,18 +72,19 @@ def test_packed_evaluation_scores_every_token_of_eval_data_and_eval_steps_caps_i
                   depth=1, heads=2)
     config = TrainConfig(workdir=str(tmp_path / "all"), **common)
     packing = tasks.make(config, {}).packing
-    rows = loader.load(str(stdlib_text["test"]), batch_size=8, shuffle=False, num_epochs=1, packing=packing)
+    rows = loader.load(str(stdlib_text["test"]), batch_size=8, shuffle=False, num_epochs=1, packing=packing,
+                       drop_remainder=False)
     real = sum(int((b["segment_ids"] > 0).sum()) for b in rows)
     passages = loader.load(str(stdlib_text["test"]), batch_size=64, shuffle=False, num_epochs=1, drop_remainder=False)
-    text = sum(len(t) + 1 for b in passages for t in b["text"])  # each passage's bytes and BOS
-    assert real > 0.97 * text  # all of it but the rows of a last, partial batch
+    assert real == sum(len(t) for b in passages for t in b["text"])  # each byte, predicted (the first from BOS)
+    all_rows = rows.plan.layout.epoch_rows(0)
+    assert all_rows % 8  # (a short last batch)
     summary = train.train_and_evaluate(config)
-    assert summary["eval_examples"] == 8 * len(rows) > 8
+    assert summary["eval_examples"] == all_rows > 8
     capped = train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "two"), eval_steps=2, **common))
     assert capped["eval_examples"] == 16
-    with pytest.raises(ValueError, match=r"eval_data=.* packs into [\d,]+ rows of seq_len=64, fewer than "
-                                         r"batch_size=4096: no batch to evaluate"):
-        train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "big"), **{**common, "batch_size": 4096}))
+    big = train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "big"), **{**common, "batch_size": 4096}))
+    assert big["eval_examples"] == all_rows
 
 
 @pytest.mark.slow
