@@ -47,6 +47,11 @@ def rate_at(config, step: int) -> float:
     return float(rate) if isinstance(rate, (int, float)) else float(rate(step))
 
 
+def described(config, rate: float) -> str:
+    """" lr X" for a log line when the learning rate moves (a schedule or warmup), else ""."""
+    return f" lr {rate:.3g}" if config.schedule != "constant" or config.warmup_steps > 0 else ""
+
+
 def matrices(params):
     """True for each parameter of two or more dimensions (weight_decay_on=matrices decays those alone)."""
     return jax.tree.map(lambda p: p.ndim >= 2, params)

@@ -307,7 +307,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     import orbax.checkpoint as ocp
     import ray
 
-    from trainer import strategy as strategies
+    from trainer import optim, strategy as strategies
     from trainer.metrics import MetricsWriter
     from trainer.program import Program
     from trainer.checkpoints import check_restorable, checkpoint_manager, config_record, finished_run
@@ -389,10 +389,11 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
 
         def report(record):
             metrics.write(record)
-            log.info("step %d/%d loss %.4f %sstaleness mean %.2f max %d, %.0f ex/s", record["step"], config.steps,
+            log.info("step %d/%d loss %.4f %sstaleness mean %.2f max %d, %.0f ex/s%s", record["step"], config.steps,
                      record["loss"], "".join(f"{k} {v:.4f} " for k, v in record.items()
                                              if k.startswith("eval_") and k != "eval_examples"),
-                     record["staleness_mean"], record["staleness_max"], record["examples_per_sec"])
+                     record["staleness_mean"], record["staleness_max"], record["examples_per_sec"],
+                     optim.described(config, record["learning_rate"]))
 
         try:
             while done < config.steps:
@@ -435,12 +436,15 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
 
 def _record(config, done, period, period_start, coordinator) -> dict:
     """The metrics of the steps finished since the last record."""
+    from trainer import optim
+
     elapsed = time.perf_counter() - period_start
     staleness = [r["staleness"] for r in period]
     return {"step": done, "loss": float(np.mean([r["loss"] for r in period])),
             "staleness_mean": float(np.mean(staleness)), "staleness_max": int(max(staleness)),
             "examples_per_sec": len(period) * config.batch_size / elapsed, "steps_per_sec": len(period) / elapsed,
-            "workers_replaced": coordinator.replaced}
+            "workers_replaced": coordinator.replaced,
+            "learning_rate": optim.rate_at(config, done - 1)}  # each ps's last update (its done-th)
 
 
 # --- the Ray cluster ------------------------------------------------------------------------------------------

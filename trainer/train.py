@@ -180,7 +180,6 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     losses: list = []
     tokens: list = []
     period_start, data_wait, host_wait, longest_wait, last = time.perf_counter(), 0.0, 0.0, 0.0, {}
-    varies = config.schedule != "constant" or config.warmup_steps > 0  # the log line says the learning rate
     try:
         for step in range(start + 1, config.steps + 1):
             t = time.perf_counter()
@@ -224,7 +223,7 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                 log.info("step %d/%d loss %.4f %s%.0f ex/s %sdata-wait %.1f%% (longest %.2f s)%s", step, config.steps,
                          last["loss"], evals, last["examples_per_sec"], throughput.describe(last),
                          100 * last["data_wait_fraction"], longest_wait,
-                         f" lr {last['learning_rate']:.3g}" if varies else "")
+                         optim.described(config, last["learning_rate"]))
                 losses, tokens = [], []
                 period_start, data_wait, host_wait, longest_wait = time.perf_counter(), 0.0, 0.0, 0.0
             if itstime(step, config.checkpoint_every, config.steps) or stop:

@@ -59,7 +59,7 @@ def _read_until(proc, pattern, lines):
 
 @pytest.mark.timeout(400)
 def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
-    proc = run_trainer(*_args(digits, tmp_path, 800), popen=True)
+    proc = run_trainer(*_args(digits, tmp_path, 800, "warmup_steps=100"), popen=True)
     lines = []
     pid = int(_read_until(proc, r"worker 1: pid (\d+)", lines).group(1))
     assert "ps 0 holds" in "".join(lines) and "['Dense_0']['kernel'][32, 256]" in "".join(lines)
@@ -77,6 +77,10 @@ def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
     # asynchronous: the other worker's updates land between a pull and a push
     assert all(r["staleness_max"] >= 0 for r in records) and max(r["staleness_max"] for r in records) >= 1
     assert records[-1]["workers_replaced"] == 1
+    # each ps's learning rate at its 50th update, in warmup (49 of 100 steps from 0), and the log line's
+    assert records[0]["learning_rate"] == pytest.approx(0.003 * 49 / 100)
+    assert records[2]["learning_rate"] == pytest.approx(0.003)
+    assert re.search(r"step 50/800 loss .* ex/s lr 0\.00147\n", out), out[-3000:]
 
 
 @pytest.mark.slow
