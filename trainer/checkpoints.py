@@ -98,10 +98,10 @@ SCHEDULE_KEYS = ("learning_rate", "schedule", "warmup_steps", "end_lr_fraction",
                  "learning_rate_schedule_steps")
 
 
-def check_schedule(mngr: ocp.CheckpointManager, step: int, config: TrainConfig) -> None:
-    """Warns when the learning rate after `step` is not the one the run that wrote the checkpoint had there: above all
-    steps= raised under a decaying schedule, which stretches the decay, so the rate jumps back up."""
-    written = _written(mngr, step)
+def check_schedule(written: dict, step: int, config: TrainConfig) -> None:
+    """Warns when the learning rate after `step` is not the one the run that wrote the checkpoint there (its settings:
+    `written`) had: above all steps= raised under a decaying schedule, which stretches the decay, so the rate jumps
+    back up."""
     keys = {k: written[k] for k in SCHEDULE_KEYS if k in written and written[k] != getattr(config, k)}
     if not keys:
         return
@@ -130,7 +130,11 @@ def _written(mngr: ocp.CheckpointManager, step: int) -> dict:
 
 def _written_otherwise(mngr: ocp.CheckpointManager, step: int, config: TrainConfig, keys: tuple[str, ...]) -> list[str]:
     """`KEY=VALUE` for each of `keys` that the run which wrote the checkpoint at `step` had otherwise."""
-    written = _written(mngr, step)
+    return _otherwise(_written(mngr, step), config, keys)
+
+
+def _otherwise(written: dict, config: TrainConfig, keys: tuple[str, ...]) -> list[str]:
+    """`KEY=VALUE` for each of `keys` that the settings `written` have otherwise than `config`."""
     now = json.loads(json.dumps(dataclasses.asdict(config), default=str))
     return [f"{k}={setting_text(written[k])}" for k in keys if k in written and written[k] != now.get(k)]
 
@@ -140,8 +144,9 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
     changed: its state holds other arrays) is one line naming the settings the run that wrote it had, not orbax's
     advice (partial_restore=True, which the trainer has no setting for)."""
     check_restorable(mngr, step, abstract, config)
-    check_schedule(mngr, step, config)
-    layout = _written_otherwise(mngr, step, config, LAYOUT_KEYS)
+    written = _written(mngr, step)  # (read once: on gs:// each read is requests)
+    check_schedule(written, step, config)
+    layout = _otherwise(written, config, LAYOUT_KEYS)
     if layout:  # the same shapes, another function: allowed (a longer rope wavelength to extend the context), said
         log.warning("resuming step %d, written with %s: the model computes otherwise from here on (resume with those "
                     "to continue the same model)", step, " ".join(layout))
@@ -151,7 +156,7 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
     except ValueError as e:
         if "tree structures do not match" not in str(e):
             raise
-        changed = _written_otherwise(mngr, step, config, SHAPING_KEYS + OPTIMIZER_KEYS)
+        changed = _otherwise(written, config, SHAPING_KEYS + OPTIMIZER_KEYS)
         fix = (f"resume with {' '.join(changed)} (what it was written with)" if changed else
                "resume with the settings it was written with (optimizer=, grad_clip=, ...)")
         raise ValueError(f"{config.checkpoint_dir} holds step {step} of a training state other than this run's (its "
