@@ -20,7 +20,7 @@ from loader.decoding.decode import decoder_at
 from loader.executors.handout import End, HostBatches, WorkerControls, close_at_exit, END
 from loader.executors.stages import Group, Stopwatch
 from loader.planning.batches import FOREVER
-from loader.planning.state import check
+from loader.planning.state import check, said_new_batch_size
 from loader.planning.packing import (KEY_PRESETS, ROW_KEYS, START, WINDOW, Job, Layout, PackedPlan, Packing, Position,
                                       row_keys)
 
@@ -297,7 +297,9 @@ class PackedIterator(WorkerControls, Iterator):
                 **self._loader.state_key()}
 
     def set_state(self, state: dict) -> None:
-        check(state, self._loader.state_key(), "the packed loader's state")
+        key = self._loader.state_key()  # (another batch_size: the rows continue from the saved position)
+        check(state, {k: v for k, v in key.items() if k != "batch_size"}, "the packed loader's state")
+        said_new_batch_size(state, self._loader.plan.batch_size)
         position = state.get("position")
         self.close()
         self._start(int(state["next_batch"]), Position(*position) if position is not None else None)

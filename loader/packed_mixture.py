@@ -24,7 +24,7 @@ import numpy as np
 from loader.packed import Inputs, Jobs, PackedIterator, PackedLoader
 from loader.planning.mixture import MixturePlan, component_seed, COMPONENT_KEY
 from loader.planning.packing import Job, Layout, BLOCK, START, WINDOW
-from loader.planning.state import check
+from loader.planning.state import check, said_new_batch_size
 
 
 class RowStream:
@@ -148,6 +148,7 @@ class PackedMixtureIterator(PackedIterator):
               "packing options (the components and weights may change)")
         self.close()
         self._plan = self._loader.plan.restored(state["mixture"], int(state["next_batch"]))
+        said_new_batch_size(state, self._plan.batch_size)
         anchors = state.get("anchors", {})  # (block, its first row) of each component's next row
         taken = dict(zip(self._loader.components, self._plan.counts_at(int(state["next_batch"]))))
         for name, stream in zip(self._loader.components, self._loader._streams):

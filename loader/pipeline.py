@@ -42,7 +42,7 @@ from loader.packed import Inputs, PackedLoader
 from loader.planning import mixture
 from loader.planning.batches import BatchPlan
 from loader.planning.packing import Packing
-from loader.planning.state import check
+from loader.planning.state import check, said_new_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -454,6 +454,8 @@ class LoaderIterator(WorkerControls, Iterator):
         state = {"version": STATE_VERSION, "next_batch": self._next, **self._loader.state_key()}
         if self._loader.components is not None:
             state["mixture"] = self._plan.state(self._next)
+        elif self._plan.origin:  # batch k begins at origin + k * batch_size (after a resume with another batch size)
+            state["origin"] = self._plan.origin
         return state
 
     def set_state(self, state: dict) -> None:
@@ -468,10 +470,15 @@ class LoaderIterator(WorkerControls, Iterator):
             raise ValueError("cannot restore loader state: it was saved by a "
                              f"{'mixture' if 'mixture' in state else 'single-source loader'} and this loader "
                              f"{'is a mixture' if self._loader.components is not None else 'has one source'}")
-        check(state, self._loader.state_key(), "loader state")
+        key = self._loader.state_key()
+        check(state, {k: v for k, v in key.items() if k != "batch_size"}, "loader state")
         self._next = int(state["next_batch"])
         if "mixture" in state:
             self._plan = self._loader.plan.restored(state["mixture"], self._next)
+        else:  # another batch size continues the stream where it stopped
+            size = int(state.get("batch_size", self._loader.plan.batch_size))
+            self._plan = self._loader.plan.continued(self._next, int(state.get("origin", 0)) + self._next * size)
+        said_new_batch_size(state, self._plan.batch_size)
         self._restart(self._next)
 
 

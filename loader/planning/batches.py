@@ -6,6 +6,10 @@ shuffling is off). Global batch k is positions [k*B, (k+1)*B); host i of n takes
 [i*B/n, (i+1)*B/n) of it. Nothing here depends on the host count or the worker count, so
 concatenating the hosts' batches gives the same global batch for any n, and the iterator
 state is just k.
+
+A resume with another batch size continues the stream where it stopped: a plan whose batches
+from `start_batch` on begin at `start_position` (global batch k >= start_batch is positions
+[start_position + (k - start_batch)*B, ...)), so every record is still read once an epoch.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class BatchPlan:
     drop_remainder: bool = True
     shard_index: int = 0
     shard_count: int = 1
+    start_batch: int = 0  # this segment's first batch (a resume with another batch size)
+    start_position: int = 0  # where it begins in the stream
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -51,11 +57,27 @@ class BatchPlan:
         return self.batch_size // self.shard_count
 
     @property
+    def origin(self) -> int:
+        """Where batch 0 would begin: batch k begins at origin + k * batch_size."""
+        return self.start_position - self.start_batch * self.batch_size
+
+    def position(self, k: int) -> int:
+        """Where global batch k begins in the stream."""
+        return self.origin + k * self.batch_size
+
+    def continued(self, next_batch: int, position: int) -> BatchPlan:
+        """This plan with batch `next_batch` beginning at stream `position` (a state saved with another batch size)."""
+        if position == next_batch * self.batch_size:
+            return dataclasses.replace(self, start_batch=0, start_position=0)
+        return dataclasses.replace(self, start_batch=next_batch, start_position=position)
+
+    @property
     def num_batches(self) -> int:
         if self.num_epochs is None:
             return FOREVER
-        total = self.num_epochs * self.num_records
-        return total // self.batch_size if self.drop_remainder else -(-total // self.batch_size)
+        total = max(0, self.num_epochs * self.num_records - self.start_position)
+        left = total // self.batch_size if self.drop_remainder else -(-total // self.batch_size)
+        return self.start_batch + left
 
     @functools.lru_cache(maxsize=4)
     def _permutation(self, epoch: int) -> Permutation:
@@ -74,9 +96,12 @@ class BatchPlan:
     def host_positions_range(self, first_batch: int, end_batch: int) -> list[np.ndarray]:
         """Per batch k in [first_batch, end_batch), the positions of this host's rows (position p is record
         `indices_at(p)` of epoch `p // num_records`)."""
+        if first_batch < self.start_batch:
+            raise IndexError(f"batch {first_batch} comes before this plan's segment, which starts at batch "
+                             f"{self.start_batch}")
         total = None if self.num_epochs is None else self.num_epochs * self.num_records
         return host_rows(first_batch, end_batch, self.batch_size, self.shard_index, self.shard_count,
-                         self.num_batches, total)
+                         self.num_batches, total, self.origin)
 
     def next_reads(self, positions: np.ndarray, records: np.ndarray, horizon: int) -> np.ndarray:
         """For the record read at each stream position, the position of its next read by this host within the
@@ -96,11 +121,11 @@ class BatchPlan:
                 mine = records[pending[at]]
                 within = self._permutation(epoch).inverse(mine) if self.shuffle else mine
                 then = epoch * n + within
-                here = (then % self.batch_size) // per_host == self.shard_index
+                here = ((then - self.origin) % self.batch_size) // per_host == self.shard_index
                 if total is not None:
                     here &= then < total
                 if self.drop_remainder:
-                    here &= then < self.num_batches * self.batch_size
+                    here &= then < self.position(self.num_batches)
                 out[pending[at[here]]] = then[here]
                 found[at[here]] = True
             pending = pending[~found]
@@ -132,14 +157,15 @@ def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 def host_rows(first_batch: int, end_batch: int, batch_size: int, shard_index: int, shard_count: int,
-              num_batches: int, total: int | None) -> list[np.ndarray]:
+              num_batches: int, total: int | None, origin: int = 0) -> list[np.ndarray]:
     """Per global batch k in [first_batch, end_batch), this host's positions of the stream: rows
-    [k*B + i*B/n, k*B + (i+1)*B/n) for host i of n, cut at `total` positions (a partial last batch)."""
+    [o + k*B + i*B/n, o + k*B + (i+1)*B/n) for host i of n (o: `origin`), cut at `total` positions (a partial last
+    batch)."""
     if not 0 <= first_batch < end_batch <= num_batches:
         raise IndexError(f"batches [{first_batch}, {end_batch}) are outside [0, {num_batches})")
     per_host = batch_size // shard_count
     ks = np.arange(first_batch, end_batch, dtype=np.int64)
-    starts = ks * batch_size + shard_index * per_host
+    starts = origin + ks * batch_size + shard_index * per_host
     positions = (starts[:, None] + np.arange(per_host, dtype=np.int64)[None, :]).ravel()
     if total is None:
         return np.split(positions, np.arange(1, len(ks)) * per_host)

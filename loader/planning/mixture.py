@@ -251,9 +251,10 @@ class MixturePlan:
                 **({"dormant": dict(self.dormant)} if self.dormant else {})}
 
     def restored(self, saved: dict, next_batch: int) -> MixturePlan:
-        """This plan continued from a saved state: the saved segment itself when the components and weights are the
-        same (the batches continue bitwise), else a new segment at `next_batch` from each component's saved count."""
-        options = ("seed", "batch_size", "shuffle", "drop_remainder")
+        """This plan continued from a saved state: the saved segment itself when the components, weights and batch size
+        are the same (the batches continue bitwise), else a new segment at `next_batch` from each component's saved
+        count."""
+        options = ("seed", "shuffle", "drop_remainder")  # (another batch_size: a new segment)
         mine, given = {k: getattr(self, k) for k in options}, {k: saved.get(k) for k in options}
         components = saved.get("components", {})
         for c, name in enumerate(self.names):  # a component named in both is the same records
@@ -265,7 +266,7 @@ class MixturePlan:
               "restore with the same datasets and options (weights and components may change)")
         rows = {**saved.get("dormant", {}), **{name: c["rows"] for name, c in components.items()}}
         dormant = tuple((n, r) for n, r in sorted(rows.items()) if n not in self.names)
-        if list(components) == list(self.names) and \
+        if list(components) == list(self.names) and saved.get("batch_size") == self.batch_size and \
                 all(components[n]["weight"] == w for n, w in zip(self.names, self.weights)):
             return dataclasses.replace(self, start_batch=saved["start_batch"], dormant=dormant,
                                        base=tuple(components[n]["base"] for n in self.names))

@@ -4,6 +4,10 @@ restores as it did then."""
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger(__name__)
+
 # Keys a state saved by an earlier release lacks: "dataset", which records of which shards (ShardedSource.identity);
 # a packed loader's "drop_remainder" (always True before).
 LATER_KEYS = frozenset({"dataset", "drop_remainder"})
@@ -24,3 +28,12 @@ def check(saved: dict, key: dict, what: str, fix: str = "restore with the same d
     if mismatched:
         detail = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in mismatched.items())
         raise ValueError(f"cannot restore {what}: {detail}; {fix}")
+
+
+def said_new_batch_size(state: dict, batch_size: int) -> None:
+    """One log line when a state saved with another batch size is restored (a loader continues its stream where the
+    state stopped, in batches of the new size)."""
+    saved = state.get("batch_size", (state.get("mixture") or {}).get("batch_size"))
+    if saved is not None and saved != batch_size:
+        log.info("restoring a state saved with batch_size=%d with batch_size=%d: batch %d and after continue where "
+                 "it stopped, each record still read once an epoch", saved, batch_size, state["next_batch"])

@@ -76,6 +76,37 @@ def test_resume_is_exact_and_state_is_small_json(converted):
     assert _take(resumed, 50) == expected
 
 
+def test_a_resume_with_another_batch_size_continues_the_stream_where_it_stopped(converted, caplog):
+    """5 batches of 8 (40 records), then batches of 12 from where they stopped, then (restored again, on 2 hosts)
+    batches of 4: the records are the stream batches of 1 give, none skipped or read twice; len() and the end of a
+    bounded run follow the new size; a state of the new size restores as any other."""
+    stream = [r for b in loader.load(str(converted), batch_size=1, seed=2, decode=None, num_epochs=2) for r in b]
+    it = iter(loader.load(str(converted), batch_size=8, seed=2, decode=None, num_epochs=2))
+    got = [r for b in _take(it, 5) for r in b]
+    state = it.get_state()
+    assert "origin" not in state  # (an ordinary state, as before)
+    wider = iter(loader.load(str(converted), batch_size=12, seed=2, decode=None, num_epochs=2))
+    with caplog.at_level("INFO", logger="loader.planning.state"):
+        wider.set_state(json.loads(json.dumps(state)))
+    assert "restoring a state saved with batch_size=8 with batch_size=12: batch 5 and after continue" in caplog.text
+    batches = _take(wider, 20)
+    assert all(len(b) == 12 for b in batches)
+    got += [r for b in batches for r in b]
+    state = wider.get_state()
+    assert state["origin"] == 40 - 5 * 12 and state["next_batch"] == 25
+    hosts = []
+    for h in range(2):
+        narrow = iter(loader.load(str(converted), batch_size=4, seed=2, decode=None, num_epochs=2, shard_index=h,
+                                  shard_count=2))
+        narrow.set_state(state)
+        hosts.append([b for b in narrow])
+    got += [r for b0, b1 in zip(*hosts) for r in b0 + b1]
+    assert got == stream[:len(got)] and len(got) == len(stream) - len(stream) % 4  # (the rest: no full batch of 4)
+    again = iter(loader.load(str(converted), batch_size=12, seed=2, decode=None, num_epochs=2))
+    again.set_state(state)  # (the same size: the saved segment goes on)
+    assert next(again) == stream[40 + 20 * 12:40 + 21 * 12]
+
+
 def test_a_restored_or_new_iterator_reuses_the_open_shards(converted, monkeypatch):
     """A loader opens each shard once, however often it restarts (its files stay open under the process limit)."""
     import loader.fetch.reader

@@ -442,3 +442,16 @@ def test_drop_remainder_false_keeps_each_epochs_last_short_batch_split_over_host
         iter(_packed(token_data, batch_size=4, num_epochs=2, shuffle=False)).set_state(state)
     dropped = _packed(token_data, batch_size=4, num_epochs=2, shuffle=False)
     assert len(dropped) == 4 and "drop_remainder" in iter(dropped).get_state()
+
+
+def test_a_resume_with_another_batch_size_continues_the_rows_where_they_stopped(token_data):
+    """The rows do not depend on the batch size: 2 batches of 2, then batches of 3 from that state, are the rows of
+    batches of 1 in order (within the epoch; its last rows that fill no batch of 3 passed over)."""
+    rows = [b["tokens"][0].tolist() for b in _packed(token_data, batch_size=1, num_epochs=1)]
+    it = iter(_packed(token_data, batch_size=2, num_epochs=1))
+    got = [r.tolist() for _ in range(2) for r in next(it)["tokens"]]
+    state = it.get_state()
+    wider = iter(_packed(token_data, batch_size=3, num_epochs=1))
+    wider.set_state(state)
+    got += [r.tolist() for b in wider for r in b["tokens"]]
+    assert len(rows) == 10 and got == rows[:4 + 6]

@@ -159,6 +159,22 @@ def test_resume_after_a_crash_between_log_and_checkpoint_logs_each_step_once(dig
     assert [r["loss"] for r in got] == [r["loss"] for r in want]  # the repeated steps, bitwise
 
 
+def test_a_resume_with_a_larger_batch_size_reads_on_from_where_the_batches_stopped(digits, tmp_path):
+    """A batch-size ramp by restarts: 4 steps of 32 examples, then steps 5-8 of 48 from the same workdir. The loader
+    continues its stream at example 128 (its state says where batch 4 of 48 begins), neither repeating nor skipping."""
+    first = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4", "checkpoint_every=4"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    args = [a for a in _common(digits, tmp_path, "model=mlp", "steps=8", "checkpoint_every=4") if a != "batch_size=32"]
+    second = run_trainer(*args, "batch_size=48")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "restoring a state saved with batch_size=32 with batch_size=48: batch 4 and after continue" in second.stderr
+    assert "resumed from step 4" in second.stderr
+    handlers = {"data": ocp.JsonCheckpointHandler()}
+    with ocp.CheckpointManager(str(tmp_path / "checkpoints"), item_handlers=handlers) as mngr:
+        state = mngr.restore(8, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
+    assert (state["next_batch"], state["batch_size"], state["origin"]) == (8, 48, 4 * 32 - 4 * 48)
+
+
 def test_resuming_with_settings_that_reshape_the_model_is_one_line_naming_them(digits, tmp_path):
     """A workdir resumed with another num_classes: one line before any restore, naming the array and the setting the
     checkpoint was written with (orbax's own error, hundreds of lines long, advised an orbax API change)."""

@@ -72,3 +72,42 @@ def test_next_reads_are_this_hosts_next_read_of_each_record(shuffle):
     # epoch 1 is [7, 0, 1, 6, 2, 5, 3, 8, 4, 9], epoch 2 [8, 1, 5, 3, 9, 0, 7, 2, 6, 4]: 4 comes back to host 0 at 29
     # (20 + 9), 3 at 16 (10 + 6); 7 (at 10 and 26) and 5 (at 15 and 22) go to host 1
     assert plan.next_reads(positions, plan.indices_at(positions), 2).tolist() == [NEVER, 29, NEVER, 16]
+
+
+def test_a_plan_continued_in_another_batch_size_reads_the_stream_on_from_where_it_stopped():
+    """Batches 0-2 of 4 (positions 0-11), then batches of 6 from batch 3 on: positions 12-17 and the short 18-19,
+    each record once an epoch; the same on 2 hosts; the same batch size back is the plain plan."""
+    first = BatchPlan(num_records=10, batch_size=4, shuffle=False, num_epochs=2, drop_remainder=False)
+    then = BatchPlan(num_records=10, batch_size=6, shuffle=False, num_epochs=2, drop_remainder=False).continued(3, 12)
+    assert (then.start_batch, then.origin, then.num_batches) == (3, -6, 5)
+    assert [then.host_indices(k).tolist() for k in range(3, 5)] == [[2, 3, 4, 5, 6, 7], [8, 9]]
+    stream = [first.host_indices(k) for k in range(3)] + [then.host_indices(k) for k in range(3, 5)]
+    assert np.concatenate(stream).tolist() == list(range(10)) * 2
+    with pytest.raises(IndexError, match="batch 2 comes before this plan's segment, which starts at batch 3"):
+        then.host_indices(2)
+    hosts = [BatchPlan(1000, 40, seed=1, num_epochs=3, shard_index=h, shard_count=4).continued(7, 333)
+             for h in range(4)]
+    whole = BatchPlan(1000, 40, seed=1, num_epochs=3).continued(7, 333)
+    assert whole.num_batches == 7 + (3000 - 333) // 40
+    for k in (7, 8, whole.num_batches - 1):
+        assert np.concatenate([h.host_indices(k) for h in hosts]).tolist() == whole.host_indices(k).tolist()
+    assert whole.host_indices(7).tolist() == BatchPlan(1000, 40, seed=1).indices_at(np.arange(333, 373)).tolist()
+    assert BatchPlan(10, 4).continued(3, 12) == BatchPlan(10, 4)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_next_reads_of_a_continued_plan_are_this_hosts_next_read(shuffle):
+    from loader.planning.batches import NEVER
+
+    for host in range(4):
+        plan = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=6, shard_index=host,
+                         shard_count=4).continued(11, 333)
+        positions = np.concatenate(plan.host_positions_range(11, plan.num_batches))
+        records = plan.indices_at(positions)
+        expected, seen = np.full(len(positions), NEVER), {}
+        for t in range(len(positions) - 1, -1, -1):
+            later = seen.get(int(records[t]))
+            if later is not None and later // 1000 - positions[t] // 1000 <= 3:
+                expected[t] = later
+            seen[int(records[t])] = int(positions[t])
+        assert np.array_equal(plan.next_reads(positions, records, horizon=3), expected)

@@ -157,16 +157,17 @@ def stream(name: str, count: int, seed: int) -> list[int]:
     return [int(i) for i in plan.indices_at(np.arange(count))]
 
 
-def test_changing_weights_and_adding_a_component_continue_every_component(corpora):
+@pytest.mark.parametrize("then_batch", [20, 30])
+def test_changing_weights_and_adding_a_component_continue_every_component(corpora, then_batch):
     """Run 1 (web 0.7, code 0.3) stops after 10 batches; run 2 restores its state with web 0.2, code 0.5 and a new
-    component tiny 0.3. Each component's records over both runs are its own stream, none skipped or repeated; after
-    the change every prefix follows the new weights within one row."""
+    component tiny 0.3 (and batches of 30 instead of 20). Each component's records over both runs are its own stream,
+    none skipped or repeated; after the change every prefix follows the new weights within one row."""
     first = iter(mix(corpora, ["web", "code"], [0.7, 0.3], batch_size=20, seed=4))
     before = [rows(next(first), ["web", "code"]) for _ in range(10)]
     state = first.get_state()
     first.close()
     names = ["web", "code", "tiny"]
-    second = iter(mix(corpora, names, [0.2, 0.5, 0.3], batch_size=20, seed=4))
+    second = iter(mix(corpora, names, [0.2, 0.5, 0.3], batch_size=then_batch, seed=4))
     second.set_state(state)
     after = [rows(next(second), names) for _ in range(40)]
     new_state = second.get_state()
@@ -178,7 +179,8 @@ def test_changing_weights_and_adding_a_component_continue_every_component(corpor
     for name in names:
         assert per[name] == stream(name, len(per[name]), seed=4), name
     counts = np.cumsum([[sum(n == c for n, _ in b) for c in names] for b in after], axis=0)
-    exact = np.arange(1, 41)[:, None] * 20 * np.asarray([0.2, 0.5, 0.3])
+    assert all(len(b) == then_batch for b in after)
+    exact = np.arange(1, 41)[:, None] * then_batch * np.asarray([0.2, 0.5, 0.3])
     assert np.abs(counts - exact).max() < 1
     assert new_state["mixture"]["start_batch"] == 10
     assert {n: c["rows"] for n, c in new_state["mixture"]["components"].items()} == \
@@ -326,8 +328,8 @@ def packed_corpora(tmp_path_factory):
 
 
 def packed(paths, names, weights, **options):
-    return loader.load({n: paths[n] for n in names}, weights=dict(zip(names, weights)), batch_size=8, seed=7,
-                       packing=loader.Packing("text", SEQ, key_tokens), **options)
+    return loader.load({n: paths[n] for n in names}, weights=dict(zip(names, weights)),
+                       packing=loader.Packing("text", SEQ, key_tokens), **{"batch_size": 8, "seed": 7, **options})
 
 
 def rows_of(batch) -> list[tuple[int, tuple]]:
@@ -370,9 +372,11 @@ def test_packed_mixture_batches_are_host_invariant_and_resume_bitwise(packed_cor
     resumed.close()
 
 
-def test_new_weights_continue_each_packed_components_stream(packed_corpora):
+@pytest.mark.parametrize("then_batch", [8, 12])
+def test_new_weights_continue_each_packed_components_stream(packed_corpora, then_batch):
     """Rows of each component over a run under (0.5, 0.5) and its continuation under (0.1, 0.9) plus a new component
-    are that component's own stream of packed rows (the rows of a mixture of it alone)."""
+    (and batches of 12 rows instead of 8) are that component's own stream of packed rows (the rows of a mixture of it
+    alone)."""
     first = iter(packed(packed_corpora, ["long", "short"], [0.5, 0.5]))
     got = collections.defaultdict(list)
     for _ in range(6):
@@ -381,10 +385,12 @@ def test_new_weights_continue_each_packed_components_stream(packed_corpora):
     state = first.get_state()
     first.close()
     names = ["long", "short", "tiny"]
-    second = iter(packed(packed_corpora, names, [0.1, 0.6, 0.3]))
+    second = iter(packed(packed_corpora, names, [0.1, 0.6, 0.3], batch_size=then_batch))
     second.set_state(state)
     for _ in range(10):
-        for c, tokens in rows_of(next(second)):
+        batch = next(second)
+        assert len(batch["tokens"]) == then_batch
+        for c, tokens in rows_of(batch):
             got[names[c]].append(tokens)
     second.close()
     for name in names:
