@@ -58,7 +58,7 @@ def list_inputs(pattern: str) -> list[InputFile]:
             _check_listable(_fixed_prefix(pattern))  # a file in a directory this user may not enter
             raise FileNotFoundError(f"input {pattern!r} does not exist; check the path (a file, a glob "
                                     "such as 'data/train-*', a directory, or a TFDS dataset directory)")
-    files = _unhidden(_files(_match(pattern)), pattern)
+    files = _unhidden(_files(_match(pattern)) if is_remote(pattern) else _local_glob(pattern), pattern)
     if not files:
         directory = _fixed_prefix(pattern)
         _check_listable(directory)  # a glob cannot see into a directory it may not read
@@ -175,6 +175,23 @@ def _tfds_versions(path: str) -> list[str]:
         return []
     found = [d for d in subdirs if os.path.isfile(os.path.join(d, INFO_NAME))]
     return sorted(found, key=lambda d: [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in basename(d).split(".")])
+
+
+def _local_glob(pattern: str) -> list[InputFile]:
+    """The files local `pattern` matches (a file, or a glob: wildcards in any part, `**` across directories), named as
+    the pattern names them (relative stays relative), one stat each. Beam's match finds nothing for a relative glob
+    whose first part has a wildcard (`*raw/*.tfrecord`)."""
+    import glob as globlib
+
+    files = []
+    for path in globlib.glob(pattern, recursive=True, include_hidden=True):  # (_unhidden says what it skips)
+        try:
+            stat = os.stat(path)
+        except OSError:  # (gone since the listing)
+            continue
+        if not os.path.isdir(path):
+            files.append(InputFile(path, stat.st_size, stat.st_mtime))
+    return sorted(files, key=lambda f: f.path)
 
 
 def _local_directory(path: str) -> list[InputFile]:

@@ -140,6 +140,12 @@ def test_a_gcs_prefix_converts_its_tfrecord_objects(tmp_path, gcs_bucket, gcs_em
     proc = run_cli("convert", "--input", f"gs://{bucket}/raw", "--output", str(tmp_path / "out"), env=gcs_emulator,
                    check=True)
     assert "converted 2 shard(s) (14 records" in proc.stdout
+    client.bucket(bucket).blob("more_raw/extra.tfrecord").upload_from_filename(str(path))
+    # a wildcard in a directory part: both prefixes' files (the planner lists what convert would do)
+    proc = run_cli("plan", "--input", f"gs://{bucket}/*raw/*.tfrecord", "--output", str(tmp_path / "out"),
+                   env=gcs_emulator, check=True)
+    assert f"convert gs://{bucket}/more_raw/extra.tfrecord" in proc.stdout
+    assert "plan: 1 shard(s) to convert, 2 up to date" in proc.stdout
 
 
 def test_unreadable_inputs_are_one_line_before_anything_is_written(tmp_path):
