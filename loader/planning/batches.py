@@ -67,6 +67,9 @@ class BatchPlan:
 
     def continued(self, next_batch: int, position: int) -> BatchPlan:
         """This plan with batch `next_batch` beginning at stream `position` (a state saved with another batch size)."""
+        if next_batch < 0 or position < 0:
+            raise ValueError(f"a loader state puts batch {next_batch} at record {position} of the stream, before its "
+                             "start: it is not a state get_state() gave; restore one that is")
         if position == next_batch * self.batch_size:
             return dataclasses.replace(self, start_batch=0, start_position=0)
         return dataclasses.replace(self, start_batch=next_batch, start_position=position)

@@ -93,6 +93,8 @@ def test_a_plan_continued_in_another_batch_size_reads_the_stream_on_from_where_i
         assert np.concatenate([h.host_indices(k) for h in hosts]).tolist() == whole.host_indices(k).tolist()
     assert whole.host_indices(7).tolist() == BatchPlan(1000, 40, seed=1).indices_at(np.arange(333, 373)).tolist()
     assert BatchPlan(10, 4).continued(3, 12) == BatchPlan(10, 4)
+    with pytest.raises(ValueError, match="puts batch 3 at record -2 of the stream, before its start: it is not a state"):
+        BatchPlan(10, 4).continued(3, -2)
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
