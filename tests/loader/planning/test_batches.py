@@ -45,6 +45,19 @@ def test_bad_plans_are_named():
         BatchPlan(num_records=10, batch_size=4, num_epochs=0)
 
 
+def _read_forward(positions: np.ndarray, records: np.ndarray, epoch: int = 1000, horizon: int = 3) -> np.ndarray:
+    """The next position of each record in this host's own stream read forward, within `horizon` epochs."""
+    from loader.planning.batches import NEVER
+
+    expected, seen = np.full(len(positions), NEVER), {}
+    for t in range(len(positions) - 1, -1, -1):
+        later = seen.get(int(records[t]))
+        if later is not None and later // epoch - positions[t] // epoch <= horizon:
+            expected[t] = later
+        seen[int(records[t])] = int(positions[t])
+    return expected
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_next_reads_are_this_hosts_next_read_of_each_record(shuffle):
     """Against the host's own stream read forward: the next position of the same record, within the horizon."""
@@ -54,13 +67,7 @@ def test_next_reads_are_this_hosts_next_read_of_each_record(shuffle):
         plan = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=6, shard_index=host, shard_count=4)
         positions = np.concatenate(plan.host_positions_range(0, plan.num_batches))
         records = plan.indices_at(positions)
-        expected, seen = np.full(len(positions), NEVER), {}
-        for t in range(len(positions) - 1, -1, -1):
-            later = seen.get(int(records[t]))
-            if later is not None and later // 1000 - positions[t] // 1000 <= 3:
-                expected[t] = later
-            seen[int(records[t])] = int(positions[t])
-        assert np.array_equal(plan.next_reads(positions, records, horizon=3), expected)
+        assert np.array_equal(plan.next_reads(positions, records, horizon=3), _read_forward(positions, records))
     endless = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=None, shard_index=1, shard_count=4)
     bounded = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=9, shard_index=1, shard_count=4)
     positions = np.concatenate(endless.host_positions_range(0, 25))  # epoch 0: its next reads lie in epochs 1-3
@@ -99,17 +106,9 @@ def test_a_plan_continued_in_another_batch_size_reads_the_stream_on_from_where_i
 
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_next_reads_of_a_continued_plan_are_this_hosts_next_read(shuffle):
-    from loader.planning.batches import NEVER
-
     for host in range(4):
         plan = BatchPlan(1000, 40, seed=1, shuffle=shuffle, num_epochs=6, shard_index=host,
                          shard_count=4).continued(11, 333)
         positions = np.concatenate(plan.host_positions_range(11, plan.num_batches))
         records = plan.indices_at(positions)
-        expected, seen = np.full(len(positions), NEVER), {}
-        for t in range(len(positions) - 1, -1, -1):
-            later = seen.get(int(records[t]))
-            if later is not None and later // 1000 - positions[t] // 1000 <= 3:
-                expected[t] = later
-            seen[int(records[t])] = int(positions[t])
-        assert np.array_equal(plan.next_reads(positions, records, horizon=3), expected)
+        assert np.array_equal(plan.next_reads(positions, records, horizon=3), _read_forward(positions, records))
