@@ -161,6 +161,29 @@ def test_maxtexts_pipeline_with_worker_processes_gives_grains_batches(sources):
     assert (len(batches), digest(batches)) == (17, "62d3e8d617870d7e")
 
 
+def test_a_script_with_grains_worker_processes_over_it_exits_cleanly(converted, tmp_path):
+    """grain's mp_prefetch iterator held in a function (a main()) is collected before the interpreter tears its
+    modules down, so the script exits without grain's 'Exception ignored' tracebacks (docs/loading.md)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nimport absl.flags, grain, loader\n\n"
+                      "def main():\n"
+                      "    absl.flags.FLAGS.mark_as_parsed()\n"
+                      "    ds = grain.MapDataset.source(loader.DataSource(sys.argv[1])).to_iter_dataset().batch(4)\n"
+                      "    it = iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))\n"
+                      "    print(len(next(it)))\n\n"
+                      "if __name__ == '__main__':\n"  # (the workers are spawned: the guard is needed)
+                      "    main()\n")
+    proc = subprocess.run([sys.executable, str(script), str(converted)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["4"], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
+
+
 # array_record's own ArrayRecordDataSource test cases (python/array_record_data_source_test.py), on the two shards of
 # digits grain ships with its tests: construction from a list of paths and from one path, the context manager.
 GRAIN_DIGITS = [Path(grain.__file__).parent / "_src" / "python" / "testdata" / f"digits.array_record-0000{i}-of-00002"
