@@ -40,6 +40,9 @@ MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layer
                  "base_num_decoder_layers": "depth", "num_query_heads": "heads", "base_num_query_heads": "heads",
                  "base_num_kv_heads": "num_kv_heads", "base_mlp_dim": "mlp_dim", "max_target_length": "seq_len",
                  "per_device_batch_size": "batch_size (the global batch)", "remat_policy": "remat",
+                 "per_device_batch_size_start": "batch_size_start (the global batch)",
+                 "per_device_batch_size_increment": "batch_size_increment (of the global batch)",
+                 "global_rampup_samples": "rampup_samples",
                  "eval_interval": "eval_every", "checkpoint_period": "checkpoint_every",
                  "adam_weight_decay": "weight_decay (with optimizer=adamw)", "gradient_clipping_threshold": "grad_clip",
                  "dataset_path": "data", "base_output_directory": "workdir",
@@ -59,6 +62,7 @@ MAXTEXT_ELSEWHERE = {
     "ici_data_parallelism": "strategy=mirrored replicates over every device",
     "dcn_data_parallelism": "strategy= spans every host's devices",
     "tokenizer_path": "tokenizer= (or convert --tokenizer, whose manifest names it)",
+    "enable_rampup_batch_size": "a batch-size ramp-up is on when batch_size_start= is set",
 }
 # MaxText's attention= names -> ours
 MAXTEXT_ATTENTIONS = {"dot_product": "dense", "flash": "auto (cuDNN on a GPU, Splash on a TPU, else blockwise)",
@@ -122,6 +126,11 @@ class TrainConfig:
     momentum: float = 0.9  # sgd
     grad_clip: float = 0.0  # clip gradients to this global norm (0: off)
     grad_accum_steps: int = 1  # split each batch into this many micro-batches, one update (less device memory)
+    # Batch-size ramp-up (trainer/rampup.py; MaxText's enable_rampup_batch_size): the global batch grows from
+    # batch_size_start by batch_size_increment to batch_size over the first rampup_samples examples (0: off)
+    batch_size_start: int = 0
+    batch_size_increment: int = 0
+    rampup_samples: int = 0
     dtype: str = "float32"  # compute dtype: bfloat16 computes in bf16, parameters and optimizer state stay float32
     seed: int = 0  # parameters' initialisation, data order and augmentation
     num_classes: int | None = None  # classification: default the TFDS ClassLabel's; needed for other data
@@ -208,6 +217,37 @@ class TrainConfig:
     # JAX's persistent compilation cache (trainer/compile_cache.py), so a restarted run does not compile its step
     # again: auto = WORKDIR/compilation_cache for a local workdir (none for gs://), none = off, or a directory
     compilation_cache: str = "auto"
+
+    def _check_rampup(self) -> None:
+        """The batch-size ramp-up's settings (trainer/rampup.py): each size a whole number of increments below
+        batch_size, each split into grad_accum_steps micro-batches; one line naming the fix otherwise."""
+        start, increment, samples = self.batch_size_start, self.batch_size_increment, self.rampup_samples
+        if not start:
+            given = [n for n in ("batch_size_increment", "rampup_samples") if getattr(self, n)]
+            if given:
+                raise ValueError(f"{given[0]}={getattr(self, given[0])} is for a batch-size ramp-up, which "
+                                 "batch_size_start= turns on: set it (the first global batch size), or drop "
+                                 f"{given[0]}=")
+            return
+        if not 0 < start < self.batch_size:
+            raise ValueError(f"batch_size_start={start} must be between 0 and batch_size={self.batch_size} (the ramp "
+                             "ends at batch_size)")
+        if increment < 1 or (self.batch_size - start) % increment:
+            raise ValueError(f"batch_size_increment={increment} must be >= 1 and divide batch_size - "
+                             f"batch_size_start = {self.batch_size - start}")
+        if samples < 1:
+            raise ValueError(f"rampup_samples={samples}: a ramp-up needs the examples it spans (>= 1), e.g. "
+                             f"rampup_samples={100 * self.batch_size}")
+        bad = [size for size in range(start, self.batch_size, increment) if size % self.grad_accum_steps]
+        if bad:
+            raise ValueError(f"the ramp-up's batch size {bad[0]} does not split into grad_accum_steps="
+                             f"{self.grad_accum_steps} micro-batches; choose batch_size_start and batch_size_increment "
+                             f"as multiples of {self.grad_accum_steps}")
+        for name, value, why in (("in_memory_batches", self.in_memory_batches, "cycles batches of one size"),
+                                 ("strategy", self.strategy == "parameter_server", "workers take batches of one size")):
+            if value:
+                raise ValueError(f"batch_size_start= ramps the batch size up, and {name}={getattr(self, name)} "
+                                 f"{why}: drop one of them")
 
     def _check_loader_options(self) -> None:
         """The loader's own rules (loader.LoaderConfig) on the values the trainer hands it, its errors in the
@@ -317,6 +357,7 @@ class TrainConfig:
         if self.grad_accum_steps < 1 or self.batch_size % self.grad_accum_steps:
             raise ValueError(f"grad_accum_steps={self.grad_accum_steps} must be >= 1 and divide batch_size="
                              f"{self.batch_size}")
+        self._check_rampup()
         if self.eval_split is not None and self.eval_data is None:
             raise ValueError(f"eval_split={self.eval_split} is the records of eval_data=, and no eval_data is given: "
                              "add eval_data=PATH (the same path as data= for a held-out slice of it)")

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class Throughput:
     replicas: int  # devices the step runs on
     counts_tokens: bool  # the task says how many real tokens a batch has
-    step_tokens: int = 0  # positions a step computes: batch_size x seq_len
+    row_tokens: int = 0  # positions a row (an example) computes: seq_len
     flops_per_token: int | None = None  # the model's training FLOPs per position
     peak_flops: float | None = None  # one device's dense bf16 peak, FLOP/s
 
@@ -45,16 +45,17 @@ class Throughput:
         else:
             log.info("MFU: %s training FLOPs a token, against %d x %s at %.0f bf16 TFLOP/s", f"{flops:,}", replicas,
                      kind, peak / 1e12)
-        return cls(replicas, True, config.batch_size * config.seq_len, flops, peak)
+        return cls(replicas, True, config.seq_len, flops, peak)
 
-    def rates(self, steps: int, real_tokens: Any, elapsed: float) -> dict[str, float]:
-        """The metrics of `steps` steps that took `elapsed` seconds, whose real token counts are `real_tokens`."""
+    def rates(self, rows: int, real_tokens: Any, elapsed: float) -> dict[str, float]:
+        """The metrics of steps of `rows` rows in all that took `elapsed` seconds, whose real token counts are
+        `real_tokens`."""
         if not self.counts_tokens:
             return {}
         per_sec = float(np.sum(real_tokens)) / elapsed
         out = {"tokens_per_sec": per_sec, "tokens_per_sec_per_device": per_sec / self.replicas}
         if self.flops_per_token is not None and self.peak_flops is not None:
-            out["mfu"] = steps * self.step_tokens * self.flops_per_token / elapsed / (self.peak_flops * self.replicas)
+            out["mfu"] = rows * self.row_tokens * self.flops_per_token / elapsed / (self.peak_flops * self.replicas)
         return out
 
     @staticmethod

@@ -32,6 +32,7 @@ import orbax.checkpoint as ocp
 
 from dataset_format import storage
 from trainer import accelerators, checkpoints, compile_cache, optim, remat, tasks
+from trainer.rampup import Ramp
 from trainer.checkpoints import checkpoint_manager, config_record, finished_run
 from trainer import strategy as strategies
 from trainer.config import SIZED_MODELS, TrainConfig
@@ -85,10 +86,20 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     log.info("strategy=%s num_replicas_in_sync=%d mesh=%s devices=%s process=%d/%d", strategy.name, replicas,
              dict(strategy.mesh.shape), [str(d) for d in strategy.mesh.devices.flat], jax.process_index(),
              jax.process_count())
+    ramp = Ramp.of(config)
+    if ramp is not None:
+        uneven = [size for size in ramp.sizes() if size % replicas]
+        if uneven:
+            raise ValueError(f"the ramp-up's batch size {uneven[0]} does not split over num_replicas_in_sync="
+                             f"{replicas}; choose batch_size_start and batch_size_increment as multiples of {replicas}")
+        log.info("batch-size ramp-up over %s examples: %s", f"{config.rampup_samples:,}", ramp.describe())
+    first_step = (mngr.latest_step() or 0) + 1
+    batch_size = ramp.batch_size(first_step) if ramp is not None else config.batch_size  # this step's
 
     program = Program.build(config)
     program.check_data()  # the labels' range over every record, before anything compiles
-    batches = program.load_train()  # host arrays: this thread places them (the module's docstring says why)
+    # host arrays: this thread places them (the module's docstring says why)
+    batches = program.load_train(batch_size=batch_size)
     log.info("model=%s: initialising its parameters", config.model)
     t = time.perf_counter()
     variables = program.init_variables()
@@ -128,18 +139,29 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])
 
     # --- compile ------------------------------------------------------------------------------
+    steps_by_size: dict[int, jax.stages.Compiled] = {}  # the step compiled for each global batch size
     try:
         first = next(it)  # this host's rows, still in host memory
         tasks.check(program.task, first)  # data the task cannot train on: one line before compiling, not a silent run
+        stepping = program  # the program whose step is compiled (remat=auto: the policy chosen)
         if config.model in SIZED_MODELS and config.remat == "auto":  # the fastest that fits (trainer/remat.py)
+            # (a ramp-up: chosen at its last, largest batch, so that every size fits)
+            widest = first if batch_size == config.batch_size else _resized(first, config.batch_size)
+
             def compile_with(policy: str) -> jax.stages.Compiled:
                 with_policy = dataclasses.replace(program, model=program.model.clone(remat=policy))
-                return compile_step(jit_step(with_policy), state, first, strategy.batch_sharding)
+                return compile_step(jit_step(with_policy), state, widest, strategy.batch_sharding)
 
-            batch_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(first)) // jax.local_device_count()
-            _, train_step = remat.choose(compile_with, batch_bytes, remat.free_bytes())
-        else:
-            train_step = compile_step(jit_step(program), state, first, strategy.batch_sharding)
+            batch_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(widest)) // jax.local_device_count()
+            policy, steps_by_size[config.batch_size] = remat.choose(compile_with, batch_bytes, remat.free_bytes())
+            stepping = dataclasses.replace(program, model=program.model.clone(remat=policy))
+
+        def step_for(size: int, host_batch: dict) -> jax.stages.Compiled:
+            if size not in steps_by_size:
+                steps_by_size[size] = compile_step(jit_step(stepping), state, host_batch, strategy.batch_sharding)
+            return steps_by_size[size]
+
+        train_step = step_for(batch_size, first)
     except BaseException:
         it.close()  # the loader's read-ahead threads and worker processes
         mngr.close()
@@ -160,6 +182,17 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             """The next batch, placed on the devices by this thread: between steps' dispatches, never during one."""
             return strategy.distribute(ahead.pop() if ahead else next(it))
 
+    def resize(size: int) -> None:
+        """A ramp-up's next size: the loader's state restored onto batches of `size`, which read on from where the
+        last batch ended; its step compiled (before any of its batches is on the devices)."""
+        nonlocal it, train_step
+        saved = it.get_state()
+        it.close()
+        it = iter(program.load_train(batch_size=size))
+        it.set_state(saved)
+        ahead.append(next(it))
+        train_step = step_for(size, ahead[0])
+
     def save(step: int) -> None:
         mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                 data=ocp.args.JsonSave(it.get_state()), config=config_record(config)),
@@ -179,9 +212,18 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     gc.freeze()
     losses: list = []
     tokens: list = []
+    examples = 0  # in the steps since the last log line
     period_start, data_wait, host_wait, longest_wait, last = time.perf_counter(), 0.0, 0.0, 0.0, {}
     try:
         for step in range(start + 1, config.steps + 1):
+            if ramp is not None and ramp.batch_size(step) != batch_size:
+                jax.block_until_ready(state)  # (nothing runs on the devices while a compiler may autotune there)
+                t = time.perf_counter()
+                batch_size = ramp.batch_size(step)
+                resize(batch_size)
+                period_start += time.perf_counter() - t  # the rates are the steps', not the compile's
+                log.info("step %d: batch_size=%d from here (the ramp-up), its step ready in %.1f s", step, batch_size,
+                         time.perf_counter() - t)
             t = time.perf_counter()
             batch = fetch()
             waited = time.perf_counter() - t
@@ -199,6 +241,7 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                 losses[-1].block_until_ready()
             losses.append(loss)
             tokens.append(real_tokens)
+            examples += batch_size
             stop = preemption.reached(step)
             if itstime(step, config.log_every, config.steps) or stop:
                 values = np.asarray(jax.device_get(losses), dtype=np.float64)  # waits for the steps
@@ -208,12 +251,13 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                                         "lower learning_rate or check the data")
                 elapsed = time.perf_counter() - period_start
                 last = {"step": step, "loss": float(values.mean()),
-                        "examples_per_sec": len(values) * config.batch_size / elapsed,
-                        "examples_per_sec_per_device": len(values) * config.batch_size / elapsed / replicas,
+                        "examples_per_sec": examples / elapsed,
+                        "examples_per_sec_per_device": examples / elapsed / replicas,
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed,
                         "data_wait_longest_s": longest_wait, "host_wait_fraction": host_wait / elapsed,
                         "learning_rate": optim.rate_at(config, step - 1),  # the step's own
-                        **throughput.rates(len(values), jax.device_get(tokens), elapsed), **_component_rows(it)}
+                        **throughput.rates(examples, jax.device_get(tokens), elapsed), **_component_rows(it),
+                        **({"batch_size": batch_size} if ramp is not None else {})}
                 if config.eval_data and itstime(step, config.eval_every, config.steps):
                     last.update(program.evaluate(strategy, state["params"], state.get("model_state")))
                 if metrics:
@@ -224,7 +268,7 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
                          last["loss"], evals, last["examples_per_sec"], throughput.describe(last),
                          100 * last["data_wait_fraction"], longest_wait,
                          optim.described(config, last["learning_rate"]))
-                losses, tokens = [], []
+                losses, tokens, examples = [], [], 0
                 period_start, data_wait, host_wait, longest_wait = time.perf_counter(), 0.0, 0.0, 0.0
             if itstime(step, config.checkpoint_every, config.steps) or stop:
                 jax.block_until_ready(state)  # the step in flight finishes first: its time stays in the rates
@@ -290,6 +334,12 @@ def compile_step(step, state, host_batch: dict, sharding) -> jax.stages.Compiled
                  remat.size(memory.temp_size_in_bytes), remat.size(memory.argument_size_in_bytes),
                  remat.size(memory.output_size_in_bytes - memory.alias_size_in_bytes))
     return compiled
+
+
+def _resized(host_batch: dict, global_size: int) -> dict:
+    """Zeros shaped like `host_batch` with this process's rows of a global batch of `global_size` (to compile for)."""
+    rows = global_size // jax.process_count()
+    return {k: np.zeros((rows, *np.shape(v)[1:]), np.asarray(v).dtype) for k, v in host_batch.items()}
 
 
 def _component_rows(it) -> dict[str, int]:

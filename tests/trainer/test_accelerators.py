@@ -70,13 +70,13 @@ def test_the_bf16_peak_of_each_common_chip(kind, tflops):
 def test_tokens_per_second_and_mfu_from_a_period_of_steps():
     from trainer.throughput import Throughput
 
-    h200 = Throughput(replicas=2, counts_tokens=True, step_tokens=64 * 1024, flops_per_token=711_000_000,
+    h200 = Throughput(replicas=2, counts_tokens=True, row_tokens=1024, flops_per_token=711_000_000,
                       peak_flops=989e12)
-    rates = h200.rates(steps=10, real_tokens=[60_000.0] * 10, elapsed=2.0)
+    rates = h200.rates(rows=10 * 64, real_tokens=[60_000.0] * 10, elapsed=2.0)  # 10 steps of 64 rows
     assert rates["tokens_per_sec"] == 300_000 and rates["tokens_per_sec_per_device"] == 150_000
     assert rates["mfu"] == pytest.approx(10 * 64 * 1024 * 711e6 / 2.0 / (2 * 989e12))  # every position computed
     assert Throughput.describe(rates) == "300,000 tokens/s MFU 11.8% "
-    cpu = Throughput(replicas=1, counts_tokens=True, step_tokens=1024, flops_per_token=1000, peak_flops=None)
+    cpu = Throughput(replicas=1, counts_tokens=True, row_tokens=1024, flops_per_token=1000, peak_flops=None)
     assert cpu.rates(1, [512.0], 1.0) == {"tokens_per_sec": 512.0, "tokens_per_sec_per_device": 512.0}
     assert Throughput.describe(cpu.rates(1, [512.0], 1.0)) == "512 tokens/s "
     assert Throughput(replicas=8, counts_tokens=False).rates(5, [0.0] * 5, 1.0) == {}  # images: examples/s only

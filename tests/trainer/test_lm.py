@@ -87,6 +87,26 @@ def test_packed_evaluation_scores_every_token_of_eval_data_and_eval_steps_caps_i
     assert big["eval_examples"] == all_rows
 
 
+def test_a_packed_lm_ramps_its_batch_up_with_remat_chosen_at_the_largest_batch(stdlib_text, tmp_path, caplog):
+    """Rows of 64 tokens, 4 a batch for 2 steps, then 8: remat=auto chooses at the last size (compiled first), each
+    size's step compiled once; the metrics rows say each step's size."""
+    from trainer import train
+    from trainer.config import TrainConfig
+
+    config = TrainConfig(data=str(stdlib_text["train"]), workdir=str(tmp_path), task="lm", packing=True, seq_len=64,
+                         batch_size=8, batch_size_start=4, batch_size_increment=4, rampup_samples=8, steps=4,
+                         log_every=1, checkpoint_every=4, width=32, depth=1, heads=2)
+    with caplog.at_level("INFO"):
+        summary = train.train_and_evaluate(config)
+    assert summary["final_step"] == 4
+    rows = _metrics(tmp_path)
+    assert [r["batch_size"] for r in rows] == [4, 4, 8, 8] and all(r["tokens_per_sec"] > 0 for r in rows)
+    assert "remat=auto: elementwise" in caplog.text
+    compiled = [m for m in caplog.messages if m.startswith("step compiled in") or "from the compilation cache" in m]
+    assert len(compiled) == 2, compiled  # one step for 8 rows (the choice), one for 4, none again at step 3
+    assert "step 3: batch_size=8 from here (the ramp-up)" in caplog.text
+
+
 @pytest.mark.slow
 def test_the_lm_beats_the_unigram_entropy_of_the_eval_bytes(stdlib_text, tmp_path):
     summary, unigram = _train_and_compare(stdlib_text, tmp_path, seq_len=128, steps=200)

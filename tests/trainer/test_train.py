@@ -175,6 +175,32 @@ def test_a_resume_with_a_larger_batch_size_reads_on_from_where_the_batches_stopp
     assert (state["next_batch"], state["batch_size"], state["origin"]) == (8, 48, 4 * 32 - 4 * 48)
 
 
+def test_a_batch_size_ramp_up_grows_the_batch_and_resumes_inside_it_exactly(digits, tmp_path):
+    """batch_size 32 -> 48 -> 64 over 192 examples (MaxText's rule: 96 examples at each smaller size, ceil(96 / size)
+    steps of it). A run stopped at step 4, inside the ramp, and resumed gives the losses of one that ran through, and
+    its loader reads on where the batches of each size stopped (384 examples in 8 steps)."""
+    ramp = ("model=mlp", "batch_size=64", "batch_size_start=32", "batch_size_increment=16", "rampup_samples=192",
+            "log_every=1", "checkpoint_every=4", "eval_every=1000")
+    args = lambda workdir, steps: [a for a in _common(digits, workdir, *ramp, f"steps={steps}") if a != "batch_size=32"]
+    through = run_trainer(*args(tmp_path / "through", 8))
+    assert through.returncode == 0, through.stderr[-2000:]
+    assert "batch-size ramp-up over 192 examples: 32 for steps 1-3, 48 for steps 4-5, 64 from step 6" in through.stderr
+    assert re.search(r"step 4: batch_size=48 from here \(the ramp-up\), its step ready in [\d.]+ s", through.stderr)
+    want = _metrics(tmp_path / "through")
+    assert [r["batch_size"] for r in want] == [32, 32, 32, 48, 48, 64, 64, 64]
+    stopped = run_trainer(*args(tmp_path / "resumed", 4))
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    resumed = run_trainer(*args(tmp_path / "resumed", 8))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "restoring a state saved with batch_size=48 with batch_size=48" not in resumed.stderr  # (the same size)
+    got = _metrics(tmp_path / "resumed")
+    assert [r["loss"] for r in got] == [r["loss"] for r in want]
+    handlers = {"data": ocp.JsonCheckpointHandler()}
+    with ocp.CheckpointManager(str(tmp_path / "resumed" / "checkpoints"), item_handlers=handlers) as mngr:
+        state = mngr.restore(8, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
+    assert (state["next_batch"], state["batch_size"], state["origin"]) == (8, 64, 3 * 32 + 2 * 48 + 3 * 64 - 8 * 64)
+
+
 def test_resuming_with_settings_that_reshape_the_model_is_one_line_naming_them(digits, tmp_path):
     """A workdir resumed with another num_classes: one line before any restore, naming the array and the setting the
     checkpoint was written with (orbax's own error, hundreds of lines long, advised an orbax API change)."""
