@@ -127,10 +127,10 @@ class TrainConfig:
     grad_clip: float = 0.0  # clip gradients to this global norm (0: off)
     grad_accum_steps: int = 1  # split each batch into this many micro-batches, one update (less device memory)
     # Batch-size ramp-up (trainer/rampup.py; MaxText's enable_rampup_batch_size): the global batch grows from
-    # batch_size_start by batch_size_increment to batch_size over the first rampup_samples examples (0: off)
-    batch_size_start: int = 0
-    batch_size_increment: int = 0
-    rampup_samples: int = 0
+    # batch_size_start by batch_size_increment to batch_size over the first rampup_samples examples
+    batch_size_start: int = 0  # the ramp-up's first global batch size (0: no ramp-up)
+    batch_size_increment: int = 0  # the ramp-up's step from one batch size to the next
+    rampup_samples: int = 0  # the examples the ramp-up spans, an equal share at each size below batch_size
     dtype: str = "float32"  # compute dtype: bfloat16 computes in bf16, parameters and optimizer state stay float32
     seed: int = 0  # parameters' initialisation, data order and augmentation
     num_classes: int | None = None  # classification: default the TFDS ClassLabel's; needed for other data

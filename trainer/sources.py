@@ -23,7 +23,7 @@ import loader
 from dataset_format import storage, tfds_info
 from dataset_format.suggest import near_path
 from loader.decoding.decode import collate
-from loader.format.source import ShardedSource, tokenizer_identity
+from loader.format.source import ShardedSource, shared_records, tokenizer_identity
 from loader.planning.mixture import check_one_tokenizer
 from trainer import tasks
 from trainer.config import TrainConfig
@@ -79,21 +79,23 @@ def resolve(config: TrainConfig) -> Sources:
     check_one_tokenizer({k: t for k, t in tokenized.items() if k.startswith("data")}, "the components of data=")
     check_one_tokenizer(tokenized, "the datasets of data= and eval_data=")
     for held in evaluation:
-        trained = next((t for t in train if t.path == held.path and _within(held.split, t.split)), None)
-        if trained is not None:
-            log.warning("eval_data=%s%s is part of the records training reads (data=%s%s): its figures are not held "
-                        "out; hold part of one dataset out with split=[:95%%] eval_split=[95%%:]", held.path,
-                        f" eval_split={held.split}" if held.split else "", trained.path,
-                        f" split={trained.split}" if trained.split else "")
+        for trained in (t for t in train if t.path == held.path):
+            _warn_if_shared(held, trained)
     return Sources(train, evaluation)
 
 
-def _within(part: str | None, whole: str | None) -> bool:
-    """Whether split `part` holds only records of split `whole` of the same dataset (None: every record): the same
-    split, or a slice of a whole one."""
-    if whole is None or part == whole:
-        return True
-    return "[" not in whole and part is not None and "+" not in part and part.split("[", 1)[0] == whole
+def _warn_if_shared(held: Source, trained: Source) -> None:
+    """A warning when eval_data `held` holds records that training reads from `trained` (the same dataset): its
+    figures are then not held out."""
+    try:
+        shared = shared_records(held.resolved, trained.resolved)
+    except (ValueError, FileNotFoundError):  # (a source that does not resolve: its own error comes where it is used)
+        return
+    if shared:
+        log.warning("eval_data=%s%s holds %s of the %s records training reads (data=%s%s): its figures are not held "
+                    "out; hold part of one dataset out with split=[:95%%] eval_split=[95%%:]", held.path,
+                    f" eval_split={held.split}" if held.split else "", f"{shared:,}",
+                    f"{len(trained.resolved):,}", trained.path, f" split={trained.split}" if trained.split else "")
 
 
 def _pretokenized(source: Source) -> bool:

@@ -188,6 +188,18 @@ def _starts_of(counts: tuple[int, ...]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).astype(np.int64)
 
 
+def shared_records(a: ShardedSource, b: ShardedSource) -> int:
+    """How many records `a` and `b` both hold: the same shard file (by path) and the same records of it (a held-out
+    slice against the training slice of one dataset: 0 when they are disjoint)."""
+    def runs(source: ShardedSource) -> dict[str, tuple[int, int]]:
+        return {path: (first, first + n) for path, first, n in
+                zip(source.paths, source.first_records.tolist(), source.lengths) if n}
+
+    theirs = runs(b)
+    return sum(max(0, min(end, theirs[path][1]) - max(first, theirs[path][0]))
+               for path, (first, end) in runs(a).items() if path in theirs)
+
+
 def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:
     """The shards of `source` (see module doc) with their record counts; `split`: a TFDS split's name (default
     "train" for TFDS datasets), optionally sliced ("train[:99%]"), or a slice alone ("[:99%]"); parts joined by '+'."""

@@ -7,6 +7,7 @@ import functools
 import numpy as np
 import pytest
 
+import loader
 from trainer import data_checks, models, sources, tasks, train
 from trainer.config import TrainConfig
 from trainer.program import Program
@@ -139,10 +140,12 @@ def test_a_resume_over_another_split_names_it_and_eval_split_needs_eval_data(dig
         TrainConfig(data="x", workdir="w", eval_split="[90%:]")
 
 
-def test_eval_data_that_training_reads_is_said(digits, caplog):
-    """Evaluating on records training reads (the same dataset and split, or a slice of what training reads whole) is a
-    warning with the held-out way; disjoint slices, or another dataset, are not."""
+def test_eval_data_that_training_reads_is_said(digits, tfds_digits_array_record, caplog):
+    """Evaluating on records training reads (the same records, a slice of what training reads whole, or the whole of
+    what training reads a slice of) is a warning counting them, with the held-out way; disjoint slices, another
+    dataset, or another split of a TFDS dataset are not."""
     train_dir, test_dir = str(digits["train"]), str(digits["test"])
+    n = len(loader.load(train_dir, batch_size=1, num_epochs=1))
 
     def warned(**keys) -> str:
         caplog.clear()
@@ -150,12 +153,17 @@ def test_eval_data_that_training_reads_is_said(digits, caplog):
             sources.resolve(TrainConfig(workdir="w", **keys))
         return caplog.text
 
-    assert f"eval_data={train_dir} is part of the records training reads (data={train_dir}): its figures are not " \
-           "held out; hold part of one dataset out with split=[:95%] eval_split=[95%:]" in warned(data=train_dir,
-                                                                                                 eval_data=train_dir)
-    assert f"eval_data={train_dir} eval_split=[95%:] is part of the records training reads (data={train_dir})" in \
-        warned(data=train_dir, eval_data=train_dir, eval_split="[95%:]")
+    assert f"eval_data={train_dir} holds {n:,} of the {n:,} records training reads (data={train_dir}): its figures " \
+           "are not held out; hold part of one dataset out with split=[:95%] eval_split=[95%:]" in \
+        warned(data=train_dir, eval_data=train_dir)
+    tail = n - int(n * 0.95)
+    assert f"eval_data={train_dir} eval_split=[95%:] holds {tail:,} of the {n:,} records training reads " \
+           f"(data={train_dir})" in warned(data=train_dir, eval_data=train_dir, eval_split="[95%:]")
+    # the whole dataset held out while training reads 95% of it: those 95% are in it
+    assert f"eval_data={train_dir} holds {n - tail:,} of the {n - tail:,} records training reads (data={train_dir} " \
+           "split=[:95%])" in warned(data=train_dir, split="[:95%]", eval_data=train_dir)
     assert warned(data=train_dir, split="[:95%]", eval_data=train_dir, eval_split="[95%:]") == ""
     assert warned(data=train_dir, eval_data=test_dir) == ""
-    assert sources._within("train[95%:]", "train") and not sources._within("test", "train")
-    assert not sources._within("[95%:]", "[:95%]") and sources._within("train+test", None)
+    tfds = str(tfds_digits_array_record)
+    assert warned(data=tfds, eval_data=tfds) == ""  # (train and test: files of their own)
+    assert "holds" in warned(data=tfds, eval_data=tfds, eval_split="train[90%:]")
