@@ -114,10 +114,21 @@ def check_schedule(written: dict, step: int, config: TrainConfig) -> None:
         return
     keep = ""
     if "steps" in keys and config.learning_rate_schedule_steps is None and config.schedule != "constant":
-        keep = (f"; to keep its schedule (and train on at its end rate after step {before.schedule_steps}), pass "
-                f"learning_rate_schedule_steps={before.schedule_steps}")
+        keep = "; " + _keeping(before)
     log.warning("resuming step %d, written with %s: the learning rate there is now %.3g where that run had %.3g%s",
                 step, " ".join(f"{k}={setting_text(v)}" for k, v in keys.items()), now, was, keep)
+
+
+def _keeping(config: TrainConfig) -> str:
+    """How to raise steps= and keep the learning rates of `config`'s decaying schedule, for a message: its
+    learning_rate_schedule_steps, unless the schedule ends at 0, where the steps after it would not train."""
+    end = config.schedule_steps
+    if config.end_lr_fraction == 0:
+        return (f"its {config.schedule} schedule ends at learning rate 0 at step {end} (end_lr_fraction=0), so "
+                f"keeping it (learning_rate_schedule_steps={end}) would leave the steps after it untrained: let the "
+                "decay stretch to the new steps, or set end_lr_fraction > 0 with it")
+    return (f"to keep its {config.schedule} schedule and train on at its end rate after step {end}, pass "
+            f"learning_rate_schedule_steps={end}")
 
 
 def _written(mngr: ocp.CheckpointManager, step: int) -> dict:
@@ -145,14 +156,9 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
     advice (partial_restore=True, which the trainer has no setting for)."""
     check_restorable(mngr, step, abstract, config)
     written = _written(mngr, step)  # (read once: on gs:// each read is requests)
-    check_schedule(written, step, config)
-    layout = _otherwise(written, config, LAYOUT_KEYS)
-    if layout:  # the same shapes, another function: allowed (a longer rope wavelength to extend the context), said
-        log.warning("resuming step %d, written with %s: the model computes otherwise from here on (resume with those "
-                    "to continue the same model)", step, " ".join(layout))
     try:
-        return mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                           data=ocp.args.JsonRestore()))
+        restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                               data=ocp.args.JsonRestore()))
     except ValueError as e:
         if "tree structures do not match" not in str(e):
             raise
@@ -161,6 +167,13 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
                "resume with the settings it was written with (optimizer=, grad_clip=, ...)")
         raise ValueError(f"{config.checkpoint_dir} holds step {step} of a training state other than this run's (its "
                          f"optimizer state holds other arrays): {fix}, or pass another workdir= to start afresh") from None
+    # (said once the state has restored: a resume that cannot restore gets its error alone, not advice before it)
+    check_schedule(written, step, config)
+    layout = _otherwise(written, config, LAYOUT_KEYS)
+    if layout:  # the same shapes, another function: allowed (a longer rope wavelength to extend the context), said
+        log.warning("resuming step %d, written with %s: the model computes otherwise from here on (resume with those "
+                    "to continue the same model)", step, " ".join(layout))
+    return restored
 
 
 def finished_run(config: TrainConfig, mngr: ocp.CheckpointManager) -> dict[str, Any] | None:
@@ -169,8 +182,7 @@ def finished_run(config: TrainConfig, mngr: ocp.CheckpointManager) -> dict[str, 
     latest = mngr.latest_step()
     if latest is None or latest < config.steps:
         return None
-    keep = (f" (and learning_rate_schedule_steps={config.schedule_steps} to keep the learning rates of its "
-            f"{config.schedule} schedule)" if config.schedule != "constant" and
+    keep = (f" ({_keeping(config)})" if config.schedule != "constant" and
             config.learning_rate_schedule_steps is None else "")
     log.info("nothing to do: %s holds a checkpoint at step %d and steps=%d; raise steps=%s to train on from it, or "
              "pass another workdir=", config.checkpoint_dir, latest, config.steps, keep)

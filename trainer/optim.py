@@ -47,6 +47,17 @@ def rate_at(config, step: int) -> float:
     return float(rate) if isinstance(rate, (int, float)) else float(rate(step))
 
 
+def untrained_steps(config) -> str | None:
+    """A warning when steps past the schedule's end train at learning rate 0 (a decay to end_lr_fraction=0 that ends
+    before `steps`, learning_rate_schedule_steps set below it): they would not change the model."""
+    end = config.schedule_steps
+    if config.schedule == "constant" or config.end_lr_fraction or config.steps <= end:
+        return None
+    return (f"steps {end + 1}-{config.steps} train at learning rate 0: the {config.schedule} schedule ends at step "
+            f"{end} (learning_rate_schedule_steps={end}) with end_lr_fraction=0; set end_lr_fraction > 0 to train on "
+            f"at a fraction of the peak, or learning_rate_schedule_steps={config.steps} to decay over them all")
+
+
 def described(config, rate: float) -> str:
     """" lr X" for a log line when the learning rate moves (a schedule or warmup), else ""."""
     return f" lr {rate:.3g}" if config.schedule != "constant" or config.warmup_steps > 0 else ""

@@ -123,6 +123,10 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
              config.warmup_steps, config.weight_decay, decayed, config.grad_clip, config.grad_accum_steps, config.dtype,
              moments)
 
+    untrained = optim.untrained_steps(config)
+    if untrained:
+        log.warning("%s", untrained)
+
     def jit_step(program: Program):
         return jax.jit(make_train_step(program, tx, strategy), in_shardings=(state_sharding, strategy.batch_sharding),
                        out_shardings=(state_sharding, strategy.replicated, strategy.replicated), donate_argnums=(0,))

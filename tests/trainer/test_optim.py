@@ -51,8 +51,8 @@ def test_raising_steps_under_a_decaying_schedule_is_said_and_learning_rate_sched
     with caplog.at_level("WARNING"):
         train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "a"), steps=10, **common))
     assert ("resuming step 6, written with steps=6: the learning rate there is now 0.00411 where that run had 0.001; "
-            "to keep its schedule (and train on at its end rate after step 6), pass learning_rate_schedule_steps=6"
-            ) in caplog.text
+            "to keep its cosine schedule and train on at its end rate after step 6, pass "
+            "learning_rate_schedule_steps=6") in caplog.text
     caplog.clear()
     with caplog.at_level("INFO"):
         train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "b"), steps=10, learning_rate_schedule_steps=6,
@@ -61,6 +61,27 @@ def test_raising_steps_under_a_decaying_schedule_is_said_and_learning_rate_sched
     assert re.search(r"step 10/10 loss [\d.]+ .*\(longest [\d.]+ s\) lr 0\.001$", caplog.text, re.M), caplog.text
     rates = [json.loads(line)["learning_rate"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [round(r, 6) for r in rates[6:]] == [0.001] * 4
+
+
+def test_steps_past_a_schedule_that_ends_at_zero_are_said_and_not_advised():
+    """A decay to end_lr_fraction=0 that ends before `steps` trains the rest at learning rate 0: a warning at the
+    start, and the advice on raising steps= does not offer to keep such a schedule."""
+    from trainer.checkpoints import _keeping
+
+    idle = _config(schedule="cosine", steps=250, learning_rate_schedule_steps=200)
+    assert optim.untrained_steps(idle) == (
+        "steps 201-250 train at learning rate 0: the cosine schedule ends at step 200 (learning_rate_schedule_steps="
+        "200) with end_lr_fraction=0; set end_lr_fraction > 0 to train on at a fraction of the peak, or "
+        "learning_rate_schedule_steps=250 to decay over them all")
+    assert optim.rate_at(idle, 220) == 0.0
+    for fine in (_config(schedule="cosine", steps=250), _config(schedule="constant", steps=250,
+                                                                learning_rate_schedule_steps=200),
+                 _config(schedule="linear", steps=250, learning_rate_schedule_steps=200, end_lr_fraction=0.1)):
+        assert optim.untrained_steps(fine) is None
+    assert _keeping(_config(schedule="linear", steps=200)) == (
+        "its linear schedule ends at learning rate 0 at step 200 (end_lr_fraction=0), so keeping it "
+        "(learning_rate_schedule_steps=200) would leave the steps after it untrained: let the decay stretch to the new "
+        "steps, or set end_lr_fraction > 0 with it")
 
 
 @pytest.mark.parametrize("name", ["adam", "adamw", "sgd", "adafactor"])

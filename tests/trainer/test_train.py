@@ -224,6 +224,11 @@ def test_resuming_with_settings_that_reshape_the_model_is_one_line_naming_them(d
     assert other.stderr.splitlines()[-1].startswith(
         f"error: {tmp_path / 'checkpoints'} holds step 2 of a training state other than this run's (its optimizer "
         "state holds other arrays): resume with "), other.stderr[-2000:]
+    # a constant schedule resumed as a cosine one (an optimizer state with a step count): the error alone, no advice
+    # on keeping the schedule before it
+    cosine = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "schedule=cosine")
+    assert cosine.returncode == 2 and "holds step 2 of a training state other than this run's" in cosine.stderr
+    assert "learning rate there is now" not in cosine.stderr, cosine.stderr[-2000:]
 
 
 def test_transformer_learns_rows_as_a_sequence(digits, tmp_path):
