@@ -311,7 +311,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     from trainer.metrics import MetricsWriter
     from trainer.program import Program
     from trainer.checkpoints import check_restorable, checkpoint_manager, config_record, finished_run
-    from trainer.train import NonFiniteLoss, itstime
+    from trainer.train import NonFiniteLoss, final_evaluation, itstime
 
     tx = _ps_optimizer(config)  # refuses adafactor before anything starts
     with contextlib.closing(checkpoint_manager(config)) as mngr:
@@ -424,7 +424,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
         finally:
             metrics.close()
             mngr.close()
-        final = program.evaluate(evaluator, pull_params()[0]) if config.eval_data else {}
+        final = final_evaluation(last, config, lambda: program.evaluate(evaluator, pull_params()[0]))
         return {**last, **final, "workers_replaced": coordinator.replaced, "preempted": False,
                 "final_step": config.steps}
     finally:

@@ -243,17 +243,28 @@ class Program:
             weight, examples = weight + w, examples + n
         return {**_means(totals, weight, examples), **out}
 
+    @functools.cached_property
+    def _eval_loaders(self) -> dict:
+        return {}
+
+    def _eval_loader(self, source: Source):
+        """`source`'s evaluation batches, one loader for the run (each pass iterates it from its start): its records'
+        token counts and packed layout are made once, not at every evaluation."""
+        key = (source.name, source.path, source.split)
+        if key not in self._eval_loaders:
+            config, task = self.config, self.task
+            task_args = ({"packing": task.packing} if config.packing else
+                         {"features": task.features, "map_fn": tasks.preprocess(task)})
+            self._eval_loaders[key] = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False,
+                                                  num_epochs=1, drop_remainder=False, **task_args)
+        return self._eval_loaders[key]
+
     def _eval_sums(self, strategy, params, model_state, source: Source) -> tuple[dict[str, float], float, float]:
         """(summed metrics, summed weights, examples) over one pass of `source` (its first eval_steps batches; the
         last one short, padded with rows of weight 0). With packing, its rows packed as training's are, so every token
         of every document is scored, and the examples are rows."""
-        config, task = self.config, self.task
-        if config.packing:
-            batches = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                                  drop_remainder=False, packing=task.packing)
-        else:
-            batches = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False, num_epochs=1,
-                                  drop_remainder=False, features=task.features, map_fn=tasks.preprocess(task))
+        config = self.config
+        batches = self._eval_loader(source)
         per_process = config.batch_size // jax.process_count()
         totals: dict[str, float] = {}
         weight = examples = 0.0

@@ -294,8 +294,18 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             metrics.close()
         mngr.close()
     # --- summary ----------------------------------------------------------------------------
-    final = program.evaluate(strategy, state["params"], state.get("model_state")) if config.eval_data else {}
+    final = final_evaluation(last, config, lambda: program.evaluate(strategy, state["params"],
+                                                                    state.get("model_state")))
     return {**last, **final, "preempted": False, "final_step": config.steps}
+
+
+def final_evaluation(last: dict, config: TrainConfig, evaluate) -> dict:
+    """The summary's evaluation: the last step's own (the loop evaluates at the last step), else `evaluate()`."""
+    if not config.eval_data:
+        return {}
+    if last.get("step") == config.steps and any(k.startswith("eval_") for k in last):
+        return {}  # (in `last` already)
+    return evaluate()
 
 
 def make_train_step(program: Program, tx: optax.GradientTransformation, strategy: strategies.Strategy):

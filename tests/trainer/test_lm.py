@@ -1,5 +1,6 @@
 """task=lm with model=transformer_lm: a byte-level language model on the Python standard library's own sources."""
 
+import dataclasses
 import json
 import re
 
@@ -60,7 +61,7 @@ def _train_and_compare(stdlib_text, workdir, seq_len: int, steps: int) -> tuple[
     return json.loads(proc.stdout)["summary"], unigram_bits_per_byte(t[:seq_len] for b in test for t in b["text"])
 
 
-def test_packed_evaluation_scores_every_token_of_eval_data_and_eval_steps_caps_it(stdlib_text, tmp_path):
+def test_packed_evaluation_scores_every_token_of_eval_data_and_eval_steps_caps_it(stdlib_text, tmp_path, caplog):
     """packing=true: evaluation packs eval_data as training packs data, so every byte of every passage is scored (not
     each passage's first seq_len), the last batch short and padded; eval_steps takes the first batches only. A batch
     larger than all the rows evaluates them all."""
@@ -79,8 +80,11 @@ def test_packed_evaluation_scores_every_token_of_eval_data_and_eval_steps_caps_i
     assert real == sum(len(t) for b in passages for t in b["text"])  # each byte, predicted (the first from BOS)
     all_rows = rows.plan.layout.epoch_rows(0)
     assert all_rows % 8  # (a short last batch)
-    summary = train.train_and_evaluate(config)
+    with caplog.at_level("INFO", logger="loader.planning.packing"):
+        summary = train.train_and_evaluate(dataclasses.replace(config, steps=4))  # evaluations at steps 2 and 4
     assert summary["eval_examples"] == all_rows > 8
+    laid_out = [m for m in caplog.messages if m.startswith("packing ") and "examples into rows" in m]
+    assert len(laid_out) == 2, laid_out  # training's and eval_data's, the latter once for both evaluations
     capped = train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "two"), eval_steps=2, **common))
     assert capped["eval_examples"] == 16
     big = train.train_and_evaluate(TrainConfig(workdir=str(tmp_path / "big"), **{**common, "batch_size": 4096}))

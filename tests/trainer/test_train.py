@@ -201,6 +201,23 @@ def test_a_batch_size_ramp_up_grows_the_batch_and_resumes_inside_it_exactly(digi
     assert (state["next_batch"], state["batch_size"], state["origin"]) == (8, 64, 3 * 32 + 2 * 48 + 3 * 64 - 8 * 64)
 
 
+def test_the_last_steps_evaluation_is_the_summarys_not_run_again(digits, tmp_path, monkeypatch):
+    """Evaluations at steps 2 and 4 of 4: two passes over eval_data (the summary's is step 4's, which it was run a
+    second time for)."""
+    from trainer import train
+    from trainer.config import TrainConfig
+    from trainer.program import Program
+
+    calls = []
+    real = Program.evaluate
+    monkeypatch.setattr(Program, "evaluate", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    summary = train.train_and_evaluate(TrainConfig(data=str(digits["train"]), eval_data=str(digits["test"]),
+                                                   workdir=str(tmp_path), model="mlp", num_classes=10, batch_size=32,
+                                                   steps=4, log_every=2, eval_every=2, checkpoint_every=4))
+    assert len(calls) == 2
+    assert summary["eval_accuracy"] == _metrics(tmp_path)[-1]["eval_accuracy"] and summary["final_step"] == 4
+
+
 def test_resuming_with_settings_that_reshape_the_model_is_one_line_naming_them(digits, tmp_path):
     """A workdir resumed with another num_classes: one line before any restore, naming the array and the setting the
     checkpoint was written with (orbax's own error, hundreds of lines long, advised an orbax API change)."""
