@@ -123,8 +123,11 @@ class Classification:
     def from_config(cls, config: TrainConfig, specs: dict[str, dict]) -> Classification:
         for key in (config.image_key, config.label_key):
             if specs and key not in specs:
+                text = ("pre-tokenized text" if specs.get("tokens", {}).get("type") == "Tokens" else
+                        f"text in {config.text_key!r}" if config.text_key in specs else None)
+                also = f", or task=lm: the data is {text}" if text else ""
                 raise ValueError(f"task reads feature {key!r}, which the data does not have; its features are "
-                                 f"{sorted(specs)} (set image_key= / label_key=)")
+                                 f"{sorted(specs)} (set image_key= / label_key={also})")
         labelled = specs.get(config.label_key, {}).get("num_classes")
         if config.num_classes is not None and labelled is not None and config.num_classes != labelled:
             raise ValueError(f"num_classes={config.num_classes} but the data's ClassLabel {config.label_key!r} has "

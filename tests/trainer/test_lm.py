@@ -180,6 +180,17 @@ def test_lm_over_the_wrong_feature_is_one_line(rich_tfds, tmp_path, overrides, m
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
+def test_text_trained_without_task_lm_names_task_lm():
+    """The default task (classification) over a pre-tokenized corpus, or text: the error's fix names task=lm."""
+    from trainer.tasks import Classification
+
+    for specs, what in (({"tokens": {"type": "Tokens", "dtype": "<u2", "vocab_size": 300}}, "pre-tokenized text"),
+                        ({"text": {"type": "Text"}}, "text in 'text'")):
+        with pytest.raises(ValueError, match=r"\(set image_key= / label_key=, or task=lm: the data is " + what +
+                                             r"\)$"):
+            Classification.from_config(TrainConfig(data="x", workdir="w"), specs)
+
+
 def test_packed_examples_never_see_each_other():
     """Changing one example's tokens leaves the logits of the other examples in its row unchanged."""
     import jax
