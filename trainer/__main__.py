@@ -55,7 +55,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer", description="Train a JAX model on converted data.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
     p.add_argument("-h", "--help", action=Help, nargs=0, help="show this help, every key and its values, and exit")
-    p.add_argument("--config", help="a JSON file of config keys (command-line key=value pairs override it)")
+    p.add_argument("--config", help="a JSON or YAML (.yml, .yaml) file of config keys (command-line key=value pairs "
+                                    "override it)")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=out/train steps=500 strategy=mirrored")
     argv = sys.argv[1:] if argv is None else list(argv)
     dashed = [a for a in argv if a.startswith("--") and a[2:].partition("=")[0] not in ("help", "config", "")]

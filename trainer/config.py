@@ -471,6 +471,17 @@ class TrainConfig:
         return cls(**{k: _coerce(k, v, fields[k].type) for k, v in values.items()})
 
 
+def _yaml_problem(e: Exception) -> str:
+    """yaml's error in one line: what it expected, and where (line, column), with the hint a split's slice needs."""
+    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+    if problem is None or mark is None:
+        return " ".join(str(e).split())
+    line = mark.buffer.splitlines()[mark.line].strip() if mark.buffer else ""
+    hint = ("; quote a split's slice, split: \"[:99%]\" (YAML reads [ as a list)"
+            if "[" in line and ("split" in line or "%" in line) else "")
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" + (f" ({line})" if line else "") + hint
+
+
 def _config_file(path: str) -> dict:
     """A config file's keys: JSON, or YAML (.yml, .yaml) as MaxText writes its configs."""
     yaml_file = path.endswith((".yml", ".yaml"))
@@ -479,13 +490,13 @@ def _config_file(path: str) -> dict:
             if yaml_file:
                 import yaml
 
-                loaded = yaml.safe_load(f)
+                loaded = yaml.safe_load(f.read())  # (a string: its errors quote the line)
             else:
                 loaded = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"--config {path} is not JSON: {e} (a YAML file takes the suffix .yml or .yaml)") from None
         except Exception as e:  # noqa: BLE001 - yaml's errors (yaml.YAMLError), imported only for YAML files
-            raise ValueError(f"--config {path} is not YAML: {str(e).splitlines()[0]}") from None
+            raise ValueError(f"--config {path} is not YAML: {_yaml_problem(e)}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"--config {path} holds a {type(loaded).__name__}; it must be a mapping of keys, e.g. "
                          '{"steps": 500, "strategy": "mirrored"} (JSON) or steps: 500 (YAML)')

@@ -412,8 +412,13 @@ def test_a_config_file_in_yaml_as_maxtext_writes_them(tmp_path):
     assert (config.steps, config.learning_rate, config.mlp_activations) == (60, 3e-4, "silu,linear")
     assert config.data_source == {"web": "out/web", "code": "out/code"} and config.data_weights == {"web": 3, "code": 1}
     (tmp_path / "bad.yaml").write_text("steps: [1\n")
-    with pytest.raises(ValueError, match=r"^--config .*bad.yaml is not YAML: "):
+    with pytest.raises(ValueError, match=r"^--config .*bad.yaml is not YAML: .* at line 2, column 1"):
         TrainConfig.from_args([], str(tmp_path / "bad.yaml"))
+    (tmp_path / "slice.yml").write_text("task: lm\nsplit: [:99%]\n")  # the docs' slice, unquoted
+    with pytest.raises(ValueError, match=r"^--config .*slice.yml is not YAML: expected the node content, but found ':' "
+                                         r"at line 2, column 9 \(split: \[:99%\]\); quote a split's slice, "
+                                         r"split: \"\[:99%\]\" \(YAML reads \[ as a list\)$"):
+        TrainConfig.from_args([], str(tmp_path / "slice.yml"))
     (tmp_path / "list.yml").write_text("- steps\n")
     with pytest.raises(ValueError, match=r"holds a list; it must be a mapping of keys"):
         TrainConfig.from_args([], str(tmp_path / "list.yml"))
