@@ -43,9 +43,11 @@ MAXTEXT_NAMES = {"emb_dim": "width", "base_emb_dim": "width", "num_decoder_layer
                  "per_device_batch_size_start": "batch_size_start (the global batch)",
                  "per_device_batch_size_increment": "batch_size_increment (of the global batch)",
                  "global_rampup_samples": "rampup_samples",
-                 "eval_interval": "eval_every", "checkpoint_period": "checkpoint_every",
+                 "eval_interval": "eval_every", "checkpoint_period": "checkpoint_every", "log_period": "log_every",
+                 "eval_per_device_batch_size": "batch_size (evaluation reads batches of the training's global size)",
                  "adam_weight_decay": "weight_decay (with optimizer=adamw)", "gradient_clipping_threshold": "grad_clip",
-                 "dataset_path": "data", "base_output_directory": "workdir",
+                 "dataset_path": "data",
+                 "base_output_directory": "workdir (the run's own directory: MaxText's base_output_directory/run_name)",
                  "warmup_steps_fraction": "warmup_steps (a count of steps)",
                  "gradient_accumulation_steps": "grad_accum_steps", "train_split": "split",
                  "cosine_learning_rate_final_fraction": "end_lr_fraction (with schedule=cosine)"}
@@ -63,6 +65,9 @@ MAXTEXT_ELSEWHERE = {
     "dcn_data_parallelism": "strategy= spans every host's devices",
     "tokenizer_path": "tokenizer= (or convert --tokenizer, whose manifest names it)",
     "enable_rampup_batch_size": "a batch-size ramp-up is on when batch_size_start= is set",
+    "run_name": "workdir= is the run's own directory (MaxText's base_output_directory/run_name): a workdir holding a "
+                "checkpoint resumes it",
+    "enable_checkpointing": "checkpoints are always written (checkpoint_every= steps apart, and at the last step)",
 }
 # MaxText's attention= names -> ours
 MAXTEXT_ATTENTIONS = {"dot_product": "dense", "flash": "auto (cuDNN on a GPU, Splash on a TPU, else blockwise)",
@@ -460,7 +465,9 @@ class TrainConfig:
             maxtext = [f"{name} is {MAXTEXT_NAMES[name]} here" if name in MAXTEXT_NAMES else
                        f"{name}: {MAXTEXT_ELSEWHERE[name]}" for name in unknown
                        if name in MAXTEXT_NAMES or name in MAXTEXT_ELSEWHERE]
-            hint = (f"MaxText's names: {'; '.join(maxtext)}" if maxtext else "") or did_you_mean(unknown, fields)
+            others = [name for name in unknown if name not in MAXTEXT_NAMES and name not in MAXTEXT_ELSEWHERE]
+            hint = "; ".join(h for h in (f"MaxText's names: {'; '.join(maxtext)}" if maxtext else "",
+                                         did_you_mean(others, fields) if others else "") if h)
             raise ValueError(f"unknown config key(s) {unknown}" + (f"; {hint}" if hint else "")
                              + " (python -m trainer --help lists every key)")
         if values.get("mode") == "evaluate" and "data" not in values and "eval_data" in values:

@@ -398,6 +398,12 @@ def test_maxtexts_names_for_the_trainers_keys_are_named_with_ours():
                             "names: grain_worker_count: data_workers=; opt_type: optimizer= (adamw, adam, sgd, "
                             "adafactor); weight_dtype: the parameters are float32 here; dtype= sets the step's compute "
                             "dtype (python -m trainer --help lists every key)")
+    with pytest.raises(ValueError) as e:  # a MaxText name beside a misspelt one of ours: both named
+        TrainConfig.from_args(["data=x", "workdir=w", "run_name=a", "log_period=5", "stepz=3"])
+    assert str(e.value) == ("unknown config key(s) ['log_period', 'run_name', 'stepz']; MaxText's names: log_period is "
+                            "log_every here; run_name: workdir= is the run's own directory (MaxText's "
+                            "base_output_directory/run_name): a workdir holding a checkpoint resumes it; did you mean "
+                            "steps? (python -m trainer --help lists every key)")
     with pytest.raises(ValueError, match=r"^attention='flash' is not one of auto, cudnn, splash, blockwise, dense "
                                          r"\(MaxText's attention=flash is attention=auto \(cuDNN on a GPU"):
         TrainConfig.from_args(["data=x", "workdir=w", "task=lm", "attention=flash"])
