@@ -60,6 +60,7 @@ class DataSource:
         else:
             self._name = os.fspath(data)
             self._source = resolve(self._name, split=split, allow_incomplete=allow_incomplete)
+        self._split = split  # (messages name it: the records of a slice, not of the directory)
         self._options = {"check_hashes": check_hashes, "cache_bytes": cache_bytes, "cache_dir": cache_dir,
                          "max_record_bytes": max_record_bytes}
         self._length = len(self._source)
@@ -69,10 +70,12 @@ class DataSource:
         self._reader: BatchReader | None = BatchReader(self._source, index=index, **self._options)
 
     def __getstate__(self):
-        return {"source": self._source, "name": self._name, "options": self._options, "index_dir": self._index_dir}
+        return {"source": self._source, "name": self._name, "options": self._options, "index_dir": self._index_dir,
+                "split": self._split}
 
     def __setstate__(self, state):
         self._source, self._name, self._options = state["source"], state["name"], state["options"]
+        self._split = state.get("split")
         self._index_dir = state["index_dir"]
         self._length = len(self._source)
         self._lock = threading.Lock()
@@ -127,7 +130,8 @@ class DataSource:
     _getitems = __getitems__
 
     def _out_of_range(self, i: int) -> str:
-        return (f"index {i} is out of range for {self._name!r}, which holds {self._length} records "
+        sliced = f" split={self._split}" if self._split is not None else ""
+        return (f"index {i} is out of range for {self._name!r}{sliced}, which holds {self._length} records "
                 f"(0..{self._length - 1})")
 
     @property

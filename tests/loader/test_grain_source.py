@@ -52,6 +52,10 @@ def test_an_index_out_of_range_names_it_and_the_length(sources):
     with pytest.raises(TypeError):
         ours[1.0]
     assert f"records={n}, shards=5" in repr(ours)
+    tail = loader.DataSource(ours._name, split="[90%:]")  # a slice: the message says which records it holds
+    with pytest.raises(IndexError, match=rf"for '.*' split=\[90%:\], which holds {len(tail)} records"):
+        tail[len(tail)]
+    assert pickle.loads(pickle.dumps(tail))._split == "[90%:]"
 
 
 def test_a_pickled_copy_maps_the_same_index_and_reads_the_same_records(sources, all_records, tmp_path,
