@@ -41,6 +41,7 @@ class ShardEntry:
     split: str | None = None  # TFDS split, when converted from a TFDS directory
     skipped_corrupt: int = 0  # corrupt frames skipped with --skip-corrupt (see report.json)
     tokens: str | None = None  # how its records were tokenised (pipelines/tokens.py TokenizeSpec.identity), if so
+    token_count: int | None = None  # a tokenised shard: the token ids its records hold, together
     # Its records' features (`FeatureStats`); None: not recorded (records that are not tf.train.Examples, a
     # tokenised conversion, or a shard converted before statistics were recorded).
     feature_stats: dict[str, dict[str, Any]] | None = None
@@ -77,6 +78,11 @@ class Manifest:
     @property
     def total_bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
+
+    @property
+    def total_tokens(self) -> int | None:
+        """The token ids of a tokenised dataset (None: not tokenised, or a shard converted before they were counted)."""
+        return total_tokens(s.token_count for s in self.shards)
 
     @property
     def complete(self) -> bool:
@@ -138,6 +144,7 @@ class ShardTable:
     failed: tuple[dict[str, Any], ...] = ()
     tokens: dict[str, Any] | None = None
     feature_stats: tuple[dict[str, dict[str, Any]] | None, ...] = ()  # each shard's (ShardEntry.feature_stats)
+    token_counts: tuple[int | None, ...] = ()  # each shard's (ShardEntry.token_count)
 
     @property
     def complete(self) -> bool:
@@ -151,7 +158,7 @@ class ShardTable:
             records = tuple(s["records"] for s in shards)
             table = cls(d["kind"], tuple(s["path"] for s in shards), records, tuple(s["bytes"] for s in shards),
                         tuple(s.get("split") for s in shards), tuple(d.get("failed", ())), _tokens(d, path),
-                        tuple(s.get("feature_stats") for s in shards))
+                        tuple(s.get("feature_stats") for s in shards), tuple(s.get("token_count") for s in shards))
         except (KeyError, TypeError) as e:
             raise ValueError(f"{path}: a shard entry lacks {e}; the manifest was edited or damaged, re-run the "
                              "conversion") from None
@@ -167,6 +174,12 @@ class ShardTable:
 # else a list of varying length); manifests written before they were recorded lack them. `min`/`max`: over every value
 # of every record. A feature whose kind differs between shards merges to kind "mixed", without min and max.
 FeatureStats = dict[str, dict[str, Any]]
+
+
+def total_tokens(counts: Iterable[int | None]) -> int | None:
+    """The sum of shards' token counts; None when there are none, or a shard's is unknown."""
+    counts = list(counts)
+    return sum(counts) if counts and None not in counts else None
 
 
 def merge_feature_stats(parts: Iterable[FeatureStats | None]) -> FeatureStats | None:

@@ -62,8 +62,13 @@ def _ranges(source) -> list[str]:
     and which features some records lack."""
     stats = source.feature_stats
     if source.tokens_dtype is not None:
-        return [f"pre-tokenized: each record is one document's token ids ({source.tokens_dtype}) by "
-                f"{source.tokenizer or 'the tokenizer its manifest names'}; no feature ranges"]
+        lines = [f"pre-tokenized: each record is one document's token ids ({source.tokens_dtype}) by "
+                 f"{source.tokenizer or 'the tokenizer its manifest names'}; no feature ranges"]
+        if source.token_count is not None:
+            documents = sum(source.records_in_files)
+            lines.append(f"tokens: {source.token_count:,} in its shards' {documents:,} documents "
+                         f"({source.token_count / documents:,.1f} a document)")
+        return lines
     if stats is None:
         why = ("the manifest has none: converted before they were recorded, or records that are not tf.train.Examples; "
                "`python -m pipelines convert --force` records them") if source.kind == "manifest" else \

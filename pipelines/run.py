@@ -59,7 +59,8 @@ class Outcome:
             + f"; pruned {len(self.plan.pruned)}; "
             f"orphaned (source gone, kept) {len(self.plan.orphaned)}",
             f"dataset: {len(self.manifest.shards)} shards, {self.manifest.total_records:,} records, "
-            f"{self.manifest.total_bytes / 1e6:,.1f} MB of ArrayRecord files",
+            + (f"{self.manifest.total_tokens:,} tokens, " if self.manifest.total_tokens is not None else "")
+            + f"{self.manifest.total_bytes / 1e6:,.1f} MB of ArrayRecord files",
         ]
         if self.corrupt_records:
             lines.append(f"skipped {self.corrupt_records} corrupt record(s): see {report.REPORT_NAME}")

@@ -114,6 +114,7 @@ def convert_shard(
                        source_bytes=task.source.size, source_fingerprint=task.source.fingerprint,
                        writer_options=writer_options, split=task.split, skipped_corrupt=len(corruptions),
                        tokens=tokenize.identity if tokenize is not None else None,
+                       token_count=tokens.total() if tokens is not None else None,
                        feature_stats=stats.result() if stats is not None else None)
     commits.write(task.output_dir, entry, tuple(corruptions))  # the shard is done, whatever happens next
     return ShardResult(entry, tuple(corruptions))

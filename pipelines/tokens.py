@@ -210,5 +210,9 @@ class Tokenize:
             yield data[start:end]
             start = end
 
+    def total(self) -> int:
+        """The token ids of the records tokenised so far."""
+        return int(sum(int(c.sum()) for c in self.counts))
+
     def counts_bytes(self) -> bytes:
         return np.concatenate(self.counts).astype("<u4").tobytes() if self.counts else b""

@@ -45,6 +45,11 @@ class Ramp:
             size = stage_size
         return size
 
+    def examples(self, steps: int) -> int:
+        """The examples (rows) steps 1..`steps` take together."""
+        ends = [first for first, _ in self.stages[1:]] + [steps + 1]
+        return sum(size * max(0, min(end, steps + 1) - first) for (first, size), end in zip(self.stages, ends))
+
     def sizes(self) -> list[int]:
         return [size for _, size in self.stages]
 

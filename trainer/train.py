@@ -100,6 +100,7 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     program.check_data()  # the labels' range over every record, before anything compiles
     # host arrays: this thread places them (the module's docstring says why)
     batches = program.load_train(batch_size=batch_size)
+    _log_epochs(program, ramp)
     log.info("model=%s: initialising its parameters", config.model)
     t = time.perf_counter()
     variables = program.init_variables()
@@ -348,6 +349,19 @@ def compile_step(step, state, host_batch: dict, sharding) -> jax.stages.Compiled
                  remat.size(memory.temp_size_in_bytes), remat.size(memory.argument_size_in_bytes),
                  remat.size(memory.output_size_in_bytes - memory.alias_size_in_bytes))
     return compiled
+
+
+def _log_epochs(program: Program, ramp: Ramp | None) -> None:
+    """For packed rows of a pre-tokenized corpus (whose manifest counts its tokens): how much of it the run reads, the
+    figure an LM run is sized by."""
+    config, train = program.config, program.data.train
+    if not config.packing or len(train) != 1 or train[0].resolved.token_count is None:
+        return
+    source = train[0].resolved
+    tokens = source.token_count * len(source) / sum(source.records_in_files)  # (a slice: its share, ~)
+    rows = ramp.examples(config.steps) if ramp is not None else config.steps * config.batch_size
+    log.info("data: %s tokens in %s documents; %d steps read %s rows of %d tokens, ~%.2f epochs of it", f"{tokens:,.0f}",
+             f"{len(source):,}", config.steps, f"{rows:,}", config.seq_len, rows * config.seq_len / tokens)
 
 
 def _resized(host_batch: dict, global_size: int) -> dict:

@@ -28,7 +28,7 @@ import re
 import numpy as np
 
 from dataset_format import storage, tfds_info
-from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, ShardTable, merge_feature_stats
+from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, ShardTable, merge_feature_stats, total_tokens
 from dataset_format.naming import is_tfrecord_name
 from dataset_format.suggest import near_path
 from dataset_format.tfds_info import FEATURES_NAME, INFO_NAME as TFDS_INFO
@@ -53,6 +53,8 @@ class ShardedSource:
     # Its records' feature statistics from the manifest (dataset_format/manifest.py FeatureStats: each integer
     # feature's min and max, the records that carry each feature); None where they were not recorded.
     feature_stats: dict | None = None
+    # A pre-tokenized dataset's token ids, over its shards' every record (a slice's are among them); None: unknown.
+    token_count: int | None = None
     # A pre-tokenized dataset's tokenizer, "PATH (sha256:16 hex digits)" from its manifest: the ids of datasets with
     # other tokenizers mean other tokens, so a mixture refuses them (loader/planning/mixture.py `concatenate`).
     tokenizer: str | None = None
@@ -252,6 +254,7 @@ def joined(parts: list[ShardedSource]) -> ShardedSource:
         shard_bytes=column("shard_bytes") if all(p.shard_bytes for p in parts) else None,
         shard_versions=column("shard_versions") if all(p.shard_versions for p in parts) else None,
         feature_stats=merge_feature_stats(p.feature_stats for p in parts),
+        token_count=total_tokens(p.token_count for p in parts),
         offsets=tuple(o for p in parts for o in p.first_records.tolist()) if sliced else None,
         file_lengths=column("records_in_files") if sliced else None)
 
@@ -419,6 +422,7 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: 
                          "allow_incomplete=True (python -m trainer: allow_incomplete=true) to load the shards that "
                          "converted")
     names, records, sizes, stats = table.paths, table.records, table.bytes, table.feature_stats
+    counts = table.token_counts or (None,) * len(names)
     keep = None
     if only is not None:
         keep = [i for i, name in enumerate(names) if name in only]
@@ -431,7 +435,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: 
         raise ValueError(f"split={given or split!r} names a split, but {root} is not a TFDS dataset and has none; "
                          "leave the name out (a slice alone, e.g. split='[:99%]', takes part of its records)")
     if keep is not None:
-        names, records, sizes, stats = (tuple(column[i] for i in keep) for column in (names, records, sizes, stats))
+        names, records, sizes, stats, counts = (tuple(column[i] for i in keep)
+                                                for column in (names, records, sizes, stats, counts))
     prefix = storage.join(root, "")  # one join: 100k shards paid ~0.5 s for joining each
     paths = [prefix + name for name in names]
     found, versions = _stat(paths, missing=f"is listed in {MANIFEST_NAME} but missing; re-run `python -m pipelines "
@@ -445,7 +450,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: 
     features = root if table.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
     tokens = table.tokens.get("dtype") if table.tokens else None
     return ShardedSource(tuple(paths), records, "manifest", features, sizes, versions, tokens,
-                         feature_stats=merge_feature_stats(stats), tokenizer=tokenizer_identity(table.tokens))
+                         feature_stats=merge_feature_stats(stats), tokenizer=tokenizer_identity(table.tokens),
+                         token_count=total_tokens(counts) if tokens else None)
 
 
 def tokenizer_identity(tokens: dict | None) -> str | None:

@@ -51,6 +51,11 @@ def test_every_record_holds_the_tokenizers_ids_for_its_text(converted):
     assert got[0].dtype == np.dtype("<u2") and got[0][0] == 1  # the BOS train_bpe's post-processor adds
     counts = np.concatenate([np.fromfile(out / (s["path"] + ".counts"), "<u4") for s in manifest["shards"]])
     assert counts.tolist() == [len(e) for e in expected]
+    # each shard's total in its entry, the dataset's for the loader
+    assert [s["token_count"] for s in manifest["shards"]] == [sum(map(len, part)) for part in
+                                                               (expected[:50], expected[50:90], expected[90:])]
+    assert loader.resolve(str(out)).token_count == sum(map(len, expected))
+    assert loader.resolve(str(out / "*.array_record")).token_count == sum(map(len, expected))  # a glob of it too
 
 
 def test_packing_a_pretokenized_dataset_needs_no_tokenize_and_packs_every_target_once(converted):
@@ -220,6 +225,13 @@ def test_datasets_of_different_tokenizers_are_not_mixed_or_evaluated_together(co
     assert [s.path for s in found.train + found.eval] == [str(out), str(tmp_path / "same")]
 
 
+def test_the_conversions_summary_counts_the_tokens(corpus, converted):
+    root, tok = corpus
+    total = sum(map(len, tokenizers.load(tok).encode_batch(TEXTS)))
+    rerun = _convert(root, converted[0], tok)  # (nothing to convert: the dataset's line is its manifest's)
+    assert f"dataset: 3 shards, 120 records, {total:,} tokens, " in rerun.summary(), rerun.summary()
+
+
 def test_inspect_shows_a_pretokenized_datasets_ids(converted, capsys):
     import hashlib
 
@@ -231,6 +243,8 @@ def test_inspect_shows_a_pretokenized_datasets_ids(converted, capsys):
     digest = hashlib.sha256(open(tok, "rb").read()).hexdigest()[:16]
     assert (f"pre-tokenized: each record is one document's token ids (<u2) by {tok} (sha256:{digest}); no feature "
             "ranges\n") in text, text
+    total = sum(map(len, tokenizers.load(tok).encode_batch(TEXTS)))
+    assert f"tokens: {total:,} in its shards' 120 documents ({total / 120:,.1f} a document)\n" in text, text
     first = tokenizers.load(tok).encode_batch(TEXTS[:1])[0]
     assert f"  tokens: uint16[{len(first)}]  e.g. [" in text, text
 

@@ -253,6 +253,9 @@ def test_packed_training_on_a_pretokenized_dataset_takes_its_vocabulary_and_coun
                        "batch_size=4", "steps=3", "log_every=1", f"workdir={tmp_path / 'run'}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "packing " in proc.stderr and "real tokens" in proc.stderr and "counted" not in proc.stderr
+    corpus = loader.resolve(str(tmp_path / "tok"))
+    assert (f"data: {corpus.token_count:,} tokens in {len(corpus):,} documents; 3 steps read 12 rows of 64 tokens, "
+            f"~{12 * 64 / corpus.token_count:.2f} epochs of it") in proc.stderr, proc.stderr[-2000:]
     records = _metrics(tmp_path / "run")
     assert len(records) == 3
     # real tokens/s: at most every position of every row; no MFU on the CPU (no bf16 peak to measure it against)

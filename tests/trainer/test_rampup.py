@@ -36,6 +36,9 @@ def test_the_plan_is_maxtexts_step_by_step():
         assert [ramp.batch_size(s) for s in range(1, steps + 1)] == _maxtexts_sizes(start, increment, end, samples,
                                                                                      steps)
     assert Ramp.of(_config(batch_size_start=0, batch_size_increment=0, rampup_samples=0)) is None
+    small = Ramp.of(_config(batch_size=64, batch_size_start=32, batch_size_increment=16, rampup_samples=192))
+    assert [small.examples(s) for s in (0, 2, 3, 4, 5, 8)] == [0, 64, 96, 144, 192, 384]
+    assert all(small.examples(s) == sum(small.batch_size(t) for t in range(1, s + 1)) for s in range(12))
 
 
 @pytest.mark.parametrize("overrides, message", [
