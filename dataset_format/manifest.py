@@ -163,6 +163,10 @@ class ShardTable:
             raise ValueError(f"{path}: a shard entry lacks {e}; the manifest was edited or damaged, re-run the "
                              "conversion") from None
         _check_totals(d, sum(records), path)
+        bad = next((c for c in table.token_counts if c is not None and (type(c) is not int or c < 0)), None)
+        if bad is not None:
+            raise ValueError(f"{path}: a shard's token_count is {bad!r}, not a count of tokens; the manifest was edited "
+                             "or damaged, re-run the conversion")
         return table
 
 

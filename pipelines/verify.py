@@ -181,6 +181,9 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
             counts = storage.read_bytes(path + COUNTS_SUFFIX)
             if counts != tokens.counts_bytes():
                 return f"{path}{COUNTS_SUFFIX}: the token counts differ from the records' ids; re-run with --force"
+            if entry.token_count is not None and entry.token_count != tokens.total():
+                return (f"{path}: {MANIFEST_NAME} says {entry.token_count:,} tokens, and its records hold "
+                        f"{tokens.total():,}; re-run with --force")
     except tfrecord.CorruptRecordError as e:
         return f"{path}: cannot compare, the source is corrupt: {e}"
     finally:

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -64,3 +65,12 @@ def test_a_damaged_manifest_is_one_line_either_way():
     del d["shards"][1]["bytes"]
     with pytest.raises(ValueError, match=r"^m.json: a shard entry lacks 'bytes'"):
         ShardTable.from_json(json.dumps(d), path="m.json")
+    for bad in ("9", -1, 1.5, True):
+        d = json.loads(manifest_text())
+        d["shards"][2]["token_count"] = bad
+        with pytest.raises(ValueError, match=rf"^m.json: a shard's token_count is {re.escape(repr(bad))}, not a count "
+                                             "of tokens; the manifest was edited or damaged, re-run the conversion$"):
+            ShardTable.from_json(json.dumps(d), path="m.json")
+    d = json.loads(manifest_text())
+    d["shards"][2]["token_count"] = 7
+    assert ShardTable.from_json(json.dumps(d)).token_counts == (None, None, 7)

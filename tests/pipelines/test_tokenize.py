@@ -161,6 +161,15 @@ def test_verify_deep_tokenises_the_sources_again_and_checks_the_counts(corpus, t
     counts.write_bytes(bytes(damaged[:-4]))
     assert verify(str(tmp_path / "out")).problems[0].endswith("bytes for 40 records (4 a record); the file is "
                                                               "damaged, re-run the conversion with --force")
+    counts.write_bytes(bytes(damaged))
+    damaged[0] ^= 1
+    counts.write_bytes(bytes(damaged))  # (the counts mended: the manifest's total edited instead)
+    manifest["shards"][1]["token_count"] += 1
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
+    assert verify(str(tmp_path / "out"), deep=True).problems == [
+        f"{tmp_path / 'out' / manifest['shards'][1]['path']}: manifest.json says "
+        f"{manifest['shards'][1]['token_count']:,} tokens, and its records hold "
+        f"{manifest['shards'][1]['token_count'] - 1:,}; re-run with --force"]
 
 
 def test_a_relative_tokenizer_path_is_kept_absolute_so_verify_deep_runs_from_anywhere(corpus, tmp_path, monkeypatch):
