@@ -355,7 +355,7 @@ def _log_epochs(program: Program, ramp: Ramp | None) -> None:
     """For packed rows of a pre-tokenized corpus (whose manifest counts its tokens): how much of it the run reads, the
     figure an LM run is sized by."""
     config, train = program.config, program.data.train
-    if not config.packing or len(train) != 1 or train[0].resolved.token_count is None:
+    if not config.packing or len(train) != 1 or not train[0].resolved.token_count:
         return
     source = train[0].resolved
     tokens = source.token_count * len(source) / sum(source.records_in_files)  # (a slice: its share, ~)
