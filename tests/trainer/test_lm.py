@@ -80,6 +80,7 @@ def test_packed_evaluation_scores_every_token_of_eval_data_and_eval_steps_caps_i
     assert real == sum(len(t) for b in passages for t in b["text"])  # each byte, predicted (the first from BOS)
     all_rows = rows.plan.layout.epoch_rows(0)
     assert all_rows % 8  # (a short last batch)
+    caplog.clear()  # (the layouts above may have been logged)
     with caplog.at_level("INFO", logger="loader.planning.packing"):
         summary = train.train_and_evaluate(dataclasses.replace(config, steps=4))  # evaluations at steps 2 and 4
     assert summary["eval_examples"] == all_rows > 8
