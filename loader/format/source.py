@@ -273,8 +273,11 @@ def _resolve_whole(source: str, split: str | None, allow_incomplete: bool, given
         hint = f"; datasets below it: {', '.join(below)} (pass one of those)" if below else ""
         tfrecords = _tfrecords_in(source)
         if tfrecords and not below:
+            named = is_tfrecord_name(tfrecords[0])  # (convert takes a directory of *.tfrecord* files, else a glob)
+            shards = re.match(r"^([^.][^/]*?[-_.])\d", tfrecords[0])
+            given = source if named else f"'{source.rstrip('/')}/{shards.group(1) if shards else ''}*'"
             hint = (f"; it holds TFRecord files ({tfrecords[0]}{', ...' if len(tfrecords) > 1 else ''}): convert them "
-                    f"first: python -m pipelines convert --input {source} --output OUT")
+                    f"first: python -m pipelines convert --input {given} --output OUT")
         raise FileNotFoundError(f"{source} has neither {MANIFEST_NAME} nor {TFDS_INFO}; pass a directory written "
                                 "by `python -m pipelines convert` or `tfds build --file_format=array_record`, or a "
                                 f"glob of ArrayRecord files{hint}")
@@ -381,14 +384,30 @@ def token_info(source: str) -> dict | None:
     return ShardTable.from_json(_read_text(path), path=path).tokens
 
 
-def _tfrecords_in(directory: str) -> list[str]:
-    """The TFRecord file names directly in local `directory` (sorted), for the error when one is passed to load."""
+def _tfrecords_in(directory: str, sniffed: int = 8) -> list[str]:
+    """The TFRecord file names directly in local `directory` (sorted), for the error when one is passed to load: by
+    name (`*.tfrecord*`), or by content for the first `sniffed` other files (ImageNet's `train-00000-of-01024`)."""
+    from dataset_format.sniff import is_tfrecord_header
+
     if storage.is_remote(directory):
         return []
     try:
-        return sorted(e.name for e in os.scandir(directory) if e.is_file() and is_tfrecord_name(e.name))
+        files = sorted((e.name, e.path) for e in os.scandir(directory) if e.is_file() and not e.name.startswith("."))
     except OSError:
         return []
+    named = [name for name, _ in files if is_tfrecord_name(name)]
+    if named:
+        return named
+    found = []
+    for name, path in files[:sniffed]:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(64)
+            if is_tfrecord_header(head, os.path.getsize(path)):
+                found.append(name)
+        except OSError:
+            continue
+    return found
 
 
 def _datasets_below(root: str, depth: int = 3, limit: int = 5) -> list[str]:

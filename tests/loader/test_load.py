@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import loader
-from tests.conftest import REPO
+from tests.conftest import REPO, write_tfrecord_shards
 from tests.loader.conftest import SHARD_SIZES
 
 FIRST_TWO_BATCHES_SEED_0 = [
@@ -219,7 +219,6 @@ def test_a_state_restores_onto_its_own_dataset_wherever_it_lies_and_no_other(con
 def test_map_fn_and_example_decoding(tmp_path, caplog):
     from dataset_format import example_proto
     from pipelines import ConvertConfig, run_conversion
-    from tests.conftest import write_tfrecord_shards
 
     records = [example_proto.encode_example({"x": [i, i + 1, i + 2], "y": i % 3, "name": f"r{i}".encode()})
                for i in range(30)]
@@ -319,6 +318,14 @@ def test_bad_sources_are_named(converted, tmp_path):
         loader.load(str(tmp_path / "raw"), batch_size=4)
     assert str(raw.value).endswith(f"; it holds TFRecord files (train.tfrecord-00000-of-00002, ...): convert them "
                                    f"first: python -m pipelines convert --input {tmp_path / 'raw'} --output OUT")
+    (tmp_path / "imagenet").mkdir()  # ImageNet's names carry no tfrecord token: found by their first frame, and the
+    for i in range(2):               # command takes a glob of them
+        write_tfrecord_shards(tmp_path / "imagenet", [[b"x"]], pattern=f"train-0000{i}-of-00002")
+    with pytest.raises(FileNotFoundError) as imagenet:
+        loader.load(str(tmp_path / "imagenet"), batch_size=4)
+    assert str(imagenet.value).endswith(f"; it holds TFRecord files (train-00000-of-00002, ...): convert them first: "
+                                        f"python -m pipelines convert --input '{tmp_path / 'imagenet'}/train-*' "
+                                        "--output OUT")
     for split in ("train", "test"):  # the parent of converted datasets: the error names them
         (tmp_path / "parent" / "custom" / split).mkdir(parents=True)
         manifest = (converted / "manifest.json").read_bytes()
