@@ -145,6 +145,25 @@ class LoaderConfig:
                                  "record, random_map_fn with the record and a numpy Generator)")
 
 
+def _check_features(config: LoaderConfig, source: ShardedSource, map_fn) -> None:
+    """features= against what the records hold (the manifest's feature statistics, where it has them) and what the
+    map function reads: a misspelt name, or a map function's input left out, is one line at load(), not an error
+    naming some record at the first batch."""
+    if config.features is None:
+        return
+    held = source.feature_stats
+    unknown = [f for f in config.features if held is not None and f not in held]
+    if unknown:
+        hint = did_you_mean(unknown, held)
+        raise ValueError(f"features={list(config.features)}: {source.location}'s records have no "
+                         f"{', '.join(map(repr, unknown))}; they have {sorted(held)}" + (f" ({hint})" if hint else ""))
+    reads = [f for f in getattr(map_fn, "encoded_features", ()) if f not in config.features]
+    if reads:
+        raise ValueError(f"features={list(config.features)} leaves out {', '.join(map(repr, reads))}, which "
+                         f"{_name(map_fn)} reads: add it to features= (it names the records' features the loader "
+                         "decodes and hands the map function; the batch holds what the map function returns)")
+
+
 def _takes(fn, arguments: int) -> bool | None:
     """Whether `fn` can be called with `arguments` positional arguments (None: its signature cannot be read)."""
     try:
@@ -364,6 +383,7 @@ class Loader:
                                   config.drop_remainder, shard_index, shard_count)
             _check_batch_fits(len(self.source), config, self.source.location)
         map_fn = config.map_fn or config.random_map_fn
+        _check_features(config, self.source, map_fn)
         self._decoder = source_decoder(config.decode, self.source, config.features,
                                        tuple(getattr(map_fn, "encoded_features", ())))
         # Batches per read: ~records_per_read records, at most ~64 MB of (compressed) data.

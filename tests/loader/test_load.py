@@ -232,10 +232,25 @@ def test_map_fn_and_example_decoding(tmp_path, caplog):
     np.testing.assert_array_equal(batch["x2"][1], [2, 4, 6])
     assert batch["name"] == [b"r0", b"r1", b"r2", b"r3", b"r4", b"r5"]
 
-    # a misspelt features= name is named as one, not as a record that does not decode (with decode= advice)
+    # a misspelt features= name is named as one at load(), from the manifest's features (not as a record that does
+    # not decode, at the first batch)
     with pytest.raises(ValueError) as e:
-        next(iter(loader.load(str(tmp_path / "out"), batch_size=6, shuffle=False, features=["x", "nmae"])))
-    assert str(e.value) == (f"{tmp_path / 'out' / 'train-00000-of-00002.array_record'}: record 0: no feature 'nmae' "
+        loader.load(str(tmp_path / "out"), batch_size=6, shuffle=False, features=["x", "nmae"])
+    assert str(e.value) == (f"features=['x', 'nmae']: {tmp_path / 'out'}'s records have no 'nmae'; they have "
+                            "['name', 'x', 'y'] (did you mean name?)")
+    # an image op's input left out of features=: named with the op, at load()
+    with pytest.raises(ValueError) as e:
+        loader.load(str(tmp_path / "out"), batch_size=6, features=["y"], map_fn=loader.images.CenterCrop("name", 4))
+    assert str(e.value) == ("features=['y'] leaves out 'name', which CenterCrop(...) reads: add it to features= (it "
+                            "names the records' features the loader decodes and hands the map function; the batch "
+                            "holds what the map function returns)")
+    # without the manifest's statistics (a glob of bare files elsewhere), the first batch still names it
+    for p in (tmp_path / "out").glob("*.array_record"):
+        shutil.copy(p, tmp_path / p.name)
+    with pytest.raises(ValueError) as e:
+        next(iter(loader.load(str(tmp_path / "train-*.array_record"), batch_size=6, shuffle=False,
+                              features=["x", "nmae"])))
+    assert str(e.value) == (f"{tmp_path / 'train-00000-of-00002.array_record'}: record 0: no feature 'nmae' "
                             "in this record; its features are ['name', 'x', 'y']: check the names in features= (and "
                             "the features the map_fn's image ops read)")
     # a batch larger than the 30 records over the epochs asked for: no batch at all, said at once
