@@ -18,6 +18,7 @@ import numpy as np
 from loader import executors
 from loader.decoding.decode import decoder_at
 from loader.executors.handout import End, HostBatches, WorkerControls, close_at_exit, END
+from loader.executors.padding import handed_out
 from loader.executors.stages import Group, Stopwatch
 from loader.planning.batches import FOREVER
 from loader.planning.state import check, said_new_batch_size
@@ -276,17 +277,20 @@ class PackedIterator(WorkerControls, Iterator):
         groups = self._loader.executor(describe=lambda g: jobs.describe(k + g, source)).map(
             self._loader.assembler, FOREVER, args=lambda g: jobs(k + g))
         self._host = HostBatches(groups)
+        plan = self._loader.plan
+        self._take = handed_out(self._host.next, self._loader.config.pad_remainder,
+                                plan.batch_size // plan.shard_count)
         if self._loader.config.sharding is not None:
             from loader.executors.device import DevicePrefetcher
 
-            self._device = DevicePrefetcher(self._host.next, self._loader.config.sharding,
+            self._device = DevicePrefetcher(self._take, self._loader.config.sharding,
                                             self._loader.config.device_prefetch)
 
     def _new_jobs(self, k: int, position) -> Jobs:
         return Jobs(self._loader.job, k, position)
 
     def __next__(self):
-        batch = self._device.get() if self._device is not None else self._host.next()
+        batch = self._device.get() if self._device is not None else self._take()
         self._consumed += 1
         self._jobs.taken(self._consumed)
         return batch

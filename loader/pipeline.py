@@ -35,6 +35,7 @@ from loader import executors
 from loader.decoding.decode import Decoder, collate, decoder_at, source_decoder
 from loader.executors.device import DevicePrefetcher
 from loader.executors.handout import HostBatches, WorkerControls, close_at_exit
+from loader.executors.padding import handed_out
 from loader.executors.stages import Group, Stopwatch
 from loader.fetch.reader import MAX_RECORD_BYTES, BatchReader
 from loader.format.source import ShardedSource, resolve, select
@@ -58,6 +59,9 @@ class LoaderConfig:
     shuffle: bool = True
     num_epochs: int | None = None  # a mixture: one for all components or {name: epochs}; it ends when one runs out
     drop_remainder: bool = True
+    # With drop_remainder=False: every batch has its full rows, a short one padded with zeros, and "_mask" says
+    # which rows are real (loader/executors/padding.py): one shape for every batch, equal parts on every host.
+    pad_remainder: bool = False
     shard_index: int | None = None  # default: jax.process_index() when JAX is in use, else 0
     shard_count: int | None = None  # default: jax.process_count() when JAX is in use, else 1
     decode: str | Decoder | None = "auto"
@@ -135,6 +139,9 @@ class LoaderConfig:
         if self.map_fn is not None and self.random_map_fn is not None:
             raise ValueError("pass map_fn= or random_map_fn=, not both (random_map_fn can do what map_fn does; its "
                              "rng argument may go unused)")
+        if self.pad_remainder and self.drop_remainder:
+            raise ValueError("pad_remainder=True pads the last, short batch that drop_remainder=False keeps: pass "
+                             "drop_remainder=False too")
         if (self.shard_index is None) != (self.shard_count is None):
             raise ValueError("pass both shard_index and shard_count, or neither (to use JAX's process index/count)")
         for name, fn, arguments, other in (("map_fn", self.map_fn, 1, "random_map_fn"),
@@ -143,6 +150,42 @@ class LoaderConfig:
                 what = "(record, rng)" if arguments == 1 else "(record) only"
                 raise ValueError(f"{name}={_name(fn)} takes {what}: pass it as {other}= (map_fn is called with the "
                                  "record, random_map_fn with the record and a numpy Generator)")
+
+
+def check_sharding(config: LoaderConfig, shard_count: int, records: int | None) -> None:
+    """sharding= against what placing the batches needs, at load(): this process's rows are its part of a global array
+    over every process, each batch splits over the devices its first axis is laid over, and the last, short batch
+    (drop_remainder=False; `records` in the run, None: not known before it ends) does too, or is padded."""
+    if config.sharding is None:
+        return
+    import jax
+
+    if config.shard_count is not None and shard_count != jax.process_count():
+        raise ValueError(f"sharding= makes each batch a global array of every process's rows, and shard_count="
+                         f"{shard_count} says {shard_count} hosts where JAX has {jax.process_count()} processes: leave "
+                         "shard_index and shard_count unset with sharding=")
+    devices = _batch_devices(config.sharding)
+    if config.batch_size % devices:
+        raise ValueError(f"batch_size={config.batch_size} does not split over the {devices} devices sharding= lays a "
+                         f"batch's first axis over; use a multiple of {devices}")
+    if config.drop_remainder or config.pad_remainder:
+        return
+    short = None if records is None else records % config.batch_size
+    if short is None or (short and (short % devices or shard_count > 1)):
+        rows = "a last batch of fewer rows" if short is None else f"a last batch of {short} rows"
+        raise ValueError(f"drop_remainder=False with sharding= gives {rows}, which the {devices} devices (and "
+                         f"{shard_count} host(s)) cannot split evenly: pass pad_remainder=True (the batch padded with "
+                         "zeros, `_mask` marking its real rows), or keep drop_remainder=True")
+
+
+def _batch_devices(sharding) -> int:
+    """The devices a batch's first axis is split over (1 where the sharding does not say)."""
+    spec = getattr(sharding, "spec", None)
+    mesh = getattr(sharding, "mesh", None)
+    if spec is None or mesh is None or not len(spec) or spec[0] is None:
+        return 1
+    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+    return int(np.prod([mesh.shape[a] for a in axes]))
 
 
 def _check_features(config: LoaderConfig, source: ShardedSource, map_fn) -> None:
@@ -384,6 +427,11 @@ class Loader:
             _check_batch_fits(len(self.source), config, self.source.location)
         map_fn = config.map_fn or config.random_map_fn
         _check_features(config, self.source, map_fn)
+        epochs = config.num_epochs
+        check_sharding(config, shard_count, len(self.source) * epochs if self.components is None and epochs else None)
+        if config.pad_remainder and config.decode is None and map_fn is None:
+            raise ValueError("pad_remainder=True pads batches of decoded features, and decode=None gives raw records: "
+                             "decode them (decode='auto', or a map_fn that returns a dict)")
         self._decoder = source_decoder(config.decode, self.source, config.features,
                                        tuple(getattr(map_fn, "encoded_features", ())))
         # Batches per read: ~records_per_read records, at most ~64 MB of (compressed) data.
@@ -448,12 +496,13 @@ class LoaderIterator(WorkerControls, Iterator):
     def _restart(self, start: int) -> None:
         self.close()
         self._host = HostBatches(self._loader._groups(start, self._plan))
+        self._take = handed_out(self._host.next, self._loader.config.pad_remainder, self._plan.per_host)
         sharding = self._loader.config.sharding
         if sharding is not None:
-            self._prefetcher = DevicePrefetcher(self._host.next, sharding, self._loader.config.device_prefetch)
+            self._prefetcher = DevicePrefetcher(self._take, sharding, self._loader.config.device_prefetch)
 
     def __next__(self):
-        batch = self._host.next() if self._prefetcher is None else self._prefetcher.get()
+        batch = self._take() if self._prefetcher is None else self._prefetcher.get()
         self._next += 1
         return batch
 
@@ -578,6 +627,7 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
         raise ValueError(f"packing= reads one feature, Packing.feature, and gives rows of token ids: drop "
                          f"features={list(config.features)} (name the text feature as Packing(feature=...))")
     shard_index, shard_count = _host_shard(config)
+    check_sharding(config, shard_count, None)  # (a packed epoch's rows are known once it is laid out)
     if isinstance(source, Mapping):
         from loader.packed_mixture import PackedMixtureLoader
 

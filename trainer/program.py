@@ -21,6 +21,7 @@ import numpy as np
 import optax
 
 import loader
+from loader.executors.padding import MASK_KEY
 from trainer import data_checks, models, optim, sources, tasks
 from trainer.config import TrainConfig
 from trainer.sources import Source, Sources
@@ -256,32 +257,19 @@ class Program:
             task_args = ({"packing": task.packing} if config.packing else
                          {"features": task.features, "map_fn": tasks.preprocess(task)})
             self._eval_loaders[key] = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False,
-                                                  num_epochs=1, drop_remainder=False, **task_args)
+                                                  num_epochs=1, drop_remainder=False, pad_remainder=True, **task_args)
         return self._eval_loaders[key]
 
     def _eval_sums(self, strategy, params, model_state, source: Source) -> tuple[dict[str, float], float, float]:
         """(summed metrics, summed weights, examples) over one pass of `source` (its first eval_steps batches; the
         last one short, padded with rows of weight 0). With packing, its rows packed as training's are, so every token
         of every document is scored, and the examples are rows."""
-        config = self.config
-        batches = self._eval_loader(source)
-        per_process = config.batch_size // jax.process_count()
         totals: dict[str, float] = {}
         weight = examples = 0.0
-        template = None
-        it = iter(batches)
-        for batch in itertools.islice(it, config.eval_steps):
-            if len(batch) == 0:  # no rows for this process in the last batch: take part with an all-padding one
-                if template is None:
-                    raise ValueError("eval_data has fewer records than processes x rows; lower batch_size")
-                batch = {k: v[:0] for k, v in template.items()}
+        it = iter(self._eval_loader(source))
+        for batch in itertools.islice(it, self.config.eval_steps):
+            weights = batch.pop(MASK_KEY).astype(np.float32)  # (the loader pads the last batch: pad_remainder)
             batch = {k: np.asarray(v) for k, v in batch.items()}
-            template = template or batch
-            n = len(next(iter(batch.values())))
-            pad = per_process - n
-            weights = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
-            if pad:
-                batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
             sums, w, n = self.eval_step(params, model_state, strategy.distribute(batch), strategy.distribute(weights))
             for name, value in sums.items():
                 totals[name] = totals.get(name, 0.0) + float(value)

@@ -25,6 +25,14 @@ def to_global_arrays(batch: Any, sharding) -> Any:
                             "features); decode to fixed-shape arrays (decode= or map_fn=) or drop sharding=")
         return jax.make_array_from_process_local_data(sharding, np.asarray(leaf))
 
+    if isinstance(batch, dict):
+        lists = [k for k, v in batch.items() if isinstance(v, list)]
+        if lists:
+            arrays = [k for k in batch if k not in lists]
+            raise TypeError(f"device placement needs arrays, and feature(s) {lists} hold lists (bytes, or values of "
+                            f"varying length): leave them out with features={arrays}, or make them fixed-shape arrays "
+                            "in map_fn=, or drop sharding=")
+
     return jax.tree.map(put, batch, is_leaf=lambda x: isinstance(x, list))
 
 

@@ -36,6 +36,25 @@ try:
     out["ok"] = False
 except TypeError as e:
     out["raw_error"] = str(e)
+errors = {}
+for name, options in {"short": dict(num_epochs=1, drop_remainder=False), "indivisible": dict(batch_size=20),
+                      "hosts": dict(shard_index=1, shard_count=2)}.items():
+    try:
+        loader.load(sys.argv[1], sharding=sharding, **{**kw, **options})
+    except ValueError as e:
+        errors[name] = str(e)
+out["errors"] = errors
+# an eval pass: 100 records in batches of 16, the last padded (its 4 rows marked), each record once
+padded = list(loader.load(sys.argv[1], sharding=sharding, batch_size=16, shuffle=False, num_epochs=1,
+                          drop_remainder=False, pad_remainder=True))
+out["shapes"] = sorted({tuple(b["y"].shape) for b in padded})
+out["real"] = [int(np.asarray(b["_mask"]).sum()) for b in padded]
+out["ids"] = sorted(int(v) for b in padded for v in np.asarray(b["y"])[np.asarray(b["_mask"])])
+from loader.executors.device import to_global_arrays
+try:
+    to_global_arrays({"x": np.zeros((8,)), "name": [b"a"] * 8}, sharding)
+except TypeError as e:
+    out["list_error"] = str(e)
 print(json.dumps(out))
 """
 
@@ -55,3 +74,17 @@ def test_batches_arrive_as_sharded_global_arrays_and_resume_exactly(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["ok"]
     assert "decode to fixed-shape arrays" in out["raw_error"]
+    # what placing needs is said at load(): the last batch's 4 rows, a batch that does not split over 8 devices, a
+    # host count that is not JAX's
+    assert out["errors"] == {
+        "short": "drop_remainder=False with sharding= gives a last batch of 4 rows, which the 8 devices (and 1 host(s)) "
+                 "cannot split evenly: pass pad_remainder=True (the batch padded with zeros, `_mask` marking its real "
+                 "rows), or keep drop_remainder=True",
+        "indivisible": "batch_size=20 does not split over the 8 devices sharding= lays a batch's first axis over; use a "
+                       "multiple of 8",
+        "hosts": "sharding= makes each batch a global array of every process's rows, and shard_count=2 says 2 hosts "
+                 "where JAX has 1 processes: leave shard_index and shard_count unset with sharding="}
+    assert out["shapes"] == [[16]] and out["real"] == [16] * 6 + [4] and out["ids"] == list(range(100))
+    assert out["list_error"] == ("device placement needs arrays, and feature(s) ['name'] hold lists (bytes, or values "
+                                 "of varying length): leave them out with features=['x'], or make them fixed-shape "
+                                 "arrays in map_fn=, or drop sharding=")
