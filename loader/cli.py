@@ -166,15 +166,15 @@ def _paced(it, args, first: float, unit: str) -> int:
         time.sleep(max(0.0, due - time.perf_counter()))
     end = time.perf_counter()
     setting = it.worker_setting()
+    after = waits[args.start + 1:]
     report = it.stage_times().report(end - steady, compute_cores=loader_cores(), setting=setting,
-                                     tuned=args.workers == "auto")
+                                     tuned=args.workers == "auto", waited=after.sum() / (end - steady))
     it.close()
     asked = args.batch_size / step
 
     def rate(batches: int, seconds: float) -> str:
         return f"{batches * args.batch_size / seconds:,.0f}/s ({batches * args.batch_size / seconds / asked:.2f})"
 
-    after = waits[args.start + 1:]
     print(f"paced: a batch of {args.batch_size} every {step * 1e3:,.1f} ms asks {asked:,.0f} {unit}/s; after a start "
           f"window of {args.start} batches, {rate(args.batches, end - steady)} delivered over {args.batches} "
           f"batches, waiting {100 * after.sum() / (end - steady):.1f}% of the time, the longest wait "

@@ -81,11 +81,12 @@ class StageTimes:
         self.wait += wait
 
     def report(self, elapsed: float | None = None, compute_cores: float | None = None,
-               setting: str | None = None, tuned: bool = False) -> Report:
+               setting: str | None = None, tuned: bool = False, waited: float | None = None) -> Report:
         elapsed = time.perf_counter() - self.started if elapsed is None else elapsed
-        return Report(self, elapsed, compute_cores, setting, tuned)
+        return Report(self, elapsed, compute_cores, setting, tuned, waited)
 
 
+GROW_WAIT = 0.03  # the caller waiting more than this share of the time asks worker_count="auto" for more workers
 STEADY_SECONDS = 1.0  # a timed window shorter than this has no steady rate (the read-ahead served much of it)
 
 
@@ -99,6 +100,7 @@ class Report:
     compute_cores: float | None = None
     setting: str | None = None  # where groups were computed (worker_setting(): "threads here", "2 worker processes")
     tuned: bool = False  # worker_count="auto" chose the setting
+    waited: float | None = None  # the share of the time the caller waited for batches (None: not measured)
 
     def per_record_ms(self) -> dict[str, float]:
         n = max(1, self.times.records)
@@ -136,6 +138,10 @@ class Report:
         elif busy >= 0.85:
             more = (f"the {self.compute_cores:g} cores are busy: more cores (Ray actors on other machines: "
                     "docs/ray-workers.md)")
+        elif self.tuned and self.waited is not None and self.waited < GROW_WAIT:
+            more = (f"{100 * (1 - busy):.0f}% of the cores idle, and the caller waited {100 * self.waited:.1f}% of the "
+                    f"time: worker_count=\"auto\" keeps its setting (it adds workers while the caller waits over "
+                    f"{100 * GROW_WAIT:.0f}%)")
         elif self.tuned:
             more = (f"{100 * (1 - busy):.0f}% of the cores idle with worker_count=\"auto\" (it starts workers while "
                     "the caller waits)")

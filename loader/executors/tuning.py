@@ -41,6 +41,8 @@ import math
 import statistics
 from collections.abc import Callable
 
+from loader.executors.stages import GROW_WAIT  # (the bench's verdict says it too)
+
 log = logging.getLogger(__name__)
 
 
@@ -62,7 +64,6 @@ HERE = Setting(True, 0)
 WINDOW_SECONDS = 1.0
 WINDOW_GROUPS = 3
 MAX_WINDOW_SECONDS = 20.0
-GROW_WAIT = 0.03  # the caller waiting more than this share of the time asks for more workers
 SHRINK_WAIT = 0.005  # ... less than this, SHRINK_WINDOWS windows in a row, for fewer
 SHRINK_WINDOWS = 5
 HEADROOM = 1.25  # cores given over the demand's estimate when growing (the transfer, uneven groups)
