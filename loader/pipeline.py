@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from dataset_format import storage
 from dataset_format.suggest import did_you_mean
 from loader import executors
 from loader.decoding.decode import Decoder, collate, decoder_at, source_decoder
@@ -579,6 +580,9 @@ def _check_batch_fits(records: int, config: LoaderConfig, where: str) -> None:
 
 
 def _reader(source: ShardedSource, config: LoaderConfig, planned: bool = False) -> BatchReader:
+    if config.cache_bytes and not any(storage.is_remote(p) for p in source.paths):
+        log.warning("cache_bytes=%d caches chunks read from gs://, and %s is local: nothing is cached (the OS's page "
+                    "cache keeps what local reads bring in); drop cache_bytes=", config.cache_bytes, source.location)
     return BatchReader(source, check_hashes=config.check_hashes, cache_bytes=config.cache_bytes,
                        cache_dir=config.cache_dir, max_record_bytes=config.max_record_bytes, planned=planned)
 

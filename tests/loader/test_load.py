@@ -107,6 +107,13 @@ def test_a_resume_with_another_batch_size_continues_the_stream_where_it_stopped(
     assert next(again) == stream[40 + 20 * 12:40 + 21 * 12]
 
 
+def test_cache_bytes_on_a_local_dataset_is_said_to_cache_nothing(converted, caplog):
+    with caplog.at_level("WARNING", logger="loader.pipeline"):
+        loader.load(str(converted), batch_size=8, decode=None, cache_bytes=1 << 20)
+    assert f"cache_bytes=1048576 caches chunks read from gs://, and {converted} is local: nothing is cached" in \
+        caplog.text
+
+
 def test_a_restored_or_new_iterator_reuses_the_open_shards(converted, monkeypatch):
     """A loader opens each shard once, however often it restarts (its files stay open under the process limit)."""
     import loader.fetch.reader
