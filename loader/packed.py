@@ -301,8 +301,7 @@ class PackedIterator(WorkerControls, Iterator):
                 **self._loader.state_key()}
 
     def set_state(self, state: dict) -> None:
-        key = self._loader.state_key()  # (another batch_size: the rows continue from the saved position)
-        check(state, {k: v for k, v in key.items() if k != "batch_size"}, "the packed loader's state")
+        check(state, self._loader.state_key(), "the packed loader's state")  # (another batch_size: rows read on)
         said_new_batch_size(state, self._loader.plan.batch_size)
         position = state.get("position")
         self.close()

@@ -540,8 +540,7 @@ class LoaderIterator(WorkerControls, Iterator):
             raise ValueError("cannot restore loader state: it was saved by a "
                              f"{'mixture' if 'mixture' in state else 'single-source loader'} and this loader "
                              f"{'is a mixture' if self._loader.components is not None else 'has one source'}")
-        key = self._loader.state_key()
-        check(state, {k: v for k, v in key.items() if k != "batch_size"}, "loader state")
+        check(state, self._loader.state_key(), "loader state")
         self._next = int(state["next_batch"])
         if "mixture" in state:
             self._plan = self._loader.plan.restored(state["mixture"], self._next)

@@ -254,7 +254,7 @@ class MixturePlan:
         """This plan continued from a saved state: the saved segment itself when the components, weights and batch size
         are the same (the batches continue bitwise), else a new segment at `next_batch` from each component's saved
         count."""
-        options = ("seed", "shuffle", "drop_remainder")  # (another batch_size: a new segment)
+        options = ("seed", "batch_size", "shuffle", "drop_remainder")  # (another batch_size: a new segment)
         mine, given = {k: getattr(self, k) for k in options}, {k: saved.get(k) for k in options}
         components = saved.get("components", {})
         for c, name in enumerate(self.names):  # a component named in both is the same records

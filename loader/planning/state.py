@@ -11,12 +11,14 @@ log = logging.getLogger(__name__)
 # Keys a state saved by an earlier release lacks: "dataset", which records of which shards (ShardedSource.identity);
 # a packed loader's "drop_remainder" (always True before).
 LATER_KEYS = frozenset({"dataset", "drop_remainder"})
+# Keys a state restores across: another batch_size reads on from where the saved state stopped.
+RESIZABLE_KEYS = frozenset({"batch_size"})
 
 
 def unmatched(saved: dict, key: dict) -> dict:
     """{name: (saved, now)} for each entry of the state key `key` that the saved state contradicts."""
     return {k: (saved.get(k), v) for k, v in key.items()
-            if saved.get(k) != v and not (k in LATER_KEYS and k not in saved)}
+            if saved.get(k) != v and k not in RESIZABLE_KEYS and not (k in LATER_KEYS and k not in saved)}
 
 
 def check(saved: dict, key: dict, what: str, fix: str = "restore with the same dataset and options") -> None:
