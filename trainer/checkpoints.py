@@ -8,9 +8,12 @@ which of them changed when a resumed run's model has other shapes).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,13 +25,49 @@ from trainer.config import LAYOUT_KEYS, TrainConfig, setting_text
 log = logging.getLogger(__name__)
 
 
-def checkpoint_manager(config: TrainConfig) -> ocp.CheckpointManager:
+def checkpoint_manager(config: TrainConfig, on_written: Callable[[], None] | None = None) -> ocp.CheckpointManager:
     """The run's checkpoints (config.checkpoint_dir), the last 3 kept; the parameter-server coordinator's too. Each
-    holds `state` (arrays), `data` (the loader's position) and `config` (the settings of the run that wrote it)."""
-    return ocp.CheckpointManager(config.checkpoint_dir, options=ocp.CheckpointManagerOptions(max_to_keep=3),
+    holds `state` (arrays), `data` (the loader's position) and `config` (the settings of the run that wrote it).
+    With `async_checkpointing`, `save` returns once the arrays are in host memory and orbax writes them in a thread
+    of its own (a step's donated buffers are then free to reuse); the next save, `wait_until_finished` and `close`
+    wait for it, and raise what went wrong in it. `on_written` is called (in orbax's thread) as each is committed."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=3, enable_async_checkpointing=config.async_checkpointing,
+                                           async_options=ocp.AsyncOptions(post_finalization_callback=on_written))
+    return ocp.CheckpointManager(config.checkpoint_dir, options=options,
                                  item_handlers={"state": ocp.StandardCheckpointHandler(),
                                                 "data": ocp.JsonCheckpointHandler(),
                                                 "config": ocp.JsonCheckpointHandler()})
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a bucket the job may not write): a failure of the run's
+    storage, not a bad setting (exit 1, not 2)."""
+
+
+@contextlib.contextmanager
+def writes(mngr: ocp.CheckpointManager):
+    """Around a call that writes checkpoints, or waits for one being written (save, wait_until_finished, close): its
+    failure, orbax's or the storage's, is a CheckpointWriteError naming the directory and the fix."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - tensorstore's ValueError, an OSError, gcsfs's errors: all the storage's
+        cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointWriteError(f"writing a checkpoint to {mngr.directory} failed: {cause}; make room there or "
+                                   "let the job write it, then run again: it resumes from the last checkpoint "
+                                   "written") from e
+
+
+def close(mngr: ocp.CheckpointManager) -> None:
+    """Closes `mngr`, which waits for a checkpoint still being written. Its failure raises, unless another error is
+    already on its way out (called from a `finally`): that one is the run's cause, and this one is logged."""
+    leaving = sys.exc_info()[1]
+    try:
+        with writes(mngr):
+            mngr.close()
+    except CheckpointWriteError as e:
+        if leaving is None:
+            raise
+        log.error("%s", e)
 
 
 # The settings that give the parameters their shapes: named when a checkpoint's shapes differ from this run's.

@@ -204,6 +204,9 @@ class TrainConfig:
     # packing=true, evaluation packs eval_data as training packs data: every token scored
     eval_steps: int | None = None
     checkpoint_every: int = 250  # steps between checkpoints (also one at the end and at SIGTERM)
+    # write each checkpoint in the background (MaxText's name and default): the loop waits only for the state to be
+    # copied to host memory, and trains on while orbax writes it; false: wait for each checkpoint to be written
+    async_checkpointing: bool = True
     # loader worker processes for `data` (0: threads in this process; auto: threads here, or as many worker processes
     # as the step's demand needs, measured as it runs). Default: auto on a host with an accelerator, 0 on CPU.
     data_workers: int | str | None = None

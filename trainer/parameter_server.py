@@ -307,7 +307,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     import orbax.checkpoint as ocp
     import ray
 
-    from trainer import optim, strategy as strategies
+    from trainer import checkpoints, optim, strategy as strategies
     from trainer.metrics import MetricsWriter
     from trainer.program import Program
     from trainer.checkpoints import check_restorable, checkpoint_manager, config_record, finished_run
@@ -375,12 +375,14 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
 
         def save(step):
             params, opts, vers = pull_params()
-            mngr.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave({"params": params, "opt_state": opts, "step": np.asarray(step, np.int32)}),
-                data=ocp.args.JsonSave({"workers": coordinator.loader_states, "versions": vers,
-                                        "num_ps": config.num_ps, "num_workers": config.num_workers}),
-                config=config_record(config)), force=True)
-            mngr.wait_until_finished()
+            with checkpoints.writes(mngr):
+                mngr.save(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave({"params": params, "opt_state": opts,
+                                                 "step": np.asarray(step, np.int32)}),
+                    data=ocp.args.JsonSave({"workers": coordinator.loader_states, "versions": vers,
+                                            "num_ps": config.num_ps, "num_workers": config.num_workers}),
+                    config=config_record(config)), force=True)
+                mngr.wait_until_finished()
 
         evaluator = strategies.make("default")
         metrics = MetricsWriter(config.workdir, start)
@@ -423,7 +425,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                     save(done)
         finally:
             metrics.close()
-            mngr.close()
+            checkpoints.close(mngr)
         final = final_evaluation(last, config, lambda: program.evaluate(evaluator, pull_params()[0]))
         return {**last, **final, "workers_replaced": coordinator.replaced, "preempted": False,
                 "final_step": config.steps}

@@ -16,9 +16,11 @@ before the first batch arrives.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import itertools
+import json
 import logging
 import os
 import time
@@ -72,7 +74,14 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         jax.distributed.initialize()  # a multi-host TPU slice: JAX finds the cluster from the TPU metadata
     accelerators.warn_if_unused()  # (after jax.distributed.initialize: it must come before JAX picks a backend)
     storage.makedirs(config.workdir)
-    mngr = checkpoint_manager(config)
+    writing: collections.deque = collections.deque()  # (step, time) of each checkpoint being written in the background
+
+    def committed() -> None:
+        """orbax's thread, as a checkpoint is committed: the line that says so."""
+        step, taken = writing.popleft()
+        log.info("step %d: checkpoint written (%.1f s in the background)", step, time.perf_counter() - taken)
+
+    mngr = checkpoint_manager(config, on_written=committed if config.async_checkpointing else None)
     done = finished_run(config, mngr)
     if done is not None:
         mngr.close()
@@ -198,11 +207,19 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         ahead.append(next(it))
         train_step = step_for(size, ahead[0])
 
-    def save(step: int) -> None:
-        mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                data=ocp.args.JsonSave(it.get_state()), config=config_record(config)),
-                  force=True)
-        mngr.wait_until_finished()
+    def save(step: int, *, wait: bool) -> bool:
+        """Checkpoints `step`; true when it is written on return. With async_checkpointing the loop waits only for the
+        arrays to reach host memory (and for the previous checkpoint to be written), unless `wait`."""
+        if config.async_checkpointing:
+            writing.append((step, time.perf_counter()))
+        data = json.loads(json.dumps(it.get_state()))  # (a copy: orbax may serialize it after the loop moved on)
+        with checkpoints.writes(mngr):  # (also the failure of the previous checkpoint's writing)
+            mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
+                                                    config=config_record(config)), force=True)
+            if wait or not config.async_checkpointing:
+                mngr.wait_until_finished()
+                return True
+        return False
 
     profile = StepProfile(config.workdir, start + 1 + config.profile_skip, config.profile_steps, chief)
     preemption = PreemptionNotice()  # SIGTERM, to any process: all save at one step and stop
@@ -219,6 +236,7 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     tokens: list = []
     examples = 0  # in the steps since the last log line
     period_start, data_wait, host_wait, longest_wait, last = time.perf_counter(), 0.0, 0.0, 0.0, {}
+    checkpoint_wait = 0.0  # the loop's time held by checkpoints, all of the run
     try:
         for step in range(start + 1, config.steps + 1):
             if ramp is not None and ramp.batch_size(step) != batch_size:
@@ -278,14 +296,21 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             if itstime(step, config.checkpoint_every, config.steps) or stop:
                 jax.block_until_ready(state)  # the step in flight finishes first: its time stays in the rates
                 t = time.perf_counter()
-                save(step)
+                written = save(step, wait=stop)  # (stopping: written before the process exits)
                 saving = time.perf_counter() - t
+                checkpoint_wait += saving
                 period_start += saving  # the rates are the steps', not the save's
-                log.info("step %d: checkpoint saved in %.1f s", step, saving)
+                log.info("step %d: checkpoint %s in %.1f s%s", step, "saved" if written else "taken", saving,
+                         "" if written else " (being written in the background)")
             if stop:
                 log.warning("%s: saved a checkpoint at step %d; exiting (the same command resumes from it)",
                             preemption.reason, step)
-                return {**last, "preempted": True, "stopped_by": preemption.reason, "final_step": step}
+                return {**last, "preempted": True, "stopped_by": preemption.reason, "final_step": step,
+                        "checkpoint_wait_s": checkpoint_wait}
+        t = time.perf_counter()
+        with checkpoints.writes(mngr):
+            mngr.wait_until_finished()  # the last checkpoint is written before the run reports its end
+        checkpoint_wait += time.perf_counter() - t
     finally:
         gc.unfreeze()  # (a notebook or test that trains again collects as before)
         it.close()  # stops the loader's read-ahead (threads, worker processes) before the evaluation
@@ -293,11 +318,11 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         preemption.close()
         if metrics:
             metrics.close()
-        mngr.close()
+        checkpoints.close(mngr)
     # --- summary ----------------------------------------------------------------------------
     final = final_evaluation(last, config, lambda: program.evaluate(strategy, state["params"],
                                                                     state.get("model_state")))
-    return {**last, **final, "preempted": False, "final_step": config.steps}
+    return {**last, **final, "preempted": False, "final_step": config.steps, "checkpoint_wait_s": checkpoint_wait}
 
 
 def final_evaluation(last: dict, config: TrainConfig, evaluate) -> dict:

@@ -521,9 +521,9 @@ def test_the_rates_leave_out_the_time_a_checkpoint_takes(digits, tmp_path, monke
             return getattr(self._mngr, name)
 
     real = train.checkpoint_manager
-    monkeypatch.setattr(train, "checkpoint_manager", lambda config: SlowSaves(real(config)))
+    monkeypatch.setattr(train, "checkpoint_manager", lambda config, **kw: SlowSaves(real(config, **kw)))
     config = TrainConfig(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", steps=6, batch_size=32,
-                         num_classes=10, log_every=2, checkpoint_every=2)
+                         num_classes=10, log_every=2, checkpoint_every=2, async_checkpointing=False)
     with caplog.at_level(logging.INFO, logger="trainer.train"):
         train.train_and_evaluate(config)
     assert [r["step"] for r in _metrics(tmp_path)] == [2, 4, 6]

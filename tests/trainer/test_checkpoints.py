@@ -1,0 +1,84 @@
+"""Checkpoints (trainer/checkpoints.py): written in the background or before the next step, the same either way;
+a checkpoint that cannot be written ends the run with the storage's cause, exit 1."""
+
+import logging
+import re
+import resource
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from tests.conftest import REPO
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def _checkpoint(workdir, step):
+    """Checkpoint `step`'s state (NumPy arrays) and loader state."""
+    handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()}
+    with ocp.CheckpointManager(str(workdir / "checkpoints"), item_handlers=handlers) as mngr:
+        meta = mngr.item_metadata(step)["state"]
+        target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), meta)
+        restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                              data=ocp.args.JsonRestore()))
+    return restored["state"], restored["data"]
+
+
+def test_background_checkpoints_hold_what_written_ones_hold(digits, tmp_path, caplog):
+    """async_checkpointing (the default): each checkpoint is written in orbax's thread while the next steps run, and
+    those steps reuse the state's buffers (donated): every checkpoint still holds bitwise what a synchronous run's
+    holds at that step, each is logged as taken and then as written, all are written when the run returns, and the
+    summary says how long the loop was held by them."""
+    from trainer import TrainConfig, train
+
+    lines, summaries = {}, {}
+    for name, background in (("written", False), ("background", True)):
+        config = TrainConfig(data=str(digits["train"]), workdir=str(tmp_path / name), model="mlp", steps=6,
+                             batch_size=32, num_classes=10, log_every=2, checkpoint_every=2,
+                             async_checkpointing=background)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="trainer.train"):
+            summaries[name] = train.train_and_evaluate(config)
+        lines[name] = [re.sub(r"\d+\.\d s", "T s", r.getMessage()) for r in caplog.records
+                       if "checkpoint" in r.getMessage()]
+    assert lines["written"] == [f"step {s}: checkpoint saved in T s" for s in (2, 4, 6)]
+    assert lines["background"] == [line for s in (2, 4, 6) for line in (
+        f"step {s}: checkpoint taken in T s (being written in the background)",
+        f"step {s}: checkpoint written (T s in the background)")]
+    assert all(0 <= summaries[name]["checkpoint_wait_s"] < 60 for name in summaries)
+    for step in (2, 4, 6):
+        (want, want_data), (got, got_data) = (_checkpoint(tmp_path / name, step) for name in ("written", "background"))
+        assert got_data == want_data and int(got["step"]) == step
+        assert all(np.array_equal(x, y) for x, y in zip(_leaves(want), _leaves(got), strict=True))
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_checkpoint_that_cannot_be_written_ends_the_run_with_its_cause(digits, tmp_path, background):
+    """Files the trainer may write are limited to 16 KiB (RLIMIT_FSIZE): the first checkpoint's writing fails (in
+    orbax's thread with async_checkpointing). The run ends with exit 1 (the storage failed; 2 is for bad settings
+    and data), its last line naming the directory, the storage's error and the fix; no checkpoint is left as
+    written."""
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+
+    workdir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", f"data={digits['train']}", f"workdir={workdir}", "model=mlp", "num_classes=10",
+         "batch_size=32", "steps=6", "log_every=2", "checkpoint_every=2", "compilation_cache=none",
+         f"async_checkpointing={str(background).lower()}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=limited,
+        # (no bytecode: a .pyc written under the limit would be cut short, and later imports would fail on it)
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.splitlines()[-1]
+    assert re.fullmatch(rf"error: CheckpointWriteError: writing a checkpoint to {re.escape(str(workdir))}/checkpoints "
+                        r"failed: .*File too large.*; make room there or let the job write it, then run again: it "
+                        r"resumes from the last checkpoint written", last), last
+    with ocp.CheckpointManager(str(workdir / "checkpoints")) as mngr:
+        assert mngr.all_steps() == []
