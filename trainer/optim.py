@@ -2,8 +2,8 @@
 
     optimizer=adamw learning_rate=3e-4 schedule=cosine warmup_steps=100 weight_decay=0.01 grad_clip=1.0
 
-- `optimizer`: adam, adamw (decoupled weight decay), sgd (with `momentum`, weight decay added to the gradient),
-  adafactor (factored second moments, MaxText's and T5's memory-light choice). Adam's `adam_b1`, `adam_b2` and
+- `optimizer`: adam, adamw (decoupled weight decay), sgd (with `momentum`, `nesterov`, weight decay added to the
+  gradient), adafactor (factored second moments, MaxText's and T5's memory-light choice). Adam's `adam_b1`, `adam_b2` and
   `adam_eps` by MaxText's names (optax's defaults; LLM pretraining commonly takes adam_b2=0.95).
 - `schedule`: constant, cosine or linear decay from `learning_rate` to `learning_rate * end_lr_fraction` at the
   last step (`learning_rate_schedule_steps`, by default `steps`; held there after it), after `warmup_steps` of linear
@@ -79,7 +79,7 @@ def make(config) -> optax.GradientTransformation:
         tx = optax.adamw(lr, **moments, weight_decay=config.weight_decay, mask=mask)
     elif config.optimizer == "sgd":
         tx = optax.chain(optax.add_decayed_weights(config.weight_decay, mask=mask),
-                         optax.sgd(lr, momentum=config.momentum or None))
+                         optax.sgd(lr, momentum=config.momentum or None, nesterov=config.nesterov))
     else:
         tx = optax.adafactor(lr, weight_decay_rate=config.weight_decay or None, weight_decay_mask=mask)
     if config.grad_clip:

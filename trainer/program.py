@@ -179,7 +179,8 @@ class Program:
         """(sum of the losses, (sum of the weights, model state after the batch)) of a training batch; `rng`: the
         model's dropout stream for it."""
         outputs, model_state = self._apply(params, model_state, batch, train=True, rng=rng)
-        return self.task.losses(outputs, batch).sum(), (tasks.weights(self.task, batch).sum(), model_state)
+        losses = getattr(self.task, "training_losses", self.task.losses)(outputs, batch)
+        return losses.sum(), (tasks.weights(self.task, batch).sum(), model_state)
 
     def step_rng(self, step, *more):
         """The model's dropout stream for training step `step` (and `more`: e.g. a worker's index): from seed=,

@@ -62,6 +62,9 @@ class Task(Protocol):
     #     """On the host, per decoded record (only the task's features), before batching: e.g. tokenise, pad."""
     # def weights(self, batch) -> jax.Array:
     #     """What each example counts for in the averages, shape [batch] (default 1 each; lm: its tokens)."""
+    # def training_losses(self, outputs, batch) -> jax.Array:
+    #     """The per-example losses training minimises, where they differ from `losses`, which evaluation reports
+    #     (classification with label_smoothing: against smoothed labels)."""
     # def tokens(self, batch) -> jax.Array:
     #     """In the jitted step: the batch's real tokens; the log then has tokens/s (and MFU: trainer/throughput.py)."""
     # def check(self, batch: dict[str, np.ndarray]) -> None:
@@ -118,6 +121,7 @@ class Classification:
     num_classes: int
     image_size: int | None = None  # encoded images (JPEG/PNG bytes, or a TFDS Image): decode and crop to this
     label_offset: int = 0  # added to each label before it is checked and trained on
+    label_smoothing: float = 0.0  # training's targets: (1 - this) x the one-hot label + this / num_classes
 
     @classmethod
     def from_config(cls, config: TrainConfig, specs: dict[str, dict]) -> Classification:
@@ -138,7 +142,8 @@ class Classification:
                              "another feature type): pass num_classes=N")
         if config.num_classes is None:
             log.info("num_classes=%d: the data's ClassLabel %r", num_classes, config.label_key)
-        return cls(config.image_key, config.label_key, num_classes, config.image_size, config.label_offset)
+        return cls(config.image_key, config.label_key, num_classes, config.image_size, config.label_offset,
+                   config.label_smoothing)
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -224,6 +229,13 @@ class Classification:
 
     def losses(self, outputs, batch):
         return optax.softmax_cross_entropy_with_integer_labels(outputs, self.labels(batch))
+
+    def training_losses(self, outputs, batch):
+        """Cross-entropy against the labels smoothed by label_smoothing (the labels themselves without it)."""
+        if not self.label_smoothing:
+            return self.losses(outputs, batch)
+        targets = optax.smooth_labels(jax.nn.one_hot(self.labels(batch), self.num_classes), self.label_smoothing)
+        return optax.softmax_cross_entropy(outputs, targets)
 
     def metrics(self, outputs, batch):
         return {"accuracy": (jnp.argmax(outputs, -1) == self.labels(batch)).astype(jnp.float32)}

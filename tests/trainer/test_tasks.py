@@ -143,3 +143,31 @@ def test_a_pretokenized_corpus_without_packing_is_warned_of(caplog):
             tasks.make(TrainConfig(data="x", workdir="w", task="lm", seq_len=64, packing=packing), specs)
         said = [r.levelname for r in caplog.records if "packing=false: each example is cut" in r.getMessage()]
         assert said == ([level] if level else []), (specs, packing, said)
+
+
+def test_label_smoothing_trains_on_smoothed_labels_and_evaluates_on_the_labels(digits, tmp_path):
+    """label_smoothing=0.1: the training loss of a batch is the cross-entropy against 0.9 x one-hot + 0.1 / 10, by
+    hand from the model's log-probabilities; evaluation's loss is against the labels, as without it."""
+    import jax
+    import jax.numpy as jnp
+
+    from trainer import TrainConfig
+    from trainer.program import Program
+
+    config = TrainConfig(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", num_classes=10,
+                         batch_size=32, label_smoothing=0.1)
+    program = Program.build(config)
+    batch = {k: jnp.asarray(v) for k, v in next(iter(program.load_train(num_epochs=1))).items()}
+    params = program.init_variables()["params"]
+    logp = np.asarray(jax.nn.log_softmax(program.outputs(params, batch)), np.float64)
+    labels = np.asarray(batch["label"])
+    want_train = -(0.9 * logp[np.arange(32), labels] + 0.1 * logp.mean(axis=1))
+    loss_sum, (weight_sum, _) = program.loss_sums(params, batch)
+    assert float(weight_sum) == 32
+    np.testing.assert_allclose(float(loss_sum), want_train.sum(), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(program.task.losses(program.outputs(params, batch), batch)),
+                               -logp[np.arange(32), labels], rtol=1e-5)
+    plain = Program.build(TrainConfig(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", num_classes=10,
+                                      batch_size=32))
+    np.testing.assert_allclose(float(plain.loss_sums(params, batch)[0]), -logp[np.arange(32), labels].sum(),
+                               rtol=1e-5)
