@@ -7,7 +7,9 @@ a scheduler that restarts failed jobs (Kubernetes `restartPolicy: OnFailure`, Jo
 and it resumes from that checkpoint; INTERRUPTED (130) when a Ctrl-C did (a second Ctrl-C stops it at once)."""
 
 import argparse
+import contextlib
 import json
+import os
 import signal
 import sys
 
@@ -40,6 +42,36 @@ def user_frame(tb):
             continue
         return frame
     return None
+
+
+@contextlib.contextmanager
+def _summary_alone_on_stdout():
+    """While the run runs, what is written to file descriptor 1 goes to 2: stdout then holds the summary's JSON alone
+    (gloo, under jax.distributed, prints "[Gloo] Rank 0 is connected to 1 peer ranks" there from C++)."""
+    sys.stdout.flush()
+    kept = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(kept, 1)
+        os.close(kept)
+
+
+def _leaving_the_job(code: int) -> int:
+    """`code`, for a run that failed; a process of a multi-process job leaves at once (its error said): at exit,
+    jax.distributed's shutdown waits at a barrier for every process, and when another has died it waits minutes,
+    then aborts with a C++ stack printed after the error."""
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1:
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def main(argv=None) -> int:
@@ -77,19 +109,20 @@ def main(argv=None) -> int:
     from trainer.launch import run
 
     try:
-        summary = run(config)
+        with _summary_alone_on_stdout():
+            summary = run(config)
     except (ValueError, FileNotFoundError) as e:  # bad data, strategy or hardware: say what, not where
         where = user_frame(e.__traceback__)  # ... unless the user's own code (a model, a task) raised it
         print(f"error: {e}" + (f" (in {where.filename}:{where.lineno}, {where.name})" if where else ""),
               file=sys.stderr)
-        return 2
+        return _leaving_the_job(2)
     except Exception as e:  # noqa: BLE001 - the traceback for the record, then the cause as the last line (a
         # traceback through grain ends in its note on the frames it removed, not in the error)
         import traceback
 
         traceback.print_exc()
         print(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
-        return 1
+        return _leaving_the_job(1)
     print(json.dumps({"summary": summary, "workdir": config.workdir}, indent=1))
     if summary.get("stopped_by") == "Ctrl-C":
         return INTERRUPTED

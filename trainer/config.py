@@ -397,6 +397,7 @@ class TrainConfig:
         self.eval_source  # noqa: B018 - parses, or names what is wrong
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        self._check_job()
         if self.device is not None and self.strategy != "one_device":
             raise ValueError(f"device={self.device!r} picks strategy=one_device's device; strategy={self.strategy!r} "
                              "places the step itself: drop device=, or pass strategy=one_device")
@@ -407,6 +408,28 @@ class TrainConfig:
                                  "byte-level text always begins with BOS and has no EOS, token ids are read as they "
                                  "are (a pre-tokenized dataset's have the BOS and EOS its conversion gave them: "
                                  f"convert --{name.replace('_', '-')}): drop {name}=, or pass tokenizer= with text data")
+
+    def _check_job(self):
+        """coordinator_address, num_processes and process_id join processes into one job: under strategy=multi_worker
+        alone (a mirrored run given them trained alone on each host, all writing one workdir), the address a
+        HOST:PORT, the index one of the job's."""
+        given = [n for n in ("coordinator_address", "num_processes", "process_id") if getattr(self, n) is not None]
+        if given and self.strategy != "multi_worker":
+            raise ValueError(f"{', '.join(f'{n}={getattr(self, n)}' for n in given)}: these join processes into "
+                             f"one job under strategy=multi_worker only, and this run has strategy={self.strategy}: "
+                             f"pass strategy=multi_worker, or drop {', '.join(n + '=' for n in given)}")
+        address = self.coordinator_address
+        if address is not None:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"coordinator_address={address!r} is not HOST:PORT: give process 0's host and a free "
+                                 f"port, e.g. coordinator_address={host or address}:1234")
+        if self.num_processes is not None and self.num_processes < 1:
+            raise ValueError(f"num_processes must be >= 1 (got num_processes={self.num_processes})")
+        if self.process_id is not None and self.num_processes is not None and \
+                not 0 <= self.process_id < self.num_processes:
+            raise ValueError(f"process_id={self.process_id} is not one of the job's 0..{self.num_processes - 1} "
+                             f"(num_processes={self.num_processes})")
 
     def _check_size(self):
         """width, depth, heads, mlp_ratio (and num_kv_heads, head_dim, mlp_dim where set): each >= 1, width a multiple

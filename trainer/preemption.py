@@ -1,7 +1,8 @@
 """Preemption notices (SIGTERM), and Ctrl-C: save a checkpoint and stop, at the same step on every process.
 
 One process: a SIGTERM handler sets a flag that the loop reads after each step; so does a first Ctrl-C (SIGINT) on
-the main thread, which then gives SIGINT back to Python: a second Ctrl-C stops at once, without a checkpoint.
+the main thread, which then gives SIGINT back to Python: a second Ctrl-C stops at once, without a checkpoint. With
+several processes a first Ctrl-C sends this process a SIGTERM, the notice below.
 Several processes (`jax.distributed`): a scheduler may signal one host only, and a process that stops on
 its own would leave the others waiting in the next collective. JAX's preemption service (on by default
 with `jax.distributed`) catches SIGTERM in any process, tells the others through the coordination
@@ -12,6 +13,7 @@ called by every process at every step, is True there on all of them.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -32,9 +34,9 @@ class PreemptionNotice:
         self._previous = self._previous_int = None
         if not self._multi:
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            if threading.current_thread() is threading.main_thread() and \
-                    signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                self._previous_int = signal.signal(signal.SIGINT, self._on_sigint)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous_int = signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigterm(self, *_) -> None:
         self._flag = True
@@ -43,6 +45,8 @@ class PreemptionNotice:
         self._flag, self.reason = True, "Ctrl-C"
         signal.signal(signal.SIGINT, self._previous_int)  # a second Ctrl-C: KeyboardInterrupt, at once
         self._previous_int = None
+        if self._multi:  # the preemption service's own notice: every process saves at one agreed step
+            os.kill(os.getpid(), signal.SIGTERM)
         log.warning("Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again stops at once, "
                     "without one)")
 

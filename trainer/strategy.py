@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -214,6 +215,9 @@ def make(name: str, *, device: str | None = None) -> Strategy:
                      "multi_worker, tpu")
 
 
+JOIN_TIMEOUT_S = 300  # jax.distributed's default: how long a process waits for the others to join
+
+
 def initialize_multi_worker(coordinator_address: str | None = None, num_processes: int | None = None,
                             process_id: int | None = None) -> None:
     """Starts jax.distributed: from explicit flags, else a tf.distribute TF_CONFIG, else JAX's auto-detection.
@@ -229,9 +233,14 @@ def initialize_multi_worker(coordinator_address: str | None = None, num_processe
         coordinator_address, num_processes, process_id = spec.multi_worker()
     if coordinator_address is not None and (num_processes is None or process_id is None):
         raise ValueError("multi_worker with coordinator_address needs num_processes and process_id too")
+    if coordinator_address is not None:
+        logging.getLogger(__name__).info(
+            "joining a job of %d processes as process %d, coordinator %s: each waits up to %d s for all of them to "
+            "join (started with the same coordinator_address and num_processes, and process_id 0 to %d, once each)",
+            num_processes, process_id, coordinator_address, JOIN_TIMEOUT_S, num_processes - 1)
     try:
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                                   process_id=process_id)
+                                   process_id=process_id, initialization_timeout=JOIN_TIMEOUT_S)
     except ValueError as e:
         if coordinator_address is not None or "coordinator_address" not in str(e):
             raise

@@ -33,7 +33,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, checkpoints, compile_cache, optim, remat, tasks
+from trainer import accelerators, checkpoints, compile_cache, job, optim, remat, tasks
 from trainer.rampup import Ramp
 from trainer.checkpoints import checkpoint_manager, config_record, finished_run
 from trainer import strategy as strategies
@@ -73,7 +73,9 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     if config.strategy == "tpu" and _on_multi_host_tpu() and not jax.distributed.is_initialized():
         jax.distributed.initialize()  # a multi-host TPU slice: JAX finds the cluster from the TPU metadata
     accelerators.warn_if_unused()  # (after jax.distributed.initialize: it must come before JAX picks a backend)
+    job.check_settings(config)  # several processes: one job's, or one line naming what differs (trainer/job.py)
     storage.makedirs(config.workdir)
+    job.check_shared(config.workdir)
     writing: collections.deque = collections.deque()  # (step, time) of each checkpoint being written in the background
 
     def committed() -> None:
@@ -86,40 +88,42 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     if done is not None:
         mngr.close()
         return done
-    strategy = strategies.make(config.strategy, device=config.device)
-    chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints
-    replicas = strategy.num_replicas_in_sync
-    if config.batch_size % replicas:
-        raise ValueError(f"batch_size={config.batch_size} does not split over num_replicas_in_sync={replicas}; "
-                         f"use a multiple of {replicas}")
-    log.info("strategy=%s num_replicas_in_sync=%d mesh=%s devices=%s process=%d/%d", strategy.name, replicas,
-             dict(strategy.mesh.shape), [str(d) for d in strategy.mesh.devices.flat], jax.process_index(),
-             jax.process_count())
-    ramp = Ramp.of(config)
-    if ramp is not None:
-        uneven = [size for size in ramp.sizes() if size % replicas]
-        if uneven:
-            raise ValueError(f"the ramp-up's batch size {uneven[0]} does not split over num_replicas_in_sync="
-                             f"{replicas}; choose batch_size_start and batch_size_increment as multiples of {replicas}")
-        log.info("batch-size ramp-up over %s examples: %s", f"{config.rampup_samples:,}", ramp.describe())
-    first_step = (mngr.latest_step() or 0) + 1
-    batch_size = ramp.batch_size(first_step) if ramp is not None else config.batch_size  # this step's
+    with job.together("setup"):  # an error here on one process stops every process, none waits for it
+        strategy = strategies.make(config.strategy, device=config.device)
+        chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints
+        replicas = strategy.num_replicas_in_sync
+        if config.batch_size % replicas:
+            raise ValueError(f"batch_size={config.batch_size} does not split over num_replicas_in_sync={replicas}; "
+                             f"use a multiple of {replicas}")
+        log.info("strategy=%s num_replicas_in_sync=%d mesh=%s devices=%s process=%d/%d", strategy.name, replicas,
+                 dict(strategy.mesh.shape), [str(d) for d in strategy.mesh.devices.flat], jax.process_index(),
+                 jax.process_count())
+        ramp = Ramp.of(config)
+        if ramp is not None:
+            uneven = [size for size in ramp.sizes() if size % replicas]
+            if uneven:
+                raise ValueError(f"the ramp-up's batch size {uneven[0]} does not split over num_replicas_in_sync="
+                                 f"{replicas}; choose batch_size_start and batch_size_increment as multiples of "
+                                 f"{replicas}")
+            log.info("batch-size ramp-up over %s examples: %s", f"{config.rampup_samples:,}", ramp.describe())
+        first_step = (mngr.latest_step() or 0) + 1
+        batch_size = ramp.batch_size(first_step) if ramp is not None else config.batch_size  # this step's
 
-    program = Program.build(config)
-    program.check_data()  # the labels' range over every record, before anything compiles
-    # host arrays: this thread places them (the module's docstring says why)
-    batches = program.load_train(batch_size=batch_size)
-    _log_epochs(program, ramp)
-    log.info("model=%s: initialising its parameters", config.model)
-    t = time.perf_counter()
-    variables = program.init_variables()
-    log.info("model=%s: initialised in %.1f s", config.model, time.perf_counter() - t)
-    program.check_outputs(variables)  # a last layer that does not fit the task: one line, before anything compiles
-    params = variables.pop("params")
-    tx = program.optimizer()
-    state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
-    if variables:  # the model's state (BatchNorm statistics): checkpointed with the parameters
-        state["model_state"] = variables
+        program = Program.build(config)
+        program.check_data()  # the labels' range over every record, before anything compiles
+        # host arrays: this thread places them (the module's docstring says why)
+        batches = program.load_train(batch_size=batch_size)
+        _log_epochs(program, ramp)
+        log.info("model=%s: initialising its parameters", config.model)
+        t = time.perf_counter()
+        variables = program.init_variables()
+        log.info("model=%s: initialised in %.1f s", config.model, time.perf_counter() - t)
+        program.check_outputs(variables)  # a last layer that does not fit the task: one line, before anything compiles
+        params = variables.pop("params")
+        tx = program.optimizer()
+        state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+        if variables:  # the model's state (BatchNorm statistics): checkpointed with the parameters
+            state["model_state"] = variables
     state_sharding = strategy.param_sharding(state)
     state = jax.device_put(state, state_sharding)
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))

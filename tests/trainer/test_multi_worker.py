@@ -18,6 +18,29 @@ def _port():
         return s.getsockname()[1]
 
 
+def _job(args_by_process, *, cwds=None, envs=None, timeout=240):
+    """Runs `python -m trainer` once per entry of `args_by_process` (a process's own key=value pairs), all at once on
+    one CPU device each, in `cwds` (default: the repository), with `envs` added to each one's environment;
+    returns (returncode, stdout, stderr) of each."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "trainer", *args], cwd=(cwds or [REPO] * len(args_by_process))[i],
+                              env={**env, **((envs or {})[i] if envs else {})}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for i, args in enumerate(args_by_process)]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+
+
 def _losses(workdir):
     return [json.loads(line)["loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
@@ -31,19 +54,23 @@ def test_two_processes_agree_with_one(digits, tmp_path, launch):
     assert single.returncode == 0, single.stderr[-2000:]
 
     port = _port()
-    procs = []
+    args, envs = [], []
     for i in range(2):
         if launch == "flags":
-            extra, env = (f"coordinator_address=127.0.0.1:{port}", "num_processes=2", f"process_id={i}"), None
+            extra, env = (f"coordinator_address=127.0.0.1:{port}", "num_processes=2", f"process_id={i}"), {}
         else:
             spec = {"cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]},
                     "task": {"type": "worker", "index": i}}
             extra, env = (), {"TF_CONFIG": json.dumps(spec)}
-        procs.append(run_trainer(*common, f"workdir={tmp_path / 'multi'}", "strategy=multi_worker", *extra,
-                                 popen=True, extra_env=env))
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
-    assert "strategy=multi_worker num_replicas_in_sync=2" in outputs[0] and "process=1/2" in outputs[1]
+        args.append((*common, f"workdir={tmp_path / 'multi'}", "strategy=multi_worker", *extra))
+        envs.append(env)
+    results = _job(args, envs=envs)
+    assert all(code == 0 for code, _, _ in results), results[0][2][-2000:] + results[1][2][-2000:]
+    (_, out0, err0), (_, out1, err1) = results
+    assert "strategy=multi_worker num_replicas_in_sync=2" in err0 and "process=1/2" in err1
+    # stdout holds the summary alone (gloo's "[Gloo] Rank 0 is connected to 1 peer ranks" goes to stderr)
+    assert json.loads(out0)["summary"]["final_step"] == json.loads(out1)["summary"]["final_step"] == 15
+    assert "[Gloo]" in err0 + err1
     np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"), rtol=1e-5)
     single_eval = json.loads((tmp_path / "single" / "metrics.jsonl").read_text().splitlines()[-1])
     multi_eval = json.loads((tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -53,9 +80,12 @@ def test_two_processes_agree_with_one(digits, tmp_path, launch):
 
 @pytest.mark.slow  # 24 s; the gs:// workdir test (tests/trainer/test_workdir.py) preempts two processes by default
 @pytest.mark.timeout(400)
-def test_sigterm_to_one_process_stops_both_at_one_step_and_resume_matches(digits, tmp_path):
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_to_one_process_stops_both_at_one_step_and_resume_matches(digits, tmp_path, sent):
     """A preemption notice that reaches process 1 only: both processes save at the same step and exit
-    cleanly (JAX's preemption service agrees on the step); resuming both gives the uninterrupted losses.
+    cleanly (JAX's preemption service agrees on the step); resuming both gives the uninterrupted losses. A Ctrl-C
+    (SIGINT) to process 1 does the same (it sends itself the notice), and that process exits 130: it was
+    a bare KeyboardInterrupt there, and both processes waited minutes for each other before JAX aborted them.
 
     The interrupted run asks for far more steps than it can run in the test's time, so it ends only through
     the notice, however fast the machine (the service takes a moment to agree on a step: with a short run,
@@ -76,14 +106,17 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resume_matches(digits
         deadline = time.monotonic() + 200
         while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 10):
             time.sleep(0.05)
-        procs[1].send_signal(signal.SIGTERM)  # process 0 gets no signal
+        procs[1].send_signal(sent)  # process 0 gets no signal
         outputs = [p.communicate(timeout=200)[0] for p in procs]
     finally:
         for p in procs:  # a process left waiting in a collective must not outlive the test
             p.kill()
-    # both exit as preempted (128 + SIGTERM), the one that got no signal too: the job was preempted
-    assert [p.returncode for p in procs] == [143, 143], outputs[0][-2000:] + outputs[1][-2000:]
-    stops = [re.findall(r"SIGTERM: saved a checkpoint at step (\d+)", out) for out in outputs]
+    # both exit as preempted (128 + SIGTERM), the one that got no signal too: the job was preempted; a Ctrl-C's
+    # process as interrupted (128 + SIGINT)
+    assert [p.returncode for p in procs] == [143, 128 + sent], outputs[0][-2000:] + outputs[1][-2000:]
+    reason = "SIGTERM" if sent == signal.SIGTERM else "Ctrl-C"
+    stops = [re.findall(rf"{why}: saved a checkpoint at step (\d+)", out)
+             for why, out in zip(("SIGTERM", reason), outputs)]
     assert stops[0] == stops[1] and len(stops[0]) == 1, stops
     stopped_at = int(stops[0][0])
     assert stopped_at >= 10
@@ -150,3 +183,111 @@ def test_multi_worker_without_a_cluster_says_how_to_name_one(tmp_path):
         "error: strategy=multi_worker found no cluster to join: pass coordinator_address=HOST:PORT (process 0's) "
         "num_processes=N process_id=I to every process, or set TF_CONFIG, or launch on a cluster JAX finds by itself "
         "(TPU VMs, Slurm, GKE, ...); on one host use strategy=mirrored")
+
+
+def _two(common, *, port, each=((), ())):
+    return [(*common, "strategy=multi_worker", f"coordinator_address=127.0.0.1:{port}", "num_processes=2",
+             f"process_id={i}", *each[i]) for i in range(2)]
+
+
+@pytest.mark.timeout(300)
+def test_processes_with_different_settings_stop_together_in_one_line(digits, tmp_path):
+    """batch_size=32 on one process and 64 on the other trained on wrong values, then hung in a collective for good;
+    now both stop before anything is read, exit 2, one line naming the setting and its value on each."""
+    common = (f"data={digits['train']}", "model=mlp", "steps=4", "num_classes=10", f"workdir={tmp_path / 'run'}")
+    results = _job(_two(common, port=_port(), each=(("batch_size=32",), ("batch_size=64", "seed=7"))))
+    for code, out, err in results:
+        assert code == 2, err[-3000:]
+        assert err.strip().splitlines()[-1] == (
+            "error: the job's processes were started with different settings: batch_size: 32 on process 0, 64 on "
+            "process 1; seed: 0 on process 0, 7 on process 1; start every process with the same settings (only "
+            "process_id differs)")
+        assert out == ""
+    assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run" / "checkpoints").iterdir())
+
+
+@pytest.mark.timeout(300)
+def test_a_workdir_each_host_has_alone_is_one_line_on_every_process(digits, tmp_path):
+    """The same relative workdir= from two directories, as one path on each host's own disk: checkpoints never
+    finished, and the job hung; now both stop at once, exit 2, naming the process that does not see process 0's."""
+    common = (f"data={digits['train']}", "model=mlp", "steps=4", "num_classes=10", "workdir=run")
+    cwds = [tmp_path / "host0", tmp_path / "host1"]
+    for cwd in cwds:
+        cwd.mkdir()
+    for code, _, err in _job(_two(common, port=_port()), cwds=cwds):
+        assert code == 2, err[-3000:]
+        assert err.strip().splitlines()[-1] == (
+            "error: workdir=run is not one directory for the whole job: process(es) 1 do not see the file process 0 "
+            "wrote there; give every process a workdir they all share (gs://bucket/run, or a mounted NFS/Filestore "
+            "path)")
+
+
+@pytest.mark.timeout(300)
+def test_data_missing_on_one_host_stops_every_process_in_one_line(digits, tmp_path):
+    """The same relative data= from two directories, present under one only: the process without it said so and
+    waited, the other waited in a collective, and JAX aborted both minutes later; now both stop at once, exit 2, the
+    other naming the process that failed and why."""
+    import shutil
+
+    cwds = [tmp_path / "host0", tmp_path / "host1"]
+    for cwd in cwds:
+        cwd.mkdir()
+    shutil.copytree(digits["train"], cwds[0] / "train")
+    common = ("data=train", "model=mlp", "steps=4", "num_classes=10", f"workdir={tmp_path / 'run'}")
+    (code0, _, err0), (code1, _, err1) = _job(_two(common, port=_port()), cwds=cwds)
+    assert (code0, code1) == (2, 2), err0[-2000:] + err1[-2000:]
+    mine = err1.strip().splitlines()[-1]
+    assert mine.startswith("error: data=train: ") and "no such file or directory" in mine, mine
+    assert err0.strip().splitlines()[-1] == f"error: process 1 stopped in its setup: FileNotFoundError: {mine[7:]}"
+
+
+def test_job_settings_go_with_multi_worker_and_a_host_and_port():
+    from trainer import TrainConfig
+
+    with pytest.raises(ValueError, match=re.escape(
+            "coordinator_address=10.0.0.2:1234, num_processes=2, process_id=0: these join processes into one job "
+            "under strategy=multi_worker only, and this run has strategy=mirrored: pass strategy=multi_worker, or "
+            "drop coordinator_address=, num_processes=, process_id=")):
+        TrainConfig(data="d", workdir="w", strategy="mirrored", coordinator_address="10.0.0.2:1234", num_processes=2,
+                    process_id=0)
+    with pytest.raises(ValueError, match=re.escape(
+            "coordinator_address='10.0.0.2' is not HOST:PORT: give process 0's host and a free port, e.g. "
+            "coordinator_address=10.0.0.2:1234")):
+        TrainConfig(data="d", workdir="w", strategy="multi_worker", coordinator_address="10.0.0.2", num_processes=2,
+                    process_id=0)
+    with pytest.raises(ValueError, match=re.escape("process_id=2 is not one of the job's 0..1 (num_processes=2)")):
+        TrainConfig(data="d", workdir="w", strategy="multi_worker", coordinator_address="h:1", num_processes=2,
+                    process_id=2)
+
+
+@pytest.mark.timeout(300)
+def test_a_process_killed_mid_run_ends_the_others_at_once_with_the_cause_last(digits, tmp_path):
+    """SIGKILL to process 1 (the out-of-memory killer, a lost host): process 0 printed the collective's error, then
+    waited ~80 s in jax.distributed's shutdown barrier and aborted with a C++ stack after it; now it exits 1 at once,
+    its last line the error."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    port, workdir = _port(), tmp_path / "run"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "trainer", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for args in _two((f"data={digits['train']}", "model=mlp", "steps=100000", "num_classes=10",
+                               "log_every=1", "checkpoint_every=100000", f"workdir={workdir}"), port=port)]
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and not ((workdir / "metrics.jsonl").exists() and
+                                                   len((workdir / "metrics.jsonl").read_text().splitlines()) >= 5):
+            time.sleep(0.05)
+        procs[1].kill()
+        killed = time.monotonic()
+        _, err = procs[0].communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 1, err[-3000:]
+    assert took < 30, took
+    assert err.strip().splitlines()[-1].startswith("error: JaxRuntimeError: "), err[-3000:]

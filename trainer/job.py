@@ -1,0 +1,126 @@
+"""The processes of one multi-host job agree before they train: the same settings, one workdir that all of them see,
+and a setup that went well on every one of them.
+
+Without this, a mismatch shows late or never. Processes given different `batch_size`s train on wrong values (each
+feeds the step arrays of its own size) until a collective waits forever; different `steps` leave one process
+waiting in a checkpoint's barrier for the other, which has finished; workdirs on each host's own disk leave every
+checkpoint unfinished; one host without the data fails alone while the others wait in the first collective, and JAX
+ends them minutes later with a C++ stack that does not say why. Each check here is one exchange through
+jax.distributed's key-value store (the coordination service every process already talks to; no collective, so a
+process that fails can still say so), and its failure is one line, the same on every process, exit 2.
+
+    job.check_settings(config)           # right after jax.distributed.initialize
+    job.check_shared(config.workdir)
+    with job.together("setup"):          # one process's error here is every process's
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+
+import jax
+
+from dataset_format import storage
+
+log = logging.getLogger(__name__)
+
+PREFIX = "arrayrecord_trainer"  # the key-value store's keys: PREFIX/<what>/<process index>
+# Settings that may differ between hosts: the process's index, and how each host reads and caches (the batches are
+# the same bitwise for any worker count or cache)
+PER_HOST_KEYS = ("process_id", "data_workers", "data_cache_bytes", "data_cache_dir", "compilation_cache")
+_POLL_S = 30.0  # a wait for another process logs a line this often
+
+
+class JobMismatch(ValueError):
+    """The job's processes were started with settings, or in places, that do not make one job."""
+
+
+def _multi() -> bool:
+    return jax.process_count() > 1
+
+
+def exchange(what: str, value: str) -> list[str]:
+    """Publishes this process's `value` under `what` and returns every process's, in process order (waiting for each,
+    with a line every 30 s)."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    client.key_value_set(f"{PREFIX}/{what}/{jax.process_index()}", value)
+    values, started = [], time.monotonic()
+    for index in range(jax.process_count()):
+        while True:
+            try:
+                values.append(client.blocking_key_value_get(f"{PREFIX}/{what}/{index}", int(_POLL_S * 1000)))
+                break
+            except Exception as e:  # noqa: BLE001 - jaxlib's error for a deadline: wait on, saying so
+                if "DEADLINE_EXCEEDED" not in str(e):
+                    raise
+                log.info("waiting for process %d of %d to reach its %s (%.0f s)", index, jax.process_count(), what,
+                         time.monotonic() - started)
+    return values
+
+
+def _settings(config) -> dict:
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in PER_HOST_KEYS}
+
+
+def check_settings(config) -> None:
+    """Every process has this one's settings (all but PER_HOST_KEYS); else JobMismatch naming each that differs and
+    its value on each process."""
+    if not _multi():
+        return
+    mine = _settings(config)
+    theirs = [json.loads(v) for v in exchange("settings", json.dumps(mine, sort_keys=True, default=str))]
+    differ = sorted({k for s in theirs for k in set(s) | set(mine) if s.get(k) != mine.get(k)})
+    if differ:
+        said = "; ".join(f"{k}: " + ", ".join(f"{s.get(k)!r} on process {i}" for i, s in enumerate(theirs))
+                         for k in differ[:5])
+        more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
+        raise JobMismatch(f"the job's processes were started with different settings: {said}{more}; start every "
+                          "process with the same settings (only process_id differs)")
+
+
+def check_shared(workdir: str) -> None:
+    """Every process sees the file process 0 writes in `workdir` (checkpoints are written by all of them into one
+    directory, and finished only when all have written); else JobMismatch naming the processes that do not."""
+    if not _multi():
+        return
+    path = storage.join(workdir, ".job")
+    if jax.process_index() == 0:
+        token = uuid.uuid4().hex
+        storage.write_text(path, token)
+    else:
+        token = ""
+    token = exchange("workdir_token", token)[0]
+    seen = storage.read_text(path)
+    blind = [i for i, ok in enumerate(exchange("workdir_seen", "1" if (seen or "").strip() == token else "0"))
+             if ok != "1"]
+    if blind:
+        raise JobMismatch(f"workdir={workdir} is not one directory for the whole job: process(es) "
+                          f"{', '.join(map(str, blind))} do not see the file process 0 wrote there; give every "
+                          "process a workdir they all share (gs://bucket/run, or a mounted NFS/Filestore path)")
+
+
+@contextlib.contextmanager
+def together(what: str) -> Iterator[None]:
+    """Around a stretch of setup with no collective in it: an error there on any process is raised on every process
+    at its end (JobMismatch naming that process and its error), so none waits for it in a later collective."""
+    if not _multi():
+        yield
+        return
+    try:
+        yield
+    except BaseException as e:
+        exchange(what, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        raise
+    failed = [(i, status) for i, status in enumerate(exchange(what, "")) if status]
+    if failed:
+        index, status = failed[0]
+        raise JobMismatch(f"process {index} stopped in its {what}: {status}")
