@@ -66,10 +66,13 @@ def _leaving_the_job(code: int) -> int:
     jax = sys.modules.get("jax")
     if jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1:
         import logging
+        import time
 
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
+        if jax.process_index() == 0:  # its coordination service going first aborts the others (a C++ stack), maybe
+            time.sleep(1.0)  # before their own error is out: they leave first, as they learnt it too
         os._exit(code)
     return code
 

@@ -48,23 +48,31 @@ def _multi() -> bool:
 
 def exchange(what: str, value: str) -> list[str]:
     """Publishes this process's `value` under `what` and returns every process's, in process order (waiting for each,
-    with a line every 30 s)."""
+    with a line every 30 s). Process 0, whose coordination service holds them, returns only once every process has
+    read them all: a process that fails on what it read may then leave at once without leaving another one unread
+    (which JAX aborts, C++ stack and all, when the service is gone)."""
     from jax._src import distributed
 
-    client = distributed.global_state.client
-    client.key_value_set(f"{PREFIX}/{what}/{jax.process_index()}", value)
-    values, started = [], time.monotonic()
-    for index in range(jax.process_count()):
-        while True:
-            try:
-                values.append(client.blocking_key_value_get(f"{PREFIX}/{what}/{index}", int(_POLL_S * 1000)))
-                break
-            except Exception as e:  # noqa: BLE001 - jaxlib's error for a deadline: wait on, saying so
-                if "DEADLINE_EXCEEDED" not in str(e):
-                    raise
-                log.info("waiting for process %d of %d to reach its %s (%.0f s)", index, jax.process_count(), what,
-                         time.monotonic() - started)
+    client, me, count = distributed.global_state.client, jax.process_index(), jax.process_count()
+    client.key_value_set(f"{PREFIX}/{what}/{me}", value)
+    values = [_get(client, f"{PREFIX}/{what}/{index}", f"its {what}", index) for index in range(count)]
+    client.key_value_set(f"{PREFIX}/{what}/read/{me}", "1")
+    if me == 0:
+        for index in range(1, count):
+            _get(client, f"{PREFIX}/{what}/read/{index}", f"the end of its {what}", index)
     return values
+
+
+def _get(client, key: str, what: str, index: int) -> str:
+    started = time.monotonic()
+    while True:
+        try:
+            return client.blocking_key_value_get(key, int(_POLL_S * 1000))
+        except Exception as e:  # noqa: BLE001 - jaxlib's error for a deadline: wait on, saying so
+            if "DEADLINE_EXCEEDED" not in str(e):
+                raise
+            log.info("waiting for process %d of %d to reach %s (%.0f s)", index, jax.process_count(), what,
+                     time.monotonic() - started)
 
 
 def _settings(config) -> dict:
