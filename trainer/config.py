@@ -411,7 +411,7 @@ class TrainConfig:
 
     def _check_job(self):
         """coordinator_address, num_processes and process_id join processes into one job: under strategy=multi_worker
-        alone (a mirrored run given them trained alone on each host, all writing one workdir), the address a
+        alone (a mirrored run given them would train alone on each host, all writing one workdir), the address a
         HOST:PORT, the index one of the job's."""
         given = [n for n in ("coordinator_address", "num_processes", "process_id") if getattr(self, n) is not None]
         if given and self.strategy != "multi_worker":
