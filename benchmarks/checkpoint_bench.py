@@ -27,17 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from compile_cache_bench import corpus  # (beside this script): the text demo corpus, converted
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def corpus(root: Path) -> Path:
-    """The text demo corpus, converted: a byte-level LM's training data."""
-    def run(*args):
-        subprocess.run([sys.executable, "-m", "pipelines", *args], check=True, cwd=REPO, capture_output=True)
-
-    run("make-demo", "--kind", "text", "--output", str(root / "text"), "--max_mb", "1")
-    run("convert", "--input", str(root / "text" / "text-train.*"), "--output", str(root / "train"))
-    return root / "train"
 
 
 def loop_times(data: Path, workdir: Path, args: argparse.Namespace, background: bool) -> tuple[float, float, float]:
@@ -77,7 +69,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         print("converting the text demo corpus ...", flush=True)
-        data = corpus(root)
+        data = corpus(root, max_mb=1)
         for repeat in range(args.repeats):
             for side, background in sides.items():
                 workdir = root / f"{int(background)}-{repeat}"

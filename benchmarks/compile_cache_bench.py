@@ -28,12 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 _STEP = re.compile(r"step (compiled|read from the compilation cache) in ([\d.]+) s")
 
 
-def corpus(root: Path) -> Path:
-    """The text demo corpus, converted: a byte-level LM's training data."""
+def corpus(root: Path, max_mb: float | None = None) -> Path:
+    """The text demo corpus (`max_mb` of it: make-demo's default when None), converted: a byte-level LM's training
+    data."""
     def run(*args):
         subprocess.run([sys.executable, "-m", "pipelines", *args], check=True, cwd=REPO, capture_output=True)
 
-    run("make-demo", "--kind", "text", "--output", str(root / "text"))
+    run("make-demo", "--kind", "text", "--output", str(root / "text"),
+        *(["--max_mb", str(max_mb)] if max_mb is not None else []))
     run("convert", "--input", str(root / "text" / "text-train.*"), "--output", str(root / "train"))
     return root / "train"
 

@@ -84,8 +84,8 @@ def check_settings(config) -> None:
     its value on each process."""
     if not _multi():
         return
-    mine = _settings(config)
-    theirs = [json.loads(v) for v in exchange("settings", json.dumps(mine, sort_keys=True, default=str))]
+    theirs = [json.loads(v) for v in exchange("settings", json.dumps(_settings(config), sort_keys=True, default=str))]
+    mine = theirs[jax.process_index()]  # (as the others read it: tuples as lists, ...)
     differ = sorted({k for s in theirs for k in set(s) | set(mine) if s.get(k) != mine.get(k)})
     if differ:
         said = "; ".join(f"{k}: " + ", ".join(f"{s.get(k)!r} on process {i}" for i, s in enumerate(theirs))
