@@ -77,6 +77,25 @@ def _leaving_the_job(code: int) -> int:
     return code
 
 
+# A collective's error when a process of the job is gone (killed, out of memory, its host lost): gloo's on CPU, NCCL's
+# on GPUs. The message names a socket, not the process: the last line says which to look at.
+LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "remote process exited",
+             "NCCL communicator was aborted", "stopped sending heartbeats")
+
+
+def _cause(e: BaseException) -> str:
+    """The last line of a failed run: the exception's type and first line, and, for a collective that lost another
+    process of a multi-process job, where the cause is."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    line = f"error: {type(e).__name__}: {first}"
+    jax = sys.modules.get("jax")
+    if (jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1
+            and any(s in str(e) for s in LOST_PEER)):
+        line += (f" (process {jax.process_index()} lost another process of the job in a collective: that process's "
+                 "own log has the cause; restart every process and they resume from the last checkpoint)")
+    return line
+
+
 def main(argv=None) -> int:
     from dataset_format.config_help import keys_help
     from trainer.config import TrainConfig
@@ -124,7 +143,7 @@ def main(argv=None) -> int:
         import traceback
 
         traceback.print_exc()
-        print(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+        print(_cause(e), file=sys.stderr)
         return _leaving_the_job(1)
     print(json.dumps({"summary": summary, "workdir": config.workdir}, indent=1))
     if summary.get("stopped_by") == "Ctrl-C":

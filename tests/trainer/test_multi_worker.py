@@ -264,7 +264,7 @@ def test_job_settings_go_with_multi_worker_and_a_host_and_port():
 def test_a_process_killed_mid_run_ends_the_others_at_once_with_the_cause_last(digits, tmp_path):
     """SIGKILL to process 1 (the out-of-memory killer, a lost host): process 0 printed the collective's error, then
     waited ~80 s in jax.distributed's shutdown barrier and aborted with a C++ stack after it; now it exits 1 at once,
-    its last line the error."""
+    its last line the error and which process to look at."""
     import subprocess
     import sys
 
@@ -290,4 +290,7 @@ def test_a_process_killed_mid_run_ends_the_others_at_once_with_the_cause_last(di
             p.kill()
     assert procs[0].returncode == 1, err[-3000:]
     assert took < 30, took
-    assert err.strip().splitlines()[-1].startswith("error: JaxRuntimeError: "), err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: JaxRuntimeError: ") and "Gloo" in last, err[-3000:]
+    assert last.endswith(" (process 0 lost another process of the job in a collective: that process's own log has "
+                         "the cause; restart every process and they resume from the last checkpoint)"), last
