@@ -84,81 +84,84 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
         log.info("step %d: checkpoint written (%.1f s in the background)", step, time.perf_counter() - taken)
 
     mngr = checkpoint_manager(config, on_written=committed if config.async_checkpointing else None)
-    done = finished_run(config, mngr)
-    if done is not None:
-        mngr.close()
-        return done
-    with job.together("setup"):  # an error here on one process stops every process, none waits for it
-        strategy = strategies.make(config.strategy, device=config.device)
-        chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints
-        replicas = strategy.num_replicas_in_sync
-        if config.batch_size % replicas:
-            raise ValueError(f"batch_size={config.batch_size} does not split over num_replicas_in_sync={replicas}; "
-                             f"use a multiple of {replicas}")
-        log.info("strategy=%s num_replicas_in_sync=%d mesh=%s devices=%s process=%d/%d", strategy.name, replicas,
-                 dict(strategy.mesh.shape), [str(d) for d in strategy.mesh.devices.flat], jax.process_index(),
-                 jax.process_count())
-        ramp = Ramp.of(config)
-        if ramp is not None:
-            uneven = [size for size in ramp.sizes() if size % replicas]
-            if uneven:
-                raise ValueError(f"the ramp-up's batch size {uneven[0]} does not split over num_replicas_in_sync="
-                                 f"{replicas}; choose batch_size_start and batch_size_increment as multiples of "
-                                 f"{replicas}")
-            log.info("batch-size ramp-up over %s examples: %s", f"{config.rampup_samples:,}", ramp.describe())
-        first_step = (mngr.latest_step() or 0) + 1
-        batch_size = ramp.batch_size(first_step) if ramp is not None else config.batch_size  # this step's
+    it = None  # the loader's iterator, once started
+    try:  # an error before the loop closes what is open (the loop's own `finally` closes them after)
+        done = finished_run(config, mngr)
+        if done is not None:
+            mngr.close()
+            return done
+        with job.together("setup"):  # an error here on one process stops every process, none waits for it
+            strategy = strategies.make(config.strategy, device=config.device)
+            chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints
+            replicas = strategy.num_replicas_in_sync
+            if config.batch_size % replicas:
+                raise ValueError(f"batch_size={config.batch_size} does not split over num_replicas_in_sync={replicas}; "
+                                 f"use a multiple of {replicas}")
+            log.info("strategy=%s num_replicas_in_sync=%d mesh=%s devices=%s process=%d/%d", strategy.name, replicas,
+                     dict(strategy.mesh.shape), [str(d) for d in strategy.mesh.devices.flat], jax.process_index(),
+                     jax.process_count())
+            ramp = Ramp.of(config)
+            if ramp is not None:
+                uneven = [size for size in ramp.sizes() if size % replicas]
+                if uneven:
+                    raise ValueError(f"the ramp-up's batch size {uneven[0]} does not split over num_replicas_in_sync="
+                                     f"{replicas}; choose batch_size_start and batch_size_increment as multiples of "
+                                     f"{replicas}")
+                log.info("batch-size ramp-up over %s examples: %s", f"{config.rampup_samples:,}", ramp.describe())
+            first_step = (mngr.latest_step() or 0) + 1
+            batch_size = ramp.batch_size(first_step) if ramp is not None else config.batch_size  # this step's
 
-        program = Program.build(config)
-        program.check_data()  # the labels' range over every record, before anything compiles
-        # host arrays: this thread places them (the module's docstring says why)
-        batches = program.load_train(batch_size=batch_size)
-        _log_epochs(program, ramp)
-        log.info("model=%s: initialising its parameters", config.model)
-        t = time.perf_counter()
-        variables = program.init_variables()
-        log.info("model=%s: initialised in %.1f s", config.model, time.perf_counter() - t)
-        program.check_outputs(variables)  # a last layer that does not fit the task: one line, before anything compiles
-        params = variables.pop("params")
-        tx = program.optimizer()
-        state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
-        if variables:  # the model's state (BatchNorm statistics): checkpointed with the parameters
-            state["model_state"] = variables
-    state_sharding = strategy.param_sharding(state)
-    state = jax.device_put(state, state_sharding)
-    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-    log.info("task=%s features=%s model=%s parameters=%s%s", config.task, list(program.task.features), config.model,
-             f"{n_params:,}", f" ({config.model_settings})" if config.model_settings else "")
-    decayed = f" (on {config.weight_decay_on})" if config.weight_decay else ""
-    moments = (f" adam_b1={config.adam_b1:g} adam_b2={config.adam_b2:g} adam_eps={config.adam_eps:g}"
-               if config.optimizer in ("adam", "adamw") else "")
-    log.info("optimizer=%s learning_rate=%g schedule=%s warmup_steps=%d weight_decay=%g%s grad_clip=%g "
-             "grad_accum_steps=%d dtype=%s%s", config.optimizer, config.learning_rate, config.schedule,
-             config.warmup_steps, config.weight_decay, decayed, config.grad_clip, config.grad_accum_steps, config.dtype,
-             moments)
+            program = Program.build(config)
+            program.check_data()  # the labels' range over every record, before anything compiles
+            # host arrays: this thread places them (the module's docstring says why)
+            batches = program.load_train(batch_size=batch_size)
+            _log_epochs(program, ramp)
+            log.info("model=%s: initialising its parameters", config.model)
+            t = time.perf_counter()
+            variables = program.init_variables()
+            log.info("model=%s: initialised in %.1f s", config.model, time.perf_counter() - t)
+            program.check_outputs(variables)  # a last layer that does not fit the task: one line, before compiling
+            params = variables.pop("params")
+            tx = program.optimizer()
+            state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+            if variables:  # the model's state (BatchNorm statistics): checkpointed with the parameters
+                state["model_state"] = variables
+        state_sharding = strategy.param_sharding(state)
+        state = jax.device_put(state, state_sharding)
+        n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
+        log.info("task=%s features=%s model=%s parameters=%s%s", config.task, list(program.task.features), config.model,
+                 f"{n_params:,}", f" ({config.model_settings})" if config.model_settings else "")
+        decayed = f" (on {config.weight_decay_on})" if config.weight_decay else ""
+        moments = (f" adam_b1={config.adam_b1:g} adam_b2={config.adam_b2:g} adam_eps={config.adam_eps:g}"
+                   if config.optimizer in ("adam", "adamw") else "")
+        log.info("optimizer=%s learning_rate=%g schedule=%s warmup_steps=%d weight_decay=%g%s grad_clip=%g "
+                 "grad_accum_steps=%d dtype=%s%s", config.optimizer, config.learning_rate, config.schedule,
+                 config.warmup_steps, config.weight_decay, decayed, config.grad_clip, config.grad_accum_steps,
+                 config.dtype, moments)
 
-    untrained = optim.untrained_steps(config)
-    if untrained:
-        log.warning("%s", untrained)
+        untrained = optim.untrained_steps(config)
+        if untrained:
+            log.warning("%s", untrained)
 
-    def jit_step(program: Program):
-        return jax.jit(make_train_step(program, tx, strategy), in_shardings=(state_sharding, strategy.batch_sharding),
-                       out_shardings=(state_sharding, strategy.replicated, strategy.replicated), donate_argnums=(0,))
+        def jit_step(program: Program):
+            return jax.jit(make_train_step(program, tx, strategy),
+                           in_shardings=(state_sharding, strategy.batch_sharding),
+                           out_shardings=(state_sharding, strategy.replicated, strategy.replicated),
+                           donate_argnums=(0,))
 
-    # --- restore ----------------------------------------------------------------------------
-    it = iter(batches)
-    start = 0
-    if mngr.latest_step() is not None:
-        start = mngr.latest_step()
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        restored = checkpoints.restore(mngr, start, abstract, config)
-        state = restored["state"]
-        checkpoints.restore_loader(it, mngr, start, restored["data"], config)
-        log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])
+        # --- restore ----------------------------------------------------------------------------
+        it = iter(batches)
+        start = 0
+        if mngr.latest_step() is not None:
+            start = mngr.latest_step()
+            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+            restored = checkpoints.restore(mngr, start, abstract, config)
+            state = restored["state"]
+            checkpoints.restore_loader(it, mngr, start, restored["data"], config)
+            log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])
 
-    # --- compile ------------------------------------------------------------------------------
-    steps_by_size: dict[int, jax.stages.Compiled] = {}  # the step compiled for each global batch size
-    try:
+        # --- compile ------------------------------------------------------------------------------
+        steps_by_size: dict[int, jax.stages.Compiled] = {}  # the step compiled for each global batch size
         first = next(it)  # this host's rows, still in host memory
         tasks.check(program.task, first)  # data the task cannot train on: one line before compiling, not a silent run
         stepping = program  # the program whose step is compiled (remat=auto: the policy chosen)
@@ -180,54 +183,56 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
             return steps_by_size[size]
 
         train_step = step_for(batch_size, first)
+        throughput = Throughput.of(program, strategy)
+
+        if config.in_memory_batches:
+            cached = [first, *(next(it) for _ in range(config.in_memory_batches - 1))]
+            cached = [strategy.distribute(batch) for batch in cached]
+            jax.block_until_ready(cached)
+            log.info("in_memory_batches=%d: cycling batches held on the devices (no input cost; for measuring the "
+                     "input-bound limit)", len(cached))
+            fetch = itertools.cycle(cached).__next__
+        else:
+            ahead = [first]
+
+            def fetch():
+                """The next batch, placed on the devices by this thread: between steps' dispatches, never during one."""
+                return strategy.distribute(ahead.pop() if ahead else next(it))
+
+        def resize(size: int) -> None:
+            """A ramp-up's next size: the loader's state restored onto batches of `size`, which read on from where the
+            last batch ended; its step compiled (before any of its batches is on the devices)."""
+            nonlocal it, train_step
+            saved = it.get_state()
+            it.close()
+            it = iter(program.load_train(batch_size=size))
+            it.set_state(saved)
+            ahead.append(next(it))
+            train_step = step_for(size, ahead[0])
+
+        def save(step: int, *, wait: bool) -> bool:
+            """Checkpoints `step`; true when it is written on return. With async_checkpointing the loop waits only for
+            the arrays to reach host memory (and for the previous checkpoint to be written), unless `wait`."""
+            if config.async_checkpointing:
+                writing.append((step, time.perf_counter()))
+            data = json.loads(json.dumps(it.get_state()))  # (a copy: orbax may serialize it after the loop moved on)
+            with checkpoints.writes(mngr):  # (also the failure of the previous checkpoint's writing)
+                mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        data=ocp.args.JsonSave(data), config=config_record(config)),
+                          force=True)
+                if wait or not config.async_checkpointing:
+                    mngr.wait_until_finished()
+                    return True
+            return False
+
+        profile = StepProfile(config.workdir, start + 1 + config.profile_skip, config.profile_steps, chief)
+        preemption = PreemptionNotice()  # SIGTERM, to any process: all save at one step and stop
+        metrics = MetricsWriter(config.workdir, start) if chief else None
     except BaseException:
-        it.close()  # the loader's read-ahead threads and worker processes
+        if it is not None:
+            it.close()  # the loader's read-ahead threads and worker processes
         mngr.close()
         raise
-    throughput = Throughput.of(program, strategy)
-
-    if config.in_memory_batches:
-        cached = [first, *(next(it) for _ in range(config.in_memory_batches - 1))]
-        cached = [strategy.distribute(batch) for batch in cached]
-        jax.block_until_ready(cached)
-        log.info("in_memory_batches=%d: cycling batches held on the devices (no input cost; for measuring the "
-                 "input-bound limit)", len(cached))
-        fetch = itertools.cycle(cached).__next__
-    else:
-        ahead = [first]
-
-        def fetch():
-            """The next batch, placed on the devices by this thread: between steps' dispatches, never during one."""
-            return strategy.distribute(ahead.pop() if ahead else next(it))
-
-    def resize(size: int) -> None:
-        """A ramp-up's next size: the loader's state restored onto batches of `size`, which read on from where the
-        last batch ended; its step compiled (before any of its batches is on the devices)."""
-        nonlocal it, train_step
-        saved = it.get_state()
-        it.close()
-        it = iter(program.load_train(batch_size=size))
-        it.set_state(saved)
-        ahead.append(next(it))
-        train_step = step_for(size, ahead[0])
-
-    def save(step: int, *, wait: bool) -> bool:
-        """Checkpoints `step`; true when it is written on return. With async_checkpointing the loop waits only for the
-        arrays to reach host memory (and for the previous checkpoint to be written), unless `wait`."""
-        if config.async_checkpointing:
-            writing.append((step, time.perf_counter()))
-        data = json.loads(json.dumps(it.get_state()))  # (a copy: orbax may serialize it after the loop moved on)
-        with checkpoints.writes(mngr):  # (also the failure of the previous checkpoint's writing)
-            mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
-                                                    config=config_record(config)), force=True)
-            if wait or not config.async_checkpointing:
-                mngr.wait_until_finished()
-                return True
-        return False
-
-    profile = StepProfile(config.workdir, start + 1 + config.profile_skip, config.profile_steps, chief)
-    preemption = PreemptionNotice()  # SIGTERM, to any process: all save at one step and stop
-    metrics = MetricsWriter(config.workdir, start) if chief else None
 
     # --- loop -------------------------------------------------------------------------------
     log.info("training steps %d to %d", start + 1, config.steps)

@@ -642,3 +642,42 @@ def test_profile_report_names_a_gpu_kernels_kind_by_its_name():
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "cudnn_generated_fort_native_sdpa_sm90",
         "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "MemcpyDtoD", "loop_add_fusion")] == [
         "matrix multiply", "attention (cuDNN)", "collective", "copy", ""]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("failing", ["compile_step", "Throughput"])  # as the step compiles; after it compiled
+def test_a_failure_before_the_loop_stops_the_loaders_workers_and_closes_the_checkpoints(digits, tmp_path,
+                                                                                         monkeypatch, failing):
+    """An error between the loader's start and the loop (a restore, a compile, a check of the first batch) in a
+    process that lives on (a notebook, a sweep): the loader's worker processes stop and the checkpoint manager is
+    closed, as when the loop ends."""
+    import multiprocessing
+
+    from trainer import TrainConfig, train
+
+    closed, real = [], train.checkpoint_manager
+
+    def recorded(config, **kw):
+        mngr = real(config, **kw)
+        close = mngr.close
+        mngr.close = lambda: (closed.append(True), close())[1]
+        return mngr
+
+    def workers() -> list:
+        return [p for p in multiprocessing.active_children() if p.name.startswith("loader-worker")]
+
+    started = []
+
+    def fail(*args):
+        started.extend(workers())
+        raise ValueError(f"{failing} failed")
+
+    monkeypatch.setattr(train, "checkpoint_manager", recorded)
+    monkeypatch.setattr(train, failing, fail if failing == "compile_step" else type("T", (), {"of": fail}))
+    config = TrainConfig(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", steps=5, batch_size=32,
+                         num_classes=10, data_workers=2)
+    with pytest.raises(ValueError, match=f"{failing} failed"):
+        train.train_and_evaluate(config)
+    assert len(started) == 2, started  # the workers ran when it failed
+    assert not any(p.is_alive() for p in started) and workers() == []
+    assert closed == [True]
