@@ -26,7 +26,7 @@ import sys
 import time
 
 from dataset_format import booleans, logs, suggest
-from pipelines.lease import LeaseHeld
+from dataset_format.lease import LeaseHeld
 from pipelines.config import ConvertConfig, DEFAULT_COMPRESSION
 
 log = logging.getLogger("pipelines")

@@ -113,7 +113,7 @@ class Progress:
 
 def status(output: str) -> str:
     """What `python -m pipelines status` prints: the lease holder, the manifest, the shards committed since it."""
-    from pipelines.lease import LEASE_NAME, TTL_S, dead, describe
+    from dataset_format.lease import LEASE_NAME, TTL_S, dead, describe
     from pipelines.plan import read_manifest
 
     lines = []

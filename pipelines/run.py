@@ -16,11 +16,11 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from dataset_format import storage
+from dataset_format.lease import LEASE_NAME, Lease
 from dataset_format.manifest import Manifest
 from pipelines import commits, dataflow, report, tokens, tasks as shard_tasks
 from pipelines.config import ConvertConfig
 from pipelines.convert import ConvertToArrayRecord, finalize
-from pipelines.lease import Lease
 from pipelines.plan import Plan, make_plan, read_manifest
 from pipelines.progress import Progress
 
@@ -73,7 +73,7 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
                    break_lock: bool = False) -> Outcome:
     """Converts what changed; returns once the manifest in `config.output` is written, or, when
     `wait` is False or the options ask for a job description (`--template_location`), once the
-    job is launched. A local run holds the output's lease throughout (pipelines/lease.py)."""
+    job is launched. A local run holds the output's lease throughout (dataset_format/lease.py)."""
     started = time.monotonic()
     on_dataflow = dataflow.is_dataflow(PipelineOptions(beam_args or []))
     if on_dataflow:
@@ -83,7 +83,11 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
     storage.check_writable(config.output)
     if on_dataflow:
         return _run(config, beam_args, wait, started, on_dataflow, plan)
-    with Lease(config.output, break_lock=break_lock):
+    def held(holder: str) -> str:
+        return (f"{config.output} is being converted by another run ({holder}); wait for it to finish, or pass "
+                f"--break-lock if that run is dead ({LEASE_NAME} in the output)")
+
+    with Lease(config.output, held=held, break_lock="--break-lock" if break_lock else None):
         _remove_dead_temp_files(config.output)  # the lease holder's alone: no live run owns them
         return _run(config, beam_args, wait, started, on_dataflow, make_plan(config))  # again, as the lease holder
 

@@ -11,8 +11,9 @@ process that fails can still say so), and its failure is one line, the same on e
 
     job.check_settings(config)           # right after jax.distributed.initialize
     job.check_shared(config.workdir)
-    with job.together("setup"):          # one process's error here is every process's
-        ...
+    with job.alone_in(config.workdir):   # no other run trains in this workdir
+        with job.together("setup"):      # one process's error here is every process's
+            ...
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 import jax
 
 from dataset_format import storage
+from dataset_format.lease import LEASE_NAME, Lease, LeaseHeld
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,10 @@ _POLL_S = 30.0  # a wait for another process logs a line this often
 
 class JobMismatch(ValueError):
     """The job's processes were started with settings, or in places, that do not make one job."""
+
+
+class WorkdirInUse(ValueError):
+    """Another training run holds the workdir."""
 
 
 def _multi() -> bool:
@@ -132,3 +138,29 @@ def together(what: str) -> Iterator[None]:
     if failed:
         index, status = failed[0]
         raise JobMismatch(f"process {index} stopped in its {what}: {status}")
+
+
+@contextlib.contextmanager
+def alone_in(workdir: str) -> Iterator[None]:
+    """The run holds `workdir`'s lease (process 0 for the job; dataset_format/lease.py): a second run started on the
+    same workdir (a job launched twice, two runs given one directory) stops with one line naming the first, instead
+    of both writing checkpoints and metrics there. A lease whose run is known dead (its process gone on this host, no
+    heartbeat for 2 minutes) is taken over; one held from another host is watched until it beats or lapses, so a job
+    restarted after its host was lost waits at most that long."""
+    def held(holder: str) -> str:
+        return (f"workdir={workdir} is in use by another training run ({holder}); stop that run, or give this one "
+                f"another workdir ({LEASE_NAME} there names the run that holds it)")
+
+    lease = None
+    with together("workdir lease"):
+        if jax.process_index() == 0:
+            lease = Lease(workdir, held=held, wait=True)
+            try:
+                lease.__enter__()
+            except LeaseHeld as e:
+                raise WorkdirInUse(str(e)) from None
+    try:
+        yield
+    finally:
+        if lease is not None:
+            lease.__exit__(None, None, None)

@@ -28,7 +28,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
         if spec is not None and not spec.is_coordinator:
             return parameter_server.serve_node(config, spec)
-        return parameter_server.train(config, spec)
+        from trainer import job
+
+        with job.alone_in(config.workdir):
+            return parameter_server.train(config, spec)
     if spec is not None and spec.cluster.get("ps"):
         raise ValueError(f"TF_CONFIG lists ps tasks, but strategy={config.strategy!r}; use strategy=parameter_server "
                          "(or drop the ps tasks)")

@@ -17,6 +17,7 @@ before the first batch arrives.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import gc
 import itertools
@@ -62,11 +63,12 @@ def itstime(step: int, every: int, last_step: int) -> bool:
 
 
 def train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
-    with compile_cache.enabled(config.compilation_cache, config.workdir):
-        return _train_and_evaluate(config)
+    with compile_cache.enabled(config.compilation_cache, config.workdir), contextlib.ExitStack() as held:
+        return _train_and_evaluate(config, held)
 
 
-def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
+def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict[str, Any]:
+    """The run; `held`: what it holds until it returns (the workdir's lease)."""
     # --- setup ------------------------------------------------------------------------------
     if config.strategy == "multi_worker" and not jax.distributed.is_initialized():
         strategies.initialize_multi_worker(config.coordinator_address, config.num_processes, config.process_id)
@@ -76,6 +78,7 @@ def _train_and_evaluate(config: TrainConfig) -> dict[str, Any]:
     job.check_settings(config)  # several processes: one job's, or one line naming what differs (trainer/job.py)
     storage.makedirs(config.workdir)
     job.check_shared(config.workdir)
+    held.enter_context(job.alone_in(config.workdir))  # one run a workdir
     writing: collections.deque = collections.deque()  # (step, time) of each checkpoint being written in the background
 
     def committed() -> None:

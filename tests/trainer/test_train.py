@@ -680,4 +680,4 @@ def test_a_failure_before_the_loop_stops_the_loaders_workers_and_closes_the_chec
         train.train_and_evaluate(config)
     assert len(started) == 2, started  # the workers ran when it failed
     assert not any(p.is_alive() for p in started) and workers() == []
-    assert closed == [True]
+    assert closed == [True] and not (tmp_path / ".lease.json").exists()  # the workdir is free for the next run

@@ -1,0 +1,163 @@
+"""One writer per directory: a lease, `DIR/.lease.json`, held while a conversion writes its output or a training run
+its workdir.
+
+Created exclusively (a local file opened with O_EXCL; a gs:// object uploaded with `if_generation_match=0`, which
+Cloud Storage turns into a 412 when it exists), refreshed by a heartbeat every `ttl / 3` and deleted at the end. A
+second run on the same directory fails, naming the holder (host, pid, since when, last heartbeat) and the fix.
+A lease is taken over without asking when its holder is known dead: its heartbeat is older than `ttl`, or it names
+this host and a process that no longer runs. `break_lock=True` takes it over in any case (the holder must be dead).
+
+A holder on another host whose heartbeat is recent may be a run that lives or one whose host was lost a moment ago
+(a preempted VM, a restarted pod). With `wait=True` the lease is watched until one of the two shows: its heartbeat
+beats (a live run: refused) or lapses (taken over), at most `ttl` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+from dataset_format import storage
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = ".lease.json"
+TTL_S = 120.0
+WATCH_EVERY_S = 2.0  # how often a watched lease is read again
+
+
+class LeaseHeld(RuntimeError):
+    """Another live run holds the directory's lease."""
+
+
+def describe(lease: dict) -> str:
+    age = time.time() - lease.get("heartbeat", 0)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lease.get("started", 0)))
+    return f"host {lease.get('host')!r} pid {lease.get('pid')}, since {started}, last heartbeat {age:.0f} s ago"
+
+
+def _started_at(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch; Linux's /proc), or None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])  # field 22, counted after the command's name
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def dead(lease: dict, ttl: float) -> str | None:
+    """Why the holder is known dead, or None."""
+    if time.time() - lease.get("heartbeat", 0) > ttl:
+        return f"no heartbeat for over {ttl:.0f} s"
+    if lease.get("host") == socket.gethostname():
+        try:
+            pid = int(lease.get("pid", 0))
+            if pid == os.getpid():  # a restarted container's process often gets its predecessor's pid (1, say)
+                return "its process is gone (this process has its pid now)"
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "its process is gone"
+        except (PermissionError, ValueError, OverflowError):
+            return None
+        started = _started_at(pid)
+        if started is not None and started > lease.get("started", 0) + 1:  # 1 s: /proc's clock-tick rounding
+            return f"its process is gone (pid {pid} is another process, started after the lease)"
+    return None
+
+
+class Lease:
+    """`with Lease(directory, held=...): ...` holds the directory's lease (see module doc). `held(holder)` is the
+    error's text when a live run holds it (`holder`: describe() of its lease)."""
+
+    def __init__(self, directory: str, *, held, break_lock: str | None = None, wait: bool = False,
+                 ttl: float = TTL_S):
+        """`break_lock`: what asked to take the lease over in any case (its flag, for the log), or None."""
+        self._path = storage.join(directory, LEASE_NAME)
+        self._directory, self._held, self._break, self._wait, self._ttl = directory, held, break_lock, wait, ttl
+        self._body = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        self._generation = None  # gs://: the object's generation we wrote last
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self) -> Lease:
+        if not self._create():
+            current, generation = self._read()
+            if self._break:
+                reason = self._break
+            elif current is None:
+                reason = "it vanished"
+            else:
+                reason = dead(current, self._ttl)
+                if reason is None and self._wait and current.get("host") != socket.gethostname():
+                    reason, current, generation = self._watch(current)
+            if reason is None:
+                raise LeaseHeld(self._held(describe(current)))
+            if current is None:  # its run ended: created anew (on gs://, only if nobody else did first)
+                if not self._create():
+                    raise LeaseHeld(self._held("another run, which took it a moment ago"))
+            else:
+                log.warning("taking over the lease of %s from %s: %s", self._directory, describe(current), reason)
+                self._write(expected_generation=generation)
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="lease-heartbeat")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        storage.delete_quietly(self._path)
+
+    def _watch(self, current: dict) -> tuple[str | None, dict | None, int | None]:
+        """Reads the lease again until its holder beats (reason None: it lives), lapses (the reason) or ends (no
+        lease); with the lease and its generation as last read."""
+        beat = current.get("heartbeat", 0)
+        log.warning("%s is held by %s: waiting up to %.0f s for that run's next heartbeat, to tell a live run "
+                    "(refused) from one whose host was lost (taken over)", self._directory, describe(current),
+                    self._ttl - (time.time() - beat))
+        while True:
+            time.sleep(min(WATCH_EVERY_S, max(0.05, beat + self._ttl - time.time() + 0.05)))
+            latest, generation = self._read()
+            if latest is None:
+                return "its run ended", None, None
+            if (latest.get("heartbeat"), latest.get("pid"), latest.get("host")) != (
+                    beat, current.get("pid"), current.get("host")):
+                return None, latest, generation
+            reason = dead(latest, self._ttl)
+            if reason is not None:
+                return reason, latest, generation
+
+    def _payload(self) -> str:
+        return json.dumps({**self._body, "heartbeat": time.time()})
+
+    def _create(self) -> bool:
+        """Creates the lease if there is none; False when one exists."""
+        created = storage.create(self._path, self._payload().encode())
+        if created and storage.is_remote(self._path):
+            self._generation = storage.read_versioned(self._path)[1]
+        return created
+
+    def _read(self) -> tuple[dict | None, int | None]:
+        data, generation = storage.read_versioned(self._path)
+        return (json.loads(data) if data else None), generation
+
+    def _write(self, expected_generation: int | None = None) -> None:
+        generation = storage.write_versioned(self._path, self._payload().encode(), generation=expected_generation)
+        if storage.is_remote(self._path):
+            if generation is None:
+                raise LeaseHeld(f"{self._directory}: another run took the lease over ({LEASE_NAME} changed under us)")
+            self._generation = generation
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._ttl / 3):
+            try:
+                self._write(expected_generation=self._generation if storage.is_remote(self._path) else None)
+            except Exception as e:  # noqa: BLE001 - a missed heartbeat is retried; the run goes on
+                log.warning("lease heartbeat for %s failed (%s); retrying", self._directory, e)

@@ -1,0 +1,96 @@
+"""dataset_format.lease: a holder known dead is taken over at once; one on another host is watched (wait=True) until
+it beats (refused), lapses or ends (taken)."""
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from dataset_format.lease import LEASE_NAME, Lease, LeaseHeld, dead
+
+
+def _write(directory, host: str, pid: int, heartbeat_age: float, started_age: float = 600) -> None:
+    now = time.time()
+    (directory / LEASE_NAME).write_text(json.dumps({"host": host, "pid": pid, "started": now - started_age,
+                                                    "heartbeat": now - heartbeat_age}))
+
+
+def _holder(directory) -> dict:
+    return json.loads((directory / LEASE_NAME).read_text())
+
+
+def _held(holder: str) -> str:
+    return f"held by {holder}"
+
+
+def test_a_lease_from_another_host_whose_heartbeat_lapses_is_taken_over_after_the_wait(tmp_path, caplog):
+    _write(tmp_path, "tpu-host-3", 4242, heartbeat_age=4)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="dataset_format.lease"), Lease(str(tmp_path), held=_held, wait=True,
+                                                                                  ttl=6):
+        took = time.monotonic() - started
+        assert _holder(tmp_path)["pid"] == os.getpid()
+    assert 1.5 < took < 5, took
+    assert not (tmp_path / LEASE_NAME).exists()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith(f"{tmp_path} is held by host 'tpu-host-3' pid 4242, since ")
+    assert messages[0].endswith("waiting up to 2 s for that run's next heartbeat, to tell a live run (refused) from "
+                                "one whose host was lost (taken over)")
+    assert messages[1].startswith(f"taking over the lease of {tmp_path} from host 'tpu-host-3' pid 4242")
+    assert messages[1].endswith(": no heartbeat for over 6 s")
+
+
+def test_a_lease_from_another_host_that_beats_is_refused_at_its_beat(tmp_path):
+    _write(tmp_path, "tpu-host-3", 4242, heartbeat_age=1)
+    beat = threading.Timer(0.5, _write, (tmp_path, "tpu-host-3", 4242, 0))
+    beat.start()
+    started = time.monotonic()
+    with pytest.raises(LeaseHeld, match=r"^held by host 'tpu-host-3' pid 4242, since .*, last heartbeat \d s ago$"):
+        with Lease(str(tmp_path), held=_held, wait=True, ttl=60):
+            pass
+    assert time.monotonic() - started < 5
+    assert _holder(tmp_path)["host"] == "tpu-host-3"  # left as it was
+
+
+def test_a_lease_whose_run_ends_during_the_wait_is_taken_anew(tmp_path, caplog):
+    _write(tmp_path, "tpu-host-3", 4242, heartbeat_age=1)
+    threading.Timer(0.5, (tmp_path / LEASE_NAME).unlink).start()
+    with caplog.at_level(logging.WARNING, logger="dataset_format.lease"), Lease(str(tmp_path), held=_held, wait=True,
+                                                                                  ttl=60):
+        assert _holder(tmp_path)["pid"] == os.getpid()
+    assert not any("taking over" in r.getMessage() for r in caplog.records)
+
+
+def test_a_live_process_on_this_host_is_refused_at_once_even_with_the_wait(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.1)
+        _write(tmp_path, socket.gethostname(), sleeper.pid, heartbeat_age=1, started_age=0)
+        started = time.monotonic()
+        with pytest.raises(LeaseHeld, match=f"pid {sleeper.pid},"):
+            with Lease(str(tmp_path), held=_held, wait=True, ttl=60):
+                pass
+        assert time.monotonic() - started < 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_dead_or_reused_pid_on_this_host_is_known_dead():
+    host, now = socket.gethostname(), time.time()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert dead({"host": host, "pid": gone.pid, "started": now, "heartbeat": now}, 120) == "its process is gone"
+    # a restarted container's process with its predecessor's pid; an older process that took a dead one's pid
+    assert dead({"host": host, "pid": os.getpid(), "started": now, "heartbeat": now}, 120) == (
+        "its process is gone (this process has its pid now)")
+    assert dead({"host": host, "pid": os.getppid(), "started": now - 10**6, "heartbeat": now}, 120) == (
+        f"its process is gone (pid {os.getppid()} is another process, started after the lease)")
+    assert dead({"host": host, "pid": os.getppid(), "started": now, "heartbeat": now}, 120) is None
+    assert dead({"host": "elsewhere", "pid": 1, "started": now, "heartbeat": now - 121}, 120) == (
+        "no heartbeat for over 120 s")
