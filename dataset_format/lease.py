@@ -40,15 +40,16 @@ def describe(lease: dict) -> str:
     return f"host {lease.get('host')!r} pid {lease.get('pid')}, since {started}, last heartbeat {age:.0f} s ago"
 
 
-def _started_at(pid: int) -> float | None:
-    """When process `pid` started (seconds since the epoch; Linux's /proc), or None where that cannot be read."""
+def _process(pid: int) -> tuple[str, float] | None:
+    """Process `pid`'s state letter and when it started (seconds since the epoch), from Linux's /proc; None where
+    that cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])  # field 22, counted after the command's name
+            fields = f.read().rsplit(b")", 1)[1].split()  # after the command's name, which may hold anything
         with open("/proc/stat", "rb") as f:
             boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        return fields[0].decode(), boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # fields 3 and 22 of stat
+    except (OSError, ValueError, IndexError, StopIteration, UnicodeDecodeError):
         return None
 
 
@@ -66,8 +67,10 @@ def dead(lease: dict, ttl: float) -> str | None:
             return "its process is gone"
         except (PermissionError, ValueError, OverflowError):
             return None
-        started = _started_at(pid)
-        if started is not None and started > lease.get("started", 0) + 1:  # 1 s: /proc's clock-tick rounding
+        process = _process(pid)
+        if process is not None and process[0] in ("Z", "X"):  # killed, not yet reaped by its parent
+            return "its process is gone (it has exited; its parent has not reaped it)"
+        if process is not None and process[1] > lease.get("started", 0) + 1:  # 1 s: /proc's clock-tick rounding
             return f"its process is gone (pid {pid} is another process, started after the lease)"
     return None
 

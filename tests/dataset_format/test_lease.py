@@ -86,11 +86,19 @@ def test_a_dead_or_reused_pid_on_this_host_is_known_dead():
     gone = subprocess.Popen(["true"])
     gone.wait()
     assert dead({"host": host, "pid": gone.pid, "started": now, "heartbeat": now}, 120) == "its process is gone"
-    # a restarted container's process with its predecessor's pid; an older process that took a dead one's pid
+    # a restarted container's process with its predecessor's pid; a process younger than the lease, with its pid
     assert dead({"host": host, "pid": os.getpid(), "started": now, "heartbeat": now}, 120) == (
         "its process is gone (this process has its pid now)")
     assert dead({"host": host, "pid": os.getppid(), "started": now - 10**6, "heartbeat": now}, 120) == (
         f"its process is gone (pid {os.getppid()} is another process, started after the lease)")
     assert dead({"host": host, "pid": os.getppid(), "started": now, "heartbeat": now}, 120) is None
+    zombie = subprocess.Popen(["sleep", "30"])
+    zombie.kill()
+    time.sleep(0.2)  # dead, not reaped (no wait() yet)
+    try:
+        assert dead({"host": host, "pid": zombie.pid, "started": now, "heartbeat": now}, 120) == (
+            "its process is gone (it has exited; its parent has not reaped it)")
+    finally:
+        zombie.wait()
     assert dead({"host": "elsewhere", "pid": 1, "started": now, "heartbeat": now - 121}, 120) == (
         "no heartbeat for over 120 s")
