@@ -3,7 +3,9 @@
     loader.load(src, batch_size=256, worker_count=16, ray_address="auto", ray_resources={"data_cpu": 1}, ...)
 
 Each of `count` actors (1 CPU each, plus `resources`: a custom resource only CPU nodes offer places them there) gets
-the group function once (through Ray's object store) and computes up to `per_worker` groups at once. Results come
+the group function once (through Ray's object store) and computes up to `per_worker` groups at once. An actor gets
+groups once the cluster has placed it: those it cannot place (more actors than free CPUs, or a replacement for an
+actor whose node was lost) wait, and the placed ones compute the batches meanwhile. Results come
 back through the object store: a result's NumPy arrays are read in place, without a copy, on this host (they are
 read-only). A group is a pure function of its index, so an actor that dies (its node preempted, the OOM killer) is
 replaced and its groups are computed again, and the batches are those of the local loader; the iterator's
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -85,6 +88,8 @@ class _Actor(Worker):
         super().__init__(number)
         self.handle = handle
         self.refs: dict = {}  # ObjectRef -> group
+        self.placed = self.ready = False  # until its pid() answers: the cluster placed it and it began
+        self.since = time.monotonic()  # created (for the line about actors not placed)
 
     def label(self) -> str:
         return f"Ray actor {self.number}"
@@ -105,10 +110,14 @@ class _ActorGroups(Scheduled):
             raise ValueError(f"ray_address= sends the reader, decoder and map functions to Ray actors, and they do "
                              f"not pickle ({type(e).__name__}: {e}); use functions and objects that pickle") from None
         self._pending: dict = {}  # ObjectRef -> actor
+        self._placing: dict = {}  # an actor's pid() call -> the actor, until it answers
+        self._told_unplaced = False
         super().__init__(num_groups, spec.count, spec.per_worker, spec.describe, args)
 
     def _start(self, number: int) -> _Actor:
-        return _Actor(number, self._class.remote(self._fn))
+        actor = _Actor(number, self._class.remote(self._fn))
+        self._placing[actor.handle.pid.remote()] = actor
+        return actor
 
     def _send(self, worker: _Actor, group: int, arg: Any) -> None:
         ref = worker.handle.run.remote(arg)
@@ -117,17 +126,28 @@ class _ActorGroups(Scheduled):
 
     def _wait(self, timeout: float | None = None) -> list:
         ray = _ray()
-        if timeout is not None and not self._pending:
+        if timeout is not None and not self._pending and not self._placing:
             return []
+        refs = [*self._pending, *self._placing]
         ready: list = []
         while not ready and timeout is None:
-            ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=STALL_SECONDS)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=STALL_SECONDS)
             if not ready:
                 _stalled(len(self._pending), self._spec.resources)
-        ready += ray.wait([r for r in self._pending if r not in ready], num_returns=len(self._pending) - len(ready),
-                          timeout=0)[0]
+        ready += ray.wait([r for r in refs if r not in ready], num_returns=len(refs) - len(ready), timeout=0)[0]
         events, died = [], set()
-        for ref in ready:
+        placements = [r for r in ready if r in self._placing]
+        for ref in placements:
+            worker = self._placing.pop(ref)
+            try:
+                ray.get(ref)
+                worker.placed = worker.ready = True
+                self._failed_starts = 0  # (those that end before they start: counted in a row)
+            except ray.exceptions.RayActorError as e:  # it ended before it began (its node lost; it did not start)
+                died.add(id(worker))
+                events.append(Died(worker, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+        self._tell_unplaced()
+        for ref in [r for r in ready if r not in placements]:
             worker = self._pending.pop(ref, None)
             if worker is None or id(worker) in died:
                 continue
@@ -142,7 +162,26 @@ class _ActorGroups(Scheduled):
                 events.append(Result(worker, group, False, e.cause if e.cause is not None else e))
         return events
 
+    def _tell_unplaced(self) -> None:
+        """One line when actors have waited STALL_SECONDS to be placed while the others compute the batches."""
+        waiting = [w for w in self._placing.values() if time.monotonic() - w.since > STALL_SECONDS]
+        if waiting and not self._told_unplaced:
+            self._told_unplaced = True
+            placed = sum(w.placed for w in self._workers)
+            need = ", ".join(f"{k}: {v:g}" for k, v in {"CPU": 1, **dict(self._spec.resources or {})}.items())
+            log.warning("%d of the loader's Ray actors are not placed after %gs (each needs {%s} free; ray status "
+                        "shows what is); the %d placed compute the batches meanwhile", len(waiting), STALL_SECONDS,
+                        need, placed)
+
+    def _cannot_start(self, how: str) -> None:
+        raise ValueError(f"the loader's Ray actors end before they start ({self._failed_starts} of them, the last: "
+                         f"{how}): the reader, decoder and map functions must unpickle on the cluster's nodes (the "
+                         "same code and packages there as here: a shared image, or ray.init's runtime_env); Ray's log "
+                         "of the actor says why")
+
     def _stop(self, worker: _Actor) -> None:
+        for ref in [r for r, w in self._placing.items() if w is worker]:
+            del self._placing[ref]
         for ref in worker.refs:
             self._pending.pop(ref, None)
         try:

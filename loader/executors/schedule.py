@@ -29,6 +29,7 @@ class Worker:
         self.alone = False  # computing a group a worker died with: nothing else is sent here until it answers
         self.retiring = False  # the worker count went down: nothing more is sent; stopped once idle
         self.ready = True  # it started (a local process: once it said so; one that ends before failed to start)
+        self.placed = True  # it can take groups (a Ray actor: once the cluster placed it; one may never be)
 
     @property
     def isolated(self) -> bool:
@@ -101,8 +102,8 @@ class Scheduled(abc.ABC):
         The groups, and so the batches, stay the same."""
         if count < 1:
             raise ValueError(f"a worker count must be >= 1 (got {count})")
-        active = [w for w in self._workers if not w.retiring]
-        for w in active[count:]:
+        active = sorted((w for w in self._workers if not w.retiring), key=lambda w: not w.placed)  # (stable)
+        for w in active[count:]:  # those still waiting to be placed retire first
             w.retiring = True
         for _ in range(count - len(active)):
             self._started += 1
@@ -166,7 +167,7 @@ class Scheduled(abc.ABC):
     def _dispatch(self) -> None:
         """Sends groups to workers with room: again-groups each alone to an idle worker first, then new groups
         within the window."""
-        active = [w for w in self._workers if not w.retiring]
+        active = [w for w in self._workers if not w.retiring and w.placed]
         while self._resend:  # never begun: any worker with room
             room = [w for w in active if not w.alone and len(w.groups) < self._per_worker]
             if not room:

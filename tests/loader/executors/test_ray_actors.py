@@ -148,6 +148,35 @@ class _Poison:
         return record
 
 
+@pytest.mark.timeout(240)
+def test_actors_the_cluster_cannot_place_wait_while_the_placed_ones_compute_through_a_lost_node(
+        cluster, photos, local_crops, caplog, monkeypatch):
+    """Three actors for two slots (one node a slot), then one node lost: its actor's replacement cannot be placed
+    either. The placed actors compute every batch meanwhile; they were sent to the unplaced ones and waited for
+    ever."""
+    from loader.executors import ray_actors
+
+    monkeypatch.setattr(ray_actors, "STALL_SECONDS", 0.5)
+    nodes = [cluster.add_node(num_cpus=1, resources={"lossy_cpu": 1}, object_store_memory=100 << 20)
+             for _ in range(2)]
+    cluster.wait_for_nodes()
+    try:
+        it = iter(_crops(photos, worker_count=3, ray_address=cluster.address, ray_resources={"lossy_cpu": 1}))
+        with caplog.at_level(logging.WARNING, logger="loader.executors"):
+            got = [next(it) for _ in range(4)]
+            cluster.remove_node(nodes[1])  # its actor ends; the replacement has nowhere to go
+            got += list(it)
+        _same(got, local_crops)
+        it.close()
+    finally:
+        cluster.remove_node(nodes[0])
+    # (an actor waiting to be placed may wait on the lost node: it ends before it starts, and another waits instead)
+    assert re.search(r"loader Ray actor \d ended (before it started )?\(\w+", caplog.text), caplog.text
+    assert re.search(r"[12] of the loader's Ray actors are not placed after 0.5s \(each needs \{CPU: 1, lossy_cpu: 1\} "
+                     r"free; ray status shows what is\); the [12] placed compute the batches meanwhile", caplog.text), \
+        caplog.text
+
+
 @pytest.mark.timeout(300)
 def test_a_record_that_kills_every_actor_is_one_error_naming_its_group(cluster, converted):
     it = iter(loader.load(str(converted), batch_size=8, seed=3, decode=None, num_epochs=1, records_per_read=16,
