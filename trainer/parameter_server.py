@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -273,7 +274,7 @@ class Coordinator:
                 raise
             except ray.exceptions.RayActorError as e:
                 self._failures[w] += 1
-                if self._failures[w] > MAX_CONSECUTIVE_FAILURES:
+                if self._failures[w] >= MAX_CONSECUTIVE_FAILURES:
                     raise RuntimeError(f"worker {w} died {self._failures[w]} times in a row without finishing a step "
                                        f"(last: {e}); see its log under Ray's session directory") from e
                 log.warning("worker %d died during step %d (%s); the step is queued again and the worker replaced, "
@@ -327,8 +328,9 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     flat = {k: np.asarray(v) for k, v in _flat(program.init_params()).items()}
     treedef = jax.tree.structure(program.abstract_params())
     shards = partition({k: (v.shape, v.dtype) for k, v in flat.items()}, config.num_ps, config.ps_min_shard_bytes)
-    head = _connect(config, spec)
+    head = None
     try:
+        head = _connect(config, spec)
         remote_ps = ray.remote(ParameterServer).options(**_placement("ps"))
         servers = [remote_ps.remote(config, i) for i in range(config.num_ps)]
         for i in range(config.num_ps):
@@ -430,10 +432,52 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
         return {**last, **final, "workers_replaced": coordinator.replaced, "preempted": False,
                 "final_step": config.steps}
     finally:
-        ray.shutdown()
-        if head is not None:  # the head we started for TF_CONFIG's tasks: its nodes leave when it is gone
-            os.killpg(head.pid, signal.SIGTERM)
-            head.wait(timeout=120)
+        try:
+            ray.shutdown()
+        finally:
+            if head is not None:  # the head we started for TF_CONFIG's tasks: its nodes leave when it is gone
+                _stop_head(head)
+
+
+# The chief's Ray head runs under this watch, in a session of its own: when the chief's end of the pipe on its stdin
+# closes (the chief ended, however: SIGKILL too), the watch ends the head's process group, and the worker and ps
+# tasks leave once they notice the head is gone.
+_HEAD_WATCH = """
+import os, signal, subprocess, sys, threading
+head = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM is for the head: this waits for it to stop
+def owner_gone():
+    sys.stdin.buffer.read()
+    os.killpg(0, signal.SIGTERM)
+threading.Thread(target=owner_gone, daemon=True).start()
+sys.exit(head.wait())
+"""
+
+
+def _start_head(head: str) -> subprocess.Popen:
+    """`ray start --head --block` at `head` (HOST:PORT), under _HEAD_WATCH; refused where something already answers
+    there (a head an earlier chief left: it would be joined, and nobody would stop it)."""
+    host, _, port = head.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError:
+        pass
+    else:
+        raise ValueError(f"something already answers at {head}, the chief's address in TF_CONFIG (a Ray head an "
+                         "earlier run left?): stop it (ray stop, on this machine) and run again")
+    command = [_ray_cli(), "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+               "--disable-usage-stats", "--block", *_extra_start_args()]
+    return subprocess.Popen([sys.executable, "-c", _HEAD_WATCH, *command], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop_head(head: subprocess.Popen) -> None:
+    try:
+        os.killpg(head.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    head.wait(timeout=120)
+    head.stdin.close()
 
 
 def _record(config, done, period, period_start, coordinator) -> dict:
@@ -490,23 +534,28 @@ def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
     head_proc = None
     if spec is not None:  # TF_CONFIG: this is the chief; start the head at its address, wait for the tasks
         head, num_workers, num_ps = spec.parameter_server()
-        head_proc = subprocess.Popen([_ray_cli(), "start", "--head", f"--port={head.rpartition(':')[2]}",
-                                      "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats", "--block",
-                                      *_extra_start_args()],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                ray.init(address=head, logging_level=logging.WARNING)
-                break
-            except (ConnectionError, RuntimeError):
-                if head_proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"could not start the Ray head at {head} (`ray start --head` exit "
-                                       f"{head_proc.poll()}); is the port free?") from None
-                time.sleep(1)
-        log.info("ray head started at %s", head)
-        _wait_for_nodes({"worker": num_workers, "ps": num_ps}, timeout=600)
+        head_proc = _start_head(head)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    ray.init(address=head, logging_level=logging.WARNING)
+                    break
+                except (ConnectionError, RuntimeError):
+                    if head_proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"could not start the Ray head at {head} (`ray start --head` exit "
+                                           f"{head_proc.poll()}); is the port free?") from None
+                    time.sleep(1)
+            log.info("ray head started at %s", head)
+            _wait_for_nodes({"worker": num_workers, "ps": num_ps}, timeout=600)
+        except BaseException:  # (a Ctrl-C while the tasks join, too): the head goes with this run
+            ray.shutdown()
+            _stop_head(head_proc)
+            raise
     elif config.ray_address:
+        from loader.executors.ray_actors import check_reachable
+
+        check_reachable(config.ray_address)
         ray.init(address=config.ray_address, logging_level=logging.WARNING)
     else:  # one machine: a local cluster offering the actors' resources
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING,

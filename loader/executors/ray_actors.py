@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -69,9 +70,33 @@ def _stalled(waiting: int, resources) -> None:
 def _connect(address: str):
     ray = _ray()
     if not ray.is_initialized():
+        check_reachable(address)
         log.info("connecting to the Ray cluster at %s", address)
-        ray.init(address=address, logging_level=logging.WARNING)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except ConnectionError as e:
+            if address != "auto":
+                raise
+            first = str(e).splitlines()[0]
+            raise ValueError(f"no Ray cluster runs on this machine for address 'auto' to find ({first}): start one "
+                             "here (ray start --head), join this machine to one (ray start "
+                             "--address=HEAD:6379), or give the head's address") from None
     return ray
+
+
+def check_reachable(address: str, timeout: float = 10.0) -> None:
+    """A ValueError at once where nothing answers at a HOST:PORT (or ray://HOST:PORT) address; Ray itself retries
+    for about 14 minutes (20 attempts of ~42 s) before it says so."""
+    target = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():  # "auto", "local": Ray's own
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ValueError(f"no Ray cluster answers at {address} ({e.strerror or type(e).__name__}): start its head "
+                         f"there (ray start --head --port={port}), or give the address `ray status` shows on the "
+                         "head") from None
 
 
 def _ray():

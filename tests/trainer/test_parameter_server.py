@@ -149,6 +149,50 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _answers(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(200)
+def test_a_tf_config_chief_killed_while_its_tasks_join_takes_its_ray_head_with_it(digits, tmp_path):
+    """SIGKILL to the chief (no `finally` runs): the Ray head it started, in a session of its own, was left running
+    (and the tasks with it); now the head's watch sees the chief's pipe close and stops it. A port already answering
+    is refused in one line: the chief joined whatever answered there, and nobody stopped it."""
+    port = _free_port()
+    spec = {"cluster": {"chief": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]}, "task": {"type": "chief", "index": 0}}
+    env = {"TF_CONFIG": json.dumps(spec), "RAY_AUTH_TOKEN": "0123456789abcdef" * 4}
+    args = [a for a in _args(digits, tmp_path, 300) if not a.startswith(("num_workers", "num_ps"))]
+    chief = run_trainer(*args, popen=True, extra_env=env)
+    try:
+        _read_until(chief, "waiting for TF_CONFIG's tasks to join", [])
+        assert _answers(port)
+        chief.kill()
+        chief.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while _answers(port) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _answers(port), "the chief's Ray head outlived it"
+    finally:
+        chief.kill()
+
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        proc = run_trainer(*args, extra_env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: something already answers at 127.0.0.1:{port}, the chief's address in TF_CONFIG (a Ray head an "
+        "earlier run left?): stop it (ray stop, on this machine) and run again")
+
+
 @pytest.mark.slow  # ~65 s on 2 cores: four Ray nodes start and leave
 @pytest.mark.timeout(400)
 def test_tf_config_chief_workers_and_ps_form_one_ray_cluster(digits, tmp_path):

@@ -192,3 +192,24 @@ def test_ray_options_need_their_partners(photos):
         loader.load(str(photos), batch_size=8, ray_address="auto")
     with pytest.raises(ValueError, match="ray_resources= places Ray actors: pass ray_address= too"):
         loader.load(str(photos), batch_size=8, worker_count=1, ray_resources={"data_cpu": 1})
+
+
+def test_an_address_where_no_cluster_answers_fails_at_once_naming_it(photos):
+    """Ray retries such an address for about 14 minutes before it gives up."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    with socket.socket() as s:  # a port nothing listens on (bound, not listening)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        code = ("import loader; next(iter(loader.load(%r, batch_size=8, worker_count=1, ray_address='127.0.0.1:%d')))"
+                % (str(photos), port))
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 60 and proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ValueError: no Ray cluster answers at 127.0.0.1:{port} (Connection refused): start its head there (ray "
+        f"start --head --port={port}), or give the address `ray status` shows on the head")
