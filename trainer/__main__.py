@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import warnings
 
 PREEMPTED = 128 + signal.SIGTERM
 INTERRUPTED = 128 + signal.SIGINT  # Ctrl-C: a checkpoint saved, then stopped
@@ -123,6 +124,9 @@ def main(argv=None) -> int:
     from dataset_format import logs
 
     logs.setup()
+    # JAX warns at every fork that it "will likely lead to a deadlock"; subprocess (Ray's processes, `ray start`)
+    # execs at once after its fork, which is safe
+    warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning, "subprocess")
     try:
         config = TrainConfig.from_args(args.overrides, args.config)
     except (ValueError, OSError) as e:

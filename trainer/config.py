@@ -272,7 +272,8 @@ class TrainConfig:
                          cache_dir=self.data_cache_dir,
                          ray_resources={self.data_ray_resource: 1} if self.data_ray_resource else None)
         except ValueError as e:
-            raise ValueError(_LOADER_NAMES.sub(lambda m: _TRAINER_NAMES[m.group(0)], str(e))) from None
+            message = str(e).replace(", and resize them with the iterator's resize_workers(n)", "")  # (a loop's)
+            raise ValueError(_LOADER_NAMES.sub(lambda m: _TRAINER_NAMES[m.group(0)], message)) from None
 
     @property
     def data_source(self) -> str | dict[str, str]:

@@ -598,7 +598,8 @@ def serve_node(config: TrainConfig, spec) -> dict[str, Any]:
             break
         log.info("%s %d: the Ray head at %s is not up yet; retrying", spec.task_type, spec.task_index, head)
         time.sleep(3)
-    log.info("%s %d: left the Ray cluster at %s (exit %d)", spec.task_type, spec.task_index, head, proc.returncode)
+    log.info("%s %d: left the Ray cluster at %s (its head is gone: the run ended; `ray start` exit %d)",
+             spec.task_type, spec.task_index, head, proc.returncode)
     return {"role": spec.task_type, "index": spec.task_index, "head": head, "ray_exit": proc.returncode}
 
 

@@ -134,6 +134,12 @@ class _ActorGroups(Scheduled):
         except Exception as e:  # noqa: BLE001 - whatever does not pickle, named
             raise ValueError(f"ray_address= sends the reader, decoder and map functions to Ray actors, and they do "
                              f"not pickle ({type(e).__name__}: {e}); use functions and objects that pickle") from None
+        offered = ray.cluster_resources()
+        unknown = sorted(k for k in (spec.resources or {}) if k not in offered)
+        if unknown:  # a misspelt name waits for ever; an autoscaler may still add such a node
+            log.warning("no node of the Ray cluster offers %s now (its resources: %s): the loader's actors wait until "
+                        "one does; check the name against the nodes' `ray start --resources`", ", ".join(unknown),
+                        ", ".join(sorted(k for k in offered if not k.startswith(("node:", "accelerator_type:")))))
         self._pending: dict = {}  # ObjectRef -> actor
         self._placing: dict = {}  # an actor's pid() call -> the actor, until it answers
         self._told_unplaced = False

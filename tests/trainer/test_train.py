@@ -433,6 +433,10 @@ def test_data_workers_on_ray_need_their_partner_keys():
         TrainConfig(data="x", workdir="w", data_ray_address="auto")
     with pytest.raises(ValueError, match="data_ray_resource= places Ray actors: pass data_ray_address= too"):
         TrainConfig(data="x", workdir="w", data_workers=2, data_ray_resource="data_cpu")
+    with pytest.raises(ValueError) as refused:  # (a command line has no iterator to call resize_workers on)
+        TrainConfig(data="x", workdir="w", data_workers="auto", data_ray_address="auto")
+    assert str(refused.value) == ("data_workers='auto' tunes this host's workers; with data_ray_address='auto' pass the "
+                                  "number of Ray actors (data_workers=N)")
     config = TrainConfig(data="x", workdir="w", data_workers=2, data_ray_address="auto", data_ray_resource="data_cpu")
     assert (config.data_ray_address, config.data_ray_resource) == ("auto", "data_cpu")
 

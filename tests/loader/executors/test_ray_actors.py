@@ -213,3 +213,13 @@ def test_an_address_where_no_cluster_answers_fails_at_once_naming_it(photos):
     assert proc.stderr.strip().splitlines()[-1] == (
         f"ValueError: no Ray cluster answers at 127.0.0.1:{port} (Connection refused): start its head there (ray "
         f"start --head --port={port}), or give the address `ray status` shows on the head")
+
+
+def test_a_resource_no_node_offers_is_named_at_once(cluster, photos, caplog):
+    """A misspelt resource (`data_cpus`): the actors wait for a node that offers it, which may never come."""
+    with caplog.at_level(logging.WARNING, logger="loader.executors.ray_actors"):
+        it = iter(_crops(photos, worker_count=1, ray_address=cluster.address, ray_resources={"data_cpus": 1}))
+        it.close()
+    assert re.search(r"no node of the Ray cluster offers data_cpus now \(its resources: CPU, data_cpu, [^)]*\): the "
+                     r"loader's actors wait until one does; check the name against the nodes' `ray start "
+                     r"--resources`", caplog.text), caplog.text
