@@ -151,16 +151,11 @@ def alone_in(workdir: str) -> Iterator[None]:
         return (f"workdir={workdir} is in use by another training run ({holder}); stop that run, or give this one "
                 f"another workdir ({LEASE_NAME} there names the run that holds it)")
 
-    lease = None
-    with together("workdir lease"):
-        if jax.process_index() == 0:
-            lease = Lease(workdir, held=held, wait=True)
-            try:
-                lease.__enter__()
-            except LeaseHeld as e:
-                raise WorkdirInUse(str(e)) from None
-    try:
+    with contextlib.ExitStack() as holding:
+        with together("workdir lease"):
+            if jax.process_index() == 0:
+                try:
+                    holding.enter_context(Lease(workdir, held=held, wait=True))
+                except LeaseHeld as e:
+                    raise WorkdirInUse(str(e)) from None
         yield
-    finally:
-        if lease is not None:
-            lease.__exit__(None, None, None)
