@@ -5,11 +5,15 @@ Created exclusively (a local file opened with O_EXCL; a gs:// object uploaded wi
 Cloud Storage turns into a 412 when it exists), refreshed by a heartbeat every `ttl / 3` and deleted at the end. A
 second run on the same directory fails, naming the holder (host, pid, since when, last heartbeat) and the fix.
 A lease is taken over without asking when its holder is known dead: its heartbeat is older than `ttl`, or it names
-this host and a process that no longer runs. `break_lock=True` takes it over in any case (the holder must be dead).
+this host and a process that no longer runs. `break_lock=` (the flag that asked, for the log) takes it over in any
+case (the holder must be dead).
 
 A holder on another host whose heartbeat is recent may be a run that lives or one whose host was lost a moment ago
 (a preempted VM, a restarted pod). With `wait=True` the lease is watched until one of the two shows: its heartbeat
 beats (a live run: refused) or lapses (taken over), at most `ttl` seconds.
+
+Dataflow conversions are not covered here: their launcher returns at submission, and launches by `cloudbuild.yaml`
+and the scheduled refresh check for a running job of the same output by its name (docs/operators-guide.md).
 """
 
 from __future__ import annotations

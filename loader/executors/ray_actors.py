@@ -195,8 +195,10 @@ class _ActorGroups(Scheduled):
 
     def _tell_unplaced(self) -> None:
         """One line when actors have waited STALL_SECONDS to be placed while the others compute the batches."""
+        if self._told_unplaced or not self._placing:
+            return
         waiting = [w for w in self._placing.values() if time.monotonic() - w.since > STALL_SECONDS]
-        if waiting and not self._told_unplaced:
+        if waiting:
             self._told_unplaced = True
             placed = sum(w.placed for w in self._workers)
             need = ", ".join(f"{k}: {v:g}" for k, v in {"CPU": 1, **dict(self._spec.resources or {})}.items())
