@@ -1,8 +1,8 @@
 """One writer per directory: a lease, `DIR/.lease.json`, held while a conversion writes its output or a training run
 its workdir.
 
-Created exclusively (a local file opened with O_EXCL; a gs:// object uploaded with `if_generation_match=0`, which
-Cloud Storage turns into a 412 when it exists), refreshed by a heartbeat every `ttl / 3` and deleted at the end. A
+Created exclusively and whole (a local file written aside and hard-linked to its name; a gs:// object uploaded with
+`if_generation_match=0`, which Cloud Storage turns into a 412 when it exists), refreshed by a heartbeat every `ttl / 3` and deleted at the end. A
 second run on the same directory fails, naming the holder (host, pid, since when, last heartbeat) and the fix.
 A lease is taken over without asking when its holder is known dead: its heartbeat is older than `ttl`, or it names
 this host and a process that no longer runs. `break_lock=` (the flag that asked, for the log) takes it over in any

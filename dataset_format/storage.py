@@ -348,17 +348,29 @@ def write_text(path: str, text: str, *, metadata: dict[str, str] | None = None) 
 
 
 def create(path: str, data: bytes) -> bool:
-    """Writes `path` only if nothing is there: a local file opened with O_EXCL, a gs:// object uploaded with
-    `if_generation_match=0`. False when something already is."""
+    """Writes `path` only if nothing is there, whole or not at all: a local file written aside and hard-linked to
+    its name (which fails when the name exists; where the filesystem has no hard links, opened with O_EXCL and then
+    written), a gs:// object uploaded with `if_generation_match=0`. False when something already is."""
     if not is_remote(path):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = temp_name(path)
+        with open(tmp, "wb") as f:
+            f.write(data)
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(tmp, path)
+            return True
         except FileExistsError:
             return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return True
+        except OSError:  # no hard links here (some FUSE mounts): a reader may see the file before its bytes
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return True
+        finally:
+            os.unlink(tmp)
     if exists(path):  # real Cloud Storage also refuses the upload below (412); the GCS emulator does not
         return False
     return write_versioned(path, data, generation=0) is not None

@@ -5,6 +5,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 
 import pytest
 
@@ -23,6 +26,32 @@ def test_local_round_trip_listing_and_globs(tmp_path):
         True, True, False]
     assert storage.glob(str(tmp_path / "data" / "*")) == [storage.join(d, "a.json"), storage.join(d, "sub")]
     assert [p.name for p in tmp_path.rglob(".tmp-*")] == []
+
+
+def test_a_local_exclusive_create_is_seen_whole_or_not_at_all(tmp_path):
+    path = str(tmp_path / "lease.json")
+    data = os.urandom(1 << 23)  # 8 MiB: writing it takes long enough for a reader to look in the middle
+    seen, done = [], threading.Event()
+
+    def read():
+        while not done.is_set():
+            got = storage.read_bytes(path)
+            if got is not None:
+                seen.append(len(got))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(10):
+            assert storage.create(path, data)
+            assert not storage.create(path, b"second")
+            time.sleep(0.01)  # the reader sees it whole
+            os.unlink(path)
+    finally:
+        done.set()
+        reader.join()
+    assert seen and set(seen) == {len(data)}
+    assert [p.name for p in tmp_path.iterdir()] == []  # no temporary left behind
 
 
 def test_gcs_round_trip_listing_globs_and_download(tmp_path, gcs_bucket):
