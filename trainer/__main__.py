@@ -142,6 +142,10 @@ def main(argv=None) -> int:
         print(f"error: {e}" + (f" (in {where.filename}:{where.lineno}, {where.name})" if where else ""),
               file=sys.stderr)
         return _leaving_the_job(2)
+    except KeyboardInterrupt:  # a Ctrl-C before the loop, or a second one in it: what ran has been cleaned up
+        print("stopped by Ctrl-C (no checkpoint saved; the latest one, if any, is where the same command resumes)",
+              file=sys.stderr)
+        return _leaving_the_job(INTERRUPTED)
     except Exception as e:  # noqa: BLE001 - the traceback for the record, then the cause as the last line (a
         # traceback through grain ends in its note on the frames it removed, not in the error)
         import traceback

@@ -240,6 +240,7 @@ class Coordinator:
         self._failures = [0] * len(self.workers)  # deaths since each worker's last finished step
         self._queue: collections.deque = collections.deque()
         self._inflight: dict = {}  # ObjectRef -> (worker index, step id)
+        self._stopping = False
 
     def schedule(self, step_id: int) -> None:
         self._queue.append(step_id)
@@ -273,6 +274,10 @@ class Coordinator:
                     raise e.cause from None
                 raise
             except ray.exceptions.RayActorError as e:
+                if self._stopping:  # its step is not run again; its loader state is its last finished step's
+                    log.warning("worker %d died during step %d while the run stops (%s)", w, step_id,
+                                type(e).__name__)
+                    continue
                 self._failures[w] += 1
                 if self._failures[w] >= MAX_CONSECUTIVE_FAILURES:
                     raise RuntimeError(f"worker {w} died {self._failures[w]} times in a row without finishing a step "
@@ -296,11 +301,22 @@ class Coordinator:
         while self.pending:
             yield from self.results()
 
+    def drain(self):
+        """A stop: drops the queued steps and yields the results of those running now. A worker that dies meanwhile
+        is neither replaced nor given its step again."""
+        self._queue.clear()
+        self._stopping = True
+        while self._inflight:
+            yield from self.results()
+
 
 # --- the run ----------------------------------------------------------------------------------------------------
 def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     """The coordinator's run (see module doc): returns the summary `python -m trainer` prints."""
     _auth_on(local=spec is None and not config.ray_address)  # before Ray is imported: it reads them at import
+    # The workers' log lines as they come: Ray's deduplication holds back lines that several workers print alike
+    # and prints them at shutdown, after the run's last line.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if spec is not None:  # TF_CONFIG's tasks size the job
         _, num_workers, num_ps = spec.parameter_server()
         config = dataclasses.replace(config, num_workers=num_workers, num_ps=max(num_ps, 1))
@@ -312,6 +328,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
     from trainer.metrics import MetricsWriter
     from trainer.program import Program
     from trainer.checkpoints import check_restorable, checkpoint_manager, config_record, finished_run
+    from trainer.preemption import PreemptionNotice
     from trainer.train import NonFiniteLoss, final_evaluation, itstime
 
     tx = _ps_optimizer(config)  # refuses adafactor before anything starts
@@ -399,6 +416,17 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                      record["staleness_mean"], record["staleness_max"], record["examples_per_sec"],
                      optim.described(config, record["learning_rate"]))
 
+        def finished(result):
+            nonlocal done
+            done += 1
+            period.append(result)
+            if not np.isfinite(result["loss"]):
+                raise NonFiniteLoss(f"loss is {result['loss']} at step {result['step']} (worker "
+                                    f"{result['worker']}); lower learning_rate or check the data")
+
+        # SIGTERM or Ctrl-C: the steps running finish, the run saves and stops (the synchronous trainer's exits).
+        # Set after ray.init, whose SIGTERM handler ends the process at once.
+        preemption = PreemptionNotice()
         try:
             while done < config.steps:
                 # the next step at which everything must have finished: a checkpoint, an eval, the last step
@@ -409,23 +437,31 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                     scheduled += 1
                     coordinator.schedule(scheduled)
                 for result in coordinator.join():
-                    done += 1
-                    period.append(result)
-                    if not np.isfinite(result["loss"]):
-                        raise NonFiniteLoss(f"loss is {result['loss']} at step {result['step']} (worker "
-                                            f"{result['worker']}); lower learning_rate or check the data")
+                    finished(result)
+                    if preemption.reached(done):
+                        break
                     if done < sync and done % config.log_every == 0:
                         last = _record(config, done, period, period_start, coordinator)
                         report(last)
                         period, period_start = [], time.perf_counter()
+                stop = preemption.reached(done)
+                if stop:
+                    for result in coordinator.drain():
+                        finished(result)
                 last = _record(config, done, period, period_start, coordinator)
-                if config.eval_data and itstime(done, config.eval_every, config.steps):
+                if config.eval_data and itstime(done, config.eval_every, config.steps) and not stop:
                     last.update(program.evaluate(evaluator, pull_params()[0]))
                 report(last)
                 period, period_start = [], time.perf_counter()
-                if itstime(done, config.checkpoint_every, config.steps):
+                if itstime(done, config.checkpoint_every, config.steps) or stop:
                     save(done)
+                if stop:
+                    log.warning("%s: saved a checkpoint at step %d; exiting (the same command resumes from it)",
+                                preemption.reason, done)
+                    return {**last, "workers_replaced": coordinator.replaced, "preempted": True,
+                            "stopped_by": preemption.reason, "final_step": done}
         finally:
+            preemption.close()
             metrics.close()
             checkpoints.close(mngr)
         final = final_evaluation(last, config, lambda: program.evaluate(evaluator, pull_params()[0]))

@@ -130,6 +130,44 @@ def test_coordinator_killed_then_rerun_resumes_from_its_checkpoint(digits, tmp_p
     assert record["step"] == 600 and record["eval_accuracy"] == pytest.approx(summary["eval_accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("sig, to, status, reason", [(signal.SIGTERM, "coordinator", 143, "SIGTERM"),
+                                                     (signal.SIGINT, "group", 130, "Ctrl-C")])
+def test_sigterm_or_ctrl_c_saves_after_the_running_steps_and_a_rerun_resumes(digits, tmp_path, sig, to, status,
+                                                                                reason):
+    """A preemption notice to the coordinator, or a Ctrl-C in its terminal (to its local Ray cluster too): the
+    steps running finish, a checkpoint is saved at their count, the exit status says why; Ray's own handler ended
+    the process with no checkpoint."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "trainer", *_args(digits, tmp_path, 600, "checkpoint_every=1000")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "step 150/600" in line:
+            break
+    (os.kill if to == "coordinator" else os.killpg)(proc.pid, sig)
+    out, err = proc.communicate(timeout=120)
+    err = "".join(lines) + err
+    assert proc.returncode == status, err[-3000:]
+    summary = json.loads(out)["summary"]
+    stopped = summary["final_step"]
+    assert summary["preempted"] and summary["stopped_by"] == reason and 150 <= stopped < 600, summary
+    assert err.strip().splitlines()[-1].endswith(
+        f"{reason}: saved a checkpoint at step {stopped}; exiting (the same command resumes from it)"), err[-2000:]
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [stopped]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == stopped
+
+    rerun = run_trainer(*_args(digits, tmp_path, 600, "checkpoint_every=1000"), timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed from step {stopped}" in rerun.stderr
+    assert json.loads(rerun.stdout)["summary"]["final_step"] == 600
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [*range(50, stopped, 50), stopped, *range(stopped // 50 * 50 + 50, 601, 50)], steps
+
+
 def test_ps_tasks_need_the_parameter_server_strategy(digits, tmp_path):
     spec = {"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
     proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "strategy=mirrored",

@@ -138,6 +138,33 @@ def test_ctrl_c_saves_a_checkpoint_and_stops(digits, tmp_path):
     assert f"Ctrl-C: saved a checkpoint at step {stopped_at}; exiting (the same command resumes from it)" in output
 
 
+def test_ctrl_c_before_the_loop_is_one_line(digits, tmp_path):
+    """A Ctrl-C while the run sets up (here: after the data check, in the model's build and compile) ends it with
+    one line and exit 130; it was a KeyboardInterrupt traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "trainer", *_common(digits, tmp_path, "model=mlp", "steps=400")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "'label' holds 0..9" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    err = "".join(lines) + err
+    assert proc.returncode == 130, err[-3000:]
+    assert out == "" and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == ("stopped by Ctrl-C (no checkpoint saved; the latest one, if any, is where "
+                                            "the same command resumes)"), err[-3000:]
+
+
 def test_resume_after_a_crash_between_log_and_checkpoint_logs_each_step_once(digits, tmp_path):
     args = ("model=mlp", "steps=20", "log_every=1", "checkpoint_every=10")
     # every program into the compilation cache, however fast it compiled (JAX's default keeps those over 1 s)
