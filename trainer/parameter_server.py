@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -132,6 +133,9 @@ class ParameterServer:
         self.opt_state = None
         self.version = 0
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def _apply(self, values, opt_state, grads):
         import optax
 
@@ -161,6 +165,24 @@ class ParameterServer:
 
     def state(self) -> tuple[dict, Any, int]:
         return self.values, self.opt_state, self.version
+
+
+class ParameterServerLost(RuntimeError):
+    """A ps died: the updates it applied since the last checkpoint died with it."""
+
+
+def _from_servers(refs: list) -> list:
+    """The results of one call to each ps, in ps order; a dead ps is ParameterServerLost naming it."""
+    import ray
+
+    results = []
+    for i, ref in enumerate(refs):
+        try:
+            results.append(ray.get(ref))
+        except ray.exceptions.RayActorError as e:
+            pid = re.search(r"\bpid: (\d+)", str(e))
+            raise ParameterServerLost(f"ps {i}{f' (pid {pid[1]})' if pid else ''} died ({type(e).__name__})") from None
+    return results
 
 
 class Worker:
@@ -201,7 +223,7 @@ class Worker:
     def step(self, step_id: int) -> dict:
         import ray
 
-        pulled = ray.get([ps.pull.remote() for ps in self.servers])
+        pulled = _from_servers([ps.pull.remote() for ps in self.servers])
         versions = [v for v, _ in pulled]
         flat = assemble([values for _, values in pulled], self.shards)
         batch = next(self._batches)
@@ -212,7 +234,7 @@ class Worker:
             self._checked = True
         loss, grads = self._gradients(flat, batch, step_id)
         parts = split({k: np.asarray(v) for k, v in grads.items()}, self.shards, len(self.servers))
-        staleness = ray.get([ps.push.remote(part, v) for ps, part, v in zip(self.servers, parts, versions)])
+        staleness = _from_servers([ps.push.remote(part, v) for ps, part, v in zip(self.servers, parts, versions)])
         return {"step": step_id, "worker": self.index, "loss": float(loss), "staleness": max(staleness),
                 "loader": self._batches.get_state()}
 
@@ -270,7 +292,8 @@ class Coordinator:
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayTaskError as e:
-                if isinstance(e.cause, ValueError):  # bad data or settings: the cause, as one line, not a retry
+                # bad data or settings, or a ps gone: the cause, as one line, not a retry
+                if isinstance(e.cause, (ValueError, ParameterServerLost)):
                     raise e.cause from None
                 raise
             except ray.exceptions.RayActorError as e:
@@ -350,9 +373,9 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
         head = _connect(config, spec)
         remote_ps = ray.remote(ParameterServer).options(**_placement("ps"))
         servers = [remote_ps.remote(config, i) for i in range(config.num_ps)]
-        for i in range(config.num_ps):
+        for i, pid in enumerate(_from_servers([ps.pid.remote() for ps in servers])):  # (waits for them to start)
             held = [s for s in shards if s.ps == i]
-            log.info("ps %d holds %d shard(s), %s parameters: %s", i, len(held),
+            log.info("ps %d (pid %d) holds %d shard(s), %s parameters: %s", i, pid, len(held),
                      f"{sum(int(np.prod(s.shape)) for s in held):,}",
                      ", ".join(f"{s.name}{list(s.shape)}" for s in held[:6]) + (" ..." if len(held) > 6 else ""))
 
@@ -378,7 +401,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                           config.num_ps)
             opt_states, loader_states, versions = restored["state"]["opt_state"], data["workers"], data["versions"]
             log.info("resumed from step %d (ps versions %s)", start, versions)
-        ray.get([ps.load.remote(parts[i], opt_states[i], versions[i]) for i, ps in enumerate(servers)])
+        _from_servers([ps.load.remote(parts[i], opt_states[i], versions[i]) for i, ps in enumerate(servers)])
 
         remote_worker = ray.remote(Worker).options(**_placement("worker"))
         coordinator = Coordinator(lambda i, state: remote_worker.remote(config, i, servers, shards, state),
@@ -387,7 +410,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                  config.num_ps, start + 1, config.steps)
 
         def pull_params():
-            pulled = ray.get([ps.state.remote() for ps in servers])
+            pulled = _from_servers([ps.state.remote() for ps in servers])
             flat_now = assemble([values for values, _, _ in pulled], shards)
             params = jax.tree.unflatten(treedef, [flat_now[k] for k in flat])
             return params, [o for _, o, _ in pulled], [v for _, _, v in pulled]
@@ -427,6 +450,7 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
         # SIGTERM or Ctrl-C: the steps running finish, the run saves and stops (the synchronous trainer's exits).
         # Set after ray.init, whose SIGTERM handler ends the process at once.
         preemption = PreemptionNotice()
+        saved = start
         try:
             while done < config.steps:
                 # the next step at which everything must have finished: a checkpoint, an eval, the last step
@@ -455,11 +479,16 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                 period, period_start = [], time.perf_counter()
                 if itstime(done, config.checkpoint_every, config.steps) or stop:
                     save(done)
+                    saved = done
                 if stop:
                     log.warning("%s: saved a checkpoint at step %d; exiting (the same command resumes from it)",
                                 preemption.reason, done)
                     return {**last, "workers_replaced": coordinator.replaced, "preempted": True,
                             "stopped_by": preemption.reason, "final_step": done}
+        except ParameterServerLost as e:
+            where = f"the checkpoint at step {saved}" if saved else "step 0 (no checkpoint was saved yet)"
+            raise ParameterServerLost(f"{e}: the updates it applied since the last checkpoint died with it, so the run "
+                                      f"stops, as tf's does; the same command resumes from {where}") from None
         finally:
             preemption.close()
             metrics.close()

@@ -62,7 +62,7 @@ def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
     proc = run_trainer(*_args(digits, tmp_path, 800, "warmup_steps=100"), popen=True)
     lines = []
     pid = int(_read_until(proc, r"worker 1: pid (\d+)", lines).group(1))
-    assert "ps 0 holds" in "".join(lines) and "['Dense_0']['kernel'][32, 256]" in "".join(lines)
+    assert re.search(r"ps 0 \(pid \d+\) holds", "".join(lines)) and "['Dense_0']['kernel'][32, 256]" in "".join(lines)
     _read_until(proc, r"step 200/800", lines)
     os.kill(pid, signal.SIGKILL)
     out = "".join(lines) + proc.communicate(timeout=300)[0]
@@ -81,6 +81,24 @@ def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
     assert records[0]["learning_rate"] == pytest.approx(0.003 * 49 / 100)
     assert records[2]["learning_rate"] == pytest.approx(0.003)
     assert re.search(r"step 50/800 loss .* ex/s lr 0\.00147\n", out), out[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_dead_ps_stops_the_run_naming_it_and_the_checkpoint_a_rerun_resumes_from(digits, tmp_path):
+    """It was `error: RayTaskError(ActorDiedError): ray::Worker.step() (pid=...)`: a worker's failure, the ps unnamed."""
+    proc = run_trainer(*_args(digits, tmp_path, 3000), popen=True)
+    lines = []
+    ps = int(_read_until(proc, r"ps 1 \(pid (\d+)\) holds", lines).group(1))
+    _read_until(proc, r"step 150/3000", lines)
+    os.kill(ps, signal.SIGKILL)
+    out = "".join(lines) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 1, out[-3000:]
+    saved = max(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
+    assert saved >= 100
+    assert out.strip().splitlines()[-1] == (
+        f"error: ParameterServerLost: ps 1 (pid {ps}) died (ActorDiedError): the updates it applied since the last "
+        f"checkpoint died with it, so the run stops, as tf's does; the same command resumes from the checkpoint at "
+        f"step {saved}"), out[-3000:]
 
 
 @pytest.mark.slow
