@@ -102,6 +102,7 @@ class TrainConfig:
     coordinator_address: str | None = None  # host:port of process 0
     num_processes: int | None = None  # multi_worker: processes in the job
     process_id: int | None = None  # multi_worker: this process's index, 0 .. num_processes - 1
+    join_timeout: float = 300.0  # multi_worker: seconds each process waits for the job's others to join (JAX's default)
     # parameter_server (trainer/parameter_server.py): Ray actors on this machine, or on a Ray cluster
     num_workers: int = 2
     num_ps: int = 1  # parameter_server: ps tasks holding the variables
@@ -425,6 +426,8 @@ class TrainConfig:
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"coordinator_address={address!r} is not HOST:PORT: give process 0's host and a free "
                                  f"port, e.g. coordinator_address={host or address}:1234")
+        if self.join_timeout <= 0:
+            raise ValueError(f"join_timeout must be > 0 seconds (got join_timeout={self.join_timeout})")
         if self.num_processes is not None and self.num_processes < 1:
             raise ValueError(f"num_processes must be >= 1 (got num_processes={self.num_processes})")
         if self.process_id is not None and self.num_processes is not None and \

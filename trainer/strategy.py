@@ -215,11 +215,12 @@ def make(name: str, *, device: str | None = None) -> Strategy:
                      "multi_worker, tpu")
 
 
-JOIN_TIMEOUT_S = 300  # jax.distributed's default: how long a process waits for the others to join
+JOIN_TIMEOUT_S = 300.0  # jax.distributed's default: how long a process waits for the others to join
+JOIN_PROGRESS_S = 30.0  # how often a waiting process says it still waits
 
 
 def initialize_multi_worker(coordinator_address: str | None = None, num_processes: int | None = None,
-                            process_id: int | None = None) -> None:
+                            process_id: int | None = None, join_timeout: float = JOIN_TIMEOUT_S) -> None:
     """Starts jax.distributed: from explicit flags, else a tf.distribute TF_CONFIG, else JAX's auto-detection.
 
     TF_CONFIG (MultiWorkerMirroredStrategy's): {"cluster": {"chief": [...], "worker": ["host0:port", ...]},
@@ -235,18 +236,50 @@ def initialize_multi_worker(coordinator_address: str | None = None, num_processe
         raise ValueError("multi_worker with coordinator_address needs num_processes and process_id too")
     if coordinator_address is not None:
         logging.getLogger(__name__).info(
-            "joining a job of %d processes as process %d, coordinator %s: each waits up to %d s for all of them to "
+            "joining a job of %d processes as process %d, coordinator %s: each waits up to %.0f s for all of them to "
             "join (started with the same coordinator_address and num_processes, and process_id 0 to %d, once each)",
-            num_processes, process_id, coordinator_address, JOIN_TIMEOUT_S, num_processes - 1)
+            num_processes, process_id, coordinator_address, join_timeout, num_processes - 1)
     try:
-        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                                   process_id=process_id, initialization_timeout=JOIN_TIMEOUT_S)
+        join(join_timeout, coordinator_address=coordinator_address, num_processes=num_processes,
+             process_id=process_id)
     except ValueError as e:
         if coordinator_address is not None or "coordinator_address" not in str(e):
             raise
         raise ValueError("strategy=multi_worker found no cluster to join: pass coordinator_address=HOST:PORT (process "
                          "0's) num_processes=N process_id=I to every process, or set TF_CONFIG, or launch on a cluster "
                          "JAX finds by itself (TPU VMs, Slurm, GKE, ...); on one host use strategy=mirrored") from None
+
+
+def join(timeout: float, **cluster) -> None:
+    """jax.distributed.initialize(**cluster), saying every JOIN_PROGRESS_S seconds that it still waits for the job's
+    other processes. A job that has not formed after `timeout` seconds ends this process (exit 1) with a last line
+    saying why: JAX's own timeout, given a little more, aborts it with a C++ stack and no cause."""
+    import os
+    import sys
+    import time
+
+    joined = threading.Event()
+    begun = time.monotonic()
+    log = logging.getLogger(__name__)
+
+    def watch():
+        while not joined.wait(max(0.0, min(JOIN_PROGRESS_S, begun + timeout - time.monotonic()))):
+            waited = time.monotonic() - begun
+            if waited < timeout:
+                log.info("still waiting for the job's other processes to join (%.0f s of %.0f)", waited, timeout)
+                continue
+            logging.shutdown()
+            print(f"error: the job's processes did not all join within {timeout:.0f} s (join_timeout=): one was not "
+                  "started, cannot reach process 0's coordinator_address, or has another coordinator_address or "
+                  "num_processes; start every process, process_id 0 to num_processes - 1 once each, with the same "
+                  "coordinator_address and num_processes", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="join-watch").start()
+    try:
+        jax.distributed.initialize(**cluster, initialization_timeout=int(timeout) + 60)
+    finally:
+        joined.set()
 
 
 def _find_device(spec: str | None, devices: list) -> Any:

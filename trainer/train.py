@@ -71,9 +71,10 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
     """The run; `held`: what it holds until it returns (the workdir's lease)."""
     # --- setup ------------------------------------------------------------------------------
     if config.strategy == "multi_worker" and not jax.distributed.is_initialized():
-        strategies.initialize_multi_worker(config.coordinator_address, config.num_processes, config.process_id)
+        strategies.initialize_multi_worker(config.coordinator_address, config.num_processes, config.process_id,
+                                           config.join_timeout)
     if config.strategy == "tpu" and _on_multi_host_tpu() and not jax.distributed.is_initialized():
-        jax.distributed.initialize()  # a multi-host TPU slice: JAX finds the cluster from the TPU metadata
+        strategies.join(config.join_timeout)  # a multi-host TPU slice: JAX finds the cluster from the TPU metadata
     accelerators.warn_if_unused()  # (after jax.distributed.initialize: it must come before JAX picks a backend)
     job.check_settings(config)  # several processes: one job's, or one line naming what differs (trainer/job.py)
     storage.makedirs(config.workdir)

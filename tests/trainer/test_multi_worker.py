@@ -185,6 +185,23 @@ def test_multi_worker_without_a_cluster_says_how_to_name_one(tmp_path):
         "(TPU VMs, Slurm, GKE, ...); on one host use strategy=mirrored")
 
 
+@pytest.mark.parametrize("started", [0, 1])
+def test_a_process_that_never_joins_ends_the_other_after_join_timeout_with_the_cause_last(tmp_path, started):
+    """Process 1 never started (process 0 waits for it), or process 0 never started (process 1 finds no coordinator):
+    after join_timeout the one started ends, exit 1, its last line the cause. It was JAX's abort, a C++ stack with
+    `DEADLINE_EXCEEDED ... RegisterTask` for a last line."""
+    begun = time.monotonic()
+    [(code, out, err)] = _job([_two(("data=unused", f"workdir={tmp_path}", "join_timeout=3"), port=_port())[started]],
+                              timeout=60)
+    assert code == 1 and out == "", err[-3000:]
+    assert f"joining a job of 2 processes as process {started}" in err and "each waits up to 3 s" in err
+    assert err.strip().splitlines()[-1] == (
+        "error: the job's processes did not all join within 3 s (join_timeout=): one was not started, cannot reach "
+        "process 0's coordinator_address, or has another coordinator_address or num_processes; start every process, "
+        "process_id 0 to num_processes - 1 once each, with the same coordinator_address and num_processes"), err
+    assert "Check failure stack trace" not in err and time.monotonic() - begun < 40
+
+
 def _two(common, *, port, each=((), ())):
     return [(*common, "strategy=multi_worker", f"coordinator_address=127.0.0.1:{port}", "num_processes=2",
              f"process_id={i}", *each[i]) for i in range(2)]
@@ -258,6 +275,8 @@ def test_job_settings_go_with_multi_worker_and_a_host_and_port():
     with pytest.raises(ValueError, match=re.escape("process_id=2 is not one of the job's 0..1 (num_processes=2)")):
         TrainConfig(data="d", workdir="w", strategy="multi_worker", coordinator_address="h:1", num_processes=2,
                     process_id=2)
+    with pytest.raises(ValueError, match=re.escape("join_timeout must be > 0 seconds (got join_timeout=0)")):
+        TrainConfig(data="d", workdir="w", strategy="multi_worker", join_timeout=0)
 
 
 @pytest.mark.timeout(300)
