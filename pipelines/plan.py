@@ -144,30 +144,18 @@ def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None
 
 def recorded_options(output: str, given: dict) -> dict:
     """The writing, skipping and tokenising options `output`'s manifest records, for those of them not in `given` (the
-    flags passed), logged once; {} for an output without a manifest. Writing: the shards' writer options when they all
-    share one. Skipping: --skip-corrupt, when the last run used it. Tokenising: the manifest's `tokens` (tokenizer,
-    text_key, add_bos, add_eos), unless --tokenizer is given (its own flags then stand alone)."""
+    flags passed), logged once; {} for an output without a manifest or commit records. Writing: the shards' writer
+    options when they all share one. Skipping: --skip-corrupt, when the last run used it. Tokenising: the manifest's
+    `tokens` (tokenizer, text_key, add_bos, add_eos), unless --tokenizer is given (its own flags then stand alone).
+    An output a first run left without its manifest (killed after committing shards): the writer options of its commit
+    records, and a refusal when they were tokenised and --tokenizer is not given (they name no tokenizer file)."""
     try:
         manifest = read_manifest(output)
     except (OSError, ValueError):
         return {}  # unreadable: the plan reads it again and says what is wrong
     if manifest is None:
-        return {}
-    kept: dict = {}
-    writers = {s.writer_options for s in manifest.shards}
-    if len(writers) > 1 and not {"compression", "writer_options"} & set(given):
-        log.warning(
-            "%s's shards were written with %d sets of writer options (%s): converting with the default %s; pass "
-            "--compression or --writer-options to choose", output, len(writers), ", ".join(sorted(writers)[:3]),
-            DEFAULT_COMPRESSION)
-    if len(writers) == 1 and not {"compression", "writer_options"} & set(given):
-        (writer,) = writers
-        parts = writer.split(",")
-        if parts[0] == "group_size:1" and len(parts) == 2 and COMPRESSION_NAME.match(parts[1]):
-            if parts[1] != DEFAULT_COMPRESSION:
-                kept["compression"] = parts[1]
-        else:
-            kept["writer_options"] = writer
+        return _options_of_commits(output, given)
+    kept = _writer_options({s.writer_options for s in manifest.shards}, output, given)
     if manifest.skip_corrupt and "skip_corrupt" not in given:
         kept["skip_corrupt"] = True
     tokens = manifest.tokens or {}
@@ -176,8 +164,47 @@ def recorded_options(output: str, given: dict) -> dict:
         for key in ("text_key", "add_bos", "add_eos"):
             if key not in given and tokens.get(key) is not None:
                 kept[key] = tokens[key]
-    if kept:
-        log.info(
-            "keeping %s's options (from its manifest): %s; pass the flags to change them", output,
-            " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kept.items()))
+    _say_kept(output, kept, "from its manifest")
     return kept
+
+
+def _options_of_commits(output: str, given: dict) -> dict:
+    """recorded_options for an output with commit records and no manifest (see there)."""
+    recorded = commits.listing(output)
+    entries = [entry for entry, _ in commits.read(output, sorted(recorded), known=recorded).values()]
+    if not entries:
+        return {}
+    tokenized = sorted({e.tokens for e in entries if e.tokens})
+    if tokenized and "tokenizer" not in given:
+        raise ValueError(
+            f"{output} holds {len(entries):,} shard(s) that an interrupted first run converted and tokenised "
+            f"({tokenized[0]}), and no manifest to say with which tokenizer file: pass the same --tokenizer (and "
+            "--text-key, --add-bos, --add-eos) to keep them, or --tokenizer none to convert them all again as they are")
+    kept = _writer_options({e.writer_options for e in entries}, output, given)
+    _say_kept(output, kept, f"from the commit records of {len(entries):,} shard(s) an interrupted first run converted")
+    return kept
+
+
+def _writer_options(writers: set[str], output: str, given: dict) -> dict:
+    """{"compression": ...} or {"writer_options": ...} when every shard was written alike and no flag chose."""
+    if {"compression", "writer_options"} & set(given):
+        return {}
+    if len(writers) > 1:
+        log.warning(
+            "%s's shards were written with %d sets of writer options (%s): converting with the default %s; pass "
+            "--compression or --writer-options to choose", output, len(writers), ", ".join(sorted(writers)[:3]),
+            DEFAULT_COMPRESSION)
+        return {}
+    if not writers:
+        return {}
+    (writer,) = writers
+    parts = writer.split(",")
+    if parts[0] == "group_size:1" and len(parts) == 2 and COMPRESSION_NAME.match(parts[1]):
+        return {"compression": parts[1]} if parts[1] != DEFAULT_COMPRESSION else {}
+    return {"writer_options": writer}
+
+
+def _say_kept(output: str, kept: dict, where: str) -> None:
+    if kept:
+        log.info("keeping %s's options (%s): %s; pass the flags to change them", output, where,
+                 " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kept.items()))

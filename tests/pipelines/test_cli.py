@@ -175,6 +175,41 @@ def test_a_rerun_without_the_options_keeps_the_outputs_own(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "manifest.json").read_text()).get("tokens") is None
 
 
+def test_a_rerun_after_a_first_run_died_before_its_manifest_keeps_the_options_of_its_commits(tmp_path, capsys):
+    """A first run killed after committing its shards, before its manifest: a rerun (a scheduled refresh) without
+    the flags took the defaults and converted every shard again as snappy, silently. Now it keeps the commit records'
+    writer options and recovers the shards; tokenised ones, whose records name no tokenizer file, need --tokenizer."""
+    from dataset_format import example_proto, tokenizer as tokenizers
+    from pipelines import cli as pipelines_cli
+
+    texts = [f"line {i} of the corpus".encode() for i in range(40)]
+    write_tfrecord_shards(tmp_path / "in", [[example_proto.encode_example({"body": t}) for t in texts[:20]],
+                                            [example_proto.encode_example({"body": t}) for t in texts[20:]]])
+    tok = tokenizers.train_bpe(texts, 280, str(tmp_path / "tok.json"))
+    out_dir = tmp_path / "out"
+    base = ["convert", "--input", str(tmp_path / "in" / "*.tfrecord"), "--output", str(out_dir),
+            "--direct_num_workers=1"]
+    assert pipelines_cli.main([*base, "--compression", "zstd:3", "--tokenizer", tok, "--text-key", "body"]) == 0
+    first = json.loads((out_dir / "manifest.json").read_text())
+    (out_dir / "manifest.json").unlink()  # as if the run died after its shards' commits, before its manifest
+    capsys.readouterr()
+
+    assert pipelines_cli.main(base) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {out_dir} holds 2 shard(s) that an interrupted first run converted and tokenised "
+        f"({first['shards'][0]['tokens']}), and no manifest to say with which tokenizer file: pass the same "
+        "--tokenizer (and --text-key, --add-bos, --add-eos) to keep them, or --tokenizer none to convert them all "
+        "again as they are")
+    assert not (out_dir / "manifest.json").exists()
+
+    assert pipelines_cli.main([*base, "--tokenizer", tok, "--text-key", "body"]) == 0
+    out, err = capsys.readouterr()
+    assert (f"keeping {out_dir}'s options (from the commit records of 2 shard(s) an interrupted first run "
+            "converted): --compression zstd:3; pass the flags to change them") in err
+    assert "plan: 0 shard(s) to convert, 0 up to date, 2 recovered from an interrupted run" in err + out
+    assert json.loads((out_dir / "manifest.json").read_text())["shards"] == first["shards"]
+
+
 def test_boolean_flags_take_the_trainers_words():
     """--force on, as python -m trainer takes packing=on; a misspelt word is refused, naming the words."""
     from pipelines.cli import _convert_parser
