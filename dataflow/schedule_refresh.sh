@@ -82,5 +82,9 @@ run gcloud scheduler jobs create http "$NAME" \
   --message-body="{\"source\": {\"branchName\": \"${BRANCH}\"}}" \
   --oauth-service-account-email="$SERVICE_ACCOUNT"
 
+if [ -n "${DRY_RUN:-}" ]; then
+  echo "DRY_RUN: nothing was created; without DRY_RUN, '$SCHEDULE' ($TIME_ZONE) would run trigger $NAME"
+  exit 0
+fi
 echo "scheduled: '$SCHEDULE' ($TIME_ZONE) runs trigger $NAME; run it now with:"
 echo "  gcloud scheduler jobs run $NAME --project=$PROJECT --location=$REGION"

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -33,9 +34,14 @@ def inspect_main(args) -> int:
     from dataset_format.manifest import list_features
     from loader.decoding.decode import make_decoder
 
-    source = loader.resolve(args.source, split=args.split)
+    source = loader.resolve(args.source, split=args.split, allow_incomplete=True)  # (said below when it is)
     print(f"source: {args.source} ({source.kind})")
     print(f"records: {len(source):,} in {len(source.paths)} shard(s)")
+    failed = _failed(args.source) if source.kind == "manifest" else []
+    if failed:
+        print(f"incomplete: {len(failed)} shard(s) failed to convert (e.g. {failed[0].get('source')}), and their records "
+              "are not here; loading it needs allow_incomplete=True (python -m trainer: allow_incomplete=true); "
+              f"`python -m pipelines status --output {args.source}` names them")
     for path, n in list(zip(source.paths, source.lengths))[:5]:
         print(f"  {path}: {n:,}")
     if len(source.paths) > 5:
@@ -55,6 +61,15 @@ def inspect_main(args) -> int:
                 value, (np.ndarray, np.generic, int, float)) else repr(value)[:60]
             print(f"  {key}: {_describe(value)}  e.g. {sample}")
     return 0
+
+
+def _failed(root: str) -> list[dict]:
+    """The shards a conversion's manifest lists as failed."""
+    from dataset_format import storage
+    from dataset_format.manifest import MANIFEST_NAME
+
+    text = storage.read_text(storage.join(root, MANIFEST_NAME))
+    return list(json.loads(text).get("failed", ())) if text else []
 
 
 def _ranges(source) -> list[str]:
@@ -106,7 +121,7 @@ def bench_main(args) -> int:
         options["num_threads"] = args.threads
     started = time.perf_counter()
     it = iter(loader.load(args.source, batch_size=args.batch_size, split=args.split, seed=0, decode=args.decode,
-                          worker_count=args.workers, **options))
+                          worker_count=args.workers, allow_incomplete=args.allow_incomplete, **options))
     next(it)
     first = time.perf_counter() - started
     if args.step_time is not None:
@@ -283,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--packing", type=int, default=None, metavar="SEQ_LEN",
                            help="a pre-tokenized dataset (convert --tokenizer) packed into rows of SEQ_LEN tokens, as "
                                 "the trainer's packing=true reads it; --batch_size counts rows")
+            s.add_argument("--allow-incomplete", "--allow_incomplete", dest="allow_incomplete", action="store_true",
+                           help="time a dataset whose conversion left shards failed, on the shards that converted")
             s.add_argument("--step-time", "--step_time", type=float, default=None, metavar="SECONDS",
                            help="take a batch every SECONDS, as a training step would: the rate delivered against "
                                 "the rate asked, the time waiting, every wait over 100 ms with its batch number")

@@ -196,8 +196,8 @@ def plan_main(argv: list[str]) -> int:
             "orphaned": [e.path for e in plan.orphaned],
             # converted by a run that ended before its manifest: a run (converting nothing more) lists them in it
             "recovered": [r.entry.path for r in plan.recovered]}
-    for source in body["to_convert"]:
-        print(f"convert {source}")
+    for task in plan.tasks:
+        print(f"convert {task.source.path} ({task.reason})")
     for path in body["to_prune"]:
         print(f"prune {path}")
     todo = "" if plan.tasks or plan.pruned else (
@@ -223,10 +223,16 @@ def verify_main(argv: list[str]) -> int:
     result = verify(args.output, deep=args.deep)
     for problem in result.problems:
         print(f"PROBLEM: {problem}")
-    if result.stale:
-        print(f"note: {len(result.stale)} source(s) changed or gone since they were converted (e.g. {result.stale[0]}): "
-              "the dataset is whole but behind its input; `python -m pipelines convert` with the same --input and "
-              "--output converts them again")
+    gone = [s for s in result.stale if s.endswith(" (gone)")]
+    behind = [s for s in result.stale if s not in gone]
+    if behind:
+        print(f"note: {len(behind)} source(s) changed since they were converted (e.g. {behind[0]}): the dataset is "
+              "whole but behind its input; `python -m pipelines convert` with the same --input and --output converts "
+              "them again")
+    if gone:
+        print(f"note: {len(gone)} source(s) gone since they were converted (e.g. {gone[0]}): their shards are still "
+              "in the dataset; `python -m pipelines convert` with the same --input and --output and --prune deletes "
+              "them")
     print(f"verify {'--deep ' if args.deep else ''}{args.output}: {result.shards:,} shards, {result.records:,} "
           f"records, {len(result.problems)} problem(s), {time.monotonic() - started:.1f} s")
     return 0 if result.ok else 1

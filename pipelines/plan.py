@@ -66,8 +66,9 @@ def read_manifest(output: str) -> Manifest | None:
     return None if text is None else Manifest.from_json(text, path=path)
 
 
-def make_plan(config: ConvertConfig) -> Plan:
-    """Lists the inputs and the previous manifest; raises before any work on bad input."""
+def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
+    """Lists the inputs and the previous manifest; raises before any work on bad input. `quiet`: a check that the
+    plan is made again after (its warnings are the second one's)."""
     if tfds_dir.is_tfds_dir(config.input):
         kind = "tfds"
         inputs = [(s.file, s.split, s.expected_records) for s in tfds_dir.list_shards(config.input)]
@@ -94,18 +95,11 @@ def make_plan(config: ConvertConfig) -> Plan:
     for file, split, expected in inputs:
         relative = names[file.path]
         entry = old.get(file.path)
-        up_to_date = (
-            entry is not None and not config.force
-            and entry.source_fingerprint == file.fingerprint
-            and entry.writer_options == options
-            and entry.tokens == tokenized
-            and entry.path == relative
-            and existing.get(relative) == entry.bytes
-        )
-        if up_to_date:
+        reason = _stale(entry, config.force, file.fingerprint, options, tokenized, relative, existing.get(relative))
+        if reason is None:
             kept.append(entry)
         else:
-            tasks.append(ShardTask(file, storage.join(config.output, relative), relative, split, expected))
+            tasks.append(ShardTask(file, storage.join(config.output, relative), relative, split, expected, reason))
     recovered = _recover(config.output, tasks, recorded, existing, options, tokenized)
     done = {r.entry.path for r in recovered}
     tasks = [t for t in tasks if t.relative_path not in done]
@@ -114,10 +108,30 @@ def make_plan(config: ConvertConfig) -> Plan:
     produced = set(names.values())  # an old entry whose shard a task writes again (its source moved) is replaced
     gone = [e for e in old.values() if same_path(e.source) not in sources and e.path not in produced]
     orphaned, pruned = ((), tuple(gone)) if config.prune else (tuple(gone), ())
-    if orphaned:
+    if orphaned and not quiet:
         log.warning("%d output shard(s) have no source any more (e.g. %s); keeping them. Pass --prune to "
                     "delete them.", len(orphaned), orphaned[0].source)
     return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned, tuple(recovered))
+
+
+def _stale(entry: ShardEntry | None, force: bool, fingerprint: str, options: str, tokenized: str | None,
+           relative: str, size: int | None) -> str | None:
+    """Why the shard of `entry` (None: the manifest has none) is converted, or None: it is up to date."""
+    if entry is None:
+        return "new: not in the manifest"
+    if force:
+        return "--force"
+    if entry.source_fingerprint != fingerprint:
+        return "its source changed"
+    if entry.writer_options != options:
+        return f"writer options {entry.writer_options} -> {options}"
+    if entry.tokens != tokenized:
+        return f"tokenisation {entry.tokens or 'none'} -> {tokenized or 'none'}"
+    if entry.path != relative:
+        return f"its output name {entry.path} -> {relative}"
+    if size != entry.bytes:
+        return "its output is missing" if size is None else f"its output holds {size:,} bytes, the manifest {entry.bytes:,}"
+    return None
 
 
 def same_path(source: str) -> str:

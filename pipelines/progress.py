@@ -111,6 +111,16 @@ class Progress:
         return True
 
 
+FAILED_SHOWN = 10  # failed shards `status` names; the manifest lists every one
+
+
+def _failure(failed: dict) -> str:
+    """A failed shard's line: its error (which names its source), else its source."""
+    error = (str(failed.get("error") or "").splitlines() or [""])[0]
+    source = str(failed.get("source"))
+    return error if source in error else f"{source}: {error}" if error else source
+
+
 def status(output: str) -> str:
     """What `python -m pipelines status` prints: the lease holder, the manifest, the shards committed since it."""
     from dataset_format.lease import LEASE_NAME, TTL_S, dead, describe
@@ -135,6 +145,9 @@ def status(output: str) -> str:
         when = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
         lines.append(f"manifest: {len(manifest.shards)} shards, {manifest.total_records:,} records, written {when}"
                      + ("" if manifest.complete else f", {len(manifest.failed)} failed"))
+        lines += [f"failed: {_failure(f)}" for f in manifest.failed[:FAILED_SHOWN]]
+        if len(manifest.failed) > FAILED_SHOWN:
+            lines.append(f"failed: {len(manifest.failed) - FAILED_SHOWN} more (manifest.json's `failed` lists them all)")
     newer = committed_since(output, since + 1.0) if since else committed_since(output, 0.0)
     records, nbytes = _totals(output, newer)
     latest = datetime.datetime.fromtimestamp(max(newer.values())).strftime("%H:%M:%S") if newer else None

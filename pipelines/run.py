@@ -78,7 +78,8 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
     on_dataflow = dataflow.is_dataflow(PipelineOptions(beam_args or []))
     if on_dataflow:
         dataflow.check_remote_paths(config.input, config.output)
-    plan = make_plan(config)  # reads only: bad input fails here, before anything is written
+    # reads only: bad input fails here, before anything is written (a local run plans again, as the lease holder)
+    plan = make_plan(config, quiet=not on_dataflow)
     tokens.check_first_record(config, plan.tasks)
     storage.check_writable(config.output)
     if on_dataflow:

@@ -40,6 +40,7 @@ class ShardTask:
     relative_path: str  # the output's path relative to the dataset directory
     split: str | None = None
     expected_records: int | None = None  # known from TFDS's dataset_info.json
+    reason: str = ""  # why the plan converts it (`python -m pipelines plan` says)
 
     @property
     def output_dir(self) -> str:

@@ -438,8 +438,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: 
     if not table.complete and not allow_incomplete:
         raise ValueError(f"{path}: the conversion is incomplete ({len(table.failed)} shard(s) failed, e.g. "
                          f"{table.failed[0]['source']}); fix and re-run the conversion, or pass "
-                         "allow_incomplete=True (python -m trainer: allow_incomplete=true) to load the shards that "
-                         "converted")
+                         "allow_incomplete=True (python -m trainer: allow_incomplete=true; python -m loader bench: "
+                         "--allow-incomplete) to load the shards that converted")
     names, records, sizes, stats = table.paths, table.records, table.bytes, table.feature_stats
     counts = table.token_counts or (None,) * len(names)
     keep = None

@@ -137,6 +137,9 @@ def test_schedule_script_creates_a_trigger_for_the_refresh_config_and_a_schedule
                                    "triggers/TRIGGER_ID:run")
     assert json.loads(cb.flag(job, "message-body")) == {"source": {"branchName": "main"}}
     assert cb.flag(job, "oauth-service-account-email") == SCHEDULE_ENV["SERVICE_ACCOUNT"]
+    # a dry run says that it created nothing ("scheduled: ..." read as if it had)
+    assert proc.stdout.splitlines()[-1] == ("DRY_RUN: nothing was created; without DRY_RUN, '0 3 * * *' (Etc/UTC) "
+                                            "would run trigger arrayrecord-refresh")
 
 
 def test_schedule_script_refuses_missing_settings_and_local_paths():

@@ -47,6 +47,32 @@ def test_inspect_prints_each_features_range(photos, converted, capsys):
            "tf.train.Examples; `python -m pipelines convert --force` records them" in capsys.readouterr().out
 
 
+def test_inspect_shows_an_incomplete_dataset_and_bench_takes_it_when_asked(converted, tmp_path, capsys):
+    """inspect refused it, advising an `allow_incomplete=True` that neither inspect nor bench took."""
+    import json
+    import shutil
+
+    from loader.cli import main
+
+    copy = tmp_path / "out"
+    shutil.copytree(converted, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["failed"] = [{"source": "/in/train-00005-of-00006", "error": "corrupt TFRecord at byte offset 8"}]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["inspect", str(copy), "--decode", "none"]) == 0
+    assert (f"records: 257 in 5 shard(s)\nincomplete: 1 shard(s) failed to convert (e.g. /in/train-00005-of-00006), "
+            "and their records are not here; loading it needs allow_incomplete=True (python -m trainer: "
+            f"allow_incomplete=true); `python -m pipelines status --output {copy}` names them\n"
+            ) in capsys.readouterr().out
+    bench = ["bench", str(copy), "--batch_size", "16", "--start", "1", "--batches", "2", "--decode", "none"]
+    assert main(bench) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "or pass allow_incomplete=True (python -m trainer: allow_incomplete=true; python -m loader bench: "
+        "--allow-incomplete) to load the shards that converted")
+    assert main([*bench, "--allow-incomplete"]) == 0
+    assert "batches of 16" in capsys.readouterr().out
+
+
 def test_bench_reports_the_rate_of_a_window_long_enough(converted, monkeypatch, capsys):
     from loader import cli
 

@@ -28,9 +28,12 @@ def test_convert_then_verify(tmp_path):
     os.utime(source, (1_000_000_000, 1_000_000_000))
     (tmp_path / "in" / "train-00002-of-00003.tfrecord").rename(tmp_path / "moved")
     stale = run_cli("verify", "--output", str(out), check=True)
-    assert (f"note: 2 source(s) changed or gone since they were converted (e.g. {source} (changed)): the dataset is "
+    assert (f"note: 1 source(s) changed since they were converted (e.g. {source} (changed)): the dataset is "
             "whole but behind its input; `python -m pipelines convert` with the same --input and --output converts "
             "them again") in stale.stdout
+    assert (f"note: 1 source(s) gone since they were converted (e.g. {tmp_path / 'in' / 'train-00002-of-00003.tfrecord'}"
+            " (gone)): their shards are still in the dataset; `python -m pipelines convert` with the same --input and "
+            "--output and --prune deletes them") in stale.stdout
     # a manifest of an older version, its sources as they were typed (relative to where it ran): not "gone"
     from pipelines.verify import stale_sources
 

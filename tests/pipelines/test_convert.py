@@ -1,6 +1,7 @@
 """End to end through the Beam runner and real files, read back with independent readers."""
 
 import json
+import logging
 import os
 
 import grain
@@ -79,7 +80,7 @@ def test_writer_options_are_applied_and_recorded(shards, tmp_path):
     assert {s.writer_options for s in manifest.shards} == {"group_size:1,snappy"}
 
 
-def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path):
+def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path, caplog):
     in_dir = tmp_path / "in"
     write_tfrecord_shards(in_dir, [synthetic_records(i, 50) for i in range(3)])
     config = ConvertConfig(input=str(in_dir / "*.tfrecord"), output=str(tmp_path / "out"))
@@ -103,7 +104,8 @@ def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path):
     with open(in_dir / "train-00003-of-00003.tfrecord", "wb") as f:
         tfrecord.write_records(f, [b"added"])
     third = run_conversion(config, ONE_WORKER)
-    assert sorted(t.source.path for t in third.plan.tasks) == [str(changed), str(in_dir / "train-00003-of-00003.tfrecord")]
+    assert sorted((t.source.path, t.reason) for t in third.plan.tasks) == [
+        (str(changed), "its source changed"), (str(in_dir / "train-00003-of-00003.tfrecord"), "new: not in the manifest")]
     assert len(third.plan.kept) == 2
     assert _read_array_record(tmp_path / "out" / "train-00001-of-00003.array_record") == [b"new-content"]
     assert third.manifest.total_records == 50 + 1 + 50 + 1
@@ -111,12 +113,15 @@ def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path):
     # A deleted output is recreated even though its source did not change.
     os.remove(tmp_path / "out" / "train-00000-of-00003.array_record")
     fourth = run_conversion(config, ONE_WORKER)
-    assert [t.relative_path for t in fourth.plan.tasks] == ["train-00000-of-00003.array_record"]
+    assert [(t.relative_path, t.reason) for t in fourth.plan.tasks] == [
+        ("train-00000-of-00003.array_record", "its output is missing")]
 
     # A vanished source: kept by default, removed with prune.
     os.remove(in_dir / "train-00002-of-00003.tfrecord")
-    fifth = run_conversion(config, ONE_WORKER)
+    with caplog.at_level(logging.WARNING, logger="pipelines.plan"):
+        fifth = run_conversion(config, ONE_WORKER)
     assert len(fifth.plan.orphaned) == 1 and (tmp_path / "out" / "train-00002-of-00003.array_record").exists()
+    assert caplog.text.count("have no source any more") == 1  # (the plan is made twice: said once)
     pruned = run_conversion(ConvertConfig(input=config.input, output=config.output, prune=True), ONE_WORKER)
     assert len(pruned.plan.pruned) == 1
     assert not (tmp_path / "out" / "train-00002-of-00003.array_record").exists()
@@ -127,6 +132,7 @@ def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path):
     recompressed = run_conversion(ConvertConfig(input=config.input, output=config.output, compression="zstd:1"),
                                   ONE_WORKER)
     assert recompressed.converted == 3
+    assert {t.reason for t in recompressed.plan.tasks} == {"writer options group_size:1,snappy -> group_size:1,zstd:1"}
 
 
 def test_inputs_moved_elsewhere_replace_their_shards_once(tmp_path):

@@ -67,6 +67,19 @@ def test_status_of_a_killed_run_and_of_a_finished_one(job):
     assert "committed since the manifest: 0 shard(s)" in done
 
 
+def test_status_names_the_failed_shards_and_their_errors(tmp_path):
+    paths = write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 5) for i in range(2)])
+    paths[1].write_bytes(paths[1].read_bytes()[:-1])
+    out = str(tmp_path / "out")
+    assert run_cli("convert", "--input", str(tmp_path / "in" / "*"), "--output", out,
+                   "--direct_num_workers=1").returncode == 1
+    lines = run_cli("status", "--output", out, check=True).stdout.splitlines()
+    assert lines[1].startswith("manifest: 1 shards, 5 records, written ") and lines[1].endswith(", 1 failed"), lines
+    assert lines[2].startswith(f"failed: {paths[1]}: corrupt TFRecord at byte offset 464, record 4: truncated record: "
+                               "frame needs 116 bytes, file ends after 115. Re-create or re-copy this shard, or pass "
+                               "--skip-corrupt"), lines
+
+
 def test_a_temporary_file_left_by_a_killed_writer_is_no_commit(tmp_path):
     """A writer killed between writing a record's temporary file and renaming it leaves '.tmp-<id>-<name>.json';
     status and reruns must not count it as a committed shard (it made `status` say 4 shards but 3 shards' records)."""
