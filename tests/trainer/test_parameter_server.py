@@ -83,6 +83,7 @@ def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
     assert re.search(r"step 50/800 loss .* ex/s lr 0\.00147\n", out), out[-3000:]
 
 
+@pytest.mark.slow  # ~30 s
 @pytest.mark.timeout(300)
 def test_a_dead_ps_stops_the_run_naming_it_and_the_checkpoint_a_rerun_resumes_from(digits, tmp_path):
     """It was `error: RayTaskError(ActorDiedError): ray::Worker.step() (pid=...)`: a worker's failure, the ps unnamed."""

@@ -332,8 +332,9 @@ def test_an_incomplete_conversion_is_refused_unless_allow_incomplete(digits, tmp
     refused = run_trainer(*args)
     last = refused.stderr.strip().splitlines()[-1]
     assert refused.returncode == 2 and "the conversion is incomplete (1 shard(s) failed, e.g. /data/digits-train-" \
-        "00003-of-00004.tfrecord)" in last and last.endswith("(python -m trainer: allow_incomplete=true) to load the "
-                                                             "shards that converted"), last
+        "00003-of-00004.tfrecord)" in last and last.endswith("(python -m trainer: allow_incomplete=true; python -m "
+                                                             "loader bench: --allow-incomplete) to load the shards "
+                                                             "that converted"), last
     allowed = run_trainer(*args, "allow_incomplete=true")
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert [r["step"] for r in _metrics(tmp_path / "run")] == [1, 2]
