@@ -1,5 +1,6 @@
 /* JPEG crop decode with libjpeg(-turbo), the GIL released: only the crop's rows and (iMCU-aligned) columns are
- * inverse-transformed and colour-converted, rows below the crop are never read, and the DCT scales down (n/8) when
+ * inverse-transformed and colour-converted (the rows around them are entropy-decoded only, to the end marker, so
+ * that data corrupt anywhere is an error here as in a whole decode), and the DCT scales down (n/8) when
  * the crop is larger than it needs to be (by 1/2, 1/4 or 1/8). tf.image.decode_and_crop_jpeg does the same.
  *
  * crop(data, top, left, height, width, min_height, min_width, max_pixels)
@@ -73,7 +74,7 @@ static PyObject *py_crop(PyObject *self, PyObject *args) {
   cinfo.err = jpeg_std_error(&err.pub);
   err.pub.error_exit = on_error;
   err.pub.emit_message = on_message;
-  unsigned char *volatile out = NULL;
+  unsigned char *volatile out = NULL, *volatile last = NULL; /* (volatile: libjpeg's errors longjmp past them) */
   volatile int unsupported = 0, failed = 0, too_large = 0;
   unsigned rows = 0, cols = 0, x_offset = 0, n = 8, full_h = 0, full_w = 0;
   Py_BEGIN_ALLOW_THREADS
@@ -124,11 +125,32 @@ static PyObject *py_crop(PyObject *self, PyObject *args) {
           JSAMPROW row = out + (size_t)(cinfo.output_scanline - y0) * cols * 3;
           jpeg_read_scanlines(&cinfo, &row, 1);
         }
+        /* The rows below the crop are entropy-decoded too (skipped short of the last one, which is read: a skip to
+         * the end returns without reading), and the decode finished, so that libjpeg reaches the end marker: data
+         * corrupted mid-scan shows there ("N extraneous bytes before marker 0xd9"); a decode stopped at the crop's
+         * last row returned its wrong pixels without a word. No inverse transform is spent on the skipped rows. */
+        unsigned imcu = (unsigned)(cinfo.max_v_samp_factor * cinfo.min_DCT_scaled_size); /* output rows an iMCU row */
+        if (cinfo.output_scanline < cinfo.output_height) {
+          last = malloc((size_t)cols * 3);
+          if (!last) {
+            snprintf(err.message, sizeof err.message, "out of memory for a %u-pixel row", cols);
+            failed = 1;
+          } else {
+            JSAMPROW row = last;
+            while (cinfo.output_scanline < cinfo.output_height && cinfo.output_scanline % imcu)
+              jpeg_read_scanlines(&cinfo, &row, 1);
+            unsigned below = cinfo.output_height - cinfo.output_scanline;
+            if (below > 2 * imcu) jpeg_skip_scanlines(&cinfo, below - below % imcu - imcu);
+            while (cinfo.output_scanline < cinfo.output_height) jpeg_read_scanlines(&cinfo, &row, 1);
+          }
+        }
+        if (!failed) jpeg_finish_decompress(&cinfo);
         if (err.warnings) failed = 1;
       }
     }
   }
   jpeg_destroy_decompress(&cinfo); /* also after an abandoned decode: libjpeg frees its own memory */
+  free(last);
   Py_END_ALLOW_THREADS
   PyBuffer_Release(&data);
   if (too_large) {

@@ -180,6 +180,36 @@ def test_a_truncated_jpeg_is_an_error_not_grey_pixels(jpeg):
         images.random_resized_crop(jpeg[:len(jpeg) // 2], np.random.default_rng(0), 32)
 
 
+def _corrupted_mid_scan(jpeg: bytes) -> bytes:
+    """`jpeg` with 32 bytes of its entropy-coded data, a third of the way into its scan, flipped."""
+    start = jpeg.index(b"\xff\xda")  # start of scan
+    at = start + (len(jpeg) - start) // 3
+    return jpeg[:at] + bytes(b ^ 0x5A for b in jpeg[at:at + 32]) + jpeg[at + 32:]
+
+
+def test_a_jpeg_corrupted_mid_scan_is_an_error_on_every_crop(jpeg, monkeypatch):
+    """The whole decode warns at the end marker ("extraneous bytes"); the crop decode stopped at the crop's last row
+    and returned wrong pixels without a word (17-41% of them, for crops through the damage). Now each crop, above,
+    through or below the damage, is an error, as the whole decode is; an intact JPEG's crops are as they were."""
+    bad = _corrupted_mid_scan(jpeg)
+    with pytest.raises(ValueError, match="Corrupt JPEG data"):
+        images.decode(bad)
+    height, width = images.image_size(jpeg)
+    boxes = [(0, 0, height // 8, width // 4), (height // 3, width // 4, height // 3, width // 2),
+             (height - height // 8, 0, height // 8, width), (0, 0, height, width)]
+    for crop_decoder in (images._crop_decoder, lambda: None):  # _jpeg.c's crop, simplejpeg's whole decode
+        monkeypatch.setattr(images, "_crop_decoder", crop_decoder)
+        for box in boxes:
+            assert images.decode_crop(jpeg, box, (16, 16)).shape[2] == 3  # the intact one decodes
+            with pytest.raises(ValueError, match="Corrupt JPEG data"):
+                images.decode_crop(bad, box, (16, 16))
+        with pytest.raises(ValueError, match="feature 'image': .*Corrupt JPEG data"):
+            images.RandomResizedCrop("image", size=32)({"image": bad}, np.random.default_rng(0))
+        with pytest.raises(ValueError, match="feature 'image': .*Corrupt JPEG data"):
+            images.CenterCrop("image", size=32)({"image": bad})
+        monkeypatch.undo()
+
+
 def test_the_committed_fuzz_images_are_the_tested_ones():
     committed = {p.name: p.stat().st_size for p in FUZZ_IMAGES.iterdir() if p.name != "README.md"}
     assert set(committed) == set(BOMBS) | set(DAMAGED) | set(WHOLE) == set(make_fuzz_images())
