@@ -2,8 +2,9 @@
 its workdir.
 
 Created exclusively and whole (a local file written aside and hard-linked to its name; a gs:// object uploaded with
-`if_generation_match=0`, which Cloud Storage turns into a 412 when it exists), refreshed by a heartbeat every `ttl / 3` and deleted at the end. A
-second run on the same directory fails, naming the holder (host, pid, since when, last heartbeat) and the fix.
+`if_generation_match=0`, which Cloud Storage turns into a 412 when it exists), refreshed by a heartbeat every
+`ttl / 3` and deleted at the end. A second run on the same directory fails, naming the holder (host, pid, since
+when, last heartbeat) and the fix.
 A lease is taken over without asking when its holder is known dead: its heartbeat is older than `ttl`, or it names
 this host and a process that no longer runs. `break_lock=` (the flag that asked, for the log) takes it over in any
 case (the holder must be dead).

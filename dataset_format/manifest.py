@@ -123,7 +123,11 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str, *, path: str = MANIFEST_NAME) -> Manifest:
         d = _parsed(text, path)
-        shards = tuple(ShardEntry.from_json(s) for s in d["shards"])
+        _shard_columns(d, path)  # (each entry's path, records and bytes: checked)
+        try:
+            shards = tuple(ShardEntry.from_json(s) for s in d["shards"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}; {DAMAGED}") from None
         manifest = cls(input=d["input"], kind=d["kind"], shards=shards,
                        tool_version=d["tool_version"], failed=tuple(d.get("failed", ())), tokens=_tokens(d, path),
                        skip_corrupt=d.get("skip_corrupt") is True)
@@ -154,19 +158,14 @@ class ShardTable:
     def from_json(cls, text: str, *, path: str = MANIFEST_NAME) -> ShardTable:
         d = _parsed(text, path)
         shards = d["shards"]
-        try:
-            records = tuple(s["records"] for s in shards)
-            table = cls(d["kind"], tuple(s["path"] for s in shards), records, tuple(s["bytes"] for s in shards),
-                        tuple(s.get("split") for s in shards), tuple(d.get("failed", ())), _tokens(d, path),
-                        tuple(s.get("feature_stats") for s in shards), tuple(s.get("token_count") for s in shards))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{path}: a shard entry lacks {e}; the manifest was edited or damaged, re-run the "
-                             "conversion") from None
+        paths, records, sizes = _shard_columns(d, path)
+        table = cls(d["kind"], paths, records, sizes, tuple(s.get("split") for s in shards),
+                    tuple(d.get("failed", ())), _tokens(d, path), tuple(s.get("feature_stats") for s in shards),
+                    tuple(s.get("token_count") for s in shards))
         _check_totals(d, sum(records), path)
         bad = next((c for c in table.token_counts if c is not None and (type(c) is not int or c < 0)), None)
         if bad is not None:
-            raise ValueError(f"{path}: a shard's token_count is {bad!r}, not a count of tokens; the manifest was edited "
-                             "or damaged, re-run the conversion")
+            raise ValueError(f"{path}: a shard's token_count is {bad!r}, not a count of tokens; {DAMAGED}")
         return table
 
 
@@ -221,19 +220,66 @@ def list_features(stats: FeatureStats | None) -> frozenset[str]:
                      if "min_length" in s and (s["min_length"], s["max_length"]) != (1, 1))
 
 
+# What mends a damaged manifest: the rerun rebuilds it from the shards' commit records (pipelines/commits.py),
+# converting only what is not whole; a rerun with the damaged one there stops at it.
+DAMAGED = "the manifest was edited or damaged: delete it and re-run the conversion (it rebuilds the manifest)"
+
+
 def _parsed(text: str, path: str) -> dict[str, Any]:
-    """The manifest's JSON, checked to be a manifest of this format version."""
+    """The manifest's JSON, checked to be a manifest of this format version with the keys a reader needs."""
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e}); delete it and re-run the conversion") from e
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: not a conversion manifest (a JSON {type(d).__name__}, not an object)")
     if d.get("format") != FORMAT:
         raise ValueError(f"{path}: not a conversion manifest (format={d.get('format')!r}, "
                          f"expected {FORMAT!r})")
     if d.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: manifest format_version {d.get('format_version')!r} is not "
                          f"{FORMAT_VERSION}; re-run the conversion with this version of the tool")
+    missing = [key for key in ("kind", "shards", "totals") if key not in d]
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(map(repr, missing))}; {DAMAGED}")
+    if not isinstance(d["shards"], list) or not isinstance(d["totals"], dict):
+        raise ValueError(f"{path}: 'shards' is not a list or 'totals' not an object; {DAMAGED}")
+    failed = d.get("failed", [])
+    if not isinstance(failed, list) or not all(isinstance(f, dict) for f in failed):
+        raise ValueError(f"{path}: 'failed' is not a list of objects; {DAMAGED}")
     return d
+
+
+def _shard_columns(d: dict[str, Any], path: str) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """Each shard's path, records and bytes, checked: counts are whole numbers >= 0, and paths name files inside the
+    dataset directory, once each (a path out of it would be read from wherever it points; one listed twice, read
+    twice an epoch)."""
+    try:
+        paths = tuple(s["path"] for s in d["shards"])
+        records = tuple(s["records"] for s in d["shards"])
+        sizes = tuple(s["bytes"] for s in d["shards"])
+    except KeyError as e:
+        raise ValueError(f"{path}: a shard entry lacks {e}; {DAMAGED}") from None
+    except TypeError:
+        raise ValueError(f"{path}: a shard entry is not an object; {DAMAGED}") from None
+    for name, column in (("records", records), ("bytes", sizes)):
+        bad = next((i for i, v in enumerate(column) if type(v) is not int or v < 0), None)
+        if bad is not None:
+            raise ValueError(f"{path}: shard {bad}'s {name} is {column[bad]!r}, not a count; {DAMAGED}")
+    bad = next((p for p in paths if not _inside(p)), None)
+    if bad is not None:
+        raise ValueError(f"{path}: a shard's path {bad!r} is not a file inside the dataset directory; {DAMAGED}")
+    if len(set(paths)) != len(paths):
+        seen: set[str] = set()
+        twice = next(p for p in paths if p in seen or seen.add(p))
+        raise ValueError(f"{path}: shard {twice!r} is listed more than once; {DAMAGED}")
+    return paths, records, sizes
+
+
+def _inside(relative: Any) -> bool:
+    """A relative path of a file in the dataset directory or below: no '..', not absolute, no scheme, no empty part."""
+    return (isinstance(relative, str) and relative != "" and not relative.startswith(("/", "\\"))
+            and "://" not in relative and all(part not in ("", ".", "..") for part in relative.split("/")))
 
 
 def _tokens(d: dict[str, Any], path: str) -> dict[str, Any] | None:
@@ -261,7 +307,7 @@ def token_dtype(vocab_size: int) -> str:
 
 
 def _check_totals(d: dict[str, Any], records: int, path: str) -> None:
-    if d["totals"]["records"] != records:
-        raise ValueError(f"{path}: totals.records={d['totals']['records']} but the shards add up to "
-                         f"{records}; the manifest was edited or damaged, re-run the conversion")
+    if d["totals"].get("records") != records:
+        raise ValueError(f"{path}: totals.records={d['totals'].get('records')} but the shards add up to "
+                         f"{records}; {DAMAGED}")
 

@@ -39,9 +39,9 @@ def inspect_main(args) -> int:
     print(f"records: {len(source):,} in {len(source.paths)} shard(s)")
     failed = _failed(args.source) if source.kind == "manifest" else []
     if failed:
-        print(f"incomplete: {len(failed)} shard(s) failed to convert (e.g. {failed[0].get('source')}), and their records "
-              "are not here; loading it needs allow_incomplete=True (python -m trainer: allow_incomplete=true); "
-              f"`python -m pipelines status --output {args.source}` names them")
+        print(f"incomplete: {len(failed)} shard(s) failed to convert (e.g. {failed[0].get('source')}), and their "
+              "records are not here; loading it needs allow_incomplete=True (python -m trainer: "
+              f"allow_incomplete=true); `python -m pipelines status --output {args.source}` names them")
     for path, n in list(zip(source.paths, source.lengths))[:5]:
         print(f"  {path}: {n:,}")
     if len(source.paths) > 5:

@@ -130,7 +130,8 @@ def _stale(entry: ShardEntry | None, force: bool, fingerprint: str, options: str
     if entry.path != relative:
         return f"its output name {entry.path} -> {relative}"
     if size != entry.bytes:
-        return "its output is missing" if size is None else f"its output holds {size:,} bytes, the manifest {entry.bytes:,}"
+        return ("its output is missing" if size is None else
+                f"its output holds {size:,} bytes, the manifest {entry.bytes:,}")
     return None
 
 

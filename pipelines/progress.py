@@ -147,7 +147,8 @@ def status(output: str) -> str:
                      + ("" if manifest.complete else f", {len(manifest.failed)} failed"))
         lines += [f"failed: {_failure(f)}" for f in manifest.failed[:FAILED_SHOWN]]
         if len(manifest.failed) > FAILED_SHOWN:
-            lines.append(f"failed: {len(manifest.failed) - FAILED_SHOWN} more (manifest.json's `failed` lists them all)")
+            lines.append(f"failed: {len(manifest.failed) - FAILED_SHOWN} more (manifest.json's `failed` lists them "
+                         "all)")
     newer = committed_since(output, since + 1.0) if since else committed_since(output, 0.0)
     records, nbytes = _totals(output, newer)
     latest = datetime.datetime.fromtimestamp(max(newer.values())).strftime("%H:%M:%S") if newer else None

@@ -23,7 +23,9 @@ memory) into a cache directory, named by a hash of the shards' paths, sizes and 
 modification times; on gs:// the object generation: loader/format/source.py), so a changed or replaced shard gets a new
 index and a rerun reuses the old one. The file is written under a temporary name and renamed; when it is opened its
 header is checked against the file's size and the whole file against the hash in its header (15 ms for the 150 MB
-index of 100M 1 KB records, AVX2), so a damaged index is noticed and rebuilt (one log line), never trusted. `locate` checks every word it
+index of 100M 1 KB records, AVX2), so a damaged index is noticed and rebuilt (one log line), never trusted. The hash
+finds damage; a file crafted with a matching hash is kept out by ownership: an index not owned by this user, or
+writable by others, is rebuilt too (`_check_owner`). `locate` checks every word it
 reads lies in its shard's section, and the reader checks the spans it gets lie within their shard.
 
     index = RecordIndex.for_source(source)      # builds on first use (logged), then maps the file
@@ -150,6 +152,7 @@ class RecordIndex:
             build(source, path, key)
             return cls(path)
         try:
+            _check_owner(path)
             index = cls(path)
             if index.key != key or len(index) != len(source.paths):
                 raise DamagedIndex(f"{path} is the index of another source")
@@ -158,6 +161,16 @@ class RecordIndex:
             log.warning("%s; the index is rebuilt", e)
             build(source, path, key)
             return cls(path)
+
+
+def _check_owner(path: str) -> None:
+    """An index is trusted as this user's own file: its hash finds damage, not a file crafted with a hash to match. One
+    that another user could have written (owned by someone else, or writable by group or others: a cache directory
+    shared between accounts) is DamagedIndex, and rebuilt."""
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise DamagedIndex(f"{path} is not this user's own file (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o}), "
+                           "so another account could have written it")
 
 
 def build(source: ShardedSource, path: str, key: str) -> None:

@@ -69,8 +69,37 @@ def test_a_damaged_manifest_is_one_line_either_way():
         d = json.loads(manifest_text())
         d["shards"][2]["token_count"] = bad
         with pytest.raises(ValueError, match=rf"^m.json: a shard's token_count is {re.escape(repr(bad))}, not a count "
-                                             "of tokens; the manifest was edited or damaged, re-run the conversion$"):
+                                             "of tokens; the manifest was edited or damaged: delete it and re-run "
+                                             r"the conversion \(it rebuilds the manifest\)$"):
             ShardTable.from_json(json.dumps(d), path="m.json")
+    # what a reader would trip on or be misled by: one line naming it, from either parser
+    damaged = "; the manifest was edited or damaged: delete it and re-run the conversion (it rebuilds the manifest)"
+    cases = [(lambda d: d.pop("shards"), "no 'shards'"),
+             (lambda d: d.update(shards={}), "'shards' is not a list or 'totals' not an object"),
+             (lambda d: d["shards"].__setitem__(0, "x"), "a shard entry is not an object"),
+             (lambda d: d["shards"][1].update(records="x"), "shard 1's records is 'x', not a count"),
+             (lambda d: d["shards"][0].update(bytes=-5), "shard 0's bytes is -5, not a count"),
+             (lambda d: d["shards"][0].update(records=True), "shard 0's records is True, not a count"),
+             (lambda d: d["shards"][1].update(path="../../elsewhere/x.array_record"),
+              "a shard's path '../../elsewhere/x.array_record' is not a file inside the dataset directory"),
+             (lambda d: d["shards"][1].update(path="/etc/passwd"),
+              "a shard's path '/etc/passwd' is not a file inside the dataset directory"),
+             (lambda d: d["shards"][1].update(path="gs://other/x"),
+              "a shard's path 'gs://other/x' is not a file inside the dataset directory"),
+             (lambda d: d["shards"][2].update(path=d["shards"][0]["path"]),
+              "shard 'train-00000-of-00003.array_record' is listed more than once"),
+             (lambda d: d.update(failed=["x"]), "'failed' is not a list of objects")]
+    for damage, said in cases:
+        d = json.loads(manifest_text())
+        damage(d)
+        for parse in (Manifest.from_json, ShardTable.from_json):
+            with pytest.raises(ValueError, match=f"^m.json: {re.escape(said + damaged)}$"):
+                parse(json.dumps(d), path="m.json")
+    with pytest.raises(ValueError, match=r"^m.json: not a conversion manifest \(a JSON list, not an object\)$"):
+        ShardTable.from_json("[]", path="m.json")
+    d = json.loads(manifest_text())
+    d["shards"][1]["path"] = "sub/dir/b.array_record"  # below the directory: fine
+    assert ShardTable.from_json(json.dumps(d)).paths[1] == "sub/dir/b.array_record"
     d = json.loads(manifest_text())
     d["shards"][2]["token_count"] = 7
     assert ShardTable.from_json(json.dumps(d)).token_counts == (None, None, 7)

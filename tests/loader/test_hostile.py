@@ -170,6 +170,29 @@ def test_a_span_longer_than_its_chunk_is_refused(tmp_path):
         os.close(fd)
 
 
+def test_an_index_another_account_could_have_written_is_rebuilt(converted, tmp_path, caplog):
+    """The index's hash finds damage, not a file crafted with a hash to match (offsets shifted by one record gave
+    record i + 1 for record i): an index file writable by others, or owned by another user, is not trusted."""
+    from loader.format.index import RecordIndex
+    from loader.format.source import resolve
+
+    source = resolve(str(converted))
+    path = RecordIndex.for_source(source, str(tmp_path)).path
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    good = open(path, "rb").read()
+    changes = [lambda: os.chmod(path, 0o666)]
+    if os.getuid() == 0:  # (as root: a file of another user)
+        changes.append(lambda: os.chown(path, 12345, -1))
+    for change in changes:
+        change()
+        with caplog.at_level(logging.WARNING, logger="loader.format.index"):
+            caplog.clear()
+            rebuilt = RecordIndex.for_source(source, str(tmp_path))
+        assert "is not this user's own file" in caplog.text and "the index is rebuilt" in caplog.text, caplog.text
+        assert os.stat(rebuilt.path).st_uid == os.getuid() and os.stat(rebuilt.path).st_mode & 0o777 == 0o600
+        assert open(rebuilt.path, "rb").read() == good
+
+
 FLIPS = 300
 
 

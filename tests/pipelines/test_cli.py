@@ -31,9 +31,10 @@ def test_convert_then_verify(tmp_path):
     assert (f"note: 1 source(s) changed since they were converted (e.g. {source} (changed)): the dataset is "
             "whole but behind its input; `python -m pipelines convert` with the same --input and --output converts "
             "them again") in stale.stdout
-    assert (f"note: 1 source(s) gone since they were converted (e.g. {tmp_path / 'in' / 'train-00002-of-00003.tfrecord'}"
-            " (gone)): their shards are still in the dataset; `python -m pipelines convert` with the same --input and "
-            "--output and --prune deletes them") in stale.stdout
+    gone = tmp_path / "in" / "train-00002-of-00003.tfrecord"
+    assert (f"note: 1 source(s) gone since they were converted (e.g. {gone} (gone)): their shards are still in the "
+            "dataset; `python -m pipelines convert` with the same --input and --output and --prune deletes them"
+            ) in stale.stdout
     # a manifest of an older version, its sources as they were typed (relative to where it ran): not "gone"
     from pipelines.verify import stale_sources
 

@@ -105,7 +105,8 @@ def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path, caplog)
         tfrecord.write_records(f, [b"added"])
     third = run_conversion(config, ONE_WORKER)
     assert sorted((t.source.path, t.reason) for t in third.plan.tasks) == [
-        (str(changed), "its source changed"), (str(in_dir / "train-00003-of-00003.tfrecord"), "new: not in the manifest")]
+        (str(changed), "its source changed"),
+        (str(in_dir / "train-00003-of-00003.tfrecord"), "new: not in the manifest")]
     assert len(third.plan.kept) == 2
     assert _read_array_record(tmp_path / "out" / "train-00001-of-00003.array_record") == [b"new-content"]
     assert third.manifest.total_records == 50 + 1 + 50 + 1

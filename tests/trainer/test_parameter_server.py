@@ -86,7 +86,8 @@ def test_trains_digits_and_finishes_after_a_worker_is_killed(digits, tmp_path):
 @pytest.mark.slow  # ~30 s
 @pytest.mark.timeout(300)
 def test_a_dead_ps_stops_the_run_naming_it_and_the_checkpoint_a_rerun_resumes_from(digits, tmp_path):
-    """It was `error: RayTaskError(ActorDiedError): ray::Worker.step() (pid=...)`: a worker's failure, the ps unnamed."""
+    """It was `error: RayTaskError(ActorDiedError): ray::Worker.step() (pid=...)`: a worker's failure, the ps
+    unnamed."""
     proc = run_trainer(*_args(digits, tmp_path, 3000), popen=True)
     lines = []
     ps = int(_read_until(proc, r"ps 1 \(pid (\d+)\) holds", lines).group(1))
