@@ -225,6 +225,12 @@ def list_features(stats: FeatureStats | None) -> frozenset[str]:
 DAMAGED = "the manifest was edited or damaged: delete it and re-run the conversion (it rebuilds the manifest)"
 
 
+def redo(shard: str) -> str:
+    """The fix for a converted shard that is damaged or stale, or whose file beside it is: a plain re-run keeps a shard
+    whose size is the manifest's, and converts a missing one again."""
+    return f"delete {shard} and re-run the conversion, which converts it again"
+
+
 def _parsed(text: str, path: str) -> dict[str, Any]:
     """The manifest's JSON, checked to be a manifest of this format version with the keys a reader needs."""
     try:

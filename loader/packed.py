@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dataset_format.manifest import redo
 from loader import executors
 from loader.decoding.decode import decoder_at
 from loader.executors.handout import End, HostBatches, WorkerControls, close_at_exit, END
@@ -111,8 +112,9 @@ class Assembler:
         for record, got, want in zip(job.records.tolist(), ids, job.counts.tolist()):
             if len(got) != want:
                 raise ValueError(f"{self.tokens.source.where(record)} has {len(got)} token ids but its token count "
-                                 f"says {want}; the counts are stale or damaged: re-run the conversion (pre-tokenized "
-                                 "data) or change Packing.cache_key (a new tokenizer)")
+                                 f"says {want}; the counts are stale or damaged: pre-tokenized data, "
+                                 f"{redo(self.tokens.source.path_of(record))}; tokenised as it "
+                                 "loads, change Packing.cache_key (a new tokenizer)")
         clock.stage("collate")
         batch = assemble(job.rows, dict(zip(job.records.tolist(), ids)), self.seq_len, self.keys)
         return clock.group([{**batch, **job.extra}], len(job.records))

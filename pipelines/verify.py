@@ -16,7 +16,7 @@ import logging
 from array_record.python.array_record_module import ArrayRecordReader
 
 from dataset_format import storage, tfds_info
-from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, ShardEntry
+from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, ShardEntry, redo
 from pipelines import paths, tfrecord
 from pipelines.plan import read_manifest, same_path
 from pipelines.tokens import Tokenize, TokenizeSpec
@@ -106,7 +106,7 @@ def _check_shard(path: str, entry: ShardEntry, size: int | None) -> str | None:
     except RuntimeError as e:  # riegeli's errors: a damaged footer or index (it was a traceback)
         return _corrupt(path, e)
     if records != entry.records:
-        return f"{path}: holds {records} records, the manifest says {entry.records}; re-run the conversion"
+        return f"{path}: holds {records} records, the manifest says {entry.records}; {redo(path)}"
     return None
 
 

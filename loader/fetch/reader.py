@@ -26,6 +26,7 @@ import threading
 import numpy as np
 
 from dataset_format import storage
+from dataset_format.manifest import redo
 from loader.fetch import chunk_cache, remote
 from loader.format import _riegeli
 from loader.format.arrayrecord import FIRST_CHUNK
@@ -246,7 +247,7 @@ class BatchReader:
                 records += self._array_readers[shard].read(local[first:end].tolist())
             except Exception as e:  # noqa: BLE001 - array_record raises bare RuntimeErrors; name the shard
                 raise OSError(f"{self._paths[shard]}: cannot read records {int(local[first])}..{int(local[end - 1])} "
-                              f"({e}); the shard is corrupt: re-run the conversion") from e
+                              f"({e}); the shard is corrupt: {redo(self._paths[shard])}") from e
         return records
 
 

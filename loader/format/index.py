@@ -46,6 +46,7 @@ import time
 import numpy as np
 
 from dataset_format import storage
+from dataset_format.manifest import redo
 from loader.format import _riegeli
 from loader.format.arrayrecord import Footer, read_footer
 from loader.format.source import ShardedSource
@@ -240,8 +241,8 @@ def _footer(source: ShardedSource, shard: int, size: int | None) -> Footer:
     footer = read_footer(path, size)
     if footer.num_records != source.records_in_files[shard]:
         raise ValueError(f"{path} holds {footer.num_records} records but the dataset's metadata says "
-                         f"{source.records_in_files[shard]}; the shard was replaced or the metadata is stale: re-run "
-                         "the conversion")
+                         f"{source.records_in_files[shard]}; the shard was replaced or the metadata is stale: "
+                         f"{redo(path)}")
     return footer
 
 

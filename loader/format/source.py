@@ -157,6 +157,10 @@ class ShardedSource:
         and a slice's state name records, the same for the whole and each slice of it."""
         return _starts_of(self.records_in_files)
 
+    def path_of(self, index: int) -> str:
+        """The shard that holds global record `index`."""
+        return self.paths[int(np.searchsorted(self.starts, index, side="right")) - 1]
+
     def where(self, index: int) -> str:
         """'SHARD: record i' for global record `index`, for errors (i counts the records of the shard's file)."""
         return self.where_all(np.array([index]))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from dataset_format import storage
-from dataset_format.manifest import COUNTS_SUFFIX
+from dataset_format.manifest import COUNTS_SUFFIX, redo
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class TokenCounts:
             raise ValueError(f"{self._paths[shard]}{SUFFIX} says record {record} of "
                              f"{self._paths[shard]} holds {int(out[at]):,} token ids, more than a record can "
                              f"(at most {self._max_count:,}: max_record_bytes over the id size); the counts file is "
-                             "damaged or from another conversion: re-run the conversion")
+                             f"damaged or from another conversion: {redo(self._paths[shard])}")
         return out
 
     @classmethod
@@ -129,19 +129,19 @@ def _open_column(path: str, records: int) -> np.ndarray:
     if storage.is_remote(path):
         data = storage.read_bytes(path)
         if data is None:
-            raise FileNotFoundError(f"{path} is missing: a pre-tokenized shard's token counts; re-run the conversion "
-                                    "(it rewrites missing files)")
+            raise FileNotFoundError(f"{path} is missing: a pre-tokenized shard's token counts; "
+                                    f"{redo(path[:-len(SUFFIX)])}")
         size = len(data)
     else:
         try:
             size = os.path.getsize(path)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path} is missing: a pre-tokenized shard's token counts; re-run the conversion "
-                                    "(it rewrites missing files)") from None
+            raise FileNotFoundError(f"{path} is missing: a pre-tokenized shard's token counts; "
+                                    f"{redo(path[:-len(SUFFIX)])}") from None
         data = None
     if size != records * DTYPE.itemsize:
         raise ValueError(f"{path} is {size} bytes but its shard has {records} records ({records * DTYPE.itemsize} "
-                         "bytes of counts); the file is damaged or from another conversion: re-run the conversion")
+                         f"bytes of counts); the file is damaged or from another conversion: {redo(path[:-len(SUFFIX)])}")
     if records == 0:
         return np.zeros(0, DTYPE)
     if data is not None:

@@ -5,6 +5,7 @@ right. Cases that crashed the process run in a child process, so a crash is a fa
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -191,6 +192,36 @@ def test_an_index_another_account_could_have_written_is_rebuilt(converted, tmp_p
         assert "is not this user's own file" in caplog.text and "the index is rebuilt" in caplog.text, caplog.text
         assert os.stat(rebuilt.path).st_uid == os.getuid() and os.stat(rebuilt.path).st_mode & 0o777 == 0o600
         assert open(rebuilt.path, "rb").read() == good
+
+
+def test_a_damaged_counts_file_says_a_fix_that_fixes_it(pretokenized, tmp_path):
+    """A pre-tokenized shard's .counts file of the wrong size said "re-run the conversion", and a re-run kept the shard
+    (its size is the manifest's) and its damaged counts. The fix it names now is one that works."""
+    import loader
+    from pipelines import ConvertConfig, run_conversion
+
+    copy = tmp_path / "web"
+    shutil.copytree(pretokenized["web"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    shard = copy / manifest["shards"][1]["path"]
+    counts = shard.with_name(shard.name + ".counts")
+    counts.write_bytes(counts.read_bytes()[:-4])
+
+    def batches(path):
+        it = iter(loader.load(str(path), batch_size=4, seed=3, packing=loader.Packing(seq_len=16)))
+        try:
+            return [next(it)["tokens"].tolist() for _ in range(3)]
+        finally:
+            it.close()
+
+    with pytest.raises(ValueError, match=re.escape(f"the file is damaged or from another conversion: delete {shard} "
+                                                   "and re-run the conversion, which converts it again")):
+        batches(copy)
+    shard.unlink()
+    source = os.path.dirname(manifest["shards"][0]["source"])
+    assert run_conversion(ConvertConfig(input=f"{source}/*", output=str(copy),
+                                        tokenizer=manifest["tokens"]["tokenizer"]), ["--direct_num_workers=1"]).ok
+    assert batches(copy) == batches(pretokenized["web"])
 
 
 FLIPS = 300
