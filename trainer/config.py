@@ -220,6 +220,10 @@ class TrainConfig:
     data_cache_bytes: int = 0  # gs:// data: keep up to this many bytes of its chunks, in memory or in data_cache_dir
     data_cache_dir: str | None = None  # gs:// data: keep the cached chunks on this local disk (docs/staging.md)
     allow_incomplete: bool = False  # train on the shards that converted when a conversion's manifest lists failures
+    check_hashes: bool = True  # check the shards' chunk hashes as records are read (a damaged byte is an error)
+    max_record_bytes: int = 256 << 20  # a larger record is an error (the loader's; loader/fetch/reader.py)
+    # an image declaring more pixels is an error before it decodes (a decompression bomb; loader/decoding/images.py)
+    max_pixels: int = 178_956_970
     # 0: stream batches from the loader. N > 0: read N batches once, keep them on the devices and cycle
     # them: no input cost at all, the input-bound limit that benchmarks/trainer_bench.py compares against.
     in_memory_batches: int = 0

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-import loader
 from trainer.config import TrainConfig
 from trainer.sources import Source, raw_first_record
 
@@ -112,7 +111,7 @@ def feature_range(of: Source, feature: str) -> FeatureRange | None:
     when it holds no integers (the first-record check names that)."""
     source, data = of.resolved, of.path
     if source.feature_stats is None:
-        return _count(source, data, feature)
+        return _count(of, data, feature)
     stats = source.feature_stats.get(feature)
     if stats is None or stats["kind"] != "int64" or "min" not in stats:
         return None
@@ -120,14 +119,15 @@ def feature_range(of: Source, feature: str) -> FeatureRange | None:
     return FeatureRange(stats["min"], stats["max"], stats["records"], sum(source.records_in_files), counted=False)
 
 
-def _count(source, data: str, feature: str) -> FeatureRange | None:
+def _count(of: Source, data: str, feature: str) -> FeatureRange | None:
     """One pass over `feature` alone, with a progress line every PROGRESS_SECONDS."""
+    source = of.resolved
     total = len(source)
     why = ("its manifest has no feature ranges (`python -m pipelines convert --force` records them)"
            if source.kind == "manifest" else f"a {source.kind} source has no recorded ranges")
     log.info("checking %r over the %s records of %s: %s; reading that feature alone", feature, f"{total:,}", data, why)
-    batches = loader.load(source, batch_size=COUNT_BATCH, shuffle=False, num_epochs=1, drop_remainder=False,
-                          shard_index=0, shard_count=1, features=(feature,))
+    batches = of.load(batch_size=COUNT_BATCH, shuffle=False, num_epochs=1, drop_remainder=False, shard_index=0,
+                      shard_count=1, features=(feature,))
     low = high = None
     seen = 0
     started = last = time.monotonic()

@@ -116,6 +116,7 @@ class Program:
                      {"features": self.task.features, "random_map_fn": augment} if augment is not None else
                      {"features": self.task.features, "map_fn": tasks.preprocess(self.task)})
         options = dict(batch_size=c.batch_size, seed=c.seed, worker_count=self.data_workers(),
+                       check_hashes=c.check_hashes, max_record_bytes=c.max_record_bytes,
                        ray_address=c.data_ray_address, cache_bytes=c.data_cache_bytes, cache_dir=c.data_cache_dir,
                        ray_resources={c.data_ray_resource: 1} if c.data_ray_resource else None, **task_args)
         train = self.data.train  # resolved once (trainer/sources.py), each with its split
@@ -257,7 +258,7 @@ class Program:
             config, task = self.config, self.task
             task_args = ({"packing": task.packing} if config.packing else
                          {"features": task.features, "map_fn": tasks.preprocess(task)})
-            self._eval_loaders[key] = loader.load(source.resolved, batch_size=config.batch_size, shuffle=False,
+            self._eval_loaders[key] = source.load(batch_size=config.batch_size, shuffle=False,
                                                   num_epochs=1, drop_remainder=False, pad_remainder=True, **task_args)
         return self._eval_loaders[key]
 

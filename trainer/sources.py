@@ -40,6 +40,13 @@ class Source:
     specs: dict[str, dict]  # TFDS feature metadata, or a pre-tokenized dataset's `tokens`; {} for other sources
     name: str | None = None  # a mixture component's name
     allow_incomplete: bool = False  # the config's: read a conversion with failed shards
+    check_hashes: bool = True  # the config's, for each read of it
+    max_record_bytes: int = 256 << 20  # the config's
+
+    def load(self, **options):
+        """loader.load of it, with the config's options for reading its shards."""
+        return loader.load(self.resolved, check_hashes=self.check_hashes, max_record_bytes=self.max_record_bytes,
+                           **options)
 
     @functools.cached_property
     def resolved(self) -> ShardedSource:
@@ -64,11 +71,10 @@ def resolve(config: TrainConfig) -> Sources:
     """Each source of the run, its metadata read once. The sidecar evaluator (mode=evaluate) reads eval_data only."""
     evaluating = config.mode == "evaluate"
     train = () if evaluating else tuple(
-        _source(_existing("data", name, path), name, _split(config.split, path, "train"), config.allow_incomplete)
+        _source(_existing("data", name, path), name, _split(config.split, path, "train"), config)
         for name, path in _named(config.data_source))
     evaluation = () if config.eval_source is None else tuple(
-        _source(_existing("eval_data", name, path), name, _split(config.eval_split, path, "test"),
-                config.allow_incomplete)
+        _source(_existing("eval_data", name, path), name, _split(config.eval_split, path, "test"), config)
         for name, path in _named(config.eval_source))
     named = {_key(key, s.name, s.path): s for key, group in (("data", train), ("eval_data", evaluation)) for s in group}
     tokenized = {key: s.specs["tokens"]["tokenizer"] for key, s in named.items() if _pretokenized(s)}
@@ -129,8 +135,9 @@ def _split(given: str | None, path: str, default: str) -> str | None:
     return "+".join(named + part.strip() if part.strip().startswith("[") else part.strip() for part in given.split("+"))
 
 
-def _source(path: str, name: str | None, split: str | None, allow_incomplete: bool) -> Source:
-    return Source(path, split, _feature_specs(path), name, allow_incomplete)
+def _source(path: str, name: str | None, split: str | None, config: TrainConfig) -> Source:
+    return Source(path, split, _feature_specs(path), name, config.allow_incomplete, config.check_hashes,
+                  config.max_record_bytes)
 
 
 def _named(data: str | dict[str, str]) -> list[tuple[str | None, str]]:
@@ -153,7 +160,7 @@ def _feature_specs(data: str) -> dict[str, dict]:
 
 def raw_first_record(source: Source) -> dict[str, np.ndarray]:
     """The first record of `source`, every feature decoded as it is stored, a batch of one ({} when it has none)."""
-    return next(iter(loader.load(source.resolved, batch_size=1, shuffle=False, shard_index=0, shard_count=1)), {})
+    return next(iter(source.load(batch_size=1, shuffle=False, shard_index=0, shard_count=1)), {})
 
 
 def first_record(source: Source, task: Any) -> dict[str, np.ndarray]:

@@ -122,6 +122,7 @@ class Classification:
     image_size: int | None = None  # encoded images (JPEG/PNG bytes, or a TFDS Image): decode and crop to this
     label_offset: int = 0  # added to each label before it is checked and trained on
     label_smoothing: float = 0.0  # training's targets: (1 - this) x the one-hot label + this / num_classes
+    max_pixels: int = images.MAX_IMAGE_PIXELS  # an image declaring more is an error before it decodes
 
     @classmethod
     def from_config(cls, config: TrainConfig, specs: dict[str, dict]) -> Classification:
@@ -143,7 +144,7 @@ class Classification:
         if config.num_classes is None:
             log.info("num_classes=%d: the data's ClassLabel %r", num_classes, config.label_key)
         return cls(config.image_key, config.label_key, num_classes, config.image_size, config.label_offset,
-                   config.label_smoothing)
+                   config.label_smoothing, config.max_pixels)
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -161,14 +162,16 @@ class Classification:
         """Training, with image_size: decode, Inception crop to image_size, random flip (loader.decoding.images)."""
         if self.image_size is None:
             return None
-        return images.RandomResizedCrop(self.image_key, size=self.image_size, output=self.image_key)
+        return images.RandomResizedCrop(self.image_key, size=self.image_size, output=self.image_key,
+                                        max_pixels=self.max_pixels)
 
     @property
     def preprocess(self):
         """Evaluation (and the model's sample), with image_size: decode, resize, central crop to image_size."""
         if self.image_size is None:
             return None
-        return images.CenterCrop(self.image_key, size=self.image_size, output=self.image_key)
+        return images.CenterCrop(self.image_key, size=self.image_size, output=self.image_key,
+                                 max_pixels=self.max_pixels)
 
     def inputs(self, batch):
         return images_to_float(batch[self.image_key])

@@ -188,8 +188,8 @@ class BatchReader:
             what = (f"is {size:,} bytes, over max_record_bytes={self._max_record:,}" if why.startswith("a record") else
                     f"brings this read's records to {size:,} bytes, over 1,024 times the bytes they are stored in and "
                     f"over max_record_bytes={self._max_record:,} (a decompression bomb?)")
-            raise OSError(f"{where} {what}; if the records are genuine, pass a larger max_record_bytes= to loader.load "
-                          "(a damaged or crafted shard can claim any size)") from None
+            raise OSError(f"{where} {what}; if the records are genuine, pass a larger max_record_bytes= (to "
+                          "loader.load, or python -m trainer; a damaged or crafted shard can claim any size)") from None
         except (_riegeli.CorruptError, _riegeli.UnsupportedError) as e:
             why, at, _ = e.args
             shard, record = int(shards[at]), int(local[at])

@@ -2,6 +2,7 @@
 models with BatchNorm state (ResNets), under the synchronous strategies and through checkpoints."""
 
 import json
+import re
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -94,6 +95,33 @@ def test_encoded_images_without_image_size_say_what_to_set(digits_jpeg, tmp_path
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: feature 'image/encoded' of {digits_jpeg['train']} holds bytes values, not numbers the model can "
         "take (encoded images: pass image_size=, e.g. image_size=224, to decode and crop them)")
+
+
+def test_the_loaders_limits_are_keys_of_the_trainer(digits_jpeg, tmp_path):
+    """max_pixels=, max_record_bytes= and check_hashes= reach the image ops and the loader, so the fixes their errors
+    name can be applied to `python -m trainer` (they were unknown keys)."""
+    common = (f"data={digits_jpeg['train']}", *IMAGENET_KEYS, "model=cnn", "image_size=16", "steps=2", "batch_size=8")
+    small = trainer_here(*common, f"workdir={tmp_path / 'pixels'}", "max_pixels=100")
+    last = small.stderr.strip().splitlines()[-1]
+    assert small.returncode == 2 and re.search(r"an image declaring 32x32 = 1,?024 pixels, over max_pixels=100 \(a "
+                                               r"decompression bomb\?\); pass a larger max_pixels=", last), last
+    record = trainer_here(*common, f"workdir={tmp_path / 'bytes'}", "max_record_bytes=10")
+    last = record.stderr.strip().splitlines()[-1]
+    assert record.returncode == 1 and re.search(r"record 0 is \d+ bytes, over max_record_bytes=10; if the records are "
+                                                r"genuine, pass a larger max_record_bytes= \(to loader.load, or python "
+                                                r"-m trainer;", last), last
+    ran = run_trainer(*common, f"workdir={tmp_path / 'ran'}", "max_pixels=1024", "check_hashes=false")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    # the defaults are the loader's own
+    import dataclasses
+
+    from loader.decoding.images import MAX_IMAGE_PIXELS
+    from loader.fetch.reader import MAX_RECORD_BYTES
+    from trainer import TrainConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert (defaults["max_pixels"], defaults["max_record_bytes"], defaults["check_hashes"]) == (
+        MAX_IMAGE_PIXELS, MAX_RECORD_BYTES, True)
 
 
 @pytest.mark.slow
