@@ -91,7 +91,11 @@ def _declared_size(data, max_pixels: int) -> tuple[int, int] | None:
 
 def _check_whole(data) -> None:
     """Refuse a JPEG or PNG without its end marker near its end: a file cut short. A crop decode stops below its
-    window and OpenCV pads missing rows with grey, so neither would tell."""
+    window and OpenCV pads missing rows with grey, so neither would tell. An empty value is refused here too (OpenCV's
+    own words were an assertion on `!buf.empty()`)."""
+    if len(data) == 0:
+        raise ValueError("an empty value (0 bytes), not an image: the record holds no image in this feature; leave "
+                         "the record out, or fill the feature, and convert again")
     if data[:2] == JPEG_MAGIC:
         if bytes(data[-EOI_WITHIN:]).rfind(b"\xff\xd9") < 0:
             raise ValueError(f"{_described(data)}: a JPEG without its end-of-image marker (FF D9) in its last "

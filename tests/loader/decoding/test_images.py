@@ -210,6 +210,21 @@ def test_a_jpeg_corrupted_mid_scan_is_an_error_on_every_crop(jpeg, monkeypatch):
         monkeypatch.undo()
 
 
+def test_an_empty_image_value_is_named_on_every_path(monkeypatch):
+    """It was OpenCV's `(-215:Assertion failed) !buf.empty()`, naming neither the feature nor a fix."""
+    said = re.escape("an empty value (0 bytes), not an image: the record holds no image in this feature")
+    for crop_decoder in (images._crop_decoder, lambda: None):
+        monkeypatch.setattr(images, "_crop_decoder", crop_decoder)
+        with pytest.raises(ValueError, match=f"^feature 'image': {said}"):
+            images.RandomResizedCrop("image", size=32)({"image": b""}, np.random.default_rng(0))
+        with pytest.raises(ValueError, match=f"^feature 'image': {said}"):
+            images.CenterCrop("image", size=32)({"image": b""})
+        monkeypatch.undo()
+    for call in (images.decode, images.image_size):
+        with pytest.raises(ValueError, match=f"^{said}"):
+            call(b"")
+
+
 def test_the_committed_fuzz_images_are_the_tested_ones():
     committed = {p.name: p.stat().st_size for p in FUZZ_IMAGES.iterdir() if p.name != "README.md"}
     assert set(committed) == set(BOMBS) | set(DAMAGED) | set(WHOLE) == set(make_fuzz_images())
