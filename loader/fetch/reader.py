@@ -186,8 +186,8 @@ class BatchReader:
             why, at, size = e.args
             where = f"{self._paths[int(shards[at])]}: record {int(local[at])}"
             what = (f"is {size:,} bytes, over max_record_bytes={self._max_record:,}" if why.startswith("a record") else
-                    f"brings this read's records to {size:,} bytes, over 1,024 times the bytes they are stored in and "
-                    f"over max_record_bytes={self._max_record:,} (a decompression bomb?)")
+                    f"brings this read's records to {size:,} bytes, over 1,024 times the bytes they are stored in plus "
+                    f"64 MiB, and over max_record_bytes={self._max_record:,} (a decompression bomb?)")
             raise OSError(f"{where} {what}; if the records are genuine, pass a larger max_record_bytes= (to "
                           "loader.load, or python -m trainer; a damaged or crafted shard can claim any size)") from None
         except (_riegeli.CorruptError, _riegeli.UnsupportedError) as e:

@@ -346,7 +346,8 @@ def test_a_read_of_many_small_zstd_bombs_is_refused(tmp_path):
     reader = BatchReader(resolve(pattern), max_record_bytes=32 << 20)
     assert reader(np.arange(5)) == records[:5]  # 20 MB: within the 64 MB allowance
     with pytest.raises(OSError, match=r"zeros.array_record: record \d+ brings this read's records to [\d,]+ bytes, over "
-                                      r"1,024 times the bytes they are stored in and over max_record_bytes=33,554,432"):
+                                      r"1,024 times the bytes they are stored in plus 64 MiB, and over "
+                                      r"max_record_bytes=33,554,432"):
         reader(np.arange(40))
     assert BatchReader(resolve(pattern))(np.arange(40)) == records  # 160 MB: under the default max_record_bytes
 
