@@ -467,8 +467,8 @@ def _from_manifest(root: str, split: str | None, allow_incomplete: bool, given: 
     wrong = np.flatnonzero(found != np.asarray(sizes, dtype=np.int64))
     if len(wrong):
         i = int(wrong[0])
-        raise ValueError(f"{paths[i]} is {found[i]} bytes but {MANIFEST_NAME} says {sizes[i]}; the file is truncated "
-                         "or was replaced (by a conversion that rewrites this output and has not finished?): let that "
+        raise ValueError(f"{paths[i]} is {found[i]} bytes but {MANIFEST_NAME} says {sizes[i]}; the file was cut "
+                         "short, appended to or replaced (by a conversion that rewrites this output and has not finished?): let that "
                          "conversion finish, re-run it, or restage the data")
     features = root if table.kind == "tfds" and storage.exists(storage.join(root, FEATURES_NAME)) else None
     tokens = table.tokens.get("dtype") if table.tokens else None

@@ -229,7 +229,7 @@ def test_a_truncated_shard_is_refused_before_the_first_batch(converted, tmp_path
         loader.load(str(broken / "*.array_record*"), batch_size=4)
     shutil.copy(converted / "manifest.json", broken)
     with pytest.raises(ValueError, match=r"train-00003-of-00005.array_record is 65536 bytes but manifest.json says "
-                                         r"131072; the file is truncated"):
+                                         r"131072; the file was cut short, appended to or replaced"):
         loader.load(str(broken / "*.array_record*"), batch_size=4)
 
 
