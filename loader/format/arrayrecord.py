@@ -87,7 +87,8 @@ def read_footer(path: str, size: int) -> Footer:
     """
     try:
         if size < 2 * BLOCK_SIZE or size % BLOCK_SIZE:
-            raise ValueError(f"its size ({size} bytes) is not a multiple of 64 KiB of at least 128 KiB")
+            raise ValueError(f"its size, {size:,} bytes, is not a whole number of 64 KiB blocks, or under "
+                             "the two blocks a file has at least")
         last = size - BLOCK_SIZE
         postscript = _fields(_records(storage.read_range(path, last, size), last)[0])
         if postscript.get(2) != MAGIC or not isinstance(postscript.get(1), int) or not 0 < postscript[1] < last:

@@ -110,7 +110,8 @@ class RecordIndex:
         num_shards, info_at, trailer_at, trailer_len = (int(header[i]) for i in (2, 4, 5, 6))
         if not (HEADER <= info_at and info_at % 8 == 0 and num_shards <= (size - info_at) // 48
                 and info_at + 48 * num_shards <= trailer_at and trailer_len == size - trailer_at):
-            raise DamagedIndex(f"{self.path} has a header that does not fit its {size} bytes")
+            raise DamagedIndex(f"{self.path}: its header's section offsets and sizes do not fit a file of "
+                               f"{size:,} bytes")
         if _file_hash(self._map) != int(header[7]):
             raise DamagedIndex(f"{self.path} does not match its hash")
         self.info = np.frombuffer(self._map, dtype="<i8", count=6 * num_shards, offset=info_at).reshape(-1, 6)
