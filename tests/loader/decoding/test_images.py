@@ -1,5 +1,6 @@
 """loader.decoding.images and random_map_fn: decode, crops, per-record randomness through the loader, bad images."""
 
+import collections
 import contextlib
 import io
 import json
@@ -208,6 +209,46 @@ def test_a_jpeg_corrupted_mid_scan_is_an_error_on_every_crop(jpeg, monkeypatch):
         with pytest.raises(ValueError, match="feature 'image': .*Corrupt JPEG data"):
             images.CenterCrop("image", size=32)({"image": bad})
         monkeypatch.undo()
+
+
+def test_mutated_jpegs_crop_as_they_decode_whole():
+    """600 JPEGs with 1-5 bytes of their scan changed, through loader/decoding/_jpeg.c: a crop is an error exactly
+    when the whole image's decode is (corrupt data anywhere in the scan, the rows below the crop too), and where both
+    decode, the crop's pixels are the whole decode's pixels of its box. (Changes libjpeg cannot tell from data decode
+    in both, alike: JPEG has no checksum.)"""
+    jpeg = images._crop_decoder()
+    if jpeg is None:
+        pytest.skip("loader/decoding/_jpeg.c was not built (no libjpeg headers at install)")
+    from pipelines.demo import photo_jpegs
+
+    rng = np.random.default_rng(0)
+    bases = [j for j, _ in photo_jpegs(6, seed=3)]
+    outcomes = collections.Counter()
+    for case in range(600):
+        base = bases[case % len(bases)]
+        height, width = images.image_size(base)  # (the header comes before the scan: the changes leave it alone)
+        data = bytearray(base)
+        scan = data.index(b"\xff\xda")
+        for _ in range(int(rng.integers(1, 6))):
+            data[int(rng.integers(scan, len(data) - 2))] ^= int(rng.integers(1, 256))
+        data = bytes(data)
+        top, left = int(rng.integers(0, height // 2)), int(rng.integers(0, width // 2))
+        h, w = int(rng.integers(8, height - top)), int(rng.integers(8, width - left))
+        try:
+            pixels, rows, cols, _, _ = jpeg.crop(data, 0, 0, height, width, height, width, 1 << 30)
+            whole = np.frombuffer(pixels, np.uint8).reshape(rows, cols, 3)
+        except ValueError:
+            whole = None
+        try:
+            pixels, rows, cols, x_offset, n = jpeg.crop(data, top, left, h, w, h, w, 1 << 30)  # at full scale
+            crop = np.frombuffer(pixels, np.uint8).reshape(rows, cols, 3)[:, x_offset:x_offset + w]
+        except ValueError:
+            crop = None
+        if whole is None or crop is None:
+            outcomes["both errors" if whole is None and crop is None else "one error"] += 1
+        else:
+            outcomes["equal" if np.array_equal(crop, whole[top:top + h, left:left + w]) else "unequal"] += 1
+    assert set(outcomes) == {"both errors", "equal"} and min(outcomes.values()) > 100, outcomes
 
 
 def test_an_empty_image_value_is_named_on_every_path(monkeypatch):
