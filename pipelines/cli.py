@@ -192,6 +192,7 @@ def plan_main(argv: list[str]) -> int:
 
     plan = make_plan(_config(args))
     body = {"input": args.input, "output": args.output, "to_convert": [t.source.path for t in plan.tasks],
+            "why": {t.source.path: t.reason for t in plan.tasks},  # each shard to convert: why
             "up_to_date": len(plan.kept), "to_prune": [e.path for e in plan.pruned],
             "orphaned": [e.path for e in plan.orphaned],
             # converted by a run that ended before its manifest: a run (converting nothing more) lists them in it

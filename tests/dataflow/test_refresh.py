@@ -77,6 +77,7 @@ def test_refresh_converts_only_new_shards_and_launches_nothing_when_up_to_date(t
     upload(paths[2])
     out, plan = _run_plan_step(values, workspace)
     assert plan["to_convert"] == [f"gs://{bucket}/raw/{paths[2].name}"] and plan["up_to_date"] == 2
+    assert plan["why"] == {f"gs://{bucket}/raw/{paths[2].name}": "new: not in the manifest"}
     # ... while the previous refresh's job, or a job launched by cloudbuild.yaml, still writes this output: nothing
     # is launched over it (a job writing another output does not count)
     other = "convert-" + hashlib.sha1(f"gs://{bucket}/other".encode()).hexdigest()[:8] + "-20261122-010203"
