@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -66,10 +65,11 @@ def inspect_main(args) -> int:
 def _failed(root: str) -> list[dict]:
     """The shards a conversion's manifest lists as failed."""
     from dataset_format import storage
-    from dataset_format.manifest import MANIFEST_NAME
+    from dataset_format.manifest import MANIFEST_NAME, ShardTable
 
-    text = storage.read_text(storage.join(root, MANIFEST_NAME))
-    return list(json.loads(text).get("failed", ())) if text else []
+    path = storage.join(root, MANIFEST_NAME)
+    text = storage.read_text(path)
+    return list(ShardTable.from_json(text, path=path).failed) if text else []
 
 
 def _ranges(source) -> list[str]:
