@@ -62,15 +62,26 @@ def _same(got, expected):
             np.testing.assert_array_equal(a[key], b[key])
 
 
-def _actor_pids() -> list[int]:
+def _actor_pids(parent: int | None = None) -> list[int]:
+    """The pids of the loader's actor processes (those `parent` started, when given: a node's raylet)."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and b"ray::_GroupActor" in (proc / "cmdline").read_bytes():
-                pids.append(int(proc.name))
-        except OSError:
+                if parent is None or int((proc / "stat").read_text().rpartition(")")[2].split()[1]) == parent:
+                    pids.append(int(proc.name))
+        except (OSError, ValueError, IndexError):
             pass
     return pids
+
+
+def _wait_for_an_actor_on(node, timeout: float = 60.0) -> None:
+    """Until an actor process runs on `node` (a cluster_utils node), so that removing the node ends one."""
+    raylet = next(p.pid for kind, p in node.live_processes() if kind == "raylet")
+    deadline = time.monotonic() + timeout
+    while not _actor_pids(raylet):
+        assert time.monotonic() < deadline, f"no loader actor was placed on the node of raylet {raylet} in {timeout}s"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +175,7 @@ def test_actors_the_cluster_cannot_place_wait_while_the_placed_ones_compute_thro
         it = iter(_crops(photos, worker_count=3, ray_address=cluster.address, ray_resources={"lossy_cpu": 1}))
         with caplog.at_level(logging.WARNING, logger="loader.executors"):
             got = [next(it) for _ in range(4)]
+            _wait_for_an_actor_on(nodes[1])  # (under load the cluster may place it after the first batches)
             cluster.remove_node(nodes[1])  # its actor ends; the replacement has nowhere to go
             got += list(it)
         _same(got, local_crops)
