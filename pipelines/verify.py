@@ -166,7 +166,7 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
                 try:
                     got = reader.read(start, min(start + _BATCH, entry.records))
                 except RuntimeError as e:  # riegeli's errors: a damaged chunk of the output (it was a traceback)
-                    return _corrupt(path, e)
+                    return _corrupt(path, e, _first_unreadable(reader, start, min(start + _BATCH, entry.records)))
                 wanted = list(itertools.islice(expected, len(got)))
                 if len(wanted) < len(got):
                     return (f"{path}: holds {entry.records} records but {entry.source} has only "
@@ -191,10 +191,21 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
     return None
 
 
-def _corrupt(path: str, error: Exception) -> str:
+def _first_unreadable(reader: ArrayRecordReader, start: int, end: int) -> int | None:
+    """The first record of [start, end) that does not read (riegeli's error names a byte offset, not a record)."""
+    for index in range(start, end):
+        try:
+            reader.read([index])
+        except RuntimeError:
+            return index
+    return None
+
+
+def _corrupt(path: str, error: Exception, record: int | None = None) -> str:
     lines = str(error).strip().splitlines()
-    return (f"{path}: cannot be read ({lines[0] if lines else type(error).__name__}); the shard is corrupt: delete it "
-            "and re-run the conversion, which writes it again")
+    where = f"record {record} " if record is not None else ""
+    return (f"{path}: {where}cannot be read ({lines[0] if lines else type(error).__name__}); the shard is corrupt: "
+            "delete it and re-run the conversion, which writes it again")
 
 
 def _digest(record: bytes) -> str:

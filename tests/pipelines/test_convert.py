@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import re
 
 import grain
 import pytest
@@ -277,7 +278,8 @@ def test_a_conversion_whose_every_shard_is_empty_ends_with_one_clear_error(tmp_p
 
 
 def test_a_damaged_output_shard_is_a_problem_line_of_verify_deep_and_deleting_it_repairs_it(tmp_path):
-    """A flipped byte in a chunk of an output: verify --deep names the shard (it ended in riegeli's traceback), and
+    """A flipped byte in a chunk of an output: verify --deep names the shard and the first record that does not read
+    (it ended in riegeli's traceback, which names a byte offset), and
     deleting it and re-running the conversion writes it again (a re-run alone keeps it: size and source unchanged)."""
     from pipelines.verify import verify
 
@@ -287,12 +289,19 @@ def test_a_damaged_output_shard_is_a_problem_line_of_verify_deep_and_deleting_it
     shard = tmp_path / "out" / "train-00001-of-00002.array_record"
     whole = shard.read_bytes()
     data = bytearray(whole)
-    data[100] ^= 0xFF  # in the first chunk of records (the file is padded to 64 KiB blocks: its middle is padding)
-    shard.write_bytes(bytes(data))
+    data[5000] ^= 0xFF  # in a chunk of records past the first (the file is padded to 64 KiB blocks: its middle is
+    shard.write_bytes(bytes(data))  # padding)
     assert verify(str(tmp_path / "out")).problems == []  # plain verify checks sizes and counts, as documented
     problems = verify(str(tmp_path / "out"), deep=True).problems
-    assert len(problems) == 1 and problems[0].startswith(f"{shard}: cannot be read (") and problems[0].endswith(
-        "); the shard is corrupt: delete it and re-run the conversion, which writes it again")
+    named = re.fullmatch(rf"{re.escape(str(shard))}: record (\d+) cannot be read \(.*\); the shard is corrupt: delete "
+                         "it and re-run the conversion, which writes it again", problems[0]) if problems else None
+    assert len(problems) == 1 and named, problems
+    record = int(named[1])  # the first that does not read
+    reader = ArrayRecordReader(str(shard))
+    assert record > 0 and len(reader.read(0, record)) == record
+    with pytest.raises(RuntimeError):
+        reader.read([record])
+    reader.close()
     assert run_conversion(config, ONE_WORKER).converted == 0  # what the line says is needed: a re-run keeps it
     footer = []  # a damaged index (after the records' chunks) fails plain verify too: a line, not a traceback
     for offset in range(0, len(whole.rstrip(b"\0")), 256):
