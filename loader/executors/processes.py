@@ -244,6 +244,7 @@ class _Groups(Scheduled):
                 message = worker.conn.recv()
                 if message == READY:
                     worker.ready = True
+                    self._failed_starts = 0  # (those that end before they start: counted in a row)
                     continue
                 g, ok, value = message
                 events.append(Result(worker, g, ok, transport.expand(_unpack(value)) if ok else value))

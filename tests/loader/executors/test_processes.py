@@ -69,6 +69,50 @@ def test_a_record_that_kills_every_worker_is_one_error_naming_its_group(converte
     assert _workers() == []
 
 
+class _FlakyStarts:
+    """A map function whose odd-numbered worker processes die as they unpickle it (before they start), and whose
+    even-numbered ones die at their 20th record: start failures that are not in a row."""
+
+    def __init__(self, counter: str):
+        self.counter, self.start, self.seen = counter, 0, 0
+
+    def __getstate__(self):
+        return {"counter": self.counter}
+
+    def __setstate__(self, state):
+        import fcntl
+
+        self.counter, self.seen = state["counter"], 0
+        with open(self.counter, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            self.start = int(f.read() or 0) + 1
+            f.seek(0)
+            f.write(str(self.start))
+        if self.start in (1, 3, 5):
+            os._exit(1)
+
+    def __call__(self, record: bytes) -> bytes:
+        self.seen += 1
+        if self.start in (2, 4) and self.seen == 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return record
+
+
+@pytest.mark.timeout(120)
+def test_workers_that_fail_to_start_now_and_then_are_not_counted_together(converted, tmp_path, caplog):
+    """Three starts failed in all, each followed by a worker that started: the run goes on (three in a row is the
+    error above), and its batches are those of a run without workers."""
+    expected = _rows(loader.load(str(converted), **OPTIONS))
+    counter = tmp_path / "starts"
+    counter.write_text("0")
+    with caplog.at_level(logging.WARNING, logger="loader.executors.schedule"):
+        got = _rows(loader.load(str(converted), map_fn=_FlakyStarts(str(counter)), worker_count=1, **OPTIONS))
+    assert got == expected
+    assert int(counter.read_text()) == 6, caplog.text
+    assert caplog.text.count("ended before it started (exit code 1)") == 3, caplog.text
+    assert caplog.text.count("ended (signal SIGKILL)") == 2, caplog.text
+
+
 def test_results_arrays_travel_through_one_shm_file_that_is_gone_once_taken():
     from loader.executors import processes
 
