@@ -198,9 +198,9 @@ class _ActorGroups(Scheduled):
         if self._told_unplaced or not self._placing:
             return
         waiting = [w for w in self._placing.values() if time.monotonic() - w.since > STALL_SECONDS]
-        if waiting:
+        placed = sum(w.placed for w in self._workers)
+        if waiting and placed:  # (while none is placed, the wait for them is said: _stalled)
             self._told_unplaced = True
-            placed = sum(w.placed for w in self._workers)
             need = ", ".join(f"{k}: {v:g}" for k, v in {"CPU": 1, **dict(self._spec.resources or {})}.items())
             log.warning("%d of the loader's Ray actors are not placed after %gs (each needs {%s} free; ray status "
                         "shows what is); the %d placed compute the batches meanwhile", len(waiting), STALL_SECONDS,

@@ -4,10 +4,12 @@ it beats (refused), lapses or ends (taken)."""
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,24 +37,34 @@ def test_a_lease_from_another_host_whose_heartbeat_lapses_is_taken_over_after_th
                                                                                   ttl=6):
         took = time.monotonic() - started
         assert _holder(tmp_path)["pid"] == os.getpid()
-    assert 1.5 < took < 5, took
+    assert 1.5 < took < 10, took
     assert not (tmp_path / LEASE_NAME).exists()
     messages = [r.getMessage() for r in caplog.records]
     assert messages[0].startswith(f"{tmp_path} is held by host 'tpu-host-3' pid 4242, since ")
-    assert messages[0].endswith("waiting up to 2 s for that run's next heartbeat, to tell a live run (refused) from "
-                                "one whose host was lost (taken over)")
+    assert re.search(r"waiting up to \d s for that run's next heartbeat, to tell a live run \(refused\) from "
+                     r"one whose host was lost \(taken over\)$", messages[0]), messages[0]  # (6 s less its age)
     assert messages[1].startswith(f"taking over the lease of {tmp_path} from host 'tpu-host-3' pid 4242")
     assert messages[1].endswith(": no heartbeat for over 6 s")
 
 
 def test_a_lease_from_another_host_that_beats_is_refused_at_its_beat(tmp_path):
     _write(tmp_path, "tpu-host-3", 4242, heartbeat_age=1)
-    beat = threading.Timer(0.5, _write, (tmp_path, "tpu-host-3", 4242, 0))
+    stop = threading.Event()
+
+    def beats():  # the live holder's heartbeats, every 0.3 s (whenever the wait reads its first, a later one comes)
+        while not stop.wait(0.3):
+            _write(tmp_path, "tpu-host-3", 4242, 0)
+
+    beat = threading.Thread(target=beats, daemon=True)
     beat.start()
     started = time.monotonic()
-    with pytest.raises(LeaseHeld, match=r"^held by host 'tpu-host-3' pid 4242, since .*, last heartbeat \d s ago$"):
-        with Lease(str(tmp_path), held=_held, wait=True, ttl=60):
-            pass
+    try:
+        with pytest.raises(LeaseHeld, match=r"^held by host 'tpu-host-3' pid 4242, since .*, last heartbeat \d s ago$"):
+            with Lease(str(tmp_path), held=_held, wait=True, ttl=60):
+                pass
+    finally:
+        stop.set()
+        beat.join()
     assert time.monotonic() - started < 5
     assert _holder(tmp_path)["host"] == "tpu-host-3"  # left as it was
 
@@ -94,7 +106,10 @@ def test_a_dead_or_reused_pid_on_this_host_is_known_dead():
     assert dead({"host": host, "pid": os.getppid(), "started": now, "heartbeat": now}, 120) is None
     zombie = subprocess.Popen(["sleep", "30"])
     zombie.kill()
-    time.sleep(0.2)  # dead, not reaped (no wait() yet)
+    deadline = time.monotonic() + 10  # until it is dead, not reaped (no wait() yet)
+    while Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     try:
         assert dead({"host": host, "pid": zombie.pid, "started": now, "heartbeat": now}, 120) == (
             "its process is gone (it has exited; its parent has not reaped it)")

@@ -12,12 +12,15 @@ import pytest
 from tests.conftest import REPO, run_cli, synthetic_records, write_tfrecord_shards
 
 SLOW_COMMITS = '''
+import os
 import time
 from pipelines import commits
 _write = commits.write
 
-def write(*args, **kwargs):
-    time.sleep(4)
+def write(*args, **kwargs):  # held until the test releases it (at most 120 s): the run outlives the second's refusal
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.environ["RELEASE"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     _write(*args, **kwargs)
 
 commits.write = write
@@ -43,7 +46,8 @@ def test_a_second_run_fails_fast_naming_the_first_which_completes(tmp_path):
             "--direct_num_workers=1"]
     first = subprocess.Popen([sys.executable, "-m", "pipelines", *args], cwd=REPO, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])})
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)]),
+                                  "RELEASE": str(tmp_path / "release")})
     deadline = time.monotonic() + 60
     while not (tmp_path / "out" / ".lease.json").exists():
         assert time.monotonic() < deadline and first.poll() is None, first.communicate()
@@ -57,6 +61,7 @@ def test_a_second_run_fails_fast_naming_the_first_which_completes(tmp_path):
             f"{first.pid}, since ") in second.stderr
     assert "pass --break-lock if that run is dead" in second.stderr
 
+    (tmp_path / "release").touch()
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err[-2000:]
     assert "converted 2 shard(s) (200 records" in out and not (tmp_path / "out" / ".lease.json").exists()

@@ -137,7 +137,8 @@ def test_label_offset_trains_auto_workers_log_their_choice_and_a_finished_run_st
     started = time.monotonic()
     again = run_trainer(*args)
     elapsed = time.monotonic() - started
-    assert again.returncode == 0 and elapsed < 5, (elapsed, again.stderr)
+    # (the one line below shows nothing was built; the bound only catches a wait, e.g. for the loader, under load)
+    assert again.returncode == 0 and elapsed < 30, (elapsed, again.stderr)
     lines = again.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith(
         f"INFO trainer.checkpoints: nothing to do: {tmp_path}/checkpoints holds a checkpoint at step 300 and steps=300; "

@@ -192,14 +192,15 @@ def test_a_process_that_never_joins_ends_the_other_after_join_timeout_with_the_c
     `DEADLINE_EXCEEDED ... RegisterTask` for a last line."""
     begun = time.monotonic()
     [(code, out, err)] = _job([_two(("data=unused", f"workdir={tmp_path}", "join_timeout=3"), port=_port())[started]],
-                              timeout=60)
+                              timeout=120)
     assert code == 1 and out == "", err[-3000:]
     assert f"joining a job of 2 processes as process {started}" in err and "each waits up to 3 s" in err
     assert err.strip().splitlines()[-1] == (
         "error: the job's processes did not all join within 3 s (join_timeout=): one was not started, cannot reach "
         "process 0's coordinator_address, or has another coordinator_address or num_processes; start every process, "
         "process_id 0 to num_processes - 1 once each, with the same coordinator_address and num_processes"), err
-    assert "Check failure stack trace" not in err and time.monotonic() - begun < 40
+    # (a fresh process: ~8 s of imports, more on a loaded host; JAX's own wait would be minutes)
+    assert "Check failure stack trace" not in err and time.monotonic() - begun < 90
 
 
 def _two(common, *, port, each=((), ())):

@@ -242,6 +242,8 @@ def test_a_tf_config_chief_killed_while_its_tasks_join_takes_its_ray_head_with_i
     import socket
 
     with socket.socket() as taken:
+        # (the head's closed connections may linger in TIME_WAIT on the port: no listener, nothing to refuse the bind)
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taken.bind(("127.0.0.1", port))
         taken.listen()
         proc = run_trainer(*args, extra_env=env, timeout=120)

@@ -50,7 +50,8 @@ def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
     # data-wait is the part of the host's wait with no step running (the devices idle for want of input); its longest
     # single wait is part of it
     assert all(0 <= r["data_wait_fraction"] <= r["host_wait_fraction"] < 1 for r in records)
-    assert all(0 <= r["data_wait_longest_s"] <= r["data_wait_fraction"] * r["step_time_s"] * 10 for r in records)
+    assert all(0 <= r["data_wait_longest_s"] <= r["data_wait_fraction"] * r["step_time_s"] * 10 * (1 + 1e-9)
+               for r in records)  # (a fraction of a time times the time again: 1 ulp either way)
     assert re.search(r"step 30/30 loss [\d.]+ eval_\w+ .* ex/s data-wait [\d.]+% \(longest \d+\.\d\d s\)", proc.stderr)
     assert records[-1]["loss"] < records[0]["loss"]
     assert 0.5 < records[-1]["eval_accuracy"] <= 1.0 and records[-1]["eval_examples"] == 359
@@ -84,11 +85,11 @@ def _leaves(tree):
 
 
 def test_sigterm_then_resume_matches_an_uninterrupted_run(digits, tmp_path):
-    args = ("model=mlp", "steps=60", "log_every=1", "checkpoint_every=1000")
-    straight = run_trainer(*_common(digits, tmp_path / "straight", *args))
-    assert straight.returncode == 0, straight.stderr[-2000:]
-
-    proc = run_trainer(*_common(digits, tmp_path / "stopped", *args), popen=True)
+    """The interrupted run asks for far more steps than it can run in the test's time, so only the SIGTERM ends it
+    (with 60 steps, a run could finish between the 10th metrics line and the signal); the resume and the reference
+    run go to where it stopped + 10 (no schedule depends on `steps`)."""
+    args = ("model=mlp", "log_every=1", "checkpoint_every=100000")
+    proc = run_trainer(*_common(digits, tmp_path / "stopped", *args, "steps=100000"), popen=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until training is under way, then preempt
         if (tmp_path / "stopped" / "metrics.jsonl").exists() and len(_metrics(tmp_path / "stopped")) >= 10:
@@ -98,14 +99,17 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(digits, tmp_path):
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, output[-2000:]  # 128 + SIGTERM: preempted, checkpoint saved (a scheduler restarts)
     stopped_at, _ = _params(tmp_path / "stopped")
-    assert 10 <= stopped_at < 60 and "SIGTERM: saved a checkpoint" in output
+    assert stopped_at >= 10 and "SIGTERM: saved a checkpoint" in output
+    end = stopped_at + 10
 
-    resumed = run_trainer(*_common(digits, tmp_path / "stopped", *args))
+    resumed = run_trainer(*_common(digits, tmp_path / "stopped", *args, f"steps={end}"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from step {stopped_at}" in resumed.stderr
+    straight = run_trainer(*_common(digits, tmp_path / "straight", *args, f"steps={end}"))
+    assert straight.returncode == 0, straight.stderr[-2000:]
     want = {r["step"]: r["loss"] for r in _metrics(tmp_path / "straight")}
     got = {r["step"]: r["loss"] for r in _metrics(tmp_path / "stopped")}
-    assert sorted(got) == list(range(1, 61))
+    assert sorted(got) == list(range(1, end + 1))
     assert got == want  # bitwise: same batches, same losses
     (_, a), (_, b) = _params(tmp_path / "straight"), _params(tmp_path / "stopped")
     assert all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b)))
@@ -560,7 +564,7 @@ def test_the_rates_leave_out_the_time_a_checkpoint_takes(digits, tmp_path, monke
         train.train_and_evaluate(config)
     assert [r["step"] for r in _metrics(tmp_path)] == [2, 4, 6]
     # a 3 s save counted in the rates would make each step of the next period take 1.5 s; an MLP step takes ms
-    assert all(r["step_time_s"] < 0.5 for r in _metrics(tmp_path)), _metrics(tmp_path)
+    assert all(r["step_time_s"] < 1.0 for r in _metrics(tmp_path)), _metrics(tmp_path)  # (room for a loaded host)
     saved = [re.fullmatch(r"step (\d+): checkpoint saved in ([\d.]+) s", r.getMessage()) for r in caplog.records]
     assert [(int(m[1]), float(m[2]) >= 3) for m in saved if m] == [(2, True), (4, True), (6, True)]
 

@@ -62,13 +62,18 @@ def _same(got, expected):
             np.testing.assert_array_equal(a[key], b[key])
 
 
-def _actor_pids(parent: int | None = None) -> list[int]:
-    """The pids of the loader's actor processes (those `parent` started, when given: a node's raylet)."""
+def _raylets(*nodes) -> set[int]:
+    """The pids of the raylets of `nodes` (cluster_utils nodes): the parents of the actor processes on them."""
+    return {p.pid for node in nodes for kind, p in node.live_processes() if kind == "raylet"}
+
+
+def _actor_pids(parents: set[int]) -> list[int]:
+    """The pids of the loader's actor processes that `parents` started (nodes' raylets: not another test worker's)."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and b"ray::_GroupActor" in (proc / "cmdline").read_bytes():
-                if parent is None or int((proc / "stat").read_text().rpartition(")")[2].split()[1]) == parent:
+                if int((proc / "stat").read_text().rpartition(")")[2].split()[1]) in parents:
                     pids.append(int(proc.name))
         except (OSError, ValueError, IndexError):
             pass
@@ -77,7 +82,7 @@ def _actor_pids(parent: int | None = None) -> list[int]:
 
 def _wait_for_an_actor_on(node, timeout: float = 60.0) -> None:
     """Until an actor process runs on `node` (a cluster_utils node), so that removing the node ends one."""
-    raylet = next(p.pid for kind, p in node.live_processes() if kind == "raylet")
+    raylet = _raylets(node)
     deadline = time.monotonic() + timeout
     while not _actor_pids(raylet):
         assert time.monotonic() < deadline, f"no loader actor was placed on the node of raylet {raylet} in {timeout}s"
@@ -95,7 +100,8 @@ def test_remote_crops_are_the_local_ones_through_a_killed_actor_a_resume_and_res
     it = iter(_crops(photos, **_remote(cluster)))
     actors = it._host.groups._workers
     pid_of = {id(w): ray.get(w.handle.pid.remote()) for w in actors}  # idle yet: answered at once
-    assert sorted(pid_of.values()) == sorted(_actor_pids()), _actor_pids()
+    raylets = _raylets(*cluster.list_all_nodes())
+    assert sorted(pid_of.values()) == sorted(_actor_pids(raylets)), _actor_pids(raylets)
     got = [next(it)]  # one batch of 8 records; the next groups (16 records, 160 ms each) are in progress
     victim = next(w for w in actors if w.groups)  # killed holding groups: its end is seen, they are computed again
     with caplog.at_level(logging.WARNING, logger="loader.executors.schedule"):
@@ -115,9 +121,9 @@ def test_remote_crops_are_the_local_ones_through_a_killed_actor_a_resume_and_res
     resumed.close()
     it.close()
     deadline = time.monotonic() + 30
-    while _actor_pids() and time.monotonic() < deadline:  # killed by close()
+    while _actor_pids(raylets) and time.monotonic() < deadline:  # killed by close()
         time.sleep(0.2)
-    assert _actor_pids() == []
+    assert _actor_pids(raylets) == []
 
 
 def test_a_remote_mixture_is_the_local_one(cluster, converted, photos):
