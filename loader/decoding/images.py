@@ -137,11 +137,35 @@ def _decoded(data, size: tuple[int, int] | None, min_height: int, min_width: int
     cv2 = _cv2()
     image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if image is None:
+        if data[:8] == PNG_MAGIC:  # OpenCV gives no reason: the first chunk that is damaged, where one is
+            raise ValueError(f"{_described(data)}: not a PNG that decodes ({_png_damage(data)})")
         raise ValueError(f"{_described(data)} are not an image that decodes (JPEG, PNG, or another format OpenCV "
                          "reads)")
     if size is None:
         _check_pixels(image.shape[0], image.shape[1], max_pixels)
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def _png_damage(data) -> str:
+    """Why a PNG that OpenCV would not decode does not: its first chunk whose length overruns the file or whose CRC
+    does not match, or else that its chunks are whole (the image data itself is damaged)."""
+    import zlib
+
+    data = bytes(data)
+    at = len(PNG_MAGIC)
+    while at + 12 <= len(data):
+        length = int.from_bytes(data[at:at + 4], "big")
+        kind = data[at + 4:at + 8]
+        name = kind.decode("latin-1") if kind.isalpha() else repr(kind)
+        if length > len(data) - at - 12:  # (bounded before it is used)
+            return f"its {name} chunk at byte {at} declares {length:,} bytes, past the end of the file"
+        stored = int.from_bytes(data[at + 8 + length:at + 12 + length], "big")
+        if zlib.crc32(data[at + 4:at + 8 + length]) != stored:
+            return f"its {name} chunk at byte {at} fails its CRC: a damaged byte"
+        if kind == b"IEND":
+            return "its chunks are whole and their CRCs match: the image data they hold does not decode"
+        at += 12 + length
+    return f"it ends at byte {len(data)} inside a chunk header, before its IEND chunk"
 
 
 def sample_crop(rng: np.random.Generator, height: int, width: int, *, area_range=AREA_RANGE,

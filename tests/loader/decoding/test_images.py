@@ -122,6 +122,31 @@ def test_boxes_lie_inside_the_image_with_the_asked_area_and_aspect():
         assert 3 / 4 * 0.9 < aspect < 4 / 3 * 1.1 or (h, w) in ((height, width), (height, w), (h, width))
 
 
+
+def test_a_damaged_png_says_which_chunk(jpeg):
+    """OpenCV refuses a damaged PNG without a reason: the error names the chunk that is damaged, or says that the
+    chunks are whole (the compressed pixels themselves are damaged: a file crafted with CRCs to match)."""
+    import cv2
+
+    png = cv2.imencode(".png", images.decode(jpeg)[:, :, ::-1])[1].tobytes()
+    idat = png.index(b"IDAT") - 4
+    flipped = bytearray(png)
+    flipped[idat + 100] ^= 0xFF  # a byte of the image data
+    with pytest.raises(ValueError, match=rf"^{len(png)} bytes starting .*: not a PNG that decodes \(its IDAT chunk at "
+                                         rf"byte {idat} fails its CRC: a damaged byte\)$"):
+        images.decode(bytes(flipped))
+    overrun = bytearray(png)
+    overrun[idat:idat + 4] = (1 << 31).to_bytes(4, "big")  # a length past the file's end
+    with pytest.raises(ValueError, match=rf"its IDAT chunk at byte {idat} declares 2,147,483,648 bytes, past the end"):
+        images.decode(bytes(overrun))
+    length = int.from_bytes(png[idat:idat + 4], "big")
+    pixels = bytearray(png[idat + 8:idat + 8 + length])
+    pixels[2:] = bytes(len(pixels) - 2)  # a zlib stream of zeros, its CRC recomputed: whole chunks, bad data
+    forged = png[:idat] + _png_chunk(b"IDAT", bytes(pixels)) + png[idat + 12 + length:]
+    with pytest.raises(ValueError, match=r"its chunks are whole and their CRCs match: the image data they hold does "
+                                         r"not decode\)$"):
+        images.decode(forged)
+
 def test_decode_is_rgb_and_png_decodes_exactly(jpeg):
     import cv2
 
