@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -227,7 +228,15 @@ DAMAGED = "the manifest was edited or damaged: delete it and re-run the conversi
 
 def redo(shard: str) -> str:
     """The fix for a converted shard that is damaged or stale, or whose file beside it is: a plain re-run keeps a shard
-    whose size is the manifest's, and converts a missing one again."""
+    whose size is the manifest's, and converts a missing one again. In a staged copy (`loader stage`), staging it
+    again: the original may be whole."""
+    from dataset_format import staged
+
+    source = staged.source_of(shard)
+    if source is not None:
+        return (f"delete {shard} and run `python -m loader stage {source} {os.path.dirname(os.path.abspath(shard))}` "
+                f"again, which copies it again (the directory is a staged copy of {source}; if the original is "
+                "damaged too, delete it there and re-run the conversion)")
     return f"delete {shard} and re-run the conversion, which converts it again"
 
 

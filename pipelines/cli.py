@@ -234,6 +234,10 @@ def verify_main(argv: list[str]) -> int:
         print(f"note: {len(gone)} source(s) gone since they were converted (e.g. {gone[0]}): their shards are still "
               "in the dataset; `python -m pipelines convert` with the same --input and --output and --prune deletes "
               "them")
+    if result.restage:
+        print(f"note: this is a staged copy of {result.staged_from}, and {len(result.restage)} of its shards changed "
+              f"there since they were staged (e.g. {result.restage[0]}): `python -m loader stage "
+              f"{result.staged_from} {args.output}` copies them again")
     print(f"verify {'--deep ' if args.deep else ''}{args.output}: {result.shards:,} shards, {result.records:,} "
           f"records, {len(result.problems)} problem(s), {time.monotonic() - started:.1f} s")
     return 0 if result.ok else 1

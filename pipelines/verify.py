@@ -15,7 +15,7 @@ import logging
 
 from array_record.python.array_record_module import ArrayRecordReader
 
-from dataset_format import storage, tfds_info
+from dataset_format import staged, storage, tfds_info
 from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, ShardEntry, redo
 from pipelines import paths, tfrecord
 from pipelines.plan import read_manifest, same_path
@@ -33,6 +33,9 @@ class VerifyResult:
     problems: list[str] = dataclasses.field(default_factory=list)
     # sources changed or gone since their shard was converted: the output is whole, but behind its input
     stale: list[str] = dataclasses.field(default_factory=list)
+    # a staged copy (`loader stage`): where it was staged from, and its shards that changed there since
+    staged_from: str | None = None
+    restage: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +70,22 @@ def verify(output: str, *, deep: bool = False) -> VerifyResult:
     if manifest.kind == "tfds":
         result.problems.extend(_check_tfds_info(output, manifest.shards))
     result.stale = stale_sources(manifest.shards)
+    if not storage.is_remote(output):
+        result.staged_from, result.restage = _restage(output, manifest.shards)
     return result
+
+
+def _restage(output: str, entries) -> tuple[str | None, list[str]]:
+    """For a staged copy: its source, and its shards whose source changed since they were copied (one listing of the
+    source; a shard copied before copies were recorded counts as changed)."""
+    source, copied = staged.read(output)
+    if source is None:
+        return None, []
+    try:
+        now = staged.versions(source)
+    except (OSError, ValueError) as e:
+        return source, [f"{source} (cannot be listed: {str(e).splitlines()[0][:200]})"]
+    return source, [e.path for e in entries if e.path in now and copied.get(e.path) != now[e.path][1]]
 
 
 def stale_sources(entries) -> list[str]:
@@ -133,9 +151,11 @@ def _check_counts(path: str, entry: ShardEntry, size: int | None) -> str | None:
     return None
 
 
-def _rerun(entry: ShardEntry) -> str:
+def _rerun(path: str, entry: ShardEntry) -> str:
     """What converts the shard again: a plain re-run when its source changed since (the plan sees that), else
-    --force (the output changed under an unchanged source)."""
+    --force (the output changed under an unchanged source); in a staged copy, staging it again."""
+    if staged.source_of(path) is not None:
+        return redo(path)
     try:
         now = paths.list_inputs(entry.source)[0].fingerprint
     except OSError:
@@ -170,13 +190,13 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
                 wanted = list(itertools.islice(expected, len(got)))
                 if len(wanted) < len(got):
                     return (f"{path}: holds {entry.records} records but {entry.source} has only "
-                            f"{start + len(wanted)}; {_rerun(entry)}")
+                            f"{start + len(wanted)}; {_rerun(path, entry)}")
                 for offset, (want, have) in enumerate(zip(wanted, got)):
                     if want != have:
                         return (f"{path}: record {start + offset} differs from record {start + offset} of "
-                                f"{entry.source} (sha256 {_digest(have)} vs {_digest(want)}); {_rerun(entry)}")
+                                f"{entry.source} (sha256 {_digest(have)} vs {_digest(want)}); {_rerun(path, entry)}")
             if next(expected, None) is not None:
-                return f"{path}: {entry.source} has more records than the {entry.records} converted; {_rerun(entry)}"
+                return f"{path}: {entry.source} has more records than the {entry.records} converted; {_rerun(path, entry)}"
         if tokens is not None:
             counts = storage.read_bytes(path + COUNTS_SUFFIX)
             if counts != tokens.counts_bytes():
@@ -204,8 +224,7 @@ def _first_unreadable(reader: ArrayRecordReader, start: int, end: int) -> int | 
 def _corrupt(path: str, error: Exception, record: int | None = None) -> str:
     lines = str(error).strip().splitlines()
     where = f"record {record} " if record is not None else ""
-    return (f"{path}: {where}cannot be read ({lines[0] if lines else type(error).__name__}); the shard is corrupt: "
-            "delete it and re-run the conversion, which writes it again")
+    return f"{path}: {where}cannot be read ({lines[0] if lines else type(error).__name__}); the shard is corrupt: {redo(path)}"
 
 
 def _digest(record: bytes) -> str:

@@ -193,9 +193,8 @@ class BatchReader:
         except (_riegeli.CorruptError, _riegeli.UnsupportedError) as e:
             why, at, _ = e.args
             shard, record = int(shards[at]), int(local[at])
-            raise OSError(f"{self._paths[shard]}: record {record} cannot be read ({why}); the shard is corrupt: delete "
-                          "it and re-run the conversion, which writes it again (python -m pipelines verify --deep "
-                          "finds such shards)") from None
+            raise OSError(f"{self._paths[shard]}: record {record} cannot be read ({why}); the shard is corrupt: "
+                          f"{redo(self._paths[shard])} (python -m pipelines verify --deep finds such shards)") from None
         except OSError as e:
             raise OSError(f"cannot read {self._paths[int(shards[0])]} and others of this read ({e}); check the "
                           "files are there and readable, or restage the data") from e

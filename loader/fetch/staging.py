@@ -4,8 +4,10 @@ The loader reads gs:// directly (loader/fetch/remote.py: batched range requests,
 local-disk speed where the dataset fits on the host's disk. `stage` copies the shards listed in the manifest (or
 dataset_info.json) in parallel through google-cloud-storage (checksums checked, transient errors
 retried: dataset_format/storage.py), checks each copy's size against the metadata, and skips files
-already staged, so an interrupted staging resumes where it stopped. Metadata files are copied last,
-so a directory with a manifest is a complete one.
+already staged from the same version of their source (`DIR/.staged.json`: dataset_format/staged.py), so an
+interrupted staging resumes where it stopped and a dataset converted again in place is copied again where it
+changed. Metadata files are copied last, and a re-stage that copies anything removes the copy's metadata
+first, so a directory with a manifest is a complete one.
 
     local = loader.stage("gs://bucket/digits/train", "/mnt/disks/data/digits/train")
     batches = loader.load(local, batch_size=256)
@@ -21,10 +23,12 @@ import logging
 import os
 import time
 
-from dataset_format import storage, tfds_info
+from dataset_format import staged, storage, tfds_info
 from dataset_format.manifest import MANIFEST_NAME, Manifest
 
 log = logging.getLogger(__name__)
+
+RECORD_EVERY = 10.0  # seconds between writes of the staged record while copying (a kill loses at most this much)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,24 +43,43 @@ class StageResult:
 def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
     """Copies the dataset at `source` (gs:// or local) into `local_dir`; returns what it did."""
     started = time.monotonic()
-    listing = storage.list_sizes(source)
+    found = staged.versions(source)
+    listing = {name: size for name, (size, _) in found.items()}
     if not listing:
         raise FileNotFoundError(f"{source} is empty or does not exist; check the path (a directory written by "
                                 "`python -m pipelines convert` or tfds build)")
     shards, metadata = _plan(source, listing)
     os.makedirs(local_dir, exist_ok=True)
-    todo = [(name, size) for name, size in shards.items() if _local_size(local_dir, name) != size]
+    recorded_source, copied = staged.read(local_dir)
+    if recorded_source != source:  # another source, or none recorded: no copy here is known to be of this one
+        copied = {}
+    todo = [(name, size) for name, size in shards.items()
+            if _local_size(local_dir, name) != size or copied.get(name) != found[name][1]]
     total = sum(size for _, size in todo)
     log.info("staging %s -> %s: %d shard(s) to copy (%.1f MB), %d already staged", source, local_dir, len(todo),
              total / 1e6, len(shards) - len(todo))
-    done_bytes = 0
-    with concurrent.futures.ThreadPoolExecutor(max_workers=parallelism) as pool:
-        futures = {pool.submit(_copy, f"{source.rstrip('/')}/{name}", local_dir, name, size): name for name, size in todo}
-        for i, future in enumerate(concurrent.futures.as_completed(futures), 1):
-            done_bytes += future.result()
-            elapsed = max(time.monotonic() - started, 1e-9)
-            log.info("[%d/%d] %s staged (%.1f of %.1f MB, %.1f MB/s)", i, len(todo), futures[future], done_bytes / 1e6,
-                     total / 1e6, done_bytes / 1e6 / elapsed)
+    if todo:  # the copy is incomplete until its metadata is back: a reader refuses it meanwhile
+        for name in (MANIFEST_NAME, tfds_info.INFO_NAME):
+            if os.path.exists(os.path.join(local_dir, name)):
+                os.remove(os.path.join(local_dir, name))
+    done_bytes, recorded = 0, time.monotonic()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=parallelism) as pool:
+            futures = {pool.submit(_copy, f"{source.rstrip('/')}/{name}", local_dir, name, size): name
+                       for name, size in todo}
+            for i, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                done_bytes += future.result()
+                name = futures[future]
+                copied[name] = found[name][1]  # the version listed before the copy: if it changed meanwhile, the
+                # next stage sees another version and copies it again
+                elapsed = max(time.monotonic() - started, 1e-9)
+                log.info("[%d/%d] %s staged (%.1f of %.1f MB, %.1f MB/s)", i, len(todo), name, done_bytes / 1e6,
+                         total / 1e6, done_bytes / 1e6 / elapsed)
+                if time.monotonic() - recorded > RECORD_EVERY:
+                    staged.write(local_dir, source, copied)
+                    recorded = time.monotonic()
+    finally:
+        staged.write(local_dir, source, {n: v for n, v in copied.items() if n in shards})
     for name in metadata:  # last: their presence marks a complete copy
         _copy(f"{source.rstrip('/')}/{name}", local_dir, name, listing[name])
     return StageResult(local_dir, len(todo), len(shards) - len(todo), done_bytes, time.monotonic() - started)

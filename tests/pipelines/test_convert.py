@@ -294,7 +294,8 @@ def test_a_damaged_output_shard_is_a_problem_line_of_verify_deep_and_deleting_it
     assert verify(str(tmp_path / "out")).problems == []  # plain verify checks sizes and counts, as documented
     problems = verify(str(tmp_path / "out"), deep=True).problems
     named = re.fullmatch(rf"{re.escape(str(shard))}: record (\d+) cannot be read \(.*\); the shard is corrupt: delete "
-                         "it and re-run the conversion, which writes it again", problems[0]) if problems else None
+                         rf"{re.escape(str(shard))} and re-run the conversion, which converts it again", problems[0]) \
+        if problems else None
     assert len(problems) == 1 and named, problems
     record = int(named[1])  # the first that does not read
     reader = ArrayRecordReader(str(shard))

@@ -359,7 +359,7 @@ def test_a_shard_damaged_during_training_ends_the_run_with_the_shard_as_the_last
                        "batch_size=32", "log_every=100")
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and last.startswith(f"error: OSError: {shard}: record ") and \
-        "the shard is corrupt: delete it and re-run the conversion" in last, proc.stderr[-3000:]
+        f"the shard is corrupt: delete {shard} and re-run the conversion" in last, proc.stderr[-3000:]
 
 
 def test_labels_outside_num_classes_are_one_line_before_step_1(digits, tmp_path):

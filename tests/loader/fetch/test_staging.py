@@ -20,7 +20,7 @@ def test_stage_copies_verifies_and_resumes(tmp_path, gcs_bucket):
 
     first = loader.stage(remote, str(local))
     assert (first.copied, first.skipped) == (3, 0)
-    assert sorted(os.listdir(local)) == ["manifest.json", "report.json"] + [
+    assert sorted(os.listdir(local)) == [".staged.json", "manifest.json", "report.json"] + [
         f"train-{i:05d}-of-00003.array_record" for i in range(3)]
     kw = dict(batch_size=6, seed=4, num_epochs=1, decode=None)
     assert list(loader.load(str(local), **kw)) == list(loader.load(remote, **kw))
@@ -44,3 +44,78 @@ def test_stage_refuses_a_bucket_whose_shards_disagree_with_the_manifest(tmp_path
         loader.stage(remote, str(tmp_path / "staged"))
     with pytest.raises(FileNotFoundError, match="is empty or does not exist"):
         loader.stage(f"gs://{bucket}/nothing", str(tmp_path / "staged"))
+
+
+def _rows(directory) -> list[bytes]:
+    return [bytes(r) for b in loader.load(str(directory), batch_size=5, shuffle=False, num_epochs=1, decode=None)
+            for r in b]
+
+
+def test_a_dataset_converted_again_in_place_is_staged_again_where_it_changed(tmp_path, gcs_bucket, monkeypatch):
+    """Shards are padded to 64 KiB blocks: converted again from other records of the same lengths, each keeps its
+    size, and staging compared sizes only, so it kept every stale shard beside the new manifest (and verify passed).
+    Now each copy's source version (the object's generation) is recorded, and a changed one is copied again."""
+    from dataset_format import staged
+    from loader.fetch import staging
+    from pipelines.verify import verify
+
+    bucket, _ = gcs_bucket
+    remote, local = f"gs://{bucket}/ds", tmp_path / "staged"
+    write_tfrecord_shards(tmp_path / "a", [synthetic_records(i, 20) for i in range(3)])
+    run_conversion(ConvertConfig(input=str(tmp_path / "a" / "*"), output=remote), ["--direct_num_workers=1"])
+    assert loader.stage(remote, str(local)).copied == 3
+    before = {n: os.path.getsize(local / n) for n in os.listdir(local) if n.endswith(".array_record")}
+
+    # the same shard names and record lengths, other bytes: shards 1 and 2 change, shard 0 is kept
+    write_tfrecord_shards(tmp_path / "b", [[r.replace(b"x", b"y") for r in synthetic_records(i, 20)] for i in range(3)])
+    for name in sorted(os.listdir(tmp_path / "b"))[1:]:
+        os.replace(tmp_path / "b" / name, tmp_path / "a" / name)
+    run_conversion(ConvertConfig(input=str(tmp_path / "a" / "*"), output=remote), ["--direct_num_workers=1"])
+    assert {n: os.path.getsize(local / n) for n in before} == before  # (what made sizes blind to it)
+    assert verify(str(local)).restage == ["train-00001-of-00003.array_record", "train-00002-of-00003.array_record"]
+
+    again = loader.stage(remote, str(local))
+    assert (again.copied, again.skipped) == (2, 1)
+    assert _rows(local) == _rows(remote) and b"1:0:".ljust(100, b"y") in _rows(local)
+    assert verify(str(local)).restage == []
+    assert staged.read(str(local))[0] == remote
+
+    # a re-stage that fails part way leaves no manifest: the copy is refused, not read half old, half new
+    real = staging._copy
+
+    def failing(remote_path, local_dir, name, size):
+        if name.endswith("00002-of-00003.array_record"):
+            raise OSError("the connection was reset")
+        return real(remote_path, local_dir, name, size)
+
+    os.remove(local / "train-00001-of-00003.array_record")
+    os.remove(local / "train-00002-of-00003.array_record")
+    monkeypatch.setattr(staging, "_copy", failing)
+    with pytest.raises(OSError, match="the connection was reset"):
+        loader.stage(remote, str(local))
+    assert not (local / "manifest.json").exists()
+    monkeypatch.setattr(staging, "_copy", real)
+    resumed = loader.stage(remote, str(local))
+    assert (resumed.copied, resumed.skipped) == (1, 2)  # the shard copied before the failure was recorded
+    assert _rows(local) == _rows(remote)
+
+
+def test_a_damaged_shard_of_a_staged_copy_says_to_stage_it_again(tmp_path, gcs_bucket):
+    bucket, _ = gcs_bucket
+    remote, local = f"gs://{bucket}/ds", tmp_path / "staged"
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(0, 200)])
+    run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=remote), ["--direct_num_workers=1"])
+    loader.stage(remote, str(local))
+    shard = local / "train-00000-of-00001.array_record"
+    data = bytearray(shard.read_bytes())
+    data[5000] ^= 0xFF  # a record's chunk: the size is unchanged, so a re-stage alone would keep it
+    shard.write_bytes(bytes(data))
+    with pytest.raises(OSError) as e:
+        _rows(local)
+    assert str(e.value).endswith(
+        f"the shard is corrupt: delete {shard} and run `python -m loader stage {remote} {local}` again, which copies it "
+        f"again (the directory is a staged copy of {remote}; if the original is damaged too, delete it there and "
+        "re-run the conversion) (python -m pipelines verify --deep finds such shards)"), str(e.value)
+    shard.unlink()
+    assert loader.stage(remote, str(local)).copied == 1
+    assert len(_rows(local)) == 200
