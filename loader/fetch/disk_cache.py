@@ -93,6 +93,7 @@ class DiskCache:
         path = os.path.join(directory, key)
         for _ in range(3):
             if not os.path.exists(path):
+                _check_room(directory, capacity)
                 _create(directory, path, capacity, _slots_for(capacity, mean_chunk), records, dataset)
             try:
                 cache = cls._map(path, capacity, records)
@@ -325,6 +326,17 @@ class _OtherCapacity(_Stale):
         self.capacity = capacity
 
 
+def _check_room(directory: str, capacity: int) -> None:
+    """A new cache's cache_bytes refused when the disk of `directory` has less free: the cache would fill the disk
+    (the checkpoints and logs written there too) before it is full."""
+    stat = os.statvfs(directory)
+    free = stat.f_bavail * stat.f_frsize
+    if capacity > free:
+        raise ValueError(f"cache_bytes={capacity:,} is more than the {free:,} bytes free on the disk of "
+                         f"cache_dir={directory}: the cache would fill the disk before it is full; pass a cache_bytes= "
+                         "below the free space (leave room for what else is written there), or another cache_dir=")
+
+
 def _create(directory: str, path: str, capacity: int, slots: int, records: int, dataset: str) -> None:
     """A new cache at `path`, made under a temporary name and renamed (another process may make it first)."""
     made = tempfile.mkdtemp(prefix=".making-", dir=directory)
@@ -336,7 +348,11 @@ def _create(directory: str, path: str, capacity: int, slots: int, records: int, 
             f.write(np.array([MAGIC, VERSION, slots, capacity, 0, 0, records, 0], dtype="<u8").tobytes())
             f.truncate(HEADER + 16 * slots)
         with open(os.path.join(made, "data"), "wb") as f:
-            f.truncate(capacity)
+            try:
+                f.truncate(capacity)
+            except OSError as e:  # EFBIG: over the filesystem's largest file (it was blamed on the data's files)
+                raise ValueError(f"cache_bytes={capacity:,}: the filesystem of cache_dir={directory} cannot hold a "
+                                 f"file that large ({e.strerror}); pass a smaller cache_bytes=") from None
         try:
             os.rename(made, path)
             log.info("made a disk cache of %s bytes at %s", f"{capacity:,}", path)

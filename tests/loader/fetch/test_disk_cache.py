@@ -60,6 +60,32 @@ def test_a_cache_made_for_another_capacity_or_source_is_made_again(tmp_path, cap
     assert "made for 10,000 records, not 20,000" in caplog.text
 
 
+
+def test_a_cache_larger_than_the_free_space_or_the_largest_file_is_refused_naming_cache_bytes(tmp_path):
+    """A sparse data file of cache_bytes fills the disk before the cache is full; one over the filesystem's largest
+    file failed with EFBIG, blamed on the gs:// files being read."""
+    stat = os.statvfs(tmp_path)
+    free = stat.f_bavail * stat.f_frsize
+    with pytest.raises(ValueError, match=rf"^cache_bytes=[\d,]+ is more than the [\d,]+ bytes free on the disk of "
+                                         rf"cache_dir={tmp_path}: the cache would fill the disk"):
+        _open(tmp_path, capacity=free + (1 << 30))
+    assert not (tmp_path / "key").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".making")]
+
+
+def test_a_cache_over_the_largest_file_of_its_filesystem_is_refused_naming_cache_bytes(tmp_path):
+    from loader.fetch import disk_cache
+
+    with open(tmp_path / "probe", "wb") as f:
+        try:
+            f.truncate(1 << 61)
+            pytest.skip("this filesystem holds a file of 2^61 bytes (ext4's limit is 16 TiB, XFS's 8 EiB)")
+        except OSError:
+            pass
+    with pytest.raises(ValueError, match=rf"^cache_bytes=2,305,843,009,213,693,952: the filesystem of "
+                                         rf"cache_dir={tmp_path} cannot hold a file that large \(File too large\)"):
+        disk_cache._create(str(tmp_path), str(tmp_path / "key"), 1 << 61, 1024, 10, "")  # past the free-space check
+    assert not (tmp_path / "key").exists()
+
 @pytest.mark.parametrize("damage", ["header", "truncated table", "data size"])
 def test_a_damaged_cache_is_made_again(tmp_path, caplog, damage):
     records = np.arange(50)
