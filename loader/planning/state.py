@@ -28,8 +28,13 @@ def check(saved: dict, key: dict, what: str, fix: str = "restore with the same d
     if "dataset" in mismatched:  # (it names the record count)
         mismatched.pop("num_records", None)
     if mismatched:
-        detail = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in mismatched.items())
+        detail = ", ".join(f"{k}: saved {s!r}, now {n!r}{MEANING.get(k, '')}" for k, (s, n) in mismatched.items())
         raise ValueError(f"cannot restore {what}: {detail}; {fix}")
+
+
+# What a mismatch of a key whose values are hashes means, said after them.
+MEANING = {"counts": " (the documents' token counts differ: the data was tokenised again, by another tokenizer, or "
+                     "is another dataset)"}
 
 
 def said_new_batch_size(state: dict, batch_size: int) -> None:
