@@ -1,7 +1,7 @@
 """Shard naming: which ArrayRecord shard a TFRecord shard becomes (one output shard per input shard).
 
 The token `tfrecord` (or `tfrecords`) in the input's base name becomes `array_record`; a name without it gets
-`.array_record` appended. A compression suffix (`.gz`) is dropped first.
+`.array_record` appended. A compression suffix (`.gz`, `.bz2`, `.zst`, `.xz`, ...) is dropped first.
 
     mnist-train.tfrecord-00000-of-00004 -> mnist-train.array_record-00000-of-00004
     train-00003-of-00016.tfrecord       -> train-00003-of-00016.array_record
@@ -15,7 +15,8 @@ import re
 from dataset_format.storage import basename
 
 _TOKEN = re.compile(r"(?<![A-Za-z0-9])tfrecords?(?![A-Za-z0-9])")
-COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zz", ".zlib", ".deflate", ".bz2")
+# every suffix the converter reads decompressed (pipelines/paths.py source_compression): the output is not compressed so
+COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zz", ".zlib", ".deflate", ".bz2", ".zst", ".zstd", ".xz", ".lzma")
 
 
 def is_tfrecord_name(name: str) -> bool:

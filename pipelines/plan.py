@@ -28,15 +28,20 @@ class Plan:
     orphaned: tuple[ShardEntry, ...]  # source gone; kept unless pruned
     pruned: tuple[ShardEntry, ...]  # source gone; output to delete
     recovered: tuple[ShardResult, ...] = ()  # committed by a run that died before its manifest (pipelines/commits.py)
+    input_splits: tuple[str | None, ...] = ()  # the inputs' splits in order (TFDS: dataset_info.json's)
 
     @property
     def split_order(self) -> tuple[str | None, ...]:
-        """The splits in input order (TFDS: the order of dataset_info.json), for the manifest's shard order."""
-        return tuple(dict.fromkeys([t.split for t in self.tasks] + [e.split for e in self.entries_after]))
+        """The splits in input order (TFDS: the order of dataset_info.json), for the manifest's shard order: the same
+        on every run, whichever shards it converts (the splits of this run's tasks came first: a rerun converting only
+        `test` shards listed test before train)."""
+        return tuple(dict.fromkeys([*self.input_splits, *(t.split for t in self.tasks),
+                                    *(r.entry.split for r in self.recovered), *(e.split for e in self.entries_after)]))
 
     def without_tasks(self) -> FinalizePlan:
         """What the last step needs, without the task list (which would otherwise travel in the job description)."""
-        return FinalizePlan(self.kind, (), self.kept, self.orphaned, self.pruned, self.recovered, self.split_order)
+        return FinalizePlan(self.kind, (), self.kept, self.orphaned, self.pruned, self.recovered,
+                            input_splits=self.split_order)
 
     def describe(self) -> str:
         recovered = f", {len(self.recovered)} recovered from an interrupted run" if self.recovered else ""
@@ -51,13 +56,7 @@ class Plan:
 
 @dataclasses.dataclass(frozen=True)
 class FinalizePlan(Plan):
-    """A Plan whose tasks were left out, with the split order they gave."""
-
-    splits: tuple[str | None, ...] = ()
-
-    @property
-    def split_order(self) -> tuple[str | None, ...]:
-        return self.splits
+    """A Plan whose tasks were left out; its `input_splits` hold the split order they gave."""
 
 
 def read_manifest(output: str) -> Manifest | None:
@@ -111,7 +110,8 @@ def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
     if orphaned and not quiet:
         log.warning("%d output shard(s) have no source any more (e.g. %s); keeping them. Pass --prune to "
                     "delete them.", len(orphaned), orphaned[0].source)
-    return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned, tuple(recovered))
+    return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned, tuple(recovered),
+                tuple(dict.fromkeys(split for _, split, _ in inputs)))
 
 
 def _stale(entry: ShardEntry | None, force: bool, fingerprint: str, options: str, tokenized: str | None,

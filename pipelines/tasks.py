@@ -79,7 +79,7 @@ def read_plan(path: str) -> FinalizePlan:
     entries = lambda group: tuple(ShardEntry.from_json(e) for e in d[group])  # noqa: E731
     recovered = tuple(ShardResult(ShardEntry.from_json(r["entry"]), tuple(r["corruptions"])) for r in d["recovered"])
     return FinalizePlan(d["kind"], (), entries("kept"), entries("orphaned"), entries("pruned"), recovered,
-                        tuple(d["splits"]))
+                        input_splits=tuple(d["splits"]))
 
 
 def delete_run(directory: str, run_id: str | None = None) -> int:

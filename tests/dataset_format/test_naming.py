@@ -9,6 +9,10 @@ from dataset_format.naming import output_name
     ("/d/part-0", "part-0.array_record"),
     ("/d/data.tfrecords", "data.array_record"),
     ("/d/train.tfrecord.gz", "train.array_record"),
+    ("/d/train.tfrecord.zst", "train.array_record"),  # (every suffix read decompressed: it kept .zst, .xz, .lzma)
+    ("/d/train.tfrecord.zstd", "train.array_record"),
+    ("/d/train.tfrecord.xz", "train.array_record"),
+    ("/d/train.tfrecord.lzma", "train.array_record"),
     ("/d/mytfrecordfile", "mytfrecordfile.array_record"),  # not a token: appended
 ])
 def test_output_name(source, expected):

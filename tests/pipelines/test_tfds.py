@@ -45,6 +45,11 @@ def test_tfds_directory_converts_to_a_loadable_array_record_dataset(tfds_digits,
         f"digits-{split}.array_record-{i:05d}-of-00003" for split in ("train", "test") for i in range(3)]
     result = verify(str(out), deep=True)
     assert result.problems == [] and result.stale == []  # a TFDS directory's sources, listed as it was converted
+    # ... also after a rerun that converts test shards only (its tasks' splits came first: test before train)
+    (out / "digits-test.array_record-00001-of-00003").unlink()
+    again = run_conversion(ConvertConfig(input=str(tfds_digits), output=str(out)))
+    assert again.converted == 1 and [s.path for s in again.manifest.shards] == [
+        f"digits-{split}.array_record-{i:05d}-of-00003" for split in ("train", "test") for i in range(3)]
 
 
 def test_tfds_shard_count_mismatch_fails_the_shard(tfds_digits, tmp_path):
