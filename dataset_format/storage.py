@@ -155,6 +155,24 @@ def _list(prefix_path: str, *, delimiter: str | None, max_results: int | None = 
                                         retry=_retry())
 
 
+def entries(directory: str, limit: int = 10_000) -> list[str]:
+    """The base names of the files and directories directly under `directory` (gs://: objects and prefixes; at most
+    `limit`), for a suggestion; [] when it cannot be listed."""
+    if not is_remote(directory):
+        try:
+            return os.listdir(directory or ".")[:limit]
+        except OSError:
+            return []
+    bucket, prefix = split_gcs(directory.rstrip("/") + "/")
+    prefix = "" if prefix == "/" else prefix
+    try:
+        pages = _client().list_blobs(bucket, prefix=prefix, delimiter="/", max_results=limit, retry=_retry())
+        names = [b.name[len(prefix):] for b in pages]
+        return names + [p[len(prefix):].rstrip("/") for p in pages.prefixes]
+    except Exception:  # noqa: BLE001 - no suggestion, rather than another error in the way of the first
+        return []
+
+
 def _objects_in(directory: str) -> Iterator[tuple]:
     """(base name, blob) of the gs:// objects directly under `directory`, from one listing."""
     for b in _list(directory.rstrip("/") + "/", delimiter="/"):

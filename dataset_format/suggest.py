@@ -4,7 +4,6 @@ packing for packng, seq_len for seq_length?" (several)."""
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Iterable, Sequence
 
 from dataset_format import storage
@@ -22,14 +21,12 @@ def did_you_mean(unknown: Sequence[str], known: Iterable[str], cutoff: float = 0
 
 
 def near_path(path: str) -> str:
-    """"; did you mean DIR/train?" when a local path without a glob names nothing but is close to an entry of its
-    directory (a misspelt dataset directory); else ""."""
-    if storage.is_remote(path) or storage.has_glob(path):
+    """"; did you mean DIR/train?" when a path (local or gs://) without a glob names nothing but is close to an entry
+    of its directory (a misspelt dataset directory); else ""."""
+    if storage.has_glob(path):
         return ""
     parent, _, name = path.rstrip("/").rpartition("/")
-    try:
-        names = os.listdir(parent or ".")
-    except OSError:
-        return ""
-    close = difflib.get_close_matches(name, names, n=2)
+    if storage.is_remote(path) and parent.rstrip("/") in ("gs:", ""):
+        return ""  # a bucket name: its parent is no directory
+    close = difflib.get_close_matches(name, storage.entries(parent), n=2)
     return f"; did you mean {' or '.join(storage.join(parent, c) if parent else c for c in close)}?" if close else ""

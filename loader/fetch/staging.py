@@ -25,6 +25,7 @@ import time
 
 from dataset_format import staged, storage, tfds_info
 from dataset_format.manifest import MANIFEST_NAME, Manifest
+from dataset_format.suggest import near_path
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
     listing = {name: size for name, (size, _) in found.items()}
     if not listing:
         raise FileNotFoundError(f"{source} is empty or does not exist; check the path (a directory written by "
-                                "`python -m pipelines convert` or tfds build)")
+                                f"`python -m pipelines convert` or tfds build){near_path(source)}")
     shards, metadata = _plan(source, listing)
     os.makedirs(local_dir, exist_ok=True)
     recorded_source, copied = staged.read(local_dir)

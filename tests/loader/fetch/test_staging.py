@@ -44,6 +44,8 @@ def test_stage_refuses_a_bucket_whose_shards_disagree_with_the_manifest(tmp_path
         loader.stage(remote, str(tmp_path / "staged"))
     with pytest.raises(FileNotFoundError, match="is empty or does not exist"):
         loader.stage(f"gs://{bucket}/nothing", str(tmp_path / "staged"))
+    with pytest.raises(FileNotFoundError, match=rf"tfds build\); did you mean gs://{bucket}/ds\?$"):
+        loader.stage(f"gs://{bucket}/dss", str(tmp_path / "staged"))  # misspelt: the bucket's entries are listed
 
 
 def _rows(directory) -> list[bytes]:
