@@ -379,7 +379,38 @@ class _ReadGroup:
             items = [self._mapped(self._random_map_fn, i, item, rng)
                      for item, i, rng in zip(items, indices, self._plan.record_rngs(positions, indices))]
         clock.stage("collate")
+        if isinstance(self._plan, mixture.MixturePlan) and items and isinstance(items[0], dict):
+            self._check_components(items, positions)
         return collate(items)
+
+    def _check_components(self, items: list[dict], positions: np.ndarray) -> None:
+        """A mixture's rows must stack: the same feature names, and per feature one dtype and rank, in every component
+        of the batch. Otherwise one line naming the feature and the components (a feature some rows lack was named
+        without its component; one of two dtypes came out as a list, and training failed in NumPy)."""
+        components = self._plan.components_at(positions)
+        first: dict[int, dict] = {}
+        for item, c in zip(items, components.tolist()):
+            first.setdefault(c, item)
+        if len(first) < 2:
+            return
+        names = self._plan.names
+        forms = {c: {k: _form(v) for k, v in first[c].items()} for c in sorted(first)}
+        (a, fa), *others = forms.items()
+        for b, fb in others:
+            if fa.keys() != fb.keys():
+                only_a, only_b = sorted(fa.keys() - fb.keys()), sorted(fb.keys() - fa.keys())
+                raise ValueError(
+                    f"the mixture's components give different features: {names[a]!r} has {only_a or 'none'} that "
+                    f"{names[b]!r} has not, and {names[b]!r} has {only_b or 'none'} that {names[a]!r} has not; rows of "
+                    "one batch need the same features: give them the same names (a map_fn renaming them, or "
+                    "features= choosing the shared ones)")
+            for key in fa:
+                if fa[key] is not None and fb[key] is not None and fa[key] != fb[key]:
+                    raise ValueError(
+                        f"feature {key!r} is {_said(fa[key])} in the mixture's component {names[a]!r} and "
+                        f"{_said(fb[key])} in {names[b]!r}: rows of one batch must stack; make them one dtype and "
+                        "rank (a map_fn converting one, or an image op, e.g. images.CenterCrop, giving both uint8 "
+                        "[H, W, 3])")
 
     def _where(self, index: int) -> str:
         return self._source.where(index)
@@ -404,6 +435,17 @@ class _ReadGroup:
         except Exception as e:  # noqa: BLE001 - re-raised with the shard and record named
             raise ValueError(f"{self._where(index)}: {getattr(fn, '__name__', type(fn).__name__)} failed "
                              f"({type(e).__name__}: {e})") from e
+
+
+def _form(value) -> tuple[str, int] | None:
+    """(dtype, rank) of an array or scalar feature value; None for other values (lists of bytes, ...)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return str(value.dtype), value.ndim
+    return None
+
+
+def _said(form: tuple[str, int]) -> str:
+    return f"{form[0]} of rank {form[1]}"
 
 
 class Loader:

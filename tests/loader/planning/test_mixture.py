@@ -464,16 +464,47 @@ def test_a_tfds_dataset_and_a_tfrecord_corpus_mix_each_decoded_as_its_own(tfds_d
     write_tfrecord_shards(tmp_path / "raw", [examples])
     run_conversion(ConvertConfig(input=str(tmp_path / "raw" / "*.tfrecord"), output=str(tmp_path / "ex")),
                    ["--direct_num_workers=1"])
-    mixed = loader.load({"tfds": str(tfds_digits_array_record), "ex": str(tmp_path / "ex")},
-                        weights={"tfds": 1, "ex": 1}, batch_size=4, features=["image"], seed=0)
-    it = iter(mixed)
+    sources = {"tfds": str(tfds_digits_array_record), "ex": str(tmp_path / "ex")}
+    mixed = loader.load(sources, weights={"tfds": 1, "ex": 1}, batch_size=4, features=["image"], seed=0)
+    # rows that cannot stack are one line naming the feature and the components (they came out as a list, and
+    # training failed in NumPy: "setting an array element with a sequence")
+    with pytest.raises(ValueError, match=r"^feature 'image' is uint8 of rank 3 in the mixture's component 'tfds' and "
+                                         r"int64 of rank 1 in 'ex': rows of one batch must stack; make them one dtype "
+                                         r"and rank \(a map_fn converting one"):
+        next(iter(mixed))
+    as_tfds = loader.load(sources, weights={"tfds": 1, "ex": 1}, batch_size=4, features=["image"], seed=0,
+                          map_fn=_as_tfds_image)
+    it = iter(as_tfds)
     seen = {0: 0, 1: 0}
     for _ in range(6):
         batch = next(it)
+        assert batch["image"].dtype == np.uint8 and batch["image"].shape == (4, 8, 8, 1)
         for image, component in zip(batch["image"], batch["component"].tolist()):
             seen[component] += 1
-            if component == 0:
-                assert image.dtype == np.uint8 and image.shape == (8, 8, 1)
-            else:
-                assert image.dtype == np.int64 and image.shape == (64,) and (image >= 100).all()
+            if component == 1:  # decoded as a tf.Example (64 int64 pixels from 100), then mapped
+                assert (image >= 100).all()
     assert seen == {0: 12, 1: 12}
+
+
+def _as_tfds_image(record: dict) -> dict:
+    """A tf.Example's 64 int64 pixels as the TFDS digits' uint8 [8, 8, 1] (the TFDS records pass as they are)."""
+    return {"image": np.asarray(record["image"]).astype(np.uint8).reshape(8, 8, 1)}
+
+
+def test_a_mixture_whose_components_name_features_differently_is_one_line(tmp_path):
+    """It was "feature 'pixels' is in 2 of this batch's 4 records ... leave it out with features=", naming no
+    component, where features= cannot help."""
+    from pipelines import ConvertConfig, run_conversion
+    from tests.conftest import write_tfrecord_shards
+
+    for name, key in (("a", "image"), ("b", "pixels")):
+        write_tfrecord_shards(tmp_path / f"raw-{name}", [[example_proto.encode_example({key: [i], "label": [i % 2]})
+                                                         for i in range(20)]])
+        run_conversion(ConvertConfig(input=str(tmp_path / f"raw-{name}" / "*.tfrecord"), output=str(tmp_path / name)),
+                       ["--direct_num_workers=1"])
+    mixed = loader.load({"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}, weights={"a": 1, "b": 1}, batch_size=4,
+                        seed=0)
+    with pytest.raises(ValueError, match=r"^the mixture's components give different features: 'a' has \['image'\] "
+                                         r"that 'b' has not, and 'b' has \['pixels'\] that 'a' has not; rows of one "
+                                         r"batch need the same features"):
+        next(iter(mixed))
