@@ -241,6 +241,16 @@ def _image_feature(source: str, split: str | None, decode) -> str:
                      "name the image feature with --image FEATURE")
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"--step-time takes a training step's time in seconds, over 0 (got {value!r})")
+    return seconds
+
+
 def _workers(value: str) -> int | str:
     if value == "auto":
         return value
@@ -300,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "the trainer's packing=true reads it; --batch_size counts rows")
             s.add_argument("--allow-incomplete", "--allow_incomplete", dest="allow_incomplete", action="store_true",
                            help="time a dataset whose conversion left shards failed, on the shards that converted")
-            s.add_argument("--step-time", "--step_time", type=float, default=None, metavar="SECONDS",
+            s.add_argument("--step-time", "--step_time", type=_seconds, default=None, metavar="SECONDS",
                            help="take a batch every SECONDS, as a training step would: the rate delivered against "
                                 "the rate asked, the time waiting, every wait over 100 ms with its batch number")
     args = p.parse_args(argv)

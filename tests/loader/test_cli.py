@@ -91,6 +91,10 @@ def test_bench_auto_says_what_it_chose(converted):
     assert "workers=auto (threads here" in bench.stdout, bench.stdout  # a few batches: the first setting
     bad = _run("bench", str(converted), "--workers", "many")
     assert bad.returncode == 2 and "--workers takes a number of worker processes or auto (got 'many')" in bad.stderr
+    for step in ("0", "-1", "nan"):  # 0 was a ZeroDivisionError traceback; -1 timed "nothing measured"
+        bad = _run("bench", str(converted), "--step-time", step)
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+            f"--step-time takes a training step's time in seconds, over 0 (got '{step}')"), bad.stderr
 
 
 def test_bench_with_worker_processes_reports_their_memory(converted):
