@@ -102,6 +102,14 @@ class LoaderConfig:
     device_prefetch: int = 2  # batches in flight to the devices when sharding is set
 
     def __post_init__(self):
+        for name in ("shuffle", "drop_remainder", "pad_remainder", "allow_incomplete", "check_hashes"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):  # shuffle="no" shuffled: a string is true
+                raise ValueError(f"{name} must be True or False (got {name}={getattr(self, name)!r})")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+            raise ValueError(f"seed must be an integer (got seed={self.seed!r}): the same seed gives the same batches")
+        if self.weights is not None and not isinstance(self.weights, Mapping):
+            raise ValueError(f"weights= takes a dict of a weight per component, {{name: weight}}, with the sources as "
+                             f"{{name: source}} (got weights={self.weights!r})")
         if self.packing is not None and not isinstance(self.packing, Packing):
             length = "N" if isinstance(self.packing, bool) or not isinstance(self.packing, int) else self.packing
             raise ValueError(f"packing= takes a loader.Packing, e.g. packing=loader.Packing(seq_len={length}) for a "

@@ -64,6 +64,11 @@ def integer_weights(weights: Mapping[str, float]) -> dict[str, int]:
         by_remainder = sorted(shares, key=lambda n: (-(shares[n] - ints[n]), list(shares).index(n)))
         for name in by_remainder[:MAX_PERIOD - sum(ints.values())]:
             ints[name] += 1
+    lost = [name for name, w in weights.items() if w > 0 and ints[name] == 0]
+    if lost:  # below one row in MAX_PERIOD: it would read nothing, silently
+        raise ValueError(f"weights[{lost[0]!r}] = {weights[lost[0]]} is under 1 part in {MAX_PERIOD:,} of the total "
+                         f"({total:g}): the schedule would give {lost[0]!r} no rows; give it a larger weight, or 0 to "
+                         "leave it out")
     divisor = math.gcd(*ints.values())
     return {name: v // divisor for name, v in ints.items()}
 

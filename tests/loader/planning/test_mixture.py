@@ -58,6 +58,14 @@ def test_weights_become_small_integers_and_bad_weights_are_one_line():
         integer_weights({"a": 0, "b": 0.0})
     with pytest.raises(ValueError, match=r"weights\['a'\] = nan is not a number"):
         integer_weights({"a": float("nan")})
+    with pytest.raises(ValueError, match=r"^weights\['a'\] = 1e-09 is under 1 part in [\d,]+ of the total \(1\): the "
+                                         r"schedule would give 'a' no rows"):  # it was rounded to 0 silently
+        integer_weights({"a": 1e-9, "b": 1})
+    for kw, said in ((dict(seed=None), "seed must be an integer (got seed=None)"),  # a TypeError in a sort
+                     (dict(shuffle="no"), "shuffle must be True or False (got shuffle='no')"),  # shuffled
+                     (dict(weights=[0.7, 0.3]), "weights= takes a dict of a weight per component, {name: weight}")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            loader.LoaderConfig(batch_size=4, **kw)
 
 
 @pytest.mark.parametrize("weights, first", [
