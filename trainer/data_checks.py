@@ -84,7 +84,32 @@ def check_ranges(task, config: TrainConfig, sources: Sequence[Source]) -> None:
         except (ValueError, FileNotFoundError) as e:
             if source.name is None:
                 raise
+            _components_disagree(task, sources)
             raise type(e)(f"mixture component {source.name!r}: {e}") from e
+
+
+def _components_disagree(task, sources: Sequence[Source]) -> None:
+    """Raises, for a mixture whose components hold a ranged feature in different ranges, naming each and the one
+    setting that fits them all: label_offset= applies to every component, so each component's own hint (an offset
+    for it alone) moved the other out of range."""
+    if not hasattr(task, "num_classes") or not hasattr(task, "label_offset"):
+        return
+    for feature in getattr(task, "ranged_features", ()):
+        ranges = {s.name: feature_range(s, feature) for s in sources}
+        if any(r is None for r in ranges.values()) or len({(r.low, r.high) for r in ranges.values()}) < 2:
+            continue
+        low, high = min(r.low for r in ranges.values()), max(r.high for r in ranges.values())
+        shift, classes = task.label_offset, task.num_classes
+        if 0 <= low + shift and high + shift < classes:
+            continue
+        if low >= 0 and high - low + 1 > classes:
+            fits = f"label_offset=0 num_classes={high + 1}"
+        else:
+            fits = f"label_offset={-low} num_classes={max(classes, high - low + 1)}"
+        said = ", ".join(f"{name!r} {r.low}..{r.high}" for name, r in ranges.items())
+        raise ValueError(f"the mixture's components hold {feature!r} in different ranges ({said}), and label_offset="
+                         f"{shift} applies to every one of them: {fits} puts them all in range; if the components do "
+                         "not share one set of classes, relabel one (convert it with its labels shifted) instead")
 
 
 def _check_source(task, config: TrainConfig, source: Source) -> None:

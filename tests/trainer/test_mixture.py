@@ -48,6 +48,20 @@ def test_bad_mixture_settings_are_one_line_and_exit_2(digits, tmp_path, override
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("offset", ["0", "-1"])
+def test_components_whose_labels_need_different_offsets_are_told_the_one_setting_that_fits(digits, one_based,
+                                                                                          tmp_path, offset):
+    """0-based digits beside 1-based ones: each component's own hint (label_offset=-1 for 'b', then 0 for 'a') moved
+    the other out of range, one run after the other."""
+    proc = trainer_here(f"data=a={digits['train']},b={one_based['train']}", "weights=a=1,b=1",
+                        f"workdir={tmp_path}", "model=mlp", "num_classes=10", "steps=1", f"label_offset={offset}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: the mixture's components hold 'label' in different ranges ('a' 0..9, 'b' 1..10), and label_offset="
+        f"{offset} applies to every one of them: label_offset=0 num_classes=11 puts them all in range; if the "
+        "components do not share one set of classes, relabel one (convert it with its labels shifted) instead")
+
+
 def test_an_empty_component_is_one_line(digits, tmp_path):
     (tmp_path / "empty").mkdir()
     proc = trainer_here(f"data=a={digits['train']},b={tmp_path / 'empty'}", "weights=a=1,b=1",
