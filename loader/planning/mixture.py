@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import logging
 import math
 from collections.abc import Mapping
 from fractions import Fraction
@@ -35,6 +36,8 @@ from loader.format.source import ShardedSource, joined
 from loader.planning.batches import host_rows, record_rng, FOREVER
 from loader.planning.permutation import Permutation
 from loader.planning.state import check
+
+log = logging.getLogger(__name__)
 
 COMPONENT_KEY = "component"  # in a mixture's batches: each row's component, an index into `components`
 
@@ -275,6 +278,12 @@ class MixturePlan:
                 all(components[n]["weight"] == w for n, w in zip(self.names, self.weights)):
             return dataclasses.replace(self, start_batch=saved["start_batch"], dormant=dormant,
                                        base=tuple(components[n]["base"] for n in self.names))
+        was = {n: c["weight"] for n, c in components.items()}
+        now = dict(zip(self.names, self.weights))
+        if was != now:  # (another batch size alone is said by said_new_batch_size)
+            log.info("restoring a mixture's state saved with weights %s (as integers) under %s: from batch %d each "
+                     "component's rows follow the new weights, going on from the %s rows each had given", was, now,
+                     next_batch, ", ".join(f"{n} {rows.get(n, 0):,}" for n in self.names))
         return dataclasses.replace(self, start_batch=next_batch, dormant=dormant,
                                    base=tuple(rows.get(n, 0) for n in self.names))
 

@@ -2,6 +2,7 @@
 invariance, exact resume with and without worker processes, weights changed (and a component added) mid-run."""
 
 import collections
+import logging
 import re
 
 import numpy as np
@@ -166,7 +167,7 @@ def stream(name: str, count: int, seed: int) -> list[int]:
 
 
 @pytest.mark.parametrize("then_batch", [20, 30])
-def test_changing_weights_and_adding_a_component_continue_every_component(corpora, then_batch):
+def test_changing_weights_and_adding_a_component_continue_every_component(corpora, then_batch, caplog):
     """Run 1 (web 0.7, code 0.3) stops after 10 batches; run 2 restores its state with web 0.2, code 0.5 and a new
     component tiny 0.3 (and batches of 30 instead of 20). Each component's records over both runs are its own stream,
     none skipped or repeated; after the change every prefix follows the new weights within one row."""
@@ -176,7 +177,11 @@ def test_changing_weights_and_adding_a_component_continue_every_component(corpor
     first.close()
     names = ["web", "code", "tiny"]
     second = iter(mix(corpora, names, [0.2, 0.5, 0.3], batch_size=then_batch, seed=4))
-    second.set_state(state)
+    with caplog.at_level(logging.INFO, logger="loader.planning.mixture"):
+        second.set_state(state)
+    assert ("restoring a mixture's state saved with weights {'web': 7, 'code': 3} (as integers) under {'web': 2, "
+            "'code': 5, 'tiny': 3}: from batch 10 each component's rows follow the new weights, going on from the web "
+            "140, code 60, tiny 0 rows each had given") in caplog.text, caplog.text  # (it was silent)
     after = [rows(next(second), names) for _ in range(40)]
     new_state = second.get_state()
     second.close()
