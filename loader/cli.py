@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -114,7 +115,7 @@ def bench_main(args) -> int:
     import resource
 
     import loader
-    from loader.executors.tuned import loader_cores
+    from loader.executors.tuned import idle_core_seconds, loader_cores
 
     options, unit = _bench_map(args)
     if args.threads:
@@ -129,14 +130,14 @@ def bench_main(args) -> int:
     rates = []
     for batches in (args.start, args.batches):
         it.stage_times(reset=True)
-        t = time.perf_counter()
+        t, idle = time.perf_counter(), idle_core_seconds()
         for _ in range(batches):
             next(it)
         rates.append(batches * args.batch_size / max(time.perf_counter() - t, 1e-9))
     elapsed = time.perf_counter() - t
     setting = it.worker_setting()
     report = it.stage_times().report(elapsed, compute_cores=loader_cores(), setting=setting,
-                                     tuned=args.workers == "auto")
+                                     tuned=args.workers == "auto", idle=_idle_share(idle, elapsed))
     it.close()  # also ends the worker processes, whose peak RSS is then counted below
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -157,12 +158,23 @@ def bench_main(args) -> int:
 LONG_WAIT = 0.1  # seconds: the paced bench lists every wait longer than this
 
 
+def _idle_share(since: float | None, seconds: float) -> float | None:
+    """The share of this process's cores idle host-wide over the last `seconds`, from idle_core_seconds() `since`
+    (other processes' use counts as busy: a bench beside a training job is told what is really free)."""
+    from loader.executors.tuned import idle_core_seconds
+
+    now = idle_core_seconds()
+    if since is None or now is None or seconds <= 0:
+        return None
+    return min(1.0, max(0.0, (now - since) / (seconds * len(os.sched_getaffinity(0)))))
+
+
 def _paced(it, args, first: float, unit: str) -> int:
     """Takes --start + --batches batches, each followed by --step-time seconds of "compute" (a sleep, as an
     accelerator's step leaves the host's cores to the loader): the rate delivered against the rate asked and the time spent waiting,
     over the batches after the start window (the first groups are all computed at once), and every wait over
     LONG_WAIT with its batch number."""
-    from loader.executors.tuned import loader_cores
+    from loader.executors.tuned import idle_core_seconds, loader_cores
 
     step, total = args.step_time, args.start + args.batches
     waits = np.zeros(total + 1)
@@ -170,7 +182,7 @@ def _paced(it, args, first: float, unit: str) -> int:
     for b in range(1, total + 1):
         if b == args.start + 1:
             it.stage_times(reset=True)
-            steady = time.perf_counter()
+            steady, idle = time.perf_counter(), idle_core_seconds()
         t = time.perf_counter()
         next(it)
         got = time.perf_counter()
@@ -183,7 +195,8 @@ def _paced(it, args, first: float, unit: str) -> int:
     setting = it.worker_setting()
     after = waits[args.start + 1:]
     report = it.stage_times().report(end - steady, compute_cores=loader_cores(), setting=setting,
-                                     tuned=args.workers == "auto", waited=after.sum() / (end - steady))
+                                     tuned=args.workers == "auto", waited=after.sum() / (end - steady),
+                                     idle=_idle_share(idle, end - steady))
     it.close()
     asked = args.batch_size / step
 

@@ -81,9 +81,10 @@ class StageTimes:
         self.wait += wait
 
     def report(self, elapsed: float | None = None, compute_cores: float | None = None,
-               setting: str | None = None, tuned: bool = False, waited: float | None = None) -> Report:
+               setting: str | None = None, tuned: bool = False, waited: float | None = None,
+               idle: float | None = None) -> Report:
         elapsed = time.perf_counter() - self.started if elapsed is None else elapsed
-        return Report(self, elapsed, compute_cores, setting, tuned, waited)
+        return Report(self, elapsed, compute_cores, setting, tuned, waited, idle)
 
 
 GROW_WAIT = 0.03  # the caller waiting more than this share of the time asks worker_count="auto" for more workers
@@ -101,6 +102,9 @@ class Report:
     setting: str | None = None  # where groups were computed (worker_setting(): "threads here", "2 worker processes")
     tuned: bool = False  # worker_count="auto" chose the setting
     waited: float | None = None  # the share of the time the caller waited for batches (None: not measured)
+    # the share of the compute cores idle over the window, host-wide (/proc/stat: other processes' use counts), where
+    # measured; None: taken as what the loader's own CPU time leaves
+    idle: float | None = None
 
     def per_record_ms(self) -> dict[str, float]:
         n = max(1, self.times.records)
@@ -111,9 +115,11 @@ class Report:
         t = self.times
         if t.records == 0:
             return "nothing measured", "take more batches"
-        if t.wait < 0.1 * self.elapsed:
+        waited = self.waited if self.waited is not None else t.wait / self.elapsed  # (the caller's own measure: its
+        # time in next(), taking groups from workers too)
+        if waited < 0.1:
             return ("the caller", "the loader waited on the caller: batches were ready "
-                    f"{100 * (1 - t.wait / self.elapsed):.0f}% of the time; more loader workers would not help")
+                    f"{100 * (1 - waited):.0f}% of the time; more loader workers would not help")
         work = sum(t.cpu.values())
         largest = max(STAGES, key=lambda k: t.cpu[k])
         io_wait = t.read_wall - t.cpu["read"]
@@ -126,6 +132,8 @@ class Report:
             return ("transfer", "the caller's process is busy taking groups from the workers: fewer, larger groups "
                     "(records_per_read=), or decode less in workers (features=)")
         busy = work / self.elapsed / self.compute_cores if self.compute_cores else None
+        if busy is not None and self.idle is not None:  # the host's: what other processes use is not idle
+            busy = max(busy, 1 - self.idle)
         share = t.cpu[largest] / max(work, 1e-12)
         cheaper = {"read": "a faster codec at conversion (snappy decompresses faster than zstd)",
                    "decode": "decode only the features you need (features=)",
@@ -138,10 +146,6 @@ class Report:
         elif busy >= 0.85:
             more = (f"the {self.compute_cores:g} cores are busy: more cores (Ray actors on other machines: "
                     "docs/ray-workers.md)")
-        elif self.tuned and self.waited is not None and self.waited < GROW_WAIT:
-            more = (f"{100 * (1 - busy):.0f}% of the cores idle, and the caller waited {100 * self.waited:.1f}% of the "
-                    f"time: worker_count=\"auto\" keeps its setting (it adds workers while the caller waits over "
-                    f"{100 * GROW_WAIT:.0f}%)")
         elif self.tuned:
             more = (f"{100 * (1 - busy):.0f}% of the cores idle with worker_count=\"auto\" (it starts workers while "
                     "the caller waits)")

@@ -41,7 +41,7 @@ import math
 import statistics
 from collections.abc import Callable
 
-from loader.executors.stages import GROW_WAIT  # (the bench's verdict says it too)
+from loader.executors.stages import GROW_WAIT
 
 log = logging.getLogger(__name__)
 
