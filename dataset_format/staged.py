@@ -23,7 +23,8 @@ STAGED_NAME = ".staged.json"
 def versions(directory: str) -> dict[str, tuple[int, str]]:
     """Base name -> (size, version) of the files directly under `directory` (gs:// or local), from one listing."""
     if storage.is_remote(directory):
-        return {name: (size, str(generation)) for name, (size, generation) in storage.list_generations(directory).items()}
+        return {name: (size, str(generation))
+                for name, (size, generation) in storage.list_generations(directory).items()}
     try:
         return {e.name: (st.st_size, f"{st.st_mtime_ns}:{st.st_ino}") for e in os.scandir(directory) if e.is_file()
                 for st in [e.stat()]}

@@ -196,7 +196,8 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
                         return (f"{path}: record {start + offset} differs from record {start + offset} of "
                                 f"{entry.source} (sha256 {_digest(have)} vs {_digest(want)}); {_rerun(path, entry)}")
             if next(expected, None) is not None:
-                return f"{path}: {entry.source} has more records than the {entry.records} converted; {_rerun(path, entry)}"
+                return (f"{path}: {entry.source} has more records than the {entry.records} converted; "
+                        f"{_rerun(path, entry)}")
         if tokens is not None:
             counts = storage.read_bytes(path + COUNTS_SUFFIX)
             if counts != tokens.counts_bytes():
@@ -224,7 +225,8 @@ def _first_unreadable(reader: ArrayRecordReader, start: int, end: int) -> int | 
 def _corrupt(path: str, error: Exception, record: int | None = None) -> str:
     lines = str(error).strip().splitlines()
     where = f"record {record} " if record is not None else ""
-    return f"{path}: {where}cannot be read ({lines[0] if lines else type(error).__name__}); the shard is corrupt: {redo(path)}"
+    why = lines[0] if lines else type(error).__name__
+    return f"{path}: {where}cannot be read ({why}); the shard is corrupt: {redo(path)}"
 
 
 def _digest(record: bytes) -> str:

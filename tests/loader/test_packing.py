@@ -57,8 +57,9 @@ def test_resume_mid_epoch_is_exact(token_data):
                                          "with the same dataset and options"):
         iter(_packed(token_data, num_epochs=3, seed=1)).set_state(state)
     retokenised = loader.Packing("ids", seq_len=6, tokenize=lambda v: np.asarray(v).reshape(-1), cache_key="v2")
-    with pytest.raises(ValueError, match=r"counts: saved '[^']+', now '[^']+' \(the documents' token counts differ: the "
-                                         r"data was tokenised again, by another tokenizer, or is another dataset\)"):
+    with pytest.raises(ValueError, match=r"counts: saved '[^']+', now '[^']+' \(the documents' token counts "
+                                         r"differ: the data was tokenised again, by another tokenizer, or is another "
+                                         r"dataset\)"):
         iter(loader.load(token_data, packing=retokenised, batch_size=2, seed=0, num_epochs=3)).set_state(state)
 
 

@@ -114,8 +114,9 @@ def test_transfer_is_named_only_where_workers_hand_groups_over_and_auto_is_not_t
                                    "workers would not help")
     # what other processes use is not idle (bench measures the host's idle cores over its window)
     shared = times.report(elapsed=1.0, compute_cores=4, setting="threads here", idle=0.1).bound()
-    assert shared == ("decode (90% of 4 cores busy)", "decode is 67% of the work; the 4 cores are busy: more cores (Ray "
-                      "actors on other machines: docs/ray-workers.md), or decode only the features you need (features=)")
+    assert shared == ("decode (90% of 4 cores busy)", "decode is 67% of the work; the 4 cores are busy: more cores "
+                      "(Ray actors on other machines: docs/ray-workers.md), or decode only the features you need "
+                      "(features=)")
     assert here.lines()[-1].startswith("bound by decode")
     assert times.report(elapsed=0.2, compute_cores=4, setting="threads here").lines()[-1] == \
         "timed over 0.20 s only: too short for a steady figure (take more batches)"

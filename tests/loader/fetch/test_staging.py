@@ -115,8 +115,8 @@ def test_a_damaged_shard_of_a_staged_copy_says_to_stage_it_again(tmp_path, gcs_b
     with pytest.raises(OSError) as e:
         _rows(local)
     assert str(e.value).endswith(
-        f"the shard is corrupt: delete {shard} and run `python -m loader stage {remote} {local}` again, which copies it "
-        f"again (the directory is a staged copy of {remote}; if the original is damaged too, delete it there and "
+        f"the shard is corrupt: delete {shard} and run `python -m loader stage {remote} {local}` again, which copies "
+        f"it again (the directory is a staged copy of {remote}; if the original is damaged too, delete it there and "
         "re-run the conversion) (python -m pipelines verify --deep finds such shards)"), str(e.value)
     shard.unlink()
     assert loader.stage(remote, str(local)).copied == 1
