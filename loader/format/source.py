@@ -278,10 +278,19 @@ def _resolve_whole(source: str, split: str | None, allow_incomplete: bool, given
         tfrecords = _tfrecords_in(source)
         if tfrecords and not below:
             named = is_tfrecord_name(tfrecords[0])  # (convert takes a directory of *.tfrecord* files, else a glob)
-            shards = re.match(r"^([^.][^/]*?[-_.])\d", tfrecords[0])
-            given = source if named else f"'{source.rstrip('/')}/{shards.group(1) if shards else ''}*'"
-            hint = (f"; it holds TFRecord files ({tfrecords[0]}{', ...' if len(tfrecords) > 1 else ''}): convert them "
-                    f"first: python -m pipelines convert --input {given} --output OUT")
+            prefixes = list(dict.fromkeys(m.group(1) if (m := re.match(r"^([^.][^/]*?[-_.])\d", name)) else ""
+                                          for name in tfrecords))
+            if len(prefixes) > 1 and all(prefixes):  # splits side by side (text-train.*, text-test.*): one dataset each
+                first = prefixes[0]
+                kinds = ", ".join(f"{k}*" for k in prefixes[:4]) + (", ..." if len(prefixes) > 4 else "")
+                hint = (f"; it holds TFRecord files of {len(prefixes)} kinds ({kinds}): convert each to its own "
+                        "directory first, e.g. "
+                        f"python -m pipelines convert --input '{source.rstrip('/')}/{first}*' --output "
+                        f"OUT/{re.sub(r'[-_.]?tfrecords?$', '', first.rstrip('-_.')) or 'DATASET'}")
+            else:
+                given = source if named else f"'{source.rstrip('/')}/{prefixes[0]}*'"
+                hint = (f"; it holds TFRecord files ({tfrecords[0]}{', ...' if len(tfrecords) > 1 else ''}): convert "
+                        f"them first: python -m pipelines convert --input {given} --output OUT")
         raise FileNotFoundError(f"{source} has neither {MANIFEST_NAME} nor {TFDS_INFO}; pass a directory written "
                                 "by `python -m pipelines convert` or `tfds build --file_format=array_record`, or a "
                                 f"glob of ArrayRecord files{hint}")

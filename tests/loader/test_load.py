@@ -340,6 +340,13 @@ def test_bad_sources_are_named(converted, tmp_path):
         loader.load(str(tmp_path / "raw"), batch_size=4)
     assert str(raw.value).endswith(f"; it holds TFRecord files (train.tfrecord-00000-of-00002, ...): convert them "
                                    f"first: python -m pipelines convert --input {tmp_path / 'raw'} --output OUT")
+    for name in ("test.tfrecord-00000-of-00001",):  # two splits side by side: a directory each
+        (tmp_path / "raw" / name).write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as splits:
+        loader.load(str(tmp_path / "raw"), batch_size=4)
+    assert str(splits.value).endswith(f"; it holds TFRecord files of 2 kinds (test.tfrecord-*, train.tfrecord-*): "
+                                      f"convert each to its own directory first, e.g. python -m pipelines convert "
+                                      f"--input '{tmp_path / 'raw'}/test.tfrecord-*' --output OUT/test")
     (tmp_path / "imagenet").mkdir()  # ImageNet's names carry no tfrecord token: found by their first frame, and the
     for i in range(2):               # command takes a glob of them
         write_tfrecord_shards(tmp_path / "imagenet", [[b"x"]], pattern=f"train-0000{i}-of-00002")
