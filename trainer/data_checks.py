@@ -77,28 +77,31 @@ def check_features(task, config: TrainConfig, sources: Sequence[Source], key: st
 
 def check_ranges(task, config: TrainConfig, sources: Sequence[Source]) -> None:
     """Each of the task's `ranged_features` over each source (trainer/sources.py: its path, split and TFDS feature
-    specs), checked by the task's `check_range`; a mixture component's error names it."""
+    specs), checked by the task's `check_range`; a mixture component's error names it, and sources whose ranges no
+    one setting of the task fits (label_offset= applies to all) are one line naming each range."""
     for source in sources:
         try:
             _check_source(task, config, source)
         except (ValueError, FileNotFoundError) as e:
+            if len(sources) > 1:
+                _sources_disagree(task, sources)
             if source.name is None:
                 raise
-            _components_disagree(task, sources)
             raise type(e)(f"mixture component {source.name!r}: {e}") from e
 
 
-def _components_disagree(task, sources: Sequence[Source]) -> None:
-    """Raises, for a mixture whose components hold a ranged feature in different ranges, naming each and the one
-    setting that fits them all: label_offset= applies to every component, so each component's own hint (an offset
-    for it alone) moved the other out of range."""
+def _sources_disagree(task, sources: Sequence[Source]) -> None:
+    """Raises, for sources (a mixture's components, data= beside eval_data=) that hold a ranged feature in different
+    ranges, naming each and the one setting that fits them all: label_offset= applies to every source, so each
+    source's own hint (an offset for it alone) moved another out of range."""
     if not hasattr(task, "num_classes") or not hasattr(task, "label_offset"):
         return
     for feature in getattr(task, "ranged_features", ()):
-        ranges = {s.name: feature_range(s, feature) for s in sources}
-        if any(r is None for r in ranges.values()) or len({(r.low, r.high) for r in ranges.values()}) < 2:
+        ranges = {(s.name or s.path, r.low, r.high): r for s in sources
+                  if (r := feature_range(s, feature)) is not None}
+        if len({(low, high) for _, low, high in ranges}) < 2:
             continue
-        low, high = min(r.low for r in ranges.values()), max(r.high for r in ranges.values())
+        low, high = min(lo for _, lo, _ in ranges), max(hi for _, _, hi in ranges)
         shift, classes = task.label_offset, task.num_classes
         if 0 <= low + shift and high + shift < classes:
             continue
@@ -106,10 +109,11 @@ def _components_disagree(task, sources: Sequence[Source]) -> None:
             fits = f"label_offset=0 num_classes={high + 1}"
         else:
             fits = f"label_offset={-low} num_classes={max(classes, high - low + 1)}"
-        said = ", ".join(f"{name!r} {r.low}..{r.high}" for name, r in ranges.items())
-        raise ValueError(f"the mixture's components hold {feature!r} in different ranges ({said}), and label_offset="
-                         f"{shift} applies to every one of them: {fits} puts them all in range; if the components do "
-                         "not share one set of classes, relabel one (convert it with its labels shifted) instead")
+        said = ", ".join(f"{who!r} {lo}..{hi}" for who, lo, hi in ranges)
+        what = "the mixture's components" if all(s.name for s in sources) else "the run's data (data=, eval_data=)"
+        raise ValueError(f"{what} hold {feature!r} in different ranges ({said}), and label_offset={shift} applies to "
+                         f"every one of them: {fits} puts them all in range; if they do not share one set of "
+                         "classes, relabel one (convert it with its labels shifted) instead")
 
 
 def _check_source(task, config: TrainConfig, source: Source) -> None:

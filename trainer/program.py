@@ -47,8 +47,8 @@ class Program:
         try:
             sample = sources.first_record(data.shaping, task)
         except tasks.RecordRangeError:  # one record's labels: the whole data's range names the right fix (over every
-            data_checks.check_ranges(task, config, (data.shaping,) + tuple(  # component: they may disagree)
-                s for s in data.train if s is not data.shaping))
+            data_checks.check_ranges(task, config, (data.shaping,) + tuple(  # source: they may disagree)
+                s for s in data.train + data.eval if s is not data.shaping))
             raise
         model = models.make(config.model, {**task.model_kwargs(), **config.model_size})
         return cls(config, task, model, sample, data)

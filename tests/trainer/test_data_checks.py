@@ -56,13 +56,17 @@ def test_without_recorded_ranges_the_labels_are_counted(one_based, tmp_path, cap
     assert _no_checkpoint(tmp_path / "run")
 
 
-def test_eval_data_is_checked_too(one_based, digits, tmp_path):
-    """label_offset=-1 fits the 1-based training data, not 0-based eval data: named before anything runs."""
+@pytest.mark.parametrize("offset", ["0", "-1"])
+def test_eval_data_is_checked_too(one_based, digits, tmp_path, offset):
+    """1-based training data, 0-based eval data: named before anything runs. Each one's own hint (label_offset=-1,
+    then 0) sent the user back and forth: the line names both ranges and the setting that fits them both."""
     proc = trainer_here(f"data={one_based['train']}", f"eval_data={digits['test']}", f"workdir={tmp_path}",
-                        "num_classes=10", "label_offset=-1", "steps=50")
+                        "num_classes=10", f"label_offset={offset}", "steps=50")
     assert proc.returncode == 2 and _errors(proc) == [
-        f"error: label_key='label' holds 0..9 over the 359 records of {digits['test']} (its manifest) (-1..8 with "
-        "label_offset=-1), outside 0..9 (num_classes=10): class ids must not be negative: pass label_offset=0"]
+        f"error: the run's data (data=, eval_data=) hold 'label' in different ranges ('{one_based['train']}' 1..10, "
+        f"'{digits['test']}' 0..9), and label_offset={offset} applies to every one of them: label_offset=0 "
+        "num_classes=11 puts them all in range; if they do not share one set of classes, relabel one (convert it "
+        "with its labels shifted) instead"]
 
 
 def test_an_empty_eval_data_is_named_before_anything_compiles(digits, tmp_path):

@@ -58,8 +58,8 @@ def test_components_whose_labels_need_different_offsets_are_told_the_one_setting
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: the mixture's components hold 'label' in different ranges ('a' 0..9, 'b' 1..10), and label_offset="
-        f"{offset} applies to every one of them: label_offset=0 num_classes=11 puts them all in range; if the "
-        "components do not share one set of classes, relabel one (convert it with its labels shifted) instead")
+        f"{offset} applies to every one of them: label_offset=0 num_classes=11 puts them all in range; if they do not "
+        "share one set of classes, relabel one (convert it with its labels shifted) instead")
 
 
 def test_an_empty_component_is_one_line(digits, tmp_path):
