@@ -201,7 +201,7 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
     except ValueError as e:
         if "tree structures do not match" not in str(e):
             raise
-        changed = _otherwise(written, config, SHAPING_KEYS + OPTIMIZER_KEYS)
+        changed = _otherwise(written, config, tuple(dict.fromkeys(SHAPING_KEYS + OPTIMIZER_KEYS)))
         fix = (f"resume with {' '.join(changed)} (what it was written with)" if changed else
                "resume with the settings it was written with (optimizer=, grad_clip=, ...)")
         raise ValueError(f"{config.checkpoint_dir} holds step {step} of a training state other than this run's (its "

@@ -134,6 +134,18 @@ def test_a_resume_with_the_other_weight_decay_on_names_it(digits, tmp_path):
         train.train_and_evaluate(TrainConfig(steps=4, weight_decay_on="matrices", **common))
 
 
+def test_a_resume_with_another_optimizer_names_it_once(digits, tmp_path):
+    """It said "resume with optimizer=adam optimizer=adam": a key that shapes the parameters and the optimizer's."""
+    from trainer import train
+
+    common = dict(data=str(digits["train"]), workdir=str(tmp_path), model="mlp", num_classes=10, batch_size=32,
+                  checkpoint_every=2)
+    assert train.train_and_evaluate(TrainConfig(steps=2, **common))["final_step"] == 2
+    with pytest.raises(ValueError, match="holds step 2 of a training state other than this run's .*: resume with "
+                                         "optimizer=adam \\(what it was written with\\)"):
+        train.train_and_evaluate(TrainConfig(steps=4, optimizer="sgd", **common))
+
+
 @pytest.mark.parametrize("name", ["adam", "adamw"])
 def test_adams_moments_are_optaxs_with_the_given_rates(name):
     """adam_b1, adam_b2, adam_eps reach optax: ten updates equal optax's own with those rates (and differ from the
