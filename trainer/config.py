@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import types
 import typing
 
 from dataset_format import booleans, storage
-from dataset_format.suggest import did_you_mean
+from dataset_format.suggest import did_you_mean, near_path
 
 STRATEGIES = ("default", "one_device", "mirrored", "central_storage", "fsdp", "multi_worker", "tpu", "parameter_server")
 MODES = ("train", "evaluate")
@@ -402,7 +403,9 @@ class TrainConfig:
                              "code=out/code weights=web=0.7,code=0.3)")
         self.eval_source  # noqa: B018 - parses, or names what is wrong
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+            hint = did_you_mean([self.strategy], STRATEGIES)
+            raise ValueError(f"strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}"
+                             + (f" ({hint})" if hint else ""))
         self._check_job()
         if self.device is not None and self.strategy != "one_device":
             raise ValueError(f"device={self.device!r} picks strategy=one_device's device; strategy={self.strategy!r} "
@@ -540,6 +543,8 @@ def _yaml_problem(e: Exception) -> str:
 def _config_file(path: str) -> dict:
     """A config file's keys: JSON, or YAML (.yml, .yaml) as MaxText writes its configs."""
     yaml_file = path.endswith((".yml", ".yaml"))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--config {path}: no such file{near_path(path)}")
     with open(path) as f:
         try:
             if yaml_file:

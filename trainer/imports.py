@@ -17,8 +17,11 @@ def resolve(spec: str, builtins: dict[str, Any], what: str) -> Any:
     if ":" not in spec:
         if spec in builtins:
             return builtins[spec]
-        raise ValueError(f"{what}={spec!r} is not one of {sorted(builtins)}; or name your own as "
-                         f"{what}=package.module:attr")
+        from dataset_format.suggest import did_you_mean
+
+        hint = did_you_mean([spec], builtins)
+        raise ValueError(f"{what}={spec!r} is not one of {sorted(builtins)}" + (f" ({hint})" if hint else "")
+                         + f"; or name your own as {what}=package.module:attr")
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"{what}={spec!r}: write {what}=package.module:attr (both parts)")

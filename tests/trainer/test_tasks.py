@@ -104,6 +104,8 @@ def test_a_model_by_import_path_from_outside_the_project_trains_digits(digits, t
     (("model=mlp", "task=mynets.nets:small"), "error: task='mynets.nets:small' cannot be called as small(config, specs) "
                                               "(small() takes 1 positional argument but 2 were given)"),
     (("model=mlp", "task=regression"), "error: task='regression' is not one of ['classification', 'lm']"),
+    (("model=resnet34",), "error: model='resnet34' is not one of ['cnn', 'mlp', 'resnet18', 'resnet50', 'transformer', "
+                          "'transformer_lm'] (did you mean resnet50?); or name your own as model=package.module:attr"),
     (("model=cnn", "image_key=label"), "error: image_key='label' holds one number per example, not an image or a "
                                        "vector; set image_key= to the image (or feature-vector) feature"),
     (("model=mlp", "image_key=vec", "image_size=32"), "error: image_size=32 decodes and crops images, and feature "

@@ -321,6 +321,11 @@ def test_bad_config_is_one_line(tmp_path):
     assert proc.returncode == 2 and "steps='many' is not a valid int" in proc.stderr
     proc = trainer_here("data=x", f"workdir={tmp_path}", "strategy=tpu_pod")
     assert proc.returncode == 2 and "strategy='tpu_pod' is not one of" in proc.stderr
+    proc = trainer_here("data=x", f"workdir={tmp_path}", "strategy=mirored")
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("(did you mean mirrored?)"), proc.stderr[-500:]
+    proc = trainer_here("data=x", "--config", str(tmp_path / "c.jsn"), f"workdir={tmp_path}")  # (a bare Errno 2)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == \
+        f"error: --config {tmp_path / 'c.jsn'}: no such file; did you mean {tmp_path / 'c.json'}?", proc.stderr[-500:]
 
 
 def test_an_incomplete_conversion_is_refused_unless_allow_incomplete(digits, tmp_path):
