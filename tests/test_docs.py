@@ -104,7 +104,7 @@ def doc_blocks() -> list[tuple[str, int, str, str, str | None]]:
 
 BLOCKS = doc_blocks()
 RUN = [b for b in BLOCKS if b[4] is None]
-SLOW = ("parameter_server", "resnet18", "resnet50", "make-demo")  # blocks that train a ResNet, start Ray, or build a dataset
+SLOW = ("parameter_server", "resnet18", "resnet50", "make-demo")  # blocks that train a ResNet, start Ray, build data
 
 
 def test_every_block_runs_or_says_why_it_cannot():
