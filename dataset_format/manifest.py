@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from dataset_format import staged
 from dataset_format.storage import join
 
 MANIFEST_NAME = "manifest.json"
@@ -230,8 +231,6 @@ def redo(shard: str) -> str:
     """The fix for a converted shard that is damaged or stale, or whose file beside it is: a plain re-run keeps a shard
     whose size is the manifest's, and converts a missing one again. In a staged copy (`loader stage`), staging it
     again: the original may be whole."""
-    from dataset_format import staged
-
     source = staged.source_of(shard)
     if source is not None:
         return (f"delete {shard} and run `python -m loader stage {source} {os.path.dirname(os.path.abspath(shard))}` "

@@ -97,8 +97,8 @@ def _sources_disagree(task, sources: Sequence[Source]) -> None:
     if not hasattr(task, "num_classes") or not hasattr(task, "label_offset"):
         return
     for feature in getattr(task, "ranged_features", ()):
-        ranges = {(s.name or s.path, r.low, r.high): r for s in sources
-                  if (r := feature_range(s, feature)) is not None}
+        ranges = list(dict.fromkeys((s.name or s.path, r.low, r.high) for s in sources
+                                    if (r := feature_range(s, feature)) is not None))
         if len({(low, high) for _, low, high in ranges}) < 2:
             continue
         low, high = min(lo for _, lo, _ in ranges), max(hi for _, _, hi in ranges)
