@@ -110,13 +110,17 @@ class Report:
         n = max(1, self.times.records)
         return {k: 1e3 * v / n for k, v in self.times.cpu.items()}
 
+    def _waited(self) -> float:
+        """The share of the time the caller waited: its own measure where given (its time in next(), taking groups
+        from workers too), else the groups' waits."""
+        return self.waited if self.waited is not None else self.times.wait / max(self.elapsed, 1e-12)
+
     def bound(self) -> tuple[str, str]:
         """(what bounds the rate, what to change)."""
         t = self.times
         if t.records == 0:
             return "nothing measured", "take more batches"
-        waited = self.waited if self.waited is not None else t.wait / self.elapsed  # (the caller's own measure: its
-        # time in next(), taking groups from workers too)
+        waited = self._waited()
         if waited < 0.1:
             return ("the caller", "the loader waited on the caller: batches were ready "
                     f"{100 * (1 - waited):.0f}% of the time; more loader workers would not help")
@@ -167,7 +171,7 @@ class Report:
         return [head,
                 f"CPU per 1,000 records (ms): {stages or 'none'}; read's I/O wait {io:,.1f} ms",
                 f"the caller: {1e3 * t.take / max(1, t.groups):,.2f} ms CPU a group taking it, waited "
-                f"{100 * t.wait / max(self.elapsed, 1e-12):.0f}% of the time",
+                f"{100 * self._waited():.0f}% of the time",
                 f"bound by {bound}: {advice}"] + (
             [f"timed over {self.elapsed:.2f} s only: too short for a steady figure (take more batches)"]
             if self.elapsed < STEADY_SECONDS else [])
