@@ -3,7 +3,8 @@ that applies it: loader/executors/tuned.py).
 
 A setting is where groups are computed: this process's threads (no process to start, nothing to move between
 processes: the cheapest), or N worker processes. The tuner watches windows of the groups the caller takes (at least
-`window_seconds` and `window_groups`, opened once the setting's workers have all answered) and measures, per window:
+`window_seconds` and `window_groups` takes with the caller's time before them, opened once the setting's workers have
+all answered) and measures, per window:
 
     wait      the share of the time the caller waited for a group (it asked before the group was done)
     demand    records/s the caller would take if it never waited: a group's records over the caller's own time
@@ -166,7 +167,7 @@ class Tuner:
             w.cpu += cpu
             w.costed += records
         span = now - w.opened
-        if span < self.window_seconds or w.groups < self.window_groups:
+        if span < self.window_seconds or len(w.asks) < self.window_groups:  # the very first take pairs with no time
             return None
         measure = self._measure(w, now)
         self.history.append(measure)

@@ -75,9 +75,9 @@ def test_a_trainer_waiting_for_images_gets_the_workers_its_step_needs_at_once(ca
     with caplog.at_level(logging.INFO, logger="loader.executors.tuning"):
         taken = host.run(tuner, lambda now: 6800, 30)
     # 6,800 x 1.25 ms = 8.5 cores, +25%: 11 processes, after one window of threads here.
-    # One window of threads here (1 s and 3 groups), then they start (1 s) and run from 3.35 s.
-    assert changes(taken) == [(0.64, HERE), (3.351, Setting(False, 11))]
-    assert all(wait == 0 for now, _, wait in taken if now > 3.36)  # no wait once they run
+    # One window of threads here (1 s and 3 takes after the first), then they start (1 s) and run from 3.99 s.
+    assert changes(taken) == [(0.64, HERE), (3.991, Setting(False, 11))]
+    assert all(wait == 0 for now, _, wait in taken if now > 4.0)  # no wait once they run
     (line,) = [r.getMessage() for r in caplog.records]
     assert line == ("loader workers: threads here -> 11 worker processes: the caller took 1,600 records/s waiting 76% "
                     "of the time (it asks 6,800/s), 1.25 ms of CPU a record, 13.8 cores idle")
@@ -87,7 +87,7 @@ def test_a_caller_that_never_stops_asking_gets_every_idle_core_but_one():
     host = Host(16, per_core(800), 1 / 800, caller_cores=0)
     tuner = tuner_for(host, 15)
     taken = host.run(tuner, lambda now: math.inf, 20)
-    assert changes(taken) == [(0.64, HERE), (3.285, Setting(False, 15))]
+    assert changes(taken) == [(0.64, HERE), (3.925, Setting(False, 15))]
     assert [m.setting for m in tuner.history] == [HERE] + [Setting(False, 15)] * len(tuner.history[1:])
 
 
@@ -125,13 +125,13 @@ def test_an_idle_loader_gives_back_cores_and_a_shrink_too_far_is_undone_and_not_
     # The step asks 6,800 images/s for 20 s, then 2,000 (a smaller model's step, or a slower phase), then 6,800 again.
     host = Host(16, per_core(800), 1 / 800)
     tuner = tuner_for(host, 15)
-    demand = lambda now: 2000 if 20 <= now < 60 else 6800  # noqa: E731
+    demand = lambda now: 2000 if 20.5 <= now < 60.5 else 6800  # noqa: E731 (the changes fall inside windows)
     taken = host.run(tuner, demand, 90)
     # 2,000 x 1.25 ms x 1.6 = 4 processes, once the caller has not waited for 5 windows; when it waits again, what
     # the 4 delivered each against the rate it asks: 4 x 6,800 / 2,667 x 1.25 = 13 (kept: its rate needs 6,800 x
     # 1.25 ms x 1.6 = 14 to shrink).
     assert [(round(t), s) for t, s in changes(taken)] == [
-        (1, HERE), (3, Setting(False, 11)), (23, Setting(False, 4)), (62, Setting(False, 13))]
+        (1, HERE), (4, Setting(False, 11)), (24, Setting(False, 4)), (63, Setting(False, 13))]
     assert tuner._shrink_after == tuning.SHRINK_WINDOWS  # the caller waited when its demand rose, not after the shrink
 
 
@@ -142,10 +142,10 @@ def test_a_shrink_too_far_is_undone_and_the_next_waits_twice_as_long():
     host = Host(16, per_core(800), 1 / 800)
     host.cost = 1 / 1600
     tuner = tuner_for(host, 15)
-    taken = host.run(tuner, lambda now: 6800 if now < 10 else 2000, 40)
+    taken = host.run(tuner, lambda now: 6800 if now < 10.5 else 2000, 40)
     assert [(round(t), s) for t, s in changes(taken)] == [
-        (1, HERE), (3, Setting(False, 6)), (5, Setting(False, 11)), (13, Setting(False, 4)), (21, Setting(False, 2)),
-        (24, Setting(False, 4))]
+        (1, HERE), (4, Setting(False, 6)), (6, Setting(False, 11)), (13, Setting(False, 4)), (22, Setting(False, 2)),
+        (25, Setting(False, 4))]
     assert tuner._shrink_after == 2 * tuning.SHRINK_WINDOWS
 
 
@@ -166,8 +166,9 @@ def test_a_window_needs_both_its_seconds_and_its_groups():
     tuner.ready(0.0)
     tuner.taken(3.0, RECORDS, 1.0, 0.1)
     tuner.taken(3.1, RECORDS, 0.0, 0.1)
-    assert tuner.history == []  # 3 s, but 2 groups
     tuner.taken(3.2, RECORDS, 0.0, 0.1)
+    assert tuner.history == []  # 3 s, but 2 takes with the caller's time before them (the first has none)
+    tuner.taken(3.3, RECORDS, 0.0, 0.1)
     assert len(tuner.history) == 1
     assert Tuner(4).taken(1.0, RECORDS, 0.5, 0.1) is None  # before ready(): the setting's workers are starting
 
@@ -199,3 +200,15 @@ def test_a_pause_of_the_caller_inside_a_window_is_one_take_not_the_windows_rate(
         now += busy + 0.05
         tuner.taken(now, 1000, 0.05, busy)
     assert tuner.history[0].demand == pytest.approx(4000.0)  # 1,000 records a 0.25 s, not 5,000 over 4 s
+
+
+def test_a_trainers_first_window_reads_its_steps_not_its_compile():
+    """The first batch has no time before it; the second comes after the step's compile. Counted by groups, the
+    window held two rates, and the lower (the compile's) was the rate asked: "took 546 records/s ... asks 28/s"."""
+    tuner = Tuner(4, window_seconds=1.0, window_groups=3)
+    tuner.ready(0.0)
+    now = 0.0
+    for busy in (0.0, 10.0, 0.25, 0.25):  # the first take; 10 s compiling; then 0.25 s steps
+        now += busy + 0.05
+        tuner.taken(now, 1000, 0.05, busy)
+    assert [round(m.demand) for m in tuner.history] == [4000]
