@@ -137,7 +137,8 @@ def bench_main(args) -> int:
     elapsed = time.perf_counter() - t
     setting = it.worker_setting()
     report = it.stage_times().report(elapsed, compute_cores=loader_cores(), setting=setting,
-                                     tuned=args.workers == "auto", idle=_idle_share(idle, elapsed))
+                                     tuned=args.workers == "auto", idle=_idle_share(idle, elapsed),
+                                     tokens=_tokens(args))
     it.close()  # also ends the worker processes, whose peak RSS is then counted below
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -153,6 +154,15 @@ def bench_main(args) -> int:
           f"globally shuffled)")
     print("\n".join(f"  {line}" for line in report.lines()[1:]))
     return 0
+
+
+def _tokens(args) -> bool:
+    """Whether the benched records are token ids (a pre-tokenized dataset decoded by default)."""
+    import loader
+
+    if args.decode != "auto":
+        return False
+    return loader.resolve(args.source, split=args.split, allow_incomplete=args.allow_incomplete).tokens_dtype is not None
 
 
 LONG_WAIT = 0.1  # seconds: the paced bench lists every wait longer than this
@@ -196,7 +206,7 @@ def _paced(it, args, first: float, unit: str) -> int:
     after = waits[args.start + 1:]
     report = it.stage_times().report(end - steady, compute_cores=loader_cores(), setting=setting,
                                      tuned=args.workers == "auto", waited=after.sum() / (end - steady),
-                                     idle=_idle_share(idle, end - steady))
+                                     idle=_idle_share(idle, end - steady), tokens=_tokens(args))
     it.close()
     asked = args.batch_size / step
 

@@ -82,9 +82,9 @@ class StageTimes:
 
     def report(self, elapsed: float | None = None, compute_cores: float | None = None,
                setting: str | None = None, tuned: bool = False, waited: float | None = None,
-               idle: float | None = None) -> Report:
+               idle: float | None = None, tokens: bool = False) -> Report:
         elapsed = time.perf_counter() - self.started if elapsed is None else elapsed
-        return Report(self, elapsed, compute_cores, setting, tuned, waited, idle)
+        return Report(self, elapsed, compute_cores, setting, tuned, waited, idle, tokens)
 
 
 GROW_WAIT = 0.03  # the caller waiting more than this share of the time asks worker_count="auto" for more workers
@@ -105,6 +105,7 @@ class Report:
     # the share of the compute cores idle over the window, host-wide (/proc/stat: other processes' use counts), where
     # measured; None: taken as what the loader's own CPU time leaves
     idle: float | None = None
+    tokens: bool = False  # the records are token ids (a pre-tokenized dataset): one feature, nothing to select
 
     def per_record_ms(self) -> dict[str, float]:
         n = max(1, self.times.records)
@@ -145,6 +146,8 @@ class Report:
                    "collate": "fewer or smaller features (features=)",
                    "plan": "larger batches or records_per_read=",
                    "pack": "decode=None on threads (worker_count=0)"}[largest]
+        if self.tokens and largest in ("decode", "collate"):  # one feature, stored in the narrowest integer type
+            cheaper = f"nothing cheaper to {largest}: the records are token ids already"
         if busy is None:
             more = "more workers"
         elif busy >= 0.85:

@@ -27,6 +27,19 @@ def test_inspect_and_bench(converted):
     assert lines[2].startswith("  the caller: ") and lines[3].startswith("  bound by "), bench.stdout
 
 
+def test_bench_knows_token_records_from_the_manifest(pretokenized, converted):
+    """Its advice for token ids names no features= (they are one feature, in the narrowest integer type)."""
+    import argparse
+
+    from loader.cli import _tokens
+
+    def args(source, decode="auto"):
+        return argparse.Namespace(source=source, decode=decode, split=None, allow_incomplete=False)
+
+    assert [_tokens(args(pretokenized["web"])), _tokens(args(pretokenized["web"], "none")),
+            _tokens(args(str(converted)))] == [True, False, False]
+
+
 def test_inspect_prints_each_features_range(photos, converted, capsys):
     """The ranges the conversion recorded (what num_classes must cover), or why there are none."""
     from loader.cli import main

@@ -118,6 +118,9 @@ def test_transfer_is_named_only_where_workers_hand_groups_over_and_auto_is_not_t
                       "(Ray actors on other machines: docs/ray-workers.md), or decode only the features you need "
                       "(features=)")
     assert here.lines()[-1].startswith("bound by decode")
+    tokens = times.report(elapsed=1.0, compute_cores=4, setting="threads here", tokens=True).bound()[1]
+    assert tokens.endswith("more workers (worker_count=, or \"auto\"), or nothing cheaper to decode: the records are "
+                           "token ids already"), tokens  # features= has nothing to drop from them
     assert times.report(elapsed=0.2, compute_cores=4, setting="threads here").lines()[-1] == \
         "timed over 0.20 s only: too short for a steady figure (take more batches)"
 
