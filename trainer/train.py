@@ -120,6 +120,8 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
             # host arrays: this thread places them (the module's docstring says why)
             batches = program.load_train(batch_size=batch_size)
             _log_epochs(program, ramp)
+            if mngr.latest_step() is not None:  # another model's checkpoint: one line now, by shapes, before the init
+                checkpoints.check_restorable(mngr, mngr.latest_step(), {"params": program.abstract_params()}, config)
             log.info("model=%s: initialising its parameters", config.model)
             t = time.perf_counter()
             variables = program.init_variables()

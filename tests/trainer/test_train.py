@@ -260,6 +260,7 @@ def test_resuming_with_settings_that_reshape_the_model_is_one_line_naming_them(d
         f"error: {tmp_path / 'checkpoints'} holds step 2 of a model other than this one (params['Dense_2']['bias'] "
         "is (10,) there and (12,) here, and 1 more arrays differ): resume with num_classes=10 (what it was written "
         "with), or pass another workdir= to start afresh")
+    assert "initialising its parameters" not in again.stderr  # said from the shapes alone, before the model's init
     shutil.rmtree(tmp_path / "checkpoints" / "2" / "config")  # a checkpoint written before the settings were kept
     older = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "num_classes=12")
     assert older.returncode == 2 and older.stderr.splitlines()[-1].endswith(
