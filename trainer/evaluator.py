@@ -5,7 +5,8 @@ It watches WORKDIR/checkpoints (orbax's checkpoints_iterator), restores each new
 the task's evaluation over `eval_data` and appends `{"step", "eval_loss", "eval_<metric>", "eval_examples"}` to
 WORKDIR/eval/metrics.jsonl and TensorBoard (WORKDIR/eval). It stops after evaluating step `steps`, or after
 `eval_timeout` seconds without a new checkpoint. It never joins the training cluster: it only reads files, so it
-can run anywhere the checkpoints are visible, and a restarted evaluator goes on after the last step it recorded.
+can run anywhere the checkpoints are visible, and a restarted evaluator goes on after the last step it recorded. One
+evaluator a workdir: it holds WORKDIR/eval's lease (trainer/job.py), and a second one stops with a line naming it.
 
 The trainer keeps max_to_keep checkpoints: one deleted between being listed and being read is skipped with a log
 line, not fatal (the next one is evaluated).
@@ -22,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, compile_cache, metrics as metrics_lib, strategy as strategies
+from trainer import accelerators, compile_cache, job, metrics as metrics_lib, strategy as strategies
 from trainer.config import TrainConfig
 from trainer.program import Program
 
@@ -32,14 +33,15 @@ _LOCAL_STRATEGIES = ("default", "one_device", "mirrored", "central_storage")
 
 
 def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
+    if not config.eval_data:
+        raise ValueError("mode=evaluate needs eval_data= (the data each checkpoint is evaluated on)")
+    eval_dir = storage.join(config.workdir, "eval")
     # a cache of its own (WORKDIR/eval/compilation_cache with auto): the trainer may be writing the same programs
-    with compile_cache.enabled(config.compilation_cache, storage.join(config.workdir, "eval")):
+    with job.evaluating_alone(eval_dir), compile_cache.enabled(config.compilation_cache, eval_dir):
         return _evaluate_checkpoints(config)
 
 
 def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
-    if not config.eval_data:
-        raise ValueError("mode=evaluate needs eval_data= (the data each checkpoint is evaluated on)")
     accelerators.warn_if_unused()
     config = dataclasses.replace(config, mode="evaluate")  # (eval_data shapes the model; data= is not read)
     program = Program.build(config)

@@ -159,3 +159,21 @@ def alone_in(workdir: str) -> Iterator[None]:
                 except LeaseHeld as e:
                     raise WorkdirInUse(str(e)) from None
         yield
+
+
+@contextlib.contextmanager
+def evaluating_alone(eval_dir: str) -> Iterator[None]:
+    """The sidecar evaluator holds `eval_dir`'s lease (WORKDIR/eval; the training run's is WORKDIR's own): a second
+    evaluator of the same workdir stops with one line naming the first, instead of both appending each step's results
+    to its metrics.jsonl."""
+    def held(holder: str) -> str:
+        return (f"{eval_dir} is in use by another evaluator ({holder}); stop that one, or let it evaluate the "
+                f"checkpoints alone ({LEASE_NAME} there names the process that holds it)")
+
+    storage.makedirs(eval_dir)
+    with contextlib.ExitStack() as holding:
+        try:
+            holding.enter_context(Lease(eval_dir, held=held, wait=True))
+        except LeaseHeld as e:
+            raise WorkdirInUse(str(e)) from None
+        yield

@@ -83,3 +83,26 @@ def test_evaluator_without_new_checkpoints_stops_after_its_timeout(digits, tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "no new checkpoint for 2s; stopping after step 0" in proc.stderr
     assert json.loads(proc.stdout)["summary"]["checkpoints_evaluated"] == 0
+
+
+def test_a_second_evaluator_of_a_workdir_stops_in_one_line(tmp_path):
+    """Two evaluators of one workdir both appended each step's results to eval/metrics.jsonl; the second now stops
+    at once, naming the first."""
+    (tmp_path / "eval").mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom dataset_format.lease import Lease\n"
+         "with Lease(sys.argv[1], held=str):\n    print('held', flush=True)\n    time.sleep(120)",
+         str(tmp_path / "eval")], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        proc = trainer_here(f"eval_data={tmp_path}", f"workdir={tmp_path}", "mode=evaluate")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {tmp_path / 'eval'} is in use by another evaluator (host "), last
+    assert f" pid {holder.pid}, since " in last and last.endswith(
+        "; stop that one, or let it evaluate the checkpoints alone (.lease.json there names the process that holds "
+        "it)"), last
+
