@@ -103,7 +103,9 @@ class TrainConfig:
     coordinator_address: str | None = None  # host:port of process 0
     num_processes: int | None = None  # multi_worker: processes in the job
     process_id: int | None = None  # multi_worker: this process's index, 0 .. num_processes - 1
-    join_timeout: float = 300.0  # multi_worker: seconds each process waits for the job's others to join (JAX's default)
+    # multi_worker: seconds each process waits for the job's others to join (JAX's default); parameter_server with
+    # ray_address: seconds it waits for the cluster's nodes to offer the "worker"/"ps" units its actors need
+    join_timeout: float = 300.0
     # parameter_server (trainer/parameter_server.py): Ray actors on this machine, or on a Ray cluster
     num_workers: int = 2
     num_ps: int = 1  # parameter_server: ps tasks holding the variables

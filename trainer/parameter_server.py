@@ -33,6 +33,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import re
 import signal
@@ -612,7 +613,8 @@ def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
                                            f"{head_proc.poll()}); is the port free?") from None
                     time.sleep(1)
             log.info("ray head started at %s", head)
-            _wait_for_nodes({"worker": num_workers, "ps": num_ps}, timeout=600)
+            _wait_for_nodes({"worker": num_workers, "ps": num_ps}, 600, "TF_CONFIG's tasks",
+                            "are the worker and ps tasks running with the same TF_CONFIG and token?")
         except BaseException:  # (a Ctrl-C while the tasks join, too): the head goes with this run
             ray.shutdown()
             _stop_head(head_proc)
@@ -622,6 +624,7 @@ def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
 
         check_reachable(config.ray_address)
         ray.init(address=config.ray_address, logging_level=logging.WARNING)
+        _wait_for_roles(config)
     else:  # one machine: a local cluster offering the actors' resources
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING,
                  resources={"worker": config.num_workers, "ps": config.num_ps})
@@ -629,20 +632,46 @@ def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
     return head_proc
 
 
-def _wait_for_nodes(wanted: dict[str, int], timeout: float) -> None:
+def _wait_for_nodes(wanted: dict[str, int], timeout: float, joining: str, fix: str) -> None:
+    """Until the cluster offers `wanted` units of each resource: a line when what it has changes (and every 30 s);
+    after `timeout` seconds, an error ending with `fix`. `joining`: who is awaited, for the log."""
     import ray
 
     deadline = time.monotonic() + timeout
+    said, said_at = None, -math.inf
     while True:
         have = ray.cluster_resources()
         if all(have.get(k, 0) >= n for k, n in wanted.items()):
             return
+        offered = {k: have.get(k, 0) for k in wanted}
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the Ray cluster has {have} after {timeout:.0f}s, not the TF_CONFIG tasks' "
-                               f"{wanted}; are the worker and ps tasks running with the same TF_CONFIG and token?")
-        log.info("waiting for TF_CONFIG's tasks to join the Ray cluster: have %s of %s",
-                 {k: have.get(k, 0) for k in wanted}, wanted)
-        time.sleep(2)
+            raise TimeoutError(f"the Ray cluster offers {offered} after {timeout:.0f} s, not the {wanted} this run "
+                               f"needs: {fix}")
+        if offered != said or time.monotonic() - said_at >= 30:
+            log.info("waiting for %s to join the Ray cluster: it offers %s of %s", joining, offered, wanted)
+            said, said_at = offered, time.monotonic()
+        time.sleep(1)
+
+
+SETTING = {"worker": "num_workers", "ps": "num_ps"}  # the setting that counts each role's actors
+
+
+def _wait_for_roles(config: TrainConfig) -> None:
+    """A cluster of the user's (ray_address=) whose nodes offer "worker" or "ps" resources places each actor of that
+    role on a unit of it (_placement): it must offer num_workers / num_ps of them, or an actor would wait for one
+    without a word. Nodes may still be joining: they are waited for (join_timeout), with a line saying so."""
+    import ray
+
+    have = ray.cluster_resources()
+    wanted = {role: n for role, n in (("worker", config.num_workers), ("ps", config.num_ps)) if have.get(role, 0) >= 1}
+    short = {role: n for role, n in wanted.items() if have.get(role, 0) < n}
+    if not short:
+        return
+    start = " and ".join(f"`ray start --address={config.ray_address} --resources='{{\"{role}\": 1}}'` on "
+                         f"{n - int(have.get(role, 0))} more machine(s)" for role, n in short.items())
+    fewer = " ".join(f"{SETTING[role]}={int(have.get(role, 0))}" for role in short)
+    _wait_for_nodes(wanted, config.join_timeout, "nodes offering the actors' resources",
+                    f"run {start}, or pass {fewer} (each actor of a role takes one unit of its resource)")
 
 
 def serve_node(config: TrainConfig, spec) -> dict[str, Any]:

@@ -291,8 +291,19 @@ def test_joins_an_existing_ray_cluster_by_address(digits, tmp_path):
                              "--disable-usage-stats", "--resources", '{"worker": 2, "ps": 1}', "--block"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        args = [a for a in _args(digits, tmp_path, 300) if not a.startswith("num_ps")]
-        proc = run_trainer(*args, "num_ps=1", f"ray_address=127.0.0.1:{port}", timeout=240,
+        args = [a for a in _args(digits, tmp_path, 300) if not a.startswith(("num_ps", "num_workers"))]
+        # a cluster offering fewer "worker" units than num_workers: each actor takes one, so one would wait for ever
+        # without a word; the run waits join_timeout for more nodes, saying so, then names the two ways out
+        short = run_trainer(*args, "num_workers=3", "num_ps=1", "join_timeout=3", f"ray_address=127.0.0.1:{port}",
+                            timeout=240, extra_env={"RAY_AUTH_TOKEN": env["RAY_AUTH_TOKEN"]})
+        assert short.returncode == 1, short.stderr[-3000:]
+        assert "waiting for nodes offering the actors' resources to join the Ray cluster: it offers {'worker': 2.0, " \
+               "'ps': 1.0} of {'worker': 3, 'ps': 1}" in short.stderr, short.stderr[-3000:]
+        assert short.stderr.strip().splitlines()[-1] == (
+            "error: TimeoutError: the Ray cluster offers {'worker': 2.0, 'ps': 1.0} after 3 s, not the {'worker': 3, "
+            f"'ps': 1}} this run needs: run `ray start --address=127.0.0.1:{port} --resources='{{\"worker\": 1}}'` on 1 "
+            "more machine(s), or pass num_workers=2 (each actor of a role takes one unit of its resource)")
+        proc = run_trainer(*args, "num_workers=2", "num_ps=1", f"ray_address=127.0.0.1:{port}", timeout=240,
                            extra_env={"RAY_AUTH_TOKEN": env["RAY_AUTH_TOKEN"]})
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert re.search(r"ray cluster: .*'worker': 2\.0", proc.stderr)
