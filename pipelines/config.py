@@ -12,7 +12,9 @@ from dataset_format import storage
 # random read decompresses one record's chunk: snappy reads 1.2-2.4x faster than zstd:3, whose files are 0-33%
 # smaller (benchmarks/compression_bench.py, docs/benchmarks.md).
 DEFAULT_COMPRESSION = "snappy"
-COMPRESSION_NAME = re.compile(r"^(uncompressed|snappy|zstd:-?\d+|brotli:\d+)$")
+# (zstd's levels run -131072..22, brotli's 0..11: check_writer_options has ArrayRecord's writer say so exactly)
+COMPRESSION_NAME = re.compile(r"^(uncompressed|snappy|zstd:(-\d{1,6}|1?\d|2[0-2])|brotli:(\d|1[01]))$")
+WRITER_OPTIONS = re.compile(r"^(.*,)?group_size:1(,.*)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,16 +54,37 @@ class ConvertConfig:
         if not storage.is_remote(self.input):  # a local input is recorded whole: a rerun from elsewhere, or with the path
             object.__setattr__(self, "input", os.path.abspath(self.input))  # spelt another way, finds its shards
         if not COMPRESSION_NAME.match(self.compression):
-            raise ValueError(f"compression={self.compression!r} is not one of zstd:N, brotli:N, snappy, "
-                             "uncompressed")
+            raise ValueError(f"compression={self.compression!r} is not one of zstd:N (N in -131072..22), brotli:N "
+                             "(0..11), snappy, uncompressed")
         if self.tokenizer is not None and not self.text_key:
             raise ValueError("text_key is empty; pass --text-key FEATURE, the tf.Example feature holding the text")
         if self.tokenizer is None and (self.add_bos is not None or self.add_eos):
             raise ValueError("add_bos / add_eos shape tokenised documents: they need --tokenizer PATH")
-        if self.writer_options is not None and "group_size" not in self.writer_options:
-            raise ValueError(f"writer_options={self.writer_options!r} sets no group_size; add group_size:1 "
-                             "(grain needs it for random access)")
+        check_writer_options(self.resolved_writer_options,
+                             "writer_options" if self.writer_options is not None else "compression")
 
     @property
     def resolved_writer_options(self) -> str:
         return self.writer_options or f"group_size:1,{self.compression}"
+
+
+def check_writer_options(options: str, setting: str) -> None:
+    """One line, before anything is converted, for writer options ArrayRecord's writer refuses (an unknown option, a
+    level out of range: each shard's conversion failed inside Beam, hundreds of lines of tracebacks), or that set a
+    group_size other than 1 (random access reads one record's chunk: grain refuses other files, and the loader reads
+    them through ArrayRecord's slower reader). `setting`: the setting that gave them, for the message."""
+    import tempfile
+
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    given = options if setting == "writer_options" else options.split(",", 1)[1]
+    if not WRITER_OPTIONS.match(options.replace(" ", "")):
+        groups = [p.strip() for p in options.split(",") if p.strip().startswith("group_size")]
+        raise ValueError(f"{setting}={given!r} " + (f"sets {groups[-1]}" if groups else "sets no group_size")
+                         + ": converted files hold one record a chunk (group_size:1), which random access needs; "
+                         "put group_size:1 in it")
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            ArrayRecordWriter(os.path.join(scratch, "check.array_record"), options).close()
+        except ValueError as e:
+            raise ValueError(f"{setting}={given!r} is refused by ArrayRecord's writer: {e}") from None

@@ -50,6 +50,9 @@ def test_validation_agrees_with_the_cli():
     assert PARAMS["compression"]["regexes"] == [config.COMPRESSION_NAME.pattern]
     assert _accepts("compression", config.DEFAULT_COMPRESSION) and not _accepts("compression", "lz4")
     assert _accepts("writer_options", "group_size:1,zstd:1") and not _accepts("writer_options", "zstd:1")
+    assert not _accepts("writer_options", "group_size:64,zstd:1") and not _accepts("writer_options", "group_size:16")
+    assert [_accepts("compression", c) for c in ("zstd:22", "zstd:-5", "brotli:11", "zstd:23", "brotli:12")] == [
+        True, True, True, False, False]
     assert _accepts("input", "gs://b/raw/train-*.tfrecord") and not _accepts("input", "/data/train-*.tfrecord")
     assert _accepts("output", "gs://b/ar") and not _accepts("output", "out/")
 

@@ -82,6 +82,30 @@ def test_bad_arguments_fail_before_any_work(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("flags, line", [
+    (["--compression", "zstd:99"], "error: compression='zstd:99' is not one of zstd:N (N in -131072..22), brotli:N "
+                                   "(0..11), snappy, uncompressed"),
+    (["--writer-options", "group_size:1,zstd:3,window_log:40"],
+     "error: writer_options='group_size:1,zstd:3,window_log:40' is refused by ArrayRecord's writer: Option "
+     "window_log: invalid value: 40, valid values: auto, integers in the range [10..31]"),
+    (["--writer-options", "group_size:1,fooz:3"], "error: writer_options='group_size:1,fooz:3' is refused by "
+                                                  "ArrayRecord's writer: Unknown option fooz, valid options: "),
+    (["--writer-options", "group_size:64,zstd:1"],
+     "error: writer_options='group_size:64,zstd:1' sets group_size:64: converted files hold one record a chunk "
+     "(group_size:1), which random access needs; put group_size:1 in it"),
+])
+def test_writer_options_the_writer_refuses_are_one_line_before_any_work(tmp_path, capsys, flags, line):
+    """Each shard's conversion failed inside Beam (~460 lines of tracebacks, exit 1), and group_size:64 was written
+    (the loader then reads through ArrayRecord's slower reader)."""
+    from pipelines import cli as pipelines_cli
+
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(0, 5)])
+    assert pipelines_cli.main(["convert", "--input", str(tmp_path / "in" / "*"), "--output", str(tmp_path / "out"),
+                               *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(line)
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_unknown_command_is_named(capsys):
     from pipelines import cli as pipelines_cli
 
