@@ -165,16 +165,40 @@ def _files(metadata_list) -> list[InputFile]:
     return sorted(files, key=lambda f: f.path)
 
 
-def _tfds_versions(path: str) -> list[str]:
-    """The subdirectories of local `path` holding a TFDS dataset_info.json (its versions), oldest first."""
-    if is_remote(path):
-        return []
-    try:
-        subdirs = [e.path for e in os.scandir(path) if e.is_dir()]
-    except OSError:
-        return []
-    found = [d for d in subdirs if os.path.isfile(os.path.join(d, INFO_NAME))]
-    return sorted(found, key=lambda d: [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in basename(d).split(".")])
+def _tfds_versions(path: str) -> tuple[int, list[str]]:
+    """TFDS dataset versions (directories holding a dataset_info.json) below `path` (local or gs://), at the first
+    depth that has any: 1 for a dataset's directory (`mnist/` -> `mnist/3.0.1`), 2 for a data_dir (`mnist/3.0.1`),
+    3 for a data_dir of datasets with configs (`wmt/de-en/1.0.0`). (depth, versions, each dataset's oldest first);
+    (0, []) where there are none."""
+    import glob as globlib
+
+    base = path.rstrip("/")
+    for depth in (1, 2, 3):
+        pattern = base + "/*" * depth + "/" + INFO_NAME
+        try:
+            infos = ([m.path for m in FileSystems.match([pattern])[0].metadata_list] if is_remote(path) else
+                     globlib.glob(pattern))
+        except Exception:  # noqa: BLE001 - a listing that fails adds no hint; the caller's error stands
+            infos = []
+        if infos:
+            found = [info[: info.rfind("/")] for info in infos]
+            return depth, sorted(found, key=lambda d: (d[: d.rfind("/")], [
+                (0, int(p), "") if p.isdigit() else (1, 0, p) for p in basename(d).split(".")]))
+    return 0, []
+
+
+def _tfds_hint(path: str) -> str | None:
+    """The error for a directory above TFDS dataset versions (a dataset's, or a data_dir), naming one to pass."""
+    depth, versions = _tfds_versions(path)
+    if not versions:
+        return None
+    if depth == 1:
+        return (f"input directory {path!r} is a TFDS dataset's directory: pass one version of it, which holds "
+                f"dataset_info.json, e.g. --input {versions[-1]} (it has {', '.join(basename(v) for v in versions)})")
+    base = path.rstrip("/") + "/"
+    shown = ", ".join(v[len(base):] for v in versions[:4]) + (", ..." if len(versions) > 4 else "")
+    return (f"input directory {path!r} holds TFDS datasets ({shown}): pass one version of one, which holds "
+            f"dataset_info.json, e.g. --input {versions[-1]}")
 
 
 def _local_glob(pattern: str) -> list[InputFile]:
@@ -214,6 +238,9 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
     _check_listable(path)
     found = _files(_match(path.rstrip("/") + "/*")) if is_remote(path) else _local_directory(path)
     if is_remote(path) and not found:
+        hint = _tfds_hint(path)  # (a prefix whose objects are all deeper: a TFDS dataset's directory, a data_dir)
+        if hint is not None:
+            raise FileNotFoundError(hint)
         return None  # not a prefix with objects under it: a missing file, said by the caller
     tfrecords = [f for f in found if is_tfrecord_name(basename(f.path))]
     if not tfrecords:
@@ -222,11 +249,15 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
             raise FileNotFoundError(f"input directory {path!r} is a converted output (it holds {MANIFEST_NAME}): it "
                                     f"needs no conversion; load it as it is (loader.load({path!r}), python -m trainer "
                                     f"data={path}), or pass the TFRecords it was converted from as --input")
-        versions = _tfds_versions(path)
-        if versions:
-            raise FileNotFoundError(f"input directory {path!r} is a TFDS dataset's directory: pass one version of it, "
-                                    f"which holds dataset_info.json, e.g. --input {versions[-1]} (it has "
-                                    f"{', '.join(basename(v) for v in versions)})")
+        hint = _tfds_hint(path)
+        if hint is not None:
+            raise FileNotFoundError(hint)
+        subdirs = [] if names or is_remote(path) else sorted(e.name for e in os.scandir(path) if e.is_dir())
+        if subdirs:  # files only in subdirectories: `DIR/*` would match none of them
+            raise FileNotFoundError(f"input directory {path!r} holds no files, only directories "
+                                    f"({', '.join(subdirs[:4])}{', ...' if len(subdirs) > 4 else ''}); pass the one "
+                                    f"holding the TFRecord files, or a glob of them, e.g. --input "
+                                    f"'{path.rstrip('/')}/{subdirs[0]}/*'")
         globs = split_globs(path, names)
         whose = "one split's" if globs else "its"
         example = (f"e.g. --input '{globs[0]}'" + (f" and --input '{globs[1]}' into another --output"

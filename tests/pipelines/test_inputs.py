@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -148,6 +149,30 @@ def test_a_gcs_prefix_converts_its_tfrecord_objects(tmp_path, gcs_bucket, gcs_em
     assert "plan: 1 shard(s) to convert, 2 up to date" in proc.stdout
 
 
+@pytest.mark.gcs
+def test_a_gcs_tfds_directory_above_its_versions_is_named_with_one_to_pass(gcs_bucket, gcs_emulator):
+    """A gs:// prefix whose objects are all in deeper prefixes was said not to exist."""
+    from pipelines import paths
+
+    bucket, client = gcs_bucket
+    for name in ("digits/1.0.0/dataset_info.json", "digits/1.0.0/digits-train.tfrecord-00000-of-00001",
+                 "digits/1.1.0/dataset_info.json"):
+        client.bucket(bucket).blob(f"tfds/{name}").upload_from_string(b"{}")
+    for given in (f"gs://{bucket}/tfds/digits", f"gs://{bucket}/tfds/digits/"):
+        with pytest.raises(FileNotFoundError) as e:
+            paths.list_inputs(given)
+        assert str(e.value) == (f"input directory {given!r} is a TFDS dataset's directory: pass one version of it, "
+                                f"which holds dataset_info.json, e.g. --input gs://{bucket}/tfds/digits/1.1.0 (it "
+                                "has 1.0.0, 1.1.0)")
+    with pytest.raises(FileNotFoundError) as e:
+        paths.list_inputs(f"gs://{bucket}/tfds")
+    assert str(e.value) == (f"input directory 'gs://{bucket}/tfds' holds TFDS datasets (digits/1.0.0, digits/1.1.0): "
+                            f"pass one version of one, which holds dataset_info.json, e.g. --input "
+                            f"gs://{bucket}/tfds/digits/1.1.0")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        paths.list_inputs(f"gs://{bucket}/tfds/missing")
+
+
 def test_unreadable_inputs_are_one_line_before_anything_is_written(tmp_path):
     as_user = file_permissions_apply()
     write_tfrecord_shards(tmp_path / "data", [synthetic_records(i, 5) for i in range(3)])
@@ -224,6 +249,21 @@ def test_inputs_that_are_not_tfrecords_of_a_directory_are_named_with_what_to_pas
     assert str(e.value) == (f"input directory '{tmp_path / 'digits'}' is a TFDS dataset's directory: pass one version "
                             f"of it, which holds dataset_info.json, e.g. --input {tmp_path / 'digits' / '1.10.0'} (it "
                             "has 1.0.0, 1.2.0, 1.10.0)")
+    (tmp_path / "data_dir" / "fashion" / "2.0.0").mkdir(parents=True)  # a TFDS data_dir: ~/tensorflow_datasets
+    (tmp_path / "data_dir" / "fashion" / "2.0.0" / "dataset_info.json").write_text("{}")
+    shutil.copytree(tmp_path / "digits", tmp_path / "data_dir" / "digits")
+    with pytest.raises(FileNotFoundError) as e:  # it was told to pass 'data_dir/*', which matches no file
+        paths.list_inputs(str(tmp_path / "data_dir"))
+    assert str(e.value) == (f"input directory '{tmp_path / 'data_dir'}' holds TFDS datasets (digits/1.0.0, "
+                            "digits/1.2.0, digits/1.10.0, fashion/2.0.0): pass one version of one, which holds "
+                            f"dataset_info.json, e.g. --input {tmp_path / 'data_dir' / 'fashion' / '2.0.0'}")
+    (tmp_path / "nested" / "a").mkdir(parents=True)
+    (tmp_path / "nested" / "b").mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        paths.list_inputs(str(tmp_path / "nested"))
+    assert str(e.value) == (f"input directory '{tmp_path / 'nested'}' holds no files, only directories (a, b); pass "
+                            f"the one holding the TFRecord files, or a glob of them, e.g. --input "
+                            f"'{tmp_path / 'nested' / 'a'}/*'")
 
 
 def test_a_glob_skips_hidden_and_marker_files_unless_it_names_them(tmp_path, caplog):
