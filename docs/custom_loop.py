@@ -3,7 +3,9 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=4 .venv/bin/python docs/custom_loop.py DATA_DIR
 
 DATA_DIR: a directory converted by `python -m pipelines convert` holding tf.train.Examples with
-`image` (64 ints) and `label` (an int), e.g. demo_out/array_record/custom/train.
+`image` (64 ints) and `label` (an int), e.g. demo_out/array_record/custom/train (made by `bash scripts/demo.sh`, or
+alone by `python -m pipelines make-demo --output demo_out/tfrecord` and `python -m pipelines convert --input
+'demo_out/tfrecord/digits-train.tfrecord-*' --output demo_out/array_record/custom/train`).
 """
 
 import sys

@@ -3,6 +3,10 @@
     KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
         .venv/bin/python docs/keras_example.py demo_out/array_record/custom/train demo_out/array_record/custom/test
 
+(demo_out/ is made by `bash scripts/demo.sh`, or alone by `python -m pipelines make-demo --output demo_out/tfrecord`
+and, for each of train and test, `python -m pipelines convert --input 'demo_out/tfrecord/digits-train.tfrecord-*'
+--output demo_out/array_record/custom/train`.)
+
 The loader yields host batches ({"image": uint8/int [B, 64], "label": int [B]}); Keras's DataParallel
 distribution splits each over the devices, as MultiWorkerMirroredStrategy users expect from tf.keras.
 """
@@ -36,7 +40,8 @@ def main(train_dir: str, test_dir: str, epochs: int = 3, steps_per_epoch: int = 
     model.compile(optimizer=keras.optimizers.Adam(2e-3), metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     train = loader.load(train_dir, batch_size=64, seed=0)
-    model.fit(xy(train), epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=2)
+    # (shuffle=False: the loader shuffles; Keras cannot shuffle a generator, and warns when asked to)
+    model.fit(xy(train), epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=2, shuffle=False)
     kernel = model.layers[1].kernel.value  # the variables' layout chosen by the distribution
     print(f"kernel sharding: {kernel.sharding.spec}, on {len(kernel.sharding.device_set)} devices")
     test = loader.load(test_dir, batch_size=64, shuffle=False, num_epochs=1)  # drops the last partial batch

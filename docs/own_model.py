@@ -3,6 +3,10 @@
     PYTHONPATH=docs .venv/bin/python -m trainer data=demo_out/array_record/custom/train \
         eval_data=demo_out/array_record/custom/test num_classes=10 model=own_model:ResidualMLP steps=300 workdir=/tmp/own
 
+(demo_out/ is made by `bash scripts/demo.sh`, or alone by `python -m pipelines make-demo --output demo_out/tfrecord`
+and, for each of train and test, `python -m pipelines convert --input 'demo_out/tfrecord/digits-train.tfrecord-*'
+--output demo_out/array_record/custom/train`.)
+
 `model=` takes a `flax.linen.Module` class or a function returning a Module instance; the trainer builds it with
 the task's keyword arguments (`task=classification`: `num_classes`; `task=lm`: `vocab_size` and `max_len`) and
 calls it on the task's inputs (classification: images as float32 in [0, 1], NHWC). It returns one array: the task's

@@ -257,6 +257,17 @@ def make_demo_main(argv: list[str]) -> int:
     p.add_argument("--max_mb", "--max-mb", dest="max_mb", type=float, default=4.0,
                    help="text: how many MB of sources to take (default 4)")
     args = p.parse_args(argv)
+    try:
+        return _make_demo(args)
+    except ModuleNotFoundError as e:
+        package = {"sklearn": "scikit-learn", "PIL": "Pillow"}.get((e.name or "").split(".")[0])
+        if package is None:
+            raise
+        raise ValueError(f"make-demo --kind {args.kind} needs {package}, which the demo extra installs: pip install "
+                         "\".[demo]\" (or pip install " + package + ")") from None
+
+
+def _make_demo(args) -> int:
     from pipelines import demo
 
     if args.kind == "text":

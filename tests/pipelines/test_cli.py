@@ -106,6 +106,20 @@ def test_writer_options_the_writer_refuses_are_one_line_before_any_work(tmp_path
     assert not (tmp_path / "out").exists()
 
 
+def test_make_demo_without_the_demo_extra_names_it(tmp_path, capsys, monkeypatch):
+    """converting.md's install line is `.[convert]`; make-demo's digits need scikit-learn (`.[demo]`): a traceback."""
+    import sys
+
+    from pipelines import cli as pipelines_cli
+
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # not installed
+    monkeypatch.delitem(sys.modules, "sklearn.datasets", raising=False)
+    assert pipelines_cli.main(["make-demo", "--output", str(tmp_path / "d")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        'error: make-demo --kind digits needs scikit-learn, which the demo extra installs: pip install ".[demo]" (or '
+        "pip install scikit-learn)")
+
+
 def test_an_unknown_command_is_named(capsys):
     from pipelines import cli as pipelines_cli
 

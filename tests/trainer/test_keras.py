@@ -16,3 +16,4 @@ def test_keras_example_trains_data_parallel(digits):
     assert "on 4 devices" in proc.stdout  # variables replicated over the 4 devices
     accuracy = float(proc.stdout.strip().splitlines()[-1].split()[3])
     assert accuracy > 0.9, proc.stdout[-2000:]
+    assert "shuffle=True was passed, but will be ignored" not in proc.stderr  # the loader shuffles
