@@ -107,6 +107,8 @@ def convert_shard(
             storage.upload(local, task.output)
         else:
             os.replace(local, task.output)
+        if tokens is None and storage.exists(task.output + COUNTS_SUFFIX):  # a tokenised shard's, now stale
+            storage.delete(task.output + COUNTS_SUFFIX)
     finally:
         for leftover in (local, counts_local):
             if os.path.exists(leftover):

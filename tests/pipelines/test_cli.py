@@ -212,9 +212,11 @@ def test_a_rerun_without_the_options_keeps_the_outputs_own(tmp_path, capsys):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert {s["writer_options"] for s in manifest["shards"]} == {"group_size:1,snappy"}
     assert manifest["tokens"]["text_key"] == "body"  # the tokenisation kept
+    assert len(list((tmp_path / "out").glob("*.counts"))) == 2
     assert pipelines_cli.main([*base, "--tokenizer", "none"]) == 0  # and the way back to records copied as they are
     assert "converted 2 shard(s)" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "manifest.json").read_text()).get("tokens") is None
+    assert list((tmp_path / "out").glob("*.counts")) == []  # the token counts went with the tokens
 
 
 def test_a_rerun_after_a_first_run_died_before_its_manifest_keeps_the_options_of_its_commits(tmp_path, capsys):
