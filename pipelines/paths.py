@@ -79,13 +79,22 @@ def list_files(directory: str) -> list[InputFile]:
 
 def _unhidden(files: list[InputFile], pattern: str) -> list[InputFile]:
     """`files` less those a glob matched by accident: hidden files (`.part-0.crc`: a shell's `*` skips them) and
-    markers (`_SUCCESS`: Hadoop's and Spark's hidden names), unless the glob's own name starts with that character."""
-    hidden = {".", "_"} - {basename(pattern)[:1]}
-    kept = [f for f in files if basename(f.path)[:1] not in hidden]
+    markers (`_SUCCESS`: Hadoop's and Spark's hidden names), or files in such directories below the glob's fixed part
+    (`**` reaching an output's `.shards/`, Spark's `_temporary/`), unless the glob names one (a part starting so)."""
+    prefix = _fixed_prefix(pattern)
+    prefix = "" if prefix == "." and not pattern.startswith("./") else prefix
+    below = pattern[len(prefix):]
+    hidden = {".", "_"} - {c for c in "._" if f"/{c}" in f"/{below}"}
+
+    def seen(path: str) -> bool:
+        parts = (path[len(prefix):] if path.startswith(prefix) else basename(path)).split("/")
+        return not any(part[:1] in hidden for part in parts)
+
+    kept = [f for f in files if seen(f.path)]
     if len(kept) < len(files):
         skipped = [basename(f.path) for f in files if f not in kept]
-        log.info("%s: %d hidden or marker file(s) skipped (e.g. %s); name them in the glob to convert them", pattern,
-                 len(skipped), skipped[0])
+        _once(logging.INFO, "%s: %d hidden or marker file(s) skipped (e.g. %s); name them in the glob to convert "
+              "them", pattern, len(skipped), skipped[0])
     return kept
 
 
@@ -268,13 +277,19 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
                                 f"{whose} files instead, {example}")
     if len(tfrecords) < len(found):
         skipped = [basename(f.path) for f in found if f not in tfrecords]
-        log.info("%s: converting its %d TFRecord file(s); %d other file(s) skipped (e.g. %s)", path, len(tfrecords),
-                 len(skipped), skipped[0])
+        _once(logging.INFO, "%s: converting its %d TFRecord file(s); %d other file(s) skipped (e.g. %s)", path,
+              len(tfrecords), len(skipped), skipped[0])
     _warn_if_splits_mix(path, path, tfrecords)
     return tfrecords
 
 
-_WARNED: set[tuple[str, tuple[str, ...]]] = set()  # a conversion plans twice (before and under its lease): once each
+_SAID: set[tuple] = set()  # a conversion plans twice (before and under its lease): each line once
+
+
+def _once(level: int, message: str, *args) -> None:
+    if (message, args) not in _SAID:
+        _SAID.add((message, args))
+        log.log(level, message, *args)
 
 
 def _warn_if_splits_mix(what: str, directory: str, files: list[InputFile]) -> None:
@@ -283,11 +298,10 @@ def _warn_if_splits_mix(what: str, directory: str, files: list[InputFile]) -> No
     if any(f.path.rsplit("/", 1)[0] != directory.rstrip("/") for f in files):
         return  # a glob across directories: its groups are not told by name
     groups = tuple(split_globs(directory, [basename(f.path) for f in files], limit=4))
-    if len(groups) > 1 and (what, groups) not in _WARNED:
-        _WARNED.add((what, groups))
-        log.warning("%s: its TFRecord files form %d groups (%s): they all go into one dataset; to keep splits apart, "
-                    "convert one glob per split into its own --output", what, len(groups),
-                    ", ".join(repr(g) for g in groups))
+    if len(groups) > 1:
+        _once(logging.WARNING, "%s: its TFRecord files form %d groups (%s): they all go into one dataset; to keep "
+              "splits apart, convert one glob per split into its own --output", what, len(groups),
+              ", ".join(repr(g) for g in groups))
 
 
 def check_output_outside(inputs: list[InputFile], pattern: str, output: str) -> None:

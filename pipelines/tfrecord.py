@@ -65,10 +65,12 @@ class CompressedStreamError(CorruptRecordError):
     found again in a compressed stream."""
 
     def __init__(self, path: str, offset: int, reason: str, compression: str):
+        # (a stream that gave data is compressed as named: damaged or cut short, not misnamed)
+        misnamed = "" if offset else (f"; a file that is not {compression}-compressed needs a name without its "
+                                      "suffix (the suffix says how it is read)")
         super().__init__(path, offset, reason, message=(
             f"{path}: its {compression} stream does not decompress after {offset:,} bytes of TFRecord data: {reason}. "
-            f"Re-create or re-copy this shard; a file that is not {compression}-compressed needs a name without "
-            f"its suffix (the suffix says how it is read)"))
+            f"Re-create or re-copy this shard{misnamed}"))
 
 
 class NotTFRecordError(CorruptRecordError):

@@ -28,7 +28,7 @@ def test_a_directory_converts_its_tfrecord_files(tmp_path):
     proc = run_cli("convert", "--input", str(tmp_path / "data"), "--output", str(tmp_path / "out"), check=True)
 
     assert "converted 3 shard(s) (20 records" in proc.stdout
-    assert "converting its 3 TFRecord file(s); 2 other file(s) skipped (e.g. .hidden.tfrecord)" in proc.stderr
+    assert proc.stderr.count("converting its 3 TFRecord file(s); 2 other file(s) skipped (e.g. .hidden.tfrecord)") == 1
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert [s["path"] for s in manifest["shards"]] == ["empty.array_record", "train-00000-of-00002.array_record",
                                                        "train-00001-of-00002.array_record"]
@@ -280,3 +280,11 @@ def test_a_glob_skips_hidden_and_marker_files_unless_it_names_them(tmp_path, cap
     assert f"{tmp_path / 'sp' / '*'}: 2 hidden or marker file(s) skipped (e.g. .part-r-00000.crc)" in caplog.text
     assert [f.path.rsplit("/", 1)[1] for f in paths.list_inputs(str(tmp_path / "sp" / ".*"))] == [".part-r-00000.crc"]
     assert [f.path.rsplit("/", 1)[1] for f in paths.list_inputs(str(tmp_path / "sp" / "_*"))] == ["_SUCCESS"]
+    # `**` does not reach into hidden directories (an earlier output's .shards/ records, Spark's _temporary/)
+    for hidden in (".shards", "_temporary"):
+        (tmp_path / "sp" / "out" / hidden).mkdir(parents=True)
+        (tmp_path / "sp" / "out" / hidden / "part-r-00009.json").write_text("{}")
+    got = [f.path[len(str(tmp_path / "sp")) + 1:] for f in paths.list_inputs(str(tmp_path / "sp" / "**"))]
+    assert got == ["part-r-00000", "part-r-00001"]
+    assert [f.path.rsplit("/", 2)[1] for f in paths.list_inputs(str(tmp_path / "sp" / "out" / ".shards" / "*"))] == [
+        ".shards"]  # named: taken
