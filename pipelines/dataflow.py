@@ -96,15 +96,17 @@ def worker_project(checkout: Path, dest: Path) -> Path:
         f"version = {json.dumps(project['version'])}",
         f"requires-python = {json.dumps(project['requires-python'])}",
         f"dependencies = {json.dumps(dependencies)}",
-        "",
-        "[tool.setuptools.packages.find]",
-        f"include = {json.dumps([p + '*' for p in WORKER_PACKAGES])}",
-        "",
-        "[tool.setuptools.package-data]",
-        *(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in package_data.items()),
+        'readme = "README.md"',
     ]
+    # (packages in setup.py: older setuptools call [tool.setuptools] in pyproject.toml "beta" at every build)
+    setup_py = ["from setuptools import find_packages, setup", "",
+                f"setup(packages=find_packages(include={[p + '*' for p in WORKER_PACKAGES]!r}),",
+                f"      package_data={package_data!r})"]
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "pyproject.toml").write_text("\n".join(toml) + "\n")
+    (dest / "setup.py").write_text("\n".join(setup_py) + "\n")
+    (dest / "README.md").write_text(f"# {project['name']}-convert\n\nThe conversion's packages ({', '.join(WORKER_PACKAGES)}) "
+                                    "for Dataflow workers, written by pipelines/dataflow.py at launch.\n")
     for package in WORKER_PACKAGES:
         shutil.copytree(checkout / package, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dest / "pyproject.toml"
