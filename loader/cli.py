@@ -162,7 +162,8 @@ def _tokens(args) -> bool:
 
     if args.decode != "auto":
         return False
-    return loader.resolve(args.source, split=args.split, allow_incomplete=args.allow_incomplete).tokens_dtype is not None
+    source = loader.resolve(args.source, split=args.split, allow_incomplete=args.allow_incomplete)
+    return source.tokens_dtype is not None
 
 
 LONG_WAIT = 0.1  # seconds: the paced bench lists every wait longer than this

@@ -105,8 +105,9 @@ def worker_project(checkout: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "pyproject.toml").write_text("\n".join(toml) + "\n")
     (dest / "setup.py").write_text("\n".join(setup_py) + "\n")
-    (dest / "README.md").write_text(f"# {project['name']}-convert\n\nThe conversion's packages ({', '.join(WORKER_PACKAGES)}) "
-                                    "for Dataflow workers, written by pipelines/dataflow.py at launch.\n")
+    (dest / "README.md").write_text(f"# {project['name']}-convert\n\nThe conversion's packages "
+                                    f"({', '.join(WORKER_PACKAGES)}) for Dataflow workers, written by "
+                                    "pipelines/dataflow.py at launch.\n")
     for package in WORKER_PACKAGES:
         shutil.copytree(checkout / package, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dest / "pyproject.toml"

@@ -301,8 +301,8 @@ def test_joins_an_existing_ray_cluster_by_address(digits, tmp_path):
                "'ps': 1.0} of {'worker': 3, 'ps': 1}" in short.stderr, short.stderr[-3000:]
         assert short.stderr.strip().splitlines()[-1] == (
             "error: TimeoutError: the Ray cluster offers {'worker': 2.0, 'ps': 1.0} after 3 s, not the {'worker': 3, "
-            f"'ps': 1}} this run needs: run `ray start --address=127.0.0.1:{port} --resources='{{\"worker\": 1}}'` on 1 "
-            "more machine(s), or pass num_workers=2 (each actor of a role takes one unit of its resource)")
+            f"'ps': 1}} this run needs: run `ray start --address=127.0.0.1:{port} --resources='{{\"worker\": 1}}'` "
+            "on 1 more machine(s), or pass num_workers=2 (each actor of a role takes one unit of its resource)")
         proc = run_trainer(*args, "num_workers=2", "num_ps=1", f"ray_address=127.0.0.1:{port}", timeout=240,
                            extra_env={"RAY_AUTH_TOKEN": env["RAY_AUTH_TOKEN"]})
         assert proc.returncode == 0, proc.stderr[-3000:]
