@@ -41,6 +41,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -614,7 +615,7 @@ def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
                     time.sleep(1)
             log.info("ray head started at %s", head)
             _wait_for_nodes({"worker": num_workers, "ps": num_ps}, 600, "TF_CONFIG's tasks",
-                            "are the worker and ps tasks running with the same TF_CONFIG and token?")
+                            lambda have: "are the worker and ps tasks running with the same TF_CONFIG and token?")
         except BaseException:  # (a Ctrl-C while the tasks join, too): the head goes with this run
             ray.shutdown()
             _stop_head(head_proc)
@@ -632,9 +633,10 @@ def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
     return head_proc
 
 
-def _wait_for_nodes(wanted: dict[str, int], timeout: float, joining: str, fix: str) -> None:
+def _wait_for_nodes(wanted: dict[str, int], timeout: float, joining: str, fix: Callable[[dict], str]) -> None:
     """Until the cluster offers `wanted` units of each resource: a line when what it has changes (and every 30 s);
-    after `timeout` seconds, an error ending with `fix`. `joining`: who is awaited, for the log."""
+    after `timeout` seconds, an error ending with `fix(what it offers then)`. `joining`: who is awaited, for the
+    log."""
     import ray
 
     deadline = time.monotonic() + timeout
@@ -646,7 +648,7 @@ def _wait_for_nodes(wanted: dict[str, int], timeout: float, joining: str, fix: s
         offered = {k: have.get(k, 0) for k in wanted}
         if time.monotonic() > deadline:
             raise TimeoutError(f"the Ray cluster offers {offered} after {timeout:.0f} s, not the {wanted} this run "
-                               f"needs: {fix}")
+                               f"needs: {fix(have)}")
         if offered != said or time.monotonic() - said_at >= 30:
             log.info("waiting for %s to join the Ray cluster: it offers %s of %s", joining, offered, wanted)
             said, said_at = offered, time.monotonic()
@@ -664,14 +666,15 @@ def _wait_for_roles(config: TrainConfig) -> None:
 
     have = ray.cluster_resources()
     wanted = {role: n for role, n in (("worker", config.num_workers), ("ps", config.num_ps)) if have.get(role, 0) >= 1}
-    short = {role: n for role, n in wanted.items() if have.get(role, 0) < n}
-    if not short:
-        return
-    start = " and ".join(f"`ray start --address={config.ray_address} --resources='{{\"{role}\": 1}}'` on "
-                         f"{n - int(have.get(role, 0))} more machine(s)" for role, n in short.items())
-    fewer = " ".join(f"{SETTING[role]}={int(have.get(role, 0))}" for role in short)
-    _wait_for_nodes(wanted, config.join_timeout, "nodes offering the actors' resources",
-                    f"run {start}, or pass {fewer} (each actor of a role takes one unit of its resource)")
+
+    def fix(have: dict) -> str:
+        short = {role: n for role, n in wanted.items() if have.get(role, 0) < n}
+        start = " and ".join(f"`ray start --address={config.ray_address} --resources='{{\"{role}\": 1}}'` on "
+                             f"{n - int(have.get(role, 0))} more machine(s)" for role, n in short.items())
+        fewer = " ".join(f"{SETTING[role]}={int(have.get(role, 0))}" for role in short)
+        return f"run {start}, or pass {fewer} (each actor of a role takes one unit of its resource)"
+
+    _wait_for_nodes(wanted, config.join_timeout, "nodes offering the actors' resources", fix)
 
 
 def serve_node(config: TrainConfig, spec) -> dict[str, Any]:
