@@ -11,7 +11,7 @@ time the loop was held by checkpoints (the summary's checkpoint_wait_s: the save
 the last checkpoint's write before the run returns). The ratio: the anchor's loop time over ours.
 
     .venv/bin/python benchmarks/checkpoint_bench.py                        # ~85M parameters, 1 GB a checkpoint
-    .venv/bin/python benchmarks/checkpoint_bench.py --width 512 --depth 4 --steps 12 --every 4 --repeats 1
+    .venv/bin/python benchmarks/checkpoint_bench.py --width 512 --heads 8 --depth 4 --steps 12 --every 4 --repeats 1
 Results: docs/benchmarks.md.
 """
 

@@ -119,7 +119,7 @@ import ray, loader
 from loader.decoding import images
 # A Ray node started by this process (on its cores): its actors are separate processes, the batches come back
 # through the object store.
-ray.init(num_cpus=CORES, include_dashboard=False, object_store_memory=2 << 30, logging_level="ERROR")
+ray.init(address="local", num_cpus=CORES, include_dashboard=False, object_store_memory=2 << 30, logging_level="ERROR")
 batches = iter(loader.load(OUT, batch_size=BATCH, seed=0, worker_count=CORES, ray_address="local",
                            random_map_fn=images.RandomResizedCrop("image/encoded", size=SIZE)))
 def cleanup():
@@ -131,7 +131,8 @@ from loader.decoding import images
 # The trainer's process on the first core, a Ray node (its actors) on the others: what workers on other machines
 # add to a host whose own cores are busy. Compare with "ours" on 1 core.
 os.sched_setaffinity(0, set(range(1, CORES)))
-ray.init(num_cpus=CORES - 1, include_dashboard=False, object_store_memory=2 << 30, logging_level="ERROR")
+ray.init(address="local", num_cpus=CORES - 1, include_dashboard=False, object_store_memory=2 << 30,
+         logging_level="ERROR")
 os.sched_setaffinity(0, {0})
 batches = iter(loader.load(OUT, batch_size=BATCH, seed=0, worker_count=CORES - 1, ray_address="local",
                            random_map_fn=images.RandomResizedCrop("image/encoded", size=SIZE)))

@@ -517,7 +517,17 @@ def owner_gone():
     sys.stdin.buffer.read()
     os.killpg(0, signal.SIGTERM)
 threading.Thread(target=owner_gone, daemon=True).start()
-sys.exit(head.wait())
+code = head.wait()
+try:  # as `ray stop` does: a later ray.init() on this machine would take the gone head's address for a cluster's
+    from ray._common.utils import get_ray_address_file
+    path = get_ray_address_file(None)
+    port = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--port="))
+    with open(path) as f:
+        if f.read().strip().rpartition(":")[2] == port:
+            os.remove(path)
+except Exception:
+    pass
+sys.exit(code)
 """
 
 

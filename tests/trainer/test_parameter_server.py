@@ -4,9 +4,11 @@ the coordinator SIGKILLed and rerun."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -217,6 +219,17 @@ def _answers(port: int) -> bool:
         return False
 
 
+def _named_head(port: int) -> bool:
+    """Whether Ray's address file (/tmp/ray/ray_current_cluster) names a head on `port`."""
+    from ray._common.utils import get_ray_address_file
+
+    try:
+        with open(get_ray_address_file(None)) as f:
+            return f.read().strip().rpartition(":")[2] == str(port)
+    except FileNotFoundError:
+        return False
+
+
 @pytest.mark.timeout(200)
 def test_a_tf_config_chief_killed_while_its_tasks_join_takes_its_ray_head_with_it(digits, tmp_path):
     """SIGKILL to the chief (no `finally` runs): the Ray head it started, in a session of its own, was left running
@@ -236,6 +249,10 @@ def test_a_tf_config_chief_killed_while_its_tasks_join_takes_its_ray_head_with_i
         while _answers(port) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not _answers(port), "the chief's Ray head outlived it"
+        # and its address is forgotten, as `ray stop` does: a later plain ray.init() took it for a live cluster
+        while _named_head(port) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _named_head(port)
     finally:
         chief.kill()
 
@@ -287,8 +304,11 @@ def test_joins_an_existing_ray_cluster_by_address(digits, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "fedcba9876543210" * 4}
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # (its address file too: not the host's /tmp/ray, which a
+    # later ray.init() without an address would take for a live cluster once this head is gone)
     head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                             "--disable-usage-stats", "--resources", '{"worker": 2, "ps": 1}', "--block"],
+                             "--disable-usage-stats", "--resources", '{"worker": 2, "ps": 1}', "--block",
+                             f"--temp-dir={temp}"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         args = [a for a in _args(digits, tmp_path, 300) if not a.startswith(("num_ps", "num_workers"))]
@@ -311,3 +331,4 @@ def test_joins_an_existing_ray_cluster_by_address(digits, tmp_path):
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
+        shutil.rmtree(temp, ignore_errors=True)
