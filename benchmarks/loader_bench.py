@@ -79,7 +79,7 @@ it = gen()
 
 _CONTENDERS = {
     "ours": """
-import loader
+import grain, loader  # (imported before the clock, as the other contenders' libraries are: grain brings JAX, ~0.6 s)
 t0 = time.perf_counter()
 ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else None, num_threads=THREADS or 2,
                  worker_count=WORKERS)
@@ -87,7 +87,7 @@ it = iter(ds)
 """,
     # The same code run from a worktree of --previous REV (measure() sets the working directory).
     "previous loader": """
-import loader
+import grain, loader  # (imported before the clock, as the other contenders' libraries are: grain brings JAX, ~0.6 s)
 t0 = time.perf_counter()
 ds = loader.load(OUT, batch_size=256, seed=0, decode="example" if DECODE else None, worker_count=WORKERS)
 it = iter(ds)
@@ -95,7 +95,7 @@ it = iter(ds)
     # The same records converted with --compression zstd:3, what `tfds build --file_format=array_record`
     # writes: ~12% smaller here, but every random read pays a zstd decompression (benchmarks/compression_bench.py).
     "ours, zstd:3": """
-import loader
+import grain, loader  # (imported before the clock, as the other contenders' libraries are: grain brings JAX, ~0.6 s)
 t0 = time.perf_counter()
 ds = loader.load(OUT_ZSTD, batch_size=256, seed=0, decode="example" if DECODE else None,
                  num_threads=THREADS or 2, worker_count=WORKERS)
