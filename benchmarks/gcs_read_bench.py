@@ -26,7 +26,9 @@ row is left out, as the rule is set in this process only).
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -167,6 +169,7 @@ def main() -> None:
     from tests import emulator
 
     root = Path(tempfile.mkdtemp(prefix="gcs-read-bench-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # (~470 MB a run)
     (root / "gcloud").mkdir()
     latencies = [float(ms) / 1000 for ms in args.latency_ms.split(",")]
     bandwidth = args.mbps * 1e6 or None

@@ -257,12 +257,16 @@ def main() -> None:
             measured = run(code)
             results[name, cores] = measured["images_per_s"]
             main_cpu[name, cores] = measured["main_cpu_ms_per_batch"]
+            alone = name == "bare loop"  # one thread on one core, whatever the cores: x cores in the table
             print(f"  {cores} core(s)  {name:14s} {results[name, cores]:8,.0f} img/s  "
-                  f"({results[name, cores] / cores:,.0f} per core)", flush=True)
-    print("\n| cores | contender | images/s | per core | ours / it | main process CPU, ms a batch |")
-    print("|---|---|---|---|---|---|")
+                  f"({results[name, cores] / (1 if alone else cores):,.0f} per core{', one thread' if alone else ''})",
+                  flush=True)
+    workers = "ours, workers" in args.contenders
+    print("\n| cores | contender | images/s | per core | ours / it |" + (" ours, workers / it |" if workers else "")
+          + " main process CPU, ms a batch |")
+    print("|---|---|---|---|---|" + ("---|" if workers else "") + "---|")
     for cores in args.cores:
-        ours = results.get(("ours", cores))
+        ours, ours_workers = results.get(("ours", cores)), results.get(("ours, workers", cores))
         for name in args.contenders:
             if (name, cores) not in results:
                 continue
@@ -270,11 +274,15 @@ def main() -> None:
             ceiling = rate * cores if name == "bare loop" else rate
             ratio = f"{ours / ceiling:.2f}x" if ours and name != "ours" else ""
             label = f"{name} x {cores} cores" if name == "bare loop" and cores > 1 else name
-            print(f"| {cores} | {label} | {ceiling:,.0f} | {ceiling / cores:,.0f} | {ratio} | "
+            by_workers = (f" {ours_workers / ceiling:.2f}x |" if ours_workers and not name.startswith("ours") else
+                          " |") if workers else ""
+            print(f"| {cores} | {label} | {ceiling:,.0f} | {ceiling / cores:,.0f} | {ratio} |{by_workers} "
                   f"{main_cpu[name, cores]:,.0f} |")
     if len(args.cores) > 1 and ("ours", args.cores[0]) in results:
         lo, hi = args.cores[0], args.cores[-1]
         for name in args.contenders:
+            if name == "bare loop":
+                continue  # one thread at any core count: the table counts it x cores
             if (name, lo) in results and (name, hi) in results:
                 print(f"scaling {lo} -> {hi} cores, {name}: {results[name, hi] / results[name, lo]:.2f}x")
             elif (name, hi) in results and ("ours", lo) in results:

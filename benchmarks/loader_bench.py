@@ -266,17 +266,15 @@ def main() -> None:
     print(f"\nmedians of {args.repeats} run(s):" if args.repeats > 1 else "")
     for (name, decode), r in results.items() if args.repeats > 1 else ():
         print(_line(name, decode, r))
+    pairs = [(mine, name, decode) for decode in (False, True) for mine in ("ours", "ours, zstd:3") for name in names
+             if not name.startswith("ours") and (mine, decode) in runs and (name, decode) in runs]
     for window, key in ((f"steady state, {args.batches} batches", "examples_per_s"),
-                        (f"start window, batches 1-{args.start}", "start_examples_per_s")):
+                        (f"start window, batches 1-{args.start}", "start_examples_per_s")) if pairs else ():
         print(f"ratios, {window}:")
-        for decode in (False, True):
-            for mine in ("ours", "ours, zstd:3"):
-                for name in names:
-                    if not name.startswith("ours") and (mine, decode) in runs and (name, decode) in runs:
-                        # the median of each round's ratio: a round's contenders ran minutes apart at most
-                        ratio = statistics.median(a[key] / b[key] for a, b in zip(runs[(mine, decode)],
-                                                                                  runs[(name, decode)]))
-                        print(f"  {mine} / {name} ({'decode' if decode else 'raw'}): {ratio:.2f}x")
+        for mine, name, decode in pairs:
+            # the median of each round's ratio: a round's contenders ran minutes apart at most
+            ratio = statistics.median(a[key] / b[key] for a, b in zip(runs[(mine, decode)], runs[(name, decode)]))
+            print(f"  {mine} / {name} ({'decode' if decode else 'raw'}): {ratio:.2f}x")
     if args.first_batch_shards:
         many = work / f"shards-{args.first_batch_shards}"
         if not (many / "tfrecord").exists():

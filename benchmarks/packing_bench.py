@@ -18,6 +18,8 @@ Results: docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -64,7 +66,9 @@ def main() -> None:
     from trainer import TrainConfig
     from trainer.tasks import LanguageModel
 
-    data = make_data(Path(tempfile.mkdtemp(prefix="packing-bench-")), args.max_mb)
+    scratch = Path(tempfile.mkdtemp(prefix="packing-bench-"))
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    data = make_data(scratch, args.max_mb)
     task = LanguageModel.from_config(TrainConfig(data=data, workdir="-", task="lm", seq_len=args.seq_len), {})
     decode = ExampleDecoder(("text",))
 

@@ -18,6 +18,7 @@ weighs less, as on a real corpus.
 from __future__ import annotations
 
 import argparse
+import atexit
 import shutil
 import tempfile
 import time
@@ -41,14 +42,15 @@ def main() -> None:
     from pipelines.tokens import BATCH
 
     root = Path(tempfile.mkdtemp(prefix="tokenize-bench-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     files = write_text_tfrecords(str(root / "raw"), num_shards=args.shards, max_bytes=int(args.max_mb * (1 << 20)))
     texts = []
     for path in sorted(f for f in files if "-train." in f):
         with open(path, "rb") as f:
             texts += [example_proto.decode_example(r)["text"][0] for r in tfrecord.iter_records(f, path=path)]
-    for copy in range(1, args.copies):  # more shards of the same text, matched by the same glob
-        for path in sorted(f for f in files if "-train." in f):
-            shutil.copy(path, path.replace("text-train.tfrecord-", f"text-train.tfrecord-copy{copy}-"))
+    for copy in range(1, args.copies):  # more shards of the same text, matched by the same glob (numbered as its
+        for path in sorted(f for f in files if "-train." in f):  # own shards are: one split, not several groups)
+            shutil.copy(path, path.replace("text-train.tfrecord-", f"text-train.tfrecord-{copy}"))
     texts_once, texts = texts, texts * args.copies
     mb = sum(map(len, texts)) / 1e6
     tok_path = tokenizer.train_bpe(texts_once[:20000], args.vocab, str(root / "tokenizer.json"))

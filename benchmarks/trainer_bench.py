@@ -21,8 +21,10 @@ Results: docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,7 +57,7 @@ def build_larger(work: Path, records: int, shards: int) -> Path:
     labels = rng.integers(0, 10, records)
     # Learnable: each class is a noisy copy of its own random prototype.
     prototypes = rng.integers(0, 256, (10, 32 * 32))
-    (work / "synthetic-tfrecord").mkdir(parents=True)
+    (work / "synthetic-tfrecord").mkdir(parents=True, exist_ok=True)  # (a --workdir of an earlier run: written anew)
     for shard, index in enumerate(np.array_split(np.arange(records), shards)):
         path = work / "synthetic-tfrecord" / f"synthetic-train.tfrecord-{shard:05d}-of-{shards:05d}"
         noise = rng.integers(-40, 40, (len(index), 32 * 32))
@@ -104,6 +106,8 @@ def main() -> None:
     else:
         where = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
     work = Path(args.workdir or tempfile.mkdtemp(prefix="trainer-bench-"))
+    if not args.workdir:
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     print(f"building data in {work} ...", flush=True)
     datasets = {"demo (digits 8x8, cnn)": build_demo(work),
                 f"larger (synthetic 32x32, {args.records:,} records, cnn)": build_larger(work, args.records, args.shards)}

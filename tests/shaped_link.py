@@ -218,7 +218,7 @@ class _Connection(asyncio.Protocol):
                 if not piece:
                     raise ConnectionResetError(f"{path} is shorter than it was")
                 await self.link.pace(len(piece))
-                if self.transport is None:
+                if self.transport is None or self.transport.is_closing():  # (asyncio logs each write after that)
                     raise ConnectionResetError("the client hung up")
                 self.transport.write(piece)
                 self.link.bytes_out += len(piece)
