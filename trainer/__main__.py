@@ -9,6 +9,7 @@ and it resumes from that checkpoint; INTERRUPTED (130) when a Ctrl-C did (a seco
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -150,6 +151,9 @@ def main(argv=None) -> int:
         # traceback through grain ends in its note on the frames it removed, not in the error)
         import traceback
 
+        # orbax's other futures of a failed checkpoint write, collected at exit, log "exception was never retrieved"
+        # with their tracebacks after the cause: the same failure, said already
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         traceback.print_exc()
         print(_cause(e), file=sys.stderr)
         return _leaving_the_job(1)
