@@ -179,21 +179,19 @@ def _tfds_versions(path: str) -> tuple[int, list[str]]:
     depth that has any: 1 for a dataset's directory (`mnist/` -> `mnist/3.0.1`), 2 for a data_dir (`mnist/3.0.1`),
     3 for a data_dir of datasets with configs (`wmt/de-en/1.0.0`). (depth, versions, each dataset's oldest first);
     (0, []) where there are none."""
-    import glob as globlib
-
-    base = path.rstrip("/")
-    for depth in (1, 2, 3):
-        pattern = base + "/*" * depth + "/" + INFO_NAME
-        try:
-            infos = ([m.path for m in FileSystems.match([pattern])[0].metadata_list] if is_remote(path) else
-                     globlib.glob(pattern))
-        except Exception:  # noqa: BLE001 - a listing that fails adds no hint; the caller's error stands
-            infos = []
-        if infos:
-            found = [info[: info.rfind("/")] for info in infos]
+    level = [path.rstrip("/")]
+    for depth in (1, 2, 3):  # (an error's hint: at most _MAX_LISTED listings a level, one request each on gs://)
+        children = [f"{d}/{name}" for d in level[:_MAX_LISTED] for name in sorted(storage.entries(d, 1000))]
+        listed = {c: storage.entries(c, 1000) for c in children[:_MAX_LISTED]}
+        found = [c for c, names in listed.items() if INFO_NAME in names]
+        if found:
             return depth, sorted(found, key=lambda d: (d[: d.rfind("/")], [
                 (0, int(p), "") if p.isdigit() else (1, 0, p) for p in basename(d).split(".")]))
+        level = [c for c, names in listed.items() if names]
     return 0, []
+
+
+_MAX_LISTED = 64
 
 
 def _tfds_hint(path: str) -> str | None:
