@@ -273,6 +273,7 @@ class PackedIterator(WorkerControls, Iterator):
         close_at_exit(self)
 
     def _start(self, k: int, position) -> None:
+        self._failed = False
         self._consumed = k
         self._jobs = self._new_jobs(k, position)
         jobs, source = self._jobs, self._loader.source
@@ -292,7 +293,8 @@ class PackedIterator(WorkerControls, Iterator):
         return Jobs(self._loader.job, k, position)
 
     def __next__(self):
-        batch = self._device.get() if self._device is not None else self._take()
+        batch = self._handed(lambda: self._device.get() if self._device is not None else self._take(),
+                             lambda: self._start(self._consumed, self._jobs.position(self._consumed)))
         self._consumed += 1
         self._jobs.taken(self._consumed)
         return batch

@@ -546,6 +546,7 @@ class LoaderIterator(WorkerControls, Iterator):
 
     def _restart(self, start: int) -> None:
         self.close()
+        self._failed = False
         self._host = HostBatches(self._loader._groups(start, self._plan))
         self._take = handed_out(self._host.next, self._loader.config.pad_remainder, self._plan.per_host)
         sharding = self._loader.config.sharding
@@ -553,7 +554,8 @@ class LoaderIterator(WorkerControls, Iterator):
             self._prefetcher = DevicePrefetcher(self._take, sharding, self._loader.config.device_prefetch)
 
     def __next__(self):
-        batch = self._take() if self._prefetcher is None else self._prefetcher.get()
+        batch = self._handed(lambda: self._take() if self._prefetcher is None else self._prefetcher.get(),
+                             lambda: self._restart(self._next))
         self._next += 1
         return batch
 

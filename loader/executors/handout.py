@@ -59,6 +59,26 @@ class WorkerControls:
 
     _host: HostBatches | None
     _ray: bool = False  # its workers are Ray actors
+    _failed: bool = False  # the last batch asked for raised
+
+    def _handed(self, take, restart):
+        """take()'s batch. A batch that raised is computed again by the next call, after `restart()` (an iterator from
+        the batch not handed out), never skipped: the executors move past a group that raised (grain's threads) or stop
+        (worker processes), so a caller that catches an error and asks again would otherwise get later batches, or
+        none, and a state that no longer says which it had."""
+        if self._failed:
+            self._failed = False
+            restart()
+        elif getattr(self._host, "groups", None) is None:
+            return take()  # closed by the caller: says so until set_state()
+        try:
+            return take()
+        except StopIteration:
+            raise
+        except Exception:
+            self._failed = True
+            self.close()
+            raise
 
     def stage_times(self, reset: bool = False) -> StageTimes:
         """What the groups handed out so far cost, stage by stage (loader/executors/stages.py); `.report()` says which

@@ -512,3 +512,36 @@ def test_a_text_file_is_named_as_text_not_as_a_damaged_arrayrecord(tmp_path):
     assert str(e.value).startswith(f"{tmp_path / 'web.jsonl'} is not an ArrayRecord file: it begins with text "
                                    "('{\"text\": \"Th'...); write the data as TFRecord files of tf.train.Example "
                                    "records, convert them (python -m pipelines convert"), str(e.value)
+
+
+class FailOnce:
+    """A map_fn that raises once, on the record `target` (a marker file says it has: worker processes start afresh)."""
+
+    def __init__(self, target: bytes, marker: str):
+        self.target, self.marker = target, marker
+
+    def __call__(self, record: bytes) -> dict:
+        if record == self.target and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise OSError(f"transient error on {record!r}")
+        return {"r": np.frombuffer(record.ljust(8), np.uint8)}
+
+
+@pytest.mark.parametrize("worker_count", [0, 1])
+def test_a_batch_that_raised_comes_next_when_the_caller_asks_again(converted, tmp_path, worker_count):
+    """A caller that catches an error from next() and asks again gets the batch that failed, then the rest in order,
+    and get_state() counts what it was handed (the executors had moved past the group, or ended an endless loader)."""
+    options = dict(batch_size=4, seed=0, decode=None, records_per_read=40, worker_count=worker_count)
+    expected = [[bytes(r).rstrip() for r in b["r"]] for b in _take(iter(loader.load(
+        str(converted), map_fn=FailOnce(b"", ""), **options)), 20)]
+    it = iter(loader.load(str(converted), map_fn=FailOnce(expected[17][2], str(tmp_path / "failed")), **options))
+    got, errors = [], []
+    while len(got) < 20:
+        try:
+            got.append([bytes(r).rstrip() for r in next(it)["r"]])
+        except ValueError as e:  # the read group holding batch 17 failed, as a whole
+            errors.append((str(e), it.get_state()["next_batch"]))
+    assert len(errors) == 1 and errors[0][1] <= 17
+    assert re.search(r"record \d+: FailOnce failed \(OSError: transient error", errors[0][0])
+    assert got == expected and it.get_state()["next_batch"] == 20
+    it.close()

@@ -1,5 +1,6 @@
 """Packing token sequences into rows: a fixed layout, exact resume, the same global batches for any host count."""
 
+import itertools
 import os
 import signal
 import time
@@ -40,6 +41,33 @@ def test_packed_batches_are_fixed_for_a_seed(token_data):
 
 # The first token of each row with seed 0, pinned from one run: a change of order or layout fails here.
 SHUFFLED_FIRST_TOKENS = [[700, 400], [200, 206], [1100, 900], [800, 0], [500, 1000]]
+
+
+def test_a_packed_batch_that_raised_comes_next_when_the_caller_asks_again(token_data):
+    """As for a plain loader (test_load.py): the caller that catches the error and asks again gets the batch that
+    failed, then the rest, and the state counts what it was handed."""
+    expected = [b["tokens"].tolist() for b in itertools.islice(_packed(token_data), 14)]
+    armed = []
+
+    def tokenize(value):
+        ids = np.asarray(value).reshape(-1)
+        if armed and ids[0] == 500:  # example 5, once, after the token counts were taken
+            armed.clear()
+            raise OSError("transient error")
+        return ids
+
+    packing = loader.Packing("ids", seq_len=6, tokenize=tokenize)
+    it = iter(loader.load(token_data, batch_size=2, seed=0, packing=packing))
+    got, errors = [next(it)["tokens"].tolist()], []
+    armed.append(True)
+    while len(got) < 14:
+        try:
+            got.append(next(it)["tokens"].tolist())
+        except Exception as e:  # noqa: BLE001 - what a retrying caller catches
+            errors.append((str(e), it.get_state()["next_batch"]))
+    assert len(errors) == 1 and "transient error" in errors[0][0] and 1 <= errors[0][1] < 14
+    assert got == expected and it.get_state()["next_batch"] == 14
+    it.close()
 
 
 def test_resume_mid_epoch_is_exact(token_data):
