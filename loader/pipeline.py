@@ -42,7 +42,7 @@ from loader.fetch.reader import MAX_RECORD_BYTES, BatchReader
 from loader.format.source import ShardedSource, resolve, select
 from loader.packed import Inputs, PackedLoader
 from loader.planning import mixture
-from loader.planning.batches import BatchPlan
+from loader.planning.batches import FOREVER, BatchPlan
 from loader.planning.packing import Packing
 from loader.planning.state import check, said_new_batch_size
 
@@ -500,6 +500,9 @@ class Loader:
     def __len__(self) -> int:
         if self.config.num_epochs is None:
             raise TypeError("an endless loader (num_epochs=None) has no length")
+        if self.plan.num_batches >= FOREVER:  # a mixture whose num_epochs bounds no component it draws from
+            raise TypeError(f"this mixture is endless: num_epochs={self.config.num_epochs} bounds none of the "
+                            "components it draws from (weight > 0), so it has no length")
         return self.plan.num_batches
 
     def __iter__(self) -> LoaderIterator:

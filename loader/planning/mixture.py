@@ -252,10 +252,11 @@ class MixturePlan:
         counts = self.counts_at(next_batch)
         return {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
                 "drop_remainder": self.drop_remainder, "start_batch": self.start_batch,
-                "components": {n: {"records": s, "weight": w, "base": b, "rows": r,
+                "components": {n: {"records": s, "weight": w, "base": b, "rows": r, "num_epochs": e,
                                    **({"dataset": self.datasets[c]} if self.datasets is not None else {})}
-                               for c, (n, s, w, b, r) in
-                               enumerate(zip(self.names, self.sizes, self.weights, self.base, counts))},
+                               for c, (n, s, w, b, r, e) in
+                               enumerate(zip(self.names, self.sizes, self.weights, self.base, counts,
+                                             self.num_epochs))},
                 **({"dormant": dict(self.dormant)} if self.dormant else {})}
 
     def restored(self, saved: dict, next_batch: int) -> MixturePlan:
@@ -274,13 +275,24 @@ class MixturePlan:
               "restore with the same datasets and options (weights and components may change)")
         rows = {**saved.get("dormant", {}), **{name: c["rows"] for name, c in components.items()}}
         dormant = tuple((n, r) for n, r in sorted(rows.items()) if n not in self.names)
-        if list(components) == list(self.names) and saved.get("batch_size") == self.batch_size and \
-                all(components[n]["weight"] == w for n, w in zip(self.names, self.weights)):
-            return dataclasses.replace(self, start_batch=saved["start_batch"], dormant=dormant,
-                                       base=tuple(components[n]["base"] for n in self.names))
+        epochs = {n: (components[n]["num_epochs"], e) for n, e in zip(self.names, self.num_epochs)
+                  if "num_epochs" in components.get(n, {}) and components[n]["num_epochs"] != e}
+        if epochs:  # an end condition: the rows so far are the same, the mix ends elsewhere
+            log.info("restoring a mixture's state saved with other num_epochs (%s): the mix goes on as saved and ends "
+                     "when a component's new num_epochs runs out",
+                     ", ".join(f"{n} {a} -> {b}" for n, (a, b) in epochs.items()))
         was = {n: c["weight"] for n, c in components.items()}
         now = dict(zip(self.names, self.weights))
-        if was != now:  # (another batch size alone is said by said_new_batch_size)
+        if list(components) == list(self.names) and saved.get("batch_size") == self.batch_size and was == now:
+            return dataclasses.replace(self, start_batch=saved["start_batch"], dormant=dormant,
+                                       base=tuple(components[n]["base"] for n in self.names))
+        if was == now and saved.get("batch_size") == self.batch_size:  # the same mix, its components listed in
+            # another order: each component goes on exactly, but the rows interleave in a new order from here
+            log.warning("restoring a mixture's state saved with its components in the order %s under %s: each "
+                        "component's rows go on where they stopped, but the batches from batch %d differ from an "
+                        "uninterrupted run's; list the components as saved to continue it exactly",
+                        list(components), list(self.names), next_batch)
+        elif was != now:  # (another batch size alone is said by said_new_batch_size)
             log.info("restoring a mixture's state saved with weights %s (as integers) under %s: from batch %d each "
                      "component's rows follow the new weights, going on from the %s rows each had given", was, now,
                      next_batch, ", ".join(f"{n} {rows.get(n, 0):,}" for n in self.names))

@@ -200,6 +200,36 @@ def test_changing_weights_and_adding_a_component_continue_every_component(corpor
         {n: len(per[n]) for n in names}
 
 
+def test_a_state_restored_with_its_components_reordered_or_other_num_epochs_says_so(corpora, caplog):
+    """The components listed in another order: each goes on exactly, but the rows interleave anew (a warning says
+    the batches differ from an uninterrupted run's); other num_epochs: the same batches, the end elsewhere (said)."""
+    it = iter(mix(corpora, ["web", "code"], [0.5, 0.5], batch_size=10, seed=5, num_epochs={"code": 2}))
+    before = [rows(next(it), ["web", "code"]) for _ in range(4)]
+    state = it.get_state()
+    uninterrupted = [rows(next(it), ["web", "code"]) for _ in range(4)]
+    it.close()
+    assert state["mixture"]["components"]["code"]["num_epochs"] == 2
+    same = iter(mix(corpora, ["web", "code"], [0.5, 0.5], batch_size=10, seed=5, num_epochs={"code": 3}))
+    with caplog.at_level(logging.INFO, logger="loader.planning.mixture"):
+        same.set_state(state)
+    assert [rows(next(same), ["web", "code"]) for _ in range(4)] == uninterrupted
+    same.close()
+    assert ("restoring a mixture's state saved with other num_epochs (code 2 -> 3): the mix goes on as saved and "
+            "ends when a component's new num_epochs runs out") in caplog.text
+    caplog.clear()
+    swapped = iter(mix(corpora, ["code", "web"], [0.5, 0.5], batch_size=10, seed=5, num_epochs={"code": 2}))
+    with caplog.at_level(logging.INFO, logger="loader.planning.mixture"):
+        swapped.set_state(state)
+    after = [rows(next(swapped), ["code", "web"]) for _ in range(4)]
+    swapped.close()
+    assert ("restoring a mixture's state saved with its components in the order ['web', 'code'] under ['code', "
+            "'web']: each component's rows go on where they stopped, but the batches from batch 4 differ from an "
+            "uninterrupted run's; list the components as saved to continue it exactly") in caplog.text
+    for name in ("web", "code"):  # each component's own stream, none skipped or repeated
+        seen = [i for batch in before + after for n, i in batch if n == name]
+        assert seen == stream(name, len(seen), seed=5), name
+
+
 def test_a_component_left_out_and_brought_back_continues_where_it_stopped(corpora):
     it = iter(mix(corpora, ["web", "code"], [0.5, 0.5], batch_size=10, seed=5))
     code = [i for _ in range(4) for n, i in rows(next(it), ["web", "code"]) if n == "code"]
@@ -223,6 +253,9 @@ def test_num_epochs_per_component_ends_the_mix(corpora):
     assert len(batches) == 10  # tiny's 20 rows run out after 40 rows of the mix
     seen = [r for b in batches for r in rows(b, ["tiny", "web"])]
     assert sorted(i for n, i in seen if n == "tiny") == sorted(list(range(10)) * 2)
+    for weights, epochs in (([0.5, 0.5], {"tiny": None}), ([0, 1], {"tiny": 1})):  # bounding nothing drawn: endless
+        with pytest.raises(TypeError, match=r"^this mixture is endless: num_epochs=\{'tiny': (None|1)\} bounds none"):
+            len(mix(corpora, ["tiny", "web"], weights, batch_size=4, seed=0, num_epochs=epochs))
 
 
 def test_bad_mixtures_are_one_line_each(corpora, tmp_path):
