@@ -197,13 +197,27 @@ def _starts_of(counts: tuple[int, ...]) -> np.ndarray:
 def shared_records(a: ShardedSource, b: ShardedSource) -> int:
     """How many records `a` and `b` both hold: the same shard file (by path) and the same records of it (a held-out
     slice against the training slice of one dataset: 0 when they are disjoint)."""
-    def runs(source: ShardedSource) -> dict[str, tuple[int, int]]:
-        return {path: (first, first + n) for path, first, n in
-                zip(source.paths, source.first_records.tolist(), source.lengths) if n}
+    def runs(source: ShardedSource) -> dict[str, list[tuple[int, int]]]:
+        """Per shard, the disjoint runs of its records the source holds (a split of several parts may hold several
+        runs of one shard, or one run twice)."""
+        found: dict[str, list[tuple[int, int]]] = {}
+        for path, first, n in zip(source.paths, source.first_records.tolist(), source.lengths):
+            if n:
+                found.setdefault(path, []).append((first, first + n))
+        for path, spans in found.items():
+            merged = []
+            for first, end in sorted(spans):
+                if merged and first <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+                else:
+                    merged.append((first, end))
+            found[path] = merged
+        return found
 
     theirs = runs(b)
-    return sum(max(0, min(end, theirs[path][1]) - max(first, theirs[path][0]))
-               for path, (first, end) in runs(a).items() if path in theirs)
+    return sum(max(0, min(end, e) - max(first, f))
+               for path, spans in runs(a).items() if path in theirs
+               for first, end in spans for f, e in theirs[path])
 
 
 def resolve(source: str, *, split: str | None = None, allow_incomplete: bool = False) -> ShardedSource:

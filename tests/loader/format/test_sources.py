@@ -110,6 +110,19 @@ def test_slices_joined_by_a_plus_are_read_end_to_end(converted, all_records):
     assert twice == all_records[:2] * 2
 
 
+@pytest.mark.parametrize("a, b, shared", [
+    ("[:10]+[20:]", "[5:15]", 5),      # two runs of shard 0 in one split: both count
+    ("[:10]+[5:15]", "[:20]", 15),     # a split's own runs overlap: each record once
+    ("[:90%]", "[90%:]", 0),
+    ("[30:40]+[200:210]", "[35:205]", 10),  # across shards
+])
+def test_shared_records_counts_every_run_of_a_shard(converted, a, b, shared):
+    from loader.format.source import resolve, shared_records
+
+    assert shared_records(resolve(str(converted), split=a), resolve(str(converted), split=b)) == shared
+    assert shared_records(resolve(str(converted), split=b), resolve(str(converted), split=a)) == shared
+
+
 @pytest.mark.parametrize("split, first, stop", [
     ("[10:200]", 10, 200),            # across the empty shard and two shard edges
     ("[:99%]", 0, 254),               # round(99 * 257 / 100) = round(254.43)
