@@ -56,6 +56,11 @@ class TokenReader:
         self.source, self._reader, self._decoder = source, reader, decoder
         self._feature, self._packing = feature, packing
 
+    @property
+    def reads_counts_files(self) -> bool:
+        """The counts come from the dataset's own `.counts` files (pre-tokenized data), not from counting."""
+        return self._packing.tokenized and self.source.tokens_dtype is not None
+
     def _decoded(self, record: bytes, index: int):
         try:
             return decoder_at(self._decoder, index)(record)[self._feature]
@@ -111,10 +116,12 @@ class Assembler:
         ids = self.tokens(job.records, clock) if len(job.records) else []
         for record, got, want in zip(job.records.tolist(), ids, job.counts.tolist()):
             if len(got) != want:
-                raise ValueError(f"{self.tokens.source.where(record)} has {len(got)} token ids but its token count "
-                                 f"says {want}; the counts are stale or damaged: pre-tokenized data, "
-                                 f"{redo(self.tokens.source.path_of(record))}; tokenised as it "
-                                 "loads, change Packing.cache_key (a new tokenizer)")
+                source = self.tokens.source
+                fix = (redo(source.path_of(record)) if self.tokens.reads_counts_files else
+                       "the token counts were cached under the same Packing.cache_key by another tokenizer: change "
+                       "the cache_key when the tokenizer changes")
+                raise ValueError(f"{source.where(record)} has {len(got)} token ids but its token count says {want}; "
+                                 f"the counts are stale or damaged: {fix}")
         clock.stage("collate")
         batch = assemble(job.rows, dict(zip(job.records.tolist(), ids)), self.seq_len, self.keys)
         return clock.group([{**batch, **job.extra}], len(job.records))
@@ -165,7 +172,7 @@ class PackedLoader:
         if counts is None:
             from loader.planning.counts import TokenCounts
 
-            counts = TokenCounts.counted(inputs.source, inputs.index_key, self.packing.cache_key,
+            counts = TokenCounts.counted(inputs.source, inputs.index_key, feature, self.packing.cache_key,
                                          functools.partial(self._count, Lengths(tokens)), inputs.cache_dir)
         self.counts = counts
 
@@ -210,7 +217,7 @@ class PackedLoader:
         return {"dataset": self.source.identity, "num_records": layout.n, "batch_size": self.plan.batch_size,
                 "seed": layout.seed, "shuffle": layout.shuffle, "num_epochs": self.plan.num_epochs,
                 "drop_remainder": self.plan.drop_remainder, "seq_len": layout.seq_len,
-                "fit": layout.fit, "layout": f"blocks of {layout.block_size}, window {WINDOW}",
+                "feature": self.packing.feature or "tokens", "fit": layout.fit, "layout": f"blocks of {layout.block_size}, window {WINDOW}",
                 "counts": self.counts.identity,
                 **({"records": self.source.slice_bounds} if self.source.offsets is not None else {})}
 

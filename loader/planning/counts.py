@@ -87,14 +87,14 @@ class TokenCounts:
                    max_count, tuple(first))
 
     @classmethod
-    def counted(cls, source, index_key: str, cache_key: str | None,
+    def counted(cls, source, index_key: str, feature: str, cache_key: str | None,
                 count: Callable[[list[tuple[int, int]]], Iterator[np.ndarray]], directory: str) -> TokenCounts:
-        """Counts of every record from `count(spans)` (each span's counts, in order, computed in parallel by the
-        loader's executor); cached in `directory` when `cache_key` names the tokenizer (without it they are counted
-        at every start: the tokenizer's identity is unknown)."""
+        """Counts of every record's `feature` from `count(spans)` (each span's counts, in order, computed in parallel
+        by the loader's executor); cached in `directory` when `cache_key` names the tokenizer (without it they are
+        counted at every start: the tokenizer's identity is unknown), under the source, the feature and the key."""
         path = None
         if cache_key is not None:
-            name = hashlib.sha256(f"{index_key}\n{cache_key}".encode()).hexdigest()[:32]
+            name = hashlib.sha256(f"{index_key}\n{feature}\n{cache_key}".encode()).hexdigest()[:32]
             path = os.path.join(directory, f"{name}{SUFFIX}")
             if os.path.exists(path):
                 try:

@@ -9,8 +9,8 @@ import logging
 log = logging.getLogger(__name__)
 
 # Keys a state saved by an earlier release lacks: "dataset", which records of which shards (ShardedSource.identity);
-# a packed loader's "drop_remainder" (always True before).
-LATER_KEYS = frozenset({"dataset", "drop_remainder"})
+# a packed loader's "drop_remainder" (always True before) and "feature" (the feature its rows pack).
+LATER_KEYS = frozenset({"dataset", "drop_remainder", "feature"})
 # Keys a state restores across: another batch_size reads on from where the saved state stopped.
 RESIZABLE_KEYS = frozenset({"batch_size"})
 

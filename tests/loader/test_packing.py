@@ -298,8 +298,36 @@ def test_counts_that_disagree_with_the_records_are_an_error_naming_the_record(to
     (cached,) = tmp_path.glob("*.counts")
     cached.write_bytes(np.full(len(LENGTHS), 3, "<u4").tobytes())  # every document "3 tokens"
     with pytest.raises(ValueError, match=r"record \d+ has \d+ token ids but its token count says 3; the counts are "
-                                         r"stale or damaged"):
+                                         r"stale or damaged: the token counts were cached under the same "
+                                         r"Packing.cache_key by another tokenizer: change the cache_key"):
         list(loader.load(token_data, packing=packing, batch_size=2, num_epochs=1))
+
+
+def test_each_feature_packs_by_its_own_counts_under_one_cache_key(tmp_path, monkeypatch):
+    """Two features of one dataset packed under the same cache_key: each is counted (and cached) as itself, and a
+    state saved packing one does not restore onto the other."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+    from dataset_format import example_proto
+
+    monkeypatch.setenv("LOADER_INDEX_DIR", str(tmp_path / "index"))
+    writer = ArrayRecordWriter(str(tmp_path / "two-0.array_record"), "group_size:1")
+    for i in range(10):
+        writer.write(example_proto.encode_example({"long": np.arange(i + 3), "short": np.arange(2)}))
+    writer.close()
+
+    def packed(feature):
+        return loader.load(str(tmp_path / "two-0.array_record"), batch_size=2, seed=0,
+                           packing=loader.Packing(feature, seq_len=8, tokenize=flat_ids, cache_key="same"))
+
+    long = iter(packed("long"))
+    next(long)
+    state = long.get_state()
+    long.close()
+    short = packed("short")
+    assert short.counts(np.arange(10)).tolist() == [2] * 10  # its own 2 ids a record (not the long feature's)
+    assert len(list((tmp_path / "index").glob("*.counts"))) == 2
+    with pytest.raises(ValueError, match=r"feature: saved 'long', now 'short'"):
+        iter(short).set_state(state)
 
 
 def test_a_packed_mixture_over_many_blocks_is_pinned_and_resumes(token_data, monkeypatch):
