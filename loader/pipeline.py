@@ -519,6 +519,16 @@ class Loader:
                                   describe=read_group.describe)
         return executor.map(read_group, read_group.num_groups())
 
+    def zero_rows(self, plan) -> Any:
+        """A batch of no rows shaped as this loader's: pad_remainder's for a host whose share of a batch is none when
+        it has handed out no batch since it (re)started (a resume at the last, short batch). Host 0's share of the
+        plan's first batch, read and decoded, cut to no rows."""
+        host_0 = dataclasses.replace(plan, shard_index=0)
+        group = _ReadGroup(host_0, self.source, self._reader, self._decoder, self.config.map_fn, plan.start_batch, 1,
+                           random_map_fn=self.config.random_map_fn)
+        (batch,) = group(0).batches
+        return {k: v[:0] for k, v in batch.items()} if isinstance(batch, dict) else batch
+
     def state_key(self) -> dict:
         """What a saved state must agree with to be restored here (the host/worker counts may differ). A mixture's
         is in its state's "mixture" entry (MixturePlan.restored)."""
@@ -551,7 +561,9 @@ class LoaderIterator(WorkerControls, Iterator):
         self.close()
         self._failed = False
         self._host = HostBatches(self._loader._groups(start, self._plan))
-        self._take = handed_out(self._host.next, self._loader.config.pad_remainder, self._plan.per_host)
+        plan = self._plan
+        self._take = handed_out(self._host.next, self._loader.config.pad_remainder, plan.per_host,
+                                lambda: self._loader.zero_rows(plan))
         sharding = self._loader.config.sharding
         if sharding is not None:
             self._prefetcher = DevicePrefetcher(self._take, sharding, self._loader.config.device_prefetch)

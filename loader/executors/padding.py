@@ -17,17 +17,15 @@ MASK_KEY = "_mask"
 class PaddedBatches:
     """`next_batch()`'s batches (dicts of features), each padded to `rows` rows, with MASK_KEY."""
 
-    def __init__(self, next_batch: Callable[[], Any], rows: int):
-        self._next, self._rows = next_batch, rows
+    def __init__(self, next_batch: Callable[[], Any], rows: int, zero_rows: Callable[[], Any]):
+        self._next, self._rows, self._zero_rows = next_batch, rows, zero_rows
         self._empty: dict | None = None  # a batch of no rows, shaped as those before (for a host's empty share)
 
     def __call__(self) -> dict:
         batch = self._next()  # (StopIteration at the end)
         if isinstance(batch, list) and not batch:  # this host's share of a short last batch: none of its rows
-            if self._empty is None:
-                raise ValueError("this host's first batch has no rows, so pad_remainder=True has no batch to pad it "
-                                 "like; lower batch_size (the data has fewer records than the hosts' rows)")
-            batch = self._empty
+            # shaped as the batches before; with none before (a resume at that batch), as the loader's batches are
+            batch = self._empty if self._empty is not None else self._zero_rows()
         if not isinstance(batch, dict):
             raise TypeError(f"pad_remainder=True pads batches of features (a dict), and these are a "
                             f"{type(batch).__name__}: decode the records (decode='auto', or a map_fn that returns a "
@@ -45,9 +43,11 @@ class PaddedBatches:
         return {**batch, MASK_KEY: mask}
 
 
-def handed_out(next_batch: Callable[[], Any], pad: bool, rows: int) -> Callable[[], Any]:
-    """An iterator's source of host batches: `next_batch`, or (pad_remainder=True) its batches padded to `rows`."""
-    return PaddedBatches(next_batch, rows) if pad else next_batch
+def handed_out(next_batch: Callable[[], Any], pad: bool, rows: int,
+               zero_rows: Callable[[], Any] | None = None) -> Callable[[], Any]:
+    """An iterator's source of host batches: `next_batch`, or (pad_remainder=True) its batches padded to `rows`;
+    `zero_rows()`: a batch of no rows shaped as the loader's (a packed loader's empty share is one already)."""
+    return PaddedBatches(next_batch, rows, zero_rows or (lambda: [])) if pad else next_batch
 
 
 def _padded(values, pad: int):

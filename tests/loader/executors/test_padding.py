@@ -27,6 +27,26 @@ def test_the_last_batch_is_padded_and_masked_on_every_host(token_data):
     assert all(set(b) == {"ids", "_mask"} for host in hosts for b in host)
 
 
+def test_a_host_resumed_at_a_last_batch_it_has_no_rows_of_pads_it_alike(token_data):
+    """4 hosts, 12 records in batches of 8: hosts 2 and 3 have no rows of the second batch. Restored at that batch
+    (no batch handed out since), host 3 still gives a batch of padding shaped as the uninterrupted run's."""
+    options = dict(shard_index=3, shard_count=4, shuffle=True, seed=1, features=["ids"])
+    whole = list(_plain(token_data, **options))
+    it = iter(_plain(token_data, **options))
+    next(it)
+    state = it.get_state()
+    it.close()
+    resumed = iter(_plain(token_data, **options))
+    resumed.set_state(state)
+    (last,) = list(resumed)
+    assert last["_mask"].tolist() == whole[1]["_mask"].tolist() == [False, False]
+    assert last["ids"] == whole[1]["ids"] == [None, None] and set(last) == {"ids", "_mask"}
+    dense = iter(_plain(token_data, map_fn=lambda r: {"first": np.int64(r["ids"][0])}, **options))
+    dense.set_state(state)
+    (last,) = list(dense)
+    assert last["first"].tolist() == [0, 0] and last["first"].dtype == np.int64
+
+
 def test_packed_rows_are_padded_too(token_data):
     packing = loader.Packing("ids", seq_len=6, tokenize=flat_ids)
     batches = list(loader.load(token_data, batch_size=4, packing=packing, shuffle=False, num_epochs=1,
