@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install size of each extra: a fresh venv each, non-editable, from this checkout (docs/installs.md).
-#   bash scripts/install_sizes.sh [WORKDIR]      # ~3 min with a warm pip cache; needs ~12 GB in WORKDIR
+#   bash scripts/install_sizes.sh [WORKDIR]      # ~3 min with a warm pip cache; needs ~4 GB in WORKDIR (one venv at a time)
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$(mktemp -d)}

@@ -73,6 +73,19 @@ def test_the_loading_options_table_lists_every_option():
     assert not missing, f"docs/loading.md's options table lacks {sorted(missing)}"
 
 
+def test_the_code_layout_table_names_every_module():
+    """docs/index.md's "Layout of the code" row of each package names each of its modules (and C sources)."""
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)/` \| (.*) \|$", (REPO / "docs" / "index.md")
+                                                          .read_text(), flags=re.M)}
+    missing = []
+    for package in ("dataset_format", "pipelines", "loader", "trainer"):
+        for path in sorted((REPO / package).rglob("*")):
+            if path.suffix in (".py", ".c") and path.stem not in ("__init__", "__main__") \
+                    and "datasets" not in path.parts and f"`{path.name}`" not in rows[package]:
+                missing.append(str(path.relative_to(REPO)))
+    assert not missing, f"docs/index.md's layout table does not name {missing}"
+
+
 def test_no_page_narrates_the_projects_development():
     words = re.compile(r"\b((?<!Ray's )session|this VM|FIELD-NOTES|issue \d+|(?:commit|revision) [0-9a-f]{7}|"
                        r"an hour earlier|dev machine|before \w+ became the default|previous (?:reader|revision|version)|"
