@@ -2,7 +2,14 @@
 
 import sys
 
-from loader.cli import main
+from dataset_format import extras
+
+
+def main() -> int:
+    from loader.cli import main as cli
+
+    return cli()
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(extras.run_main(main, "python -m loader", "train"))

@@ -151,6 +151,11 @@ def main(argv=None) -> int:
         # traceback through grain ends in its note on the frames it removed, not in the error)
         import traceback
 
+        from dataset_format import extras
+
+        if isinstance(e, ModuleNotFoundError) and extras.missing_extra(e, "train") is not None:
+            raise  # an install without its extra: extras.run_main says which, in one line
+
         # orbax's other futures of a failed checkpoint write, collected at exit, log "exception was never retrieved"
         # with their tracebacks after the cause: the same failure, said already
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
@@ -164,4 +169,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dataset_format import extras
+
+    sys.exit(extras.run_main(main, "python -m trainer", "train"))
