@@ -19,9 +19,11 @@ Boolean flags also take a value (`--prune=true`), as Flex Template launches pass
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import os
+import re
 import sys
 import time
 
@@ -280,7 +282,9 @@ def _make_demo(args) -> int:
         paths = demo.write_photo_tfrecords(args.output, args.count, num_shards=args.num_shards)
     else:
         paths = demo.write_digits_tfrecords(args.output, num_shards=args.num_shards)
-    print(f"wrote {len(paths)} TFRecord shards to {args.output}")
+    globs = collections.Counter(re.sub(r"-\d+-of-\d+$", "-*", os.path.basename(p)) for p in paths)
+    print(f"wrote {len(paths)} TFRecord shards to {args.output}: "
+          + ", ".join(f"{glob} ({n:,} shard{'s' if n != 1 else ''})" for glob, n in globs.items()))
     return 0
 
 

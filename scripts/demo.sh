@@ -68,10 +68,12 @@ out = sys.argv[1]
 summary = json.load(open(f"{out}/train-summary.json"))["summary"]
 manifest = json.load(open(f"{out}/array_record/custom/train/manifest.json"))
 print("\n=== report ===")
-print(f"data:      {manifest['totals']['records']} train records in {manifest['totals']['shards']} ArrayRecord shards")
+print(f"data:      {manifest['totals']['records']:,} train records in {manifest['totals']['shards']} ArrayRecord shards")
 print(f"training:  {summary['final_step']} steps, final loss {summary['loss']:.4f}, "
       f"{summary['examples_per_sec']:,.0f} examples/s, data wait {100 * summary['data_wait_fraction']:.1f}%")
 print(f"eval:      accuracy {summary['eval_accuracy']:.4f} on {summary['eval_examples']} test images")
+print(f"converted: {out}/array_record/custom/{{train,test}} (from {out}/tfrecord), "
+      f"{out}/array_record/tfds/digits/1.0.0 (from the TFDS build in {out}/tfds)")
 print(f"artifacts: {out}/train (metrics.jsonl, tensorboard/, checkpoints/)")
 if summary["eval_accuracy"] < 0.95:
     sys.exit(f"eval accuracy {summary['eval_accuracy']:.4f} is below 0.95")

@@ -120,6 +120,14 @@ def test_make_demo_without_the_demo_extra_names_it(tmp_path, capsys, monkeypatch
         "pip install scikit-learn)")
 
 
+def test_make_demo_says_the_glob_of_each_split(tmp_path, capsys):
+    from pipelines import cli as pipelines_cli
+
+    assert pipelines_cli.main(["make-demo", "--output", str(tmp_path / "d"), "--num-shards", "3"]) == 0
+    assert capsys.readouterr().out.strip() == (f"wrote 6 TFRecord shards to {tmp_path / 'd'}: digits-train.tfrecord-* "
+                                               "(3 shards), digits-test.tfrecord-* (3 shards)")
+
+
 def test_an_unknown_command_is_named(capsys):
     from pipelines import cli as pipelines_cli
 
