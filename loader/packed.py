@@ -217,7 +217,8 @@ class PackedLoader:
         return {"dataset": self.source.identity, "num_records": layout.n, "batch_size": self.plan.batch_size,
                 "seed": layout.seed, "shuffle": layout.shuffle, "num_epochs": self.plan.num_epochs,
                 "drop_remainder": self.plan.drop_remainder, "seq_len": layout.seq_len,
-                "feature": self.packing.feature or "tokens", "fit": layout.fit, "layout": f"blocks of {layout.block_size}, window {WINDOW}",
+                "feature": self.packing.feature or "tokens", "fit": layout.fit,
+                "layout": f"blocks of {layout.block_size}, window {WINDOW}",
                 "counts": self.counts.identity,
                 **({"records": self.source.slice_bounds} if self.source.offsets is not None else {})}
 
