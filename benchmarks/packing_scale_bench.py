@@ -13,7 +13,9 @@ later runs). Each contender then runs in a fresh process:
   .to_iter_dataset()` -> `grain.experimental.FirstFitPackIterDataset` / `BestFitPackIterDataset`
   (num_packing_bins=rows) -> `.batch(rows)`: MaxText's grain pipeline.
 Reported: seconds to the first batch, peak memory above the process's baseline (bytes per document), real tokens
-/ all tokens over the next `--batches` batches, and tokens/s there; and ours / grain.
+/ all tokens over the next `--batches` batches (more while under `--min-seconds` of work), and tokens/s there; and
+ours / grain. Before each contender the corpus's files are read through, so that each starts with them in the page
+cache (the first to run would otherwise pay for the disk reads of a corpus the OS had dropped).
 """
 
 from __future__ import annotations
@@ -69,7 +71,15 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(kind: str, data: str, seq_len: int, rows: int, batches: int) -> dict:
+def _warm(data: str) -> None:
+    """Reads every file of the corpus `data` once (into the page cache)."""
+    for path in Path(data).iterdir():
+        with open(path, "rb") as f:
+            while f.read(16 << 20):
+                pass
+
+
+def child(kind: str, data: str, seq_len: int, rows: int, batches: int, min_seconds: float) -> dict:
     """One contender in this (fresh) process."""
     import grain
 
@@ -101,21 +111,23 @@ def child(kind: str, data: str, seq_len: int, rows: int, batches: int) -> dict:
     first = next(it)
     first_s = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    tokens = total = 0
+    tokens = total = taken = 0
     started = time.perf_counter()
-    for _ in range(batches):
+    while taken < batches or time.perf_counter() - started < min_seconds:
         batch = next(it)
         tokens += real(batch)
         total += rows * seq_len
+        taken += 1
     steady = time.perf_counter() - started
     assert real(first) > 0
     return {"first_s": first_s, "memory": max(0, peak - base), "efficiency": tokens / total,
-            "tokens_per_s": tokens / steady}
+            "tokens_per_s": tokens / steady, "batches": taken}
 
 
 def _run_child(kind: str, data: str, args) -> dict:
     code = [sys.executable, __file__, "--child", kind, "--data", data, "--seq-len", str(args.seq_len), "--rows",
-            str(args.rows), "--batches", str(args.batches)]
+            str(args.rows), "--batches", str(args.batches), "--min-seconds", str(args.min_seconds)]
+    _warm(data)
     proc = subprocess.run(code, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     if proc.returncode:
         raise SystemExit(f"{kind} on {data} failed:\n{proc.stderr[-3000:]}")
@@ -131,7 +143,9 @@ def main() -> None:
     p.add_argument("--data-dir", default=None, help="where the corpora are written and kept (default: a temp dir)")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--rows", type=int, default=8)
-    p.add_argument("--batches", type=int, default=100)
+    p.add_argument("--batches", type=int, default=100, help="batches measured after the first, at least")
+    p.add_argument("--min-seconds", type=float, default=2.0, help="more batches while their time is under this "
+                   "(default 2 s: a rate over a few milliseconds is noise)")
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--lengths", default="8-24", help="document lengths in ids, LO-HI (uniform; default 8-24: short "
                    "documents, which every packer fills rows with; e.g. 8-1024 tells first and best fit apart)")
@@ -139,17 +153,17 @@ def main() -> None:
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.data, args.seq_len, args.rows, args.batches)))
+        print(json.dumps(child(args.child, args.data, args.seq_len, args.rows, args.batches, args.min_seconds)))
         return
 
     sys.path.insert(0, str(REPO))
     root = Path(args.data_dir or tempfile.mkdtemp(prefix="packing-scale-"))
     contenders = args.contenders.split(",")
-    print(f"documents of {args.lengths} ids, seq_len {args.seq_len}, {args.rows} rows a batch, {args.batches} batches "
-          "after the first; "
+    print(f"documents of {args.lengths} ids, seq_len {args.seq_len}, {args.rows} rows a batch, at least "
+          f"{args.batches} batches and {args.min_seconds:g} s after the first; corpus in the page cache; "
           f"{os.cpu_count()} cores")
     print(f"{'documents':>12} {'contender':<12} {'first batch s':>13} {'memory B/doc':>12} {'efficiency':>10} "
-          f"{'tokens/s':>12}")
+          f"{'tokens/s':>12} {'batches':>8}")
     for docs in (int(float(d)) for d in args.docs.split(",")):
         data = make_corpus(root, docs, tuple(int(x) for x in args.lengths.split("-")))
         if any(c.startswith("ours") for c in contenders):
@@ -163,7 +177,7 @@ def main() -> None:
         for kind in contenders:
             r = results[kind] = _run_child(kind, data, args)
             print(f"{docs:>12,} {kind:<12} {r['first_s']:>13.2f} {r['memory'] / docs:>12.1f} "
-                  f"{r['efficiency']:>10.3f} {r['tokens_per_s']:>12,.0f}", flush=True)
+                  f"{r['efficiency']:>10.3f} {r['tokens_per_s']:>12,.0f} {r['batches']:>8,}", flush=True)
         for ours, theirs in (("ours-first", "grain-first"), ("ours-best", "grain-best")):
             if ours in results and theirs in results:
                 a, b = results[ours], results[theirs]
