@@ -91,3 +91,12 @@ def read(output: str, relatives: list[str], known: dict[str, str | None] | None 
 
 def delete(output: str, relative: str) -> None:
     storage.delete_quietly(record_path(output, relative))
+
+
+def remove(output: str, relative: str) -> None:
+    """Deletes the shard's record before its file is written again; an error other than its absence is raised (a
+    record left in place would describe a file that is no longer the one there)."""
+    try:
+        storage.delete(record_path(output, relative))
+    except FileNotFoundError:
+        pass

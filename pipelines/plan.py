@@ -84,21 +84,26 @@ def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
                          f"converting {kind} input {config.input!r} there would mix datasets: use another "
                          "--output")
     old = {same_path(e.source): e for e in previous.shards} if previous else {}
-    recorded = {} if config.force else commits.listing(config.output)
-    existing = storage.list_sizes(config.output) if old or recorded else {}
+    records_there = commits.listing(config.output)
+    recorded = {} if config.force else records_there
+    existing = storage.list_sizes(config.output) if old or records_there else {}
     options = config.resolved_writer_options
     spec = tokens.spec_for(config)
     tokenized = spec.identity if spec is not None else None
 
     tasks, kept = [], []
+    stale = _rewritten(config.output, [old[f.path] for f, _, _ in inputs if f.path in old], records_there)
     for file, split, expected in inputs:
         relative = names[file.path]
         entry = old.get(file.path)
         reason = _stale(entry, config.force, file.fingerprint, options, tokenized, relative, existing.get(relative))
+        if reason is None and entry.path in stale:
+            reason = stale[entry.path]
         if reason is None:
             kept.append(entry)
         else:
-            tasks.append(ShardTask(file, storage.join(config.output, relative), relative, split, expected, reason))
+            tasks.append(ShardTask(file, storage.join(config.output, relative), relative, split, expected, reason,
+                                   has_record=relative in records_there))
     recovered = _recover(config.output, tasks, recorded, existing, options, tokenized)
     done = {r.entry.path for r in recovered}
     tasks = [t for t in tasks if t.relative_path not in done]
@@ -133,6 +138,30 @@ def _stale(entry: ShardEntry | None, force: bool, fingerprint: str, options: str
         return ("its output is missing" if size is None else
                 f"its output holds {size:,} bytes, the manifest {entry.bytes:,}")
     return None
+
+
+def _rewritten(output: str, entries: list[ShardEntry], records_there: dict[str, str | None]) -> dict[str, str]:
+    """Manifest entries whose shard a later run began to write again: {path: why}. A shard's commit record is
+    removed before its file is replaced and written after, so where the output has records (every run since they
+    were introduced writes them), an entry without its record, or with one that describes another file, may name a
+    file an interrupted run replaced (an ArrayRecord file often keeps its size across options)."""
+    if not records_there or not entries:
+        return {}
+    there = [e.path for e in entries if e.path in records_there]
+    records = commits.read(output, there, known=records_there) if there else {}
+    why = {}
+    for entry in entries:
+        record = records.get(entry.path)
+        if record is None:
+            why[entry.path] = "its commit record is missing: a run that stopped may have been writing it again"
+        elif not _same_file(record[0], entry):
+            why[entry.path] = "its commit record describes another file than the manifest: a later run wrote it"
+    return why
+
+
+def _same_file(a: ShardEntry, b: ShardEntry) -> bool:
+    keys = ("path", "source_fingerprint", "writer_options", "tokens", "records", "bytes")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
 def same_path(source: str) -> str:

@@ -41,6 +41,7 @@ class ShardTask:
     split: str | None = None
     expected_records: int | None = None  # known from TFDS's dataset_info.json
     reason: str = ""  # why the plan converts it (`python -m pipelines plan` says)
+    has_record: bool = False  # an earlier run's commit record is there: removed before the shard is written again
 
     @property
     def output_dir(self) -> str:
@@ -74,6 +75,8 @@ def convert_shard(
     The entry carries the records' feature statistics (pipelines/stats.py), gathered as they stream; a tokenised
     shard's records are ids, and get none.
     """
+    if task.has_record:  # (the record describes the old file: a run stopped while replacing it must not keep it)
+        commits.remove(task.output_dir, task.relative_path)
     remote = is_remote(task.output)
     if remote:
         fd, local = tempfile.mkstemp(prefix="arconv-", suffix="-" + os.path.basename(task.relative_path))

@@ -36,6 +36,19 @@ if _point.startswith(("commit:", "interrupt:")):  # killed, or Ctrl-C (SIGINT to
             _die() if _point.startswith("commit:") else os.kill(os.getpid(), signal.SIGINT)
 
     commits.write = write
+elif _point.startswith("replaced:"):  # killed after the Nth shard's file replaced the old one, before its record
+    from pipelines import commits
+    _write = commits.write
+
+    def write(*args, **kwargs):
+        fd = os.open(_counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, b"x")
+        os.close(fd)
+        if os.path.getsize(_counter) == int(_point.split(":")[1]):
+            _die()
+        _write(*args, **kwargs)
+
+    commits.write = write
 elif _point == "manifest":
     from dataset_format import storage
     _write_text = storage.write_text
@@ -65,11 +78,12 @@ def job(tmp_path):
     return tmp_path
 
 
-def killed_run(job, point: str) -> int:
-    """`python -m pipelines convert` in its own process group, killed at `point`; returns its exit status."""
+def killed_run(job, point: str, *flags: str) -> int:
+    """`python -m pipelines convert` (with `flags`) in its own process group, killed at `point`; returns its exit
+    status."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(job / "site"), str(REPO)]), "ARCONV_KILL_AT": point,
            "ARCONV_KILL_COUNTER": str(job / "counter")}
     proc = subprocess.run([sys.executable, "-m", "pipelines", "convert", "--input", str(job / "in" / "*.tfrecord"),
-                           "--output", str(job / "out")], cwd=REPO, env=env, capture_output=True, text=True,
+                           "--output", str(job / "out"), *flags], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300, start_new_session=True)
     return proc.returncode

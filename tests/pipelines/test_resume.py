@@ -70,6 +70,26 @@ def test_a_record_of_another_source_version_is_not_trusted(job):
     assert json.loads((out / "manifest.json").read_text())["totals"]["records"] == 7 * 3000 + 10
 
 
+def test_a_shard_rewritten_by_a_killed_run_of_other_options_is_converted_again(job):
+    """A run with other writer options killed after replacing a shard's file, before its record: the file often keeps
+    its size (ArrayRecord pads), so the size alone did not tell; the plain rerun (the manifest's options) kept a file
+    the manifest does not describe. The record is removed before a file is replaced: its absence tells."""
+    out = job / "out"
+    run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(out), check=True)
+    assert killed_run(job, "replaced:2", "--compression", "zstd:3") == -signal.SIGKILL
+    plan = run_cli("plan", "--input", str(job / "in" / "*.tfrecord"), "--output", str(out), check=True)
+    assert "its commit record is missing: a run that stopped may have been writing it again" in plan.stdout + \
+        plan.stderr
+    rerun = run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(out), check=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    records = commits.read(str(out), [e["path"] for e in manifest["shards"]])
+    assert len(records) == SHARDS
+    for entry in manifest["shards"]:  # every shard is the file its entry and its record describe
+        assert entry["writer_options"] == records[entry["path"]][0].writer_options == "group_size:1,snappy"
+        assert entry["bytes"] == (out / entry["path"]).stat().st_size == records[entry["path"]][0].bytes
+    assert "converted 0 shard(s)" not in rerun.stdout
+
+
 @pytest.mark.gcs
 @pytest.mark.parametrize("point", [pytest.param("commit:3", marks=pytest.mark.slow), "manifest"])
 def test_a_killed_conversion_to_gcs_resumes_without_redoing_committed_shards(job, gcs_bucket, gcs_emulator, point):
