@@ -18,7 +18,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dataset_format import storage
-from dataset_format.manifest import MANIFEST_NAME, Manifest
+from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, Manifest
 from pipelines import commits, report, tasks as shard_tasks, tfds_dir
 from pipelines.config import ConvertConfig
 from pipelines.plan import Plan
@@ -139,11 +139,8 @@ def _finalize_once(_, config: ConvertConfig, plan_file: str, tasks_dir: str, run
 
 
 def finalize(config: ConvertConfig, plan: Plan, converted: list[ShardResult], failed: list[dict]) -> Manifest:
-    """Prunes, writes report.json, the TFDS metadata and, last, manifest.json (the commit point)."""
-    for entry in plan.pruned:
-        log.info("pruning %s: its source %s is gone", entry.path, entry.source)
-        storage.delete_quietly(storage.join(config.output, entry.path))
-        commits.delete(config.output, entry.path)
+    """Writes report.json, the TFDS metadata and manifest.json (the commit point), then prunes (a run stopped before
+    its manifest leaves the pruned shards listed and there)."""
     converted = list(plan.recovered) + converted  # shards an interrupted run committed count as converted now
     split_rank = {split: rank for rank, split in enumerate(plan.split_order)}
     entries = sorted(plan.entries_after + tuple(r.entry for r in converted),
@@ -160,4 +157,10 @@ def finalize(config: ConvertConfig, plan: Plan, converted: list[ShardResult], fa
                         tool_version=TOOL_VERSION, failed=tuple(failed),
                         tokens=spec.manifest() if spec is not None else None, skip_corrupt=config.skip_corrupt)
     storage.write_text(storage.join(config.output, MANIFEST_NAME), manifest.to_json())
+    for entry in plan.pruned:
+        log.info("pruning %s: its source %s is gone", entry.path, entry.source)
+        storage.delete_quietly(storage.join(config.output, entry.path))
+        if entry.tokens is not None:
+            storage.delete_quietly(storage.join(config.output, entry.path) + COUNTS_SUFFIX)
+        commits.delete(config.output, entry.path)
     return manifest

@@ -111,12 +111,36 @@ def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
     sources = {f.path for f, _, _ in inputs}
     produced = set(names.values())  # an old entry whose shard a task writes again (its source moved) is replaced
     gone = [e for e in old.values() if same_path(e.source) not in sources and e.path not in produced]
+    missing = [e for e in gone if e.path not in existing]  # (a --prune run stopped after deleting them)
+    if missing and not quiet:
+        log.warning("%d output shard(s) the manifest lists without a source are gone too (e.g. %s): leaving them "
+                    "out of the manifest", len(missing), missing[0].path)
+    gone = [e for e in gone if e.path in existing]
+    if gone and not config.prune:
+        _check_orphans(gone, kind, tokenized, config)
     orphaned, pruned = ((), tuple(gone)) if config.prune else (tuple(gone), ())
     if orphaned and not quiet:
-        log.warning("%d output shard(s) have no source any more (e.g. %s); keeping them. Pass --prune to "
-                    "delete them.", len(orphaned), orphaned[0].source)
+        log.warning("%d output shard(s) have no source matched by this --input any more (e.g. %s); keeping them. "
+                    "Pass --prune to delete them.", len(orphaned), orphaned[0].source)
     return Plan(kind, tuple(tasks), tuple(kept), orphaned, pruned, tuple(recovered),
                 tuple(dict.fromkeys(split for _, split, _ in inputs)))
+
+
+def _check_orphans(gone: list[ShardEntry], kind: str, tokenized: str | None, config: ConvertConfig) -> None:
+    """Raises where keeping the outputs without a source (`gone`) would leave a dataset that is not one: a TFDS
+    directory's twin holds its shards alone (TFDS finds them by their names and counts), and shards of another
+    tokenisation would be read as this one's ids."""
+    example = f"{gone[0].path} (from {gone[0].source})"
+    if kind == "tfds":
+        raise ValueError(f"{len(gone)} output shard(s) of {config.output} have no source in the TFDS directory "
+                         f"{config.input} any more, e.g. {example}: it was built again (another shard count or "
+                         "version?), and its ArrayRecord twin must hold its shards alone; pass --prune to delete them")
+    other = [e for e in gone if e.tokens != tokenized]
+    if other:
+        theirs, ours = other[0].tokens or "not tokenised", tokenized or "not tokenised"
+        raise ValueError(f"{len(other)} output shard(s) of {config.output} without a source any more were tokenised "
+                         f"otherwise ({theirs}) than this run ({ours}), e.g. {other[0].path}: kept, they would mix two "
+                         "tokenisations in one dataset; pass --prune to delete them")
 
 
 def _stale(entry: ShardEntry | None, force: bool, fingerprint: str, options: str, tokenized: str | None,

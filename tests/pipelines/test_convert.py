@@ -123,7 +123,8 @@ def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path, caplog)
     with caplog.at_level(logging.WARNING, logger="pipelines.plan"):
         fifth = run_conversion(config, ONE_WORKER)
     assert len(fifth.plan.orphaned) == 1 and (tmp_path / "out" / "train-00002-of-00003.array_record").exists()
-    assert caplog.text.count("have no source any more") == 1  # (the plan is made twice: said once)
+    # (the plan is made twice: said once)
+    assert caplog.text.count("have no source matched by this --input any more") == 1
     pruned = run_conversion(ConvertConfig(input=config.input, output=config.output, prune=True), ONE_WORKER)
     assert len(pruned.plan.pruned) == 1
     assert not (tmp_path / "out" / "train-00002-of-00003.array_record").exists()
@@ -135,6 +136,41 @@ def test_incremental_reruns_convert_only_new_or_changed_shards(tmp_path, caplog)
                                   ONE_WORKER)
     assert recompressed.converted == 3
     assert {t.reason for t in recompressed.plan.tasks} == {"writer options group_size:1,snappy -> group_size:1,zstd:1"}
+
+
+def test_an_orphan_whose_output_is_gone_leaves_the_manifest(tmp_path, caplog):
+    """A --prune run stopped after deleting outputs, before its manifest (as it once did): the rerun's manifest named
+    files that were gone. Now the manifest comes first; an orphan whose file is missing is left out, with a line."""
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 5) for i in range(3)])
+    config = ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(tmp_path / "out"))
+    run_conversion(config, ONE_WORKER)
+    os.remove(tmp_path / "in" / "train-00002-of-00003.tfrecord")
+    os.remove(tmp_path / "out" / "train-00002-of-00003.array_record")
+    with caplog.at_level(logging.WARNING, logger="pipelines.plan"):
+        again = run_conversion(config, ONE_WORKER)
+    assert ("1 output shard(s) the manifest lists without a source are gone too (e.g. "
+            "train-00002-of-00003.array_record): leaving them out of the manifest") in caplog.text
+    assert [s.path for s in again.manifest.shards] == [f"train-0000{i}-of-00003.array_record" for i in range(2)]
+    from pipelines.verify import verify
+
+    assert verify(str(tmp_path / "out")).problems == []
+
+
+def test_a_tfds_twin_keeps_no_shard_of_an_earlier_build(tmp_path):
+    """A TFDS directory built again (another shard count): kept, its old shards would be read twice over and counted
+    into the twin's shardLengths, which TFDS then cannot open. Refused unless --prune."""
+    from dataset_format.manifest import ShardEntry
+    from pipelines.plan import _check_orphans
+
+    old = ShardEntry(path="digits-train.array_record-00000-of-00003", source="/d/digits-train.tfrecord-00000-of-00003",
+                     records=600, bytes=1, source_bytes=1, source_fingerprint="x", writer_options="w", split="train")
+    config = ConvertConfig(input="/d", output="/out")
+    with pytest.raises(ValueError, match=r"^1 output shard\(s\) of /out have no source in the TFDS directory /d any "
+                                         r"more, e\.g\. digits-train\.array_record-00000-of-00003 \(from "
+                                         r"/d/digits-train\.tfrecord-00000-of-00003\): it was built again .* pass "
+                                         r"--prune to delete them$"):
+        _check_orphans([old], "tfds", None, config)
+    _check_orphans([old], "tfrecord", None, config)  # a glob's orphans are kept, with a warning
 
 
 def test_inputs_moved_elsewhere_replace_their_shards_once(tmp_path):

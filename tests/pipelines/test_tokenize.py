@@ -102,6 +102,25 @@ def test_a_rerun_converts_nothing_and_a_new_tokenisation_converts_everything(cor
     assert got[0] == 1 and got[-1] == 2  # BOS ... EOS
 
 
+def test_shards_without_a_source_of_another_tokenisation_are_pruned_or_refused(corpus, tmp_path):
+    """Kept, an output whose source is gone would hold the old tokenisation's ids in a dataset of the new one."""
+    import shutil
+
+    root, tok = corpus
+    shutil.copytree(root / "raw", tmp_path / "raw")
+    assert _convert(tmp_path, tmp_path / "out", tok).ok
+    os.remove(sorted((tmp_path / "raw").glob("*.tfrecord"))[0])
+    with pytest.raises(ValueError, match=r"^1 output shard\(s\) of .* without a source any more were tokenised "
+                                         r"otherwise \(sha256:.* eos:False\) than this run \(sha256:.* eos:True\), "
+                                         r"e\.g\. .*: kept, they would mix two tokenisations in one dataset; pass "
+                                         r"--prune to delete them$"):
+        _convert(tmp_path, tmp_path / "out", tok, add_eos=True)
+    pruned = _convert(tmp_path, tmp_path / "out", tok, add_eos=True, prune=True)
+    assert pruned.ok and pruned.converted == 2 and len(pruned.manifest.shards) == 2
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.counts")) == sorted(
+        s.path + ".counts" for s in pruned.manifest.shards)  # the pruned shard's counts went with it
+
+
 def test_a_text_key_the_records_lack_stops_before_anything_is_written(corpus, tmp_path):
     """Checked on the first record before converting: one error, and an output converted before keeps its manifest
     (every shard failed one by one, and the manifest then listed none of them)."""
