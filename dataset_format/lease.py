@@ -59,9 +59,9 @@ def _process(pid: int) -> tuple[str, float] | None:
 
 
 def dead(lease: dict, ttl: float) -> str | None:
-    """Why the holder is known dead, or None."""
-    if time.time() - lease.get("heartbeat", 0) > ttl:
-        return f"no heartbeat for over {ttl:.0f} s"
+    """Why the holder is known dead, or None. A holder on this host is judged by its process (one stopped by Ctrl-Z
+    or SIGSTOP beats no more, but lives: it is not taken over); others, and one whose process cannot be read, by the
+    age of their heartbeat."""
     if lease.get("host") == socket.gethostname():
         try:
             pid = int(lease.get("pid", 0))
@@ -71,13 +71,31 @@ def dead(lease: dict, ttl: float) -> str | None:
         except ProcessLookupError:
             return "its process is gone"
         except (PermissionError, ValueError, OverflowError):
-            return None
-        process = _process(pid)
+            pid = None
+        process = _process(pid) if pid is not None else None
         if process is not None and process[0] in ("Z", "X"):  # killed, not yet reaped by its parent
             return "its process is gone (it has exited; its parent has not reaped it)"
         if process is not None and process[1] > lease.get("started", 0) + 1:  # 1 s: /proc's clock-tick rounding
             return f"its process is gone (pid {pid} is another process, started after the lease)"
+        if process is not None:
+            return None  # it lives
+    if time.time() - lease.get("heartbeat", 0) > ttl:
+        return f"no heartbeat for over {ttl:.0f} s"
     return None
+
+
+def suspended(lease: dict) -> str:
+    """', suspended: ...' when the holder is a stopped process of this host (its fix), else ''."""
+    if lease.get("host") != socket.gethostname():
+        return ""
+    try:
+        process = _process(int(lease.get("pid", 0)))
+    except (ValueError, OverflowError):
+        return ""
+    if process is None or process[0] not in ("T", "t"):
+        return ""
+    return (f", suspended (stopped by Ctrl-Z or SIGSTOP): resume it (`fg` in its shell, or kill -CONT "
+            f"{lease.get('pid')}) or end it")
 
 
 class Lease:
@@ -106,7 +124,7 @@ class Lease:
                 if reason is None and self._wait and current.get("host") != socket.gethostname():
                     reason, current, generation = self._watch(current)
             if reason is None:
-                raise LeaseHeld(self._held(describe(current)))
+                raise LeaseHeld(self._held(describe(current) + suspended(current)))
             if current is None:  # its run ended: created anew (on gs://, only if nobody else did first)
                 if not self._create():
                     raise LeaseHeld(self._held("another run, which took it a moment ago"))
@@ -121,7 +139,16 @@ class Lease:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-        storage.delete_quietly(self._path)
+        if self._ours():  # (a run that took it over, from a run of ours it judged dead, keeps it)
+            storage.delete_quietly(self._path)
+
+    def _ours(self) -> bool:
+        """Whether the lease is still this run's."""
+        try:
+            current, _ = self._read()
+        except (OSError, ValueError):
+            return False
+        return current is not None and all(current.get(k) == v for k, v in self._body.items())
 
     def _watch(self, current: dict) -> tuple[str | None, dict | None, int | None]:
         """Reads the lease again until its holder beats (reason None: it lives), lapses (the reason) or ends (no
@@ -166,6 +193,13 @@ class Lease:
     def _beat(self) -> None:
         while not self._stop.wait(self._ttl / 3):
             try:
+                if not storage.is_remote(self._path) and not self._ours():  # (gs://: the generation tells)
+                    raise LeaseHeld(f"{self._directory}: another run took the lease over ({LEASE_NAME} changed under "
+                                    "us)")
                 self._write(expected_generation=self._generation if storage.is_remote(self._path) else None)
+            except LeaseHeld as e:
+                log.error("%s; this run stops renewing it and will not delete it: its output may be written by both",
+                          e)
+                return
             except Exception as e:  # noqa: BLE001 - a missed heartbeat is retried; the run goes on
                 log.warning("lease heartbeat for %s failed (%s); retrying", self._directory, e)

@@ -117,3 +117,29 @@ def test_a_dead_or_reused_pid_on_this_host_is_known_dead():
         zombie.wait()
     assert dead({"host": "elsewhere", "pid": 1, "started": now, "heartbeat": now - 121}, 120) == (
         "no heartbeat for over 120 s")
+
+
+def test_a_suspended_holder_on_this_host_is_not_taken_over_and_the_fix_is_named(tmp_path):
+    """A run stopped by Ctrl-Z beats no more but lives: taken over, it would write beside the new run once resumed."""
+    import signal
+
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        time.sleep(0.2)
+        os.kill(holder.pid, signal.SIGSTOP)
+        while Path(f"/proc/{holder.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            time.sleep(0.01)
+        _write(tmp_path, socket.gethostname(), holder.pid, heartbeat_age=1000, started_age=-5)  # (started after it)
+        with pytest.raises(LeaseHeld, match=rf"held by host '.*' pid {holder.pid}, since .*, last heartbeat 100\d s "
+                                            rf"ago, suspended \(stopped by Ctrl-Z or SIGSTOP\): resume it \(`fg` in its "
+                                            rf"shell, or kill -CONT {holder.pid}\) or end it$"):
+            Lease(str(tmp_path), held=_held).__enter__()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_run_whose_lease_was_taken_over_leaves_it_to_the_new_holder(tmp_path):
+    with Lease(str(tmp_path), held=_held):
+        _write(tmp_path, "another-host", 4242, heartbeat_age=0)  # taken over while this run was stopped, say
+    assert _holder(tmp_path)["host"] == "another-host"  # not deleted by the run that lost it
