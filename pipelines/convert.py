@@ -68,6 +68,15 @@ class _ConvertShardFn(beam.DoFn):
             log.error("shard failed, no output written for it: %s", error)
             yield beam.pvalue.TaggedOutput(FAILED, {"source": task.source.path, "error": error})
             return
+        except FileNotFoundError:
+            if storage.exists(task.source.path):
+                raise
+            error = (f"{task.source.path} is gone: it was deleted or moved while the run converted it; rerun (the "
+                     "converted shards are kept; --prune deletes the outputs of sources that are gone)")
+            self._failed.inc()
+            log.error("shard failed, no output written for it: %s", error)
+            yield beam.pvalue.TaggedOutput(FAILED, {"source": task.source.path, "error": error})
+            return
         self._converted.inc()
         self._bytes_written.inc(result.entry.bytes)
         self._corrupt.inc(len(result.corruptions))

@@ -243,6 +243,25 @@ def test_corrupt_shard_fails_alone_and_leaves_no_output(tmp_path):
     assert repaired.ok and repaired.converted == 1 and repaired.manifest.total_records == 60
 
 
+def test_a_source_deleted_during_the_run_fails_its_shard_alone(tmp_path, monkeypatch):
+    from pipelines import convert
+
+    paths = write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 20) for i in range(3)])
+    real = convert.convert_shard
+
+    def deleted_first(task, **kwargs):  # the source of shard 1 is removed as its turn comes
+        if task.source.path == str(paths[1]):
+            os.remove(paths[1])
+        return real(task, **kwargs)
+
+    monkeypatch.setattr(convert, "convert_shard", deleted_first)
+    outcome = run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(tmp_path / "out")), ONE_WORKER)
+    assert not outcome.ok and outcome.manifest.total_records == 40
+    assert outcome.manifest.failed == ({"source": str(paths[1]), "error": (
+        f"{paths[1]} is gone: it was deleted or moved while the run converted it; rerun (the converted shards are "
+        "kept; --prune deletes the outputs of sources that are gone)")},)
+
+
 def test_skip_corrupt_reports_each_record_and_reconciles_counts(tmp_path):
     in_dir = tmp_path / "in"
     records = synthetic_records(0, 30)
