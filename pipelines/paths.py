@@ -304,9 +304,14 @@ def _warn_if_splits_mix(what: str, directory: str, files: list[InputFile]) -> No
 
 def check_output_outside(inputs: list[InputFile], pattern: str, output: str) -> None:
     """An output among the inputs would be read back as input on the next run: refuse it up front."""
+    def within(path: str, where: str) -> bool:
+        return path == where.rstrip("/") or path.startswith(where.rstrip("/") + "/")
+
     where = absolute(output)  # as the inputs are named
-    prefix = where.rstrip("/") + "/"
-    inside = [f.path for f in inputs if f.path.startswith(prefix) or f.path == where.rstrip("/")]
+    inside = [f.path for f in inputs if within(f.path, where)]
+    if not inside and not storage.is_remote(output):  # the same directory through a symbolic link
+        real = os.path.realpath(where)
+        inside = [f.path for f in inputs if not storage.is_remote(f.path) and within(os.path.realpath(f.path), real)]
     if inside:
         raise ValueError(f"--output {output!r} is inside --input {pattern!r} (it matches {inside[0]!r}); the "
                          "converted shards would be read as inputs next time: choose an --output outside the input")

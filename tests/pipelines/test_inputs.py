@@ -1,6 +1,7 @@
 """What `--input` accepts, and one line with exit 2 (no traceback) for each input that cannot work."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -115,7 +116,8 @@ def test_a_relative_output_inside_the_input_is_refused(tmp_path, monkeypatch):
 
     write_tfrecord_shards(tmp_path / "data", [synthetic_records(0, 5)])
     monkeypatch.chdir(tmp_path)
-    for given, output in (("data/*", "data"), ("data", "./data"), ("./data/*", "data/")):
+    os.symlink(tmp_path / "data", tmp_path / "link")  # the input's directory under another name
+    for given, output in (("data/*", "data"), ("data", "./data"), ("./data/*", "data/"), ("data/*", "link")):
         with pytest.raises(ValueError, match=rf"^--output '{re.escape(output)}' is inside --input "):
             run_conversion(ConvertConfig(input=given, output=output), ["--direct_num_workers=1"])
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["train-00000-of-00001.tfrecord"]
