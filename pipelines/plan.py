@@ -8,6 +8,7 @@ changed shards starts no pipeline at all.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 
@@ -223,7 +224,7 @@ def recorded_options(output: str, given: dict) -> dict:
         return {}  # unreadable: the plan reads it again and says what is wrong
     if manifest is None:
         return _options_of_commits(output, given)
-    kept = _writer_options({s.writer_options for s in manifest.shards}, output, given)
+    kept = _writer_options(collections.Counter(s.writer_options for s in manifest.shards), output, given)
     if manifest.skip_corrupt and "skip_corrupt" not in given:
         kept["skip_corrupt"] = True
     tokens = manifest.tokens or {}
@@ -248,24 +249,27 @@ def _options_of_commits(output: str, given: dict) -> dict:
             f"{output} holds {len(entries):,} shard(s) that an interrupted first run converted and tokenised "
             f"({tokenized[0]}), and no manifest to say with which tokenizer file: pass the same --tokenizer (and "
             "--text-key, --add-bos, --add-eos) to keep them, or --tokenizer none to convert them all again as they are")
-    kept = _writer_options({e.writer_options for e in entries}, output, given)
+    kept = _writer_options(collections.Counter(e.writer_options for e in entries), output, given)
     _say_kept(output, kept, f"from the commit records of {len(entries):,} shard(s) an interrupted first run converted")
     return kept
 
 
-def _writer_options(writers: set[str], output: str, given: dict) -> dict:
-    """{"compression": ...} or {"writer_options": ...} when every shard was written alike and no flag chose."""
-    if {"compression", "writer_options"} & set(given):
+def _writer_options(writers: collections.Counter, output: str, given: dict) -> dict:
+    """{"compression": ...} or {"writer_options": ...}: the shards' writer options when no flag chose; where they
+    differ (shards kept without a source from an earlier run), those of most shards, said."""
+    if {"compression", "writer_options"} & set(given) or not writers:
         return {}
-    if len(writers) > 1:
+    (writer, most), *others = writers.most_common()
+    if others and others[0][1] == most:
         log.warning(
-            "%s's shards were written with %d sets of writer options (%s): converting with the default %s; pass "
-            "--compression or --writer-options to choose", output, len(writers), ", ".join(sorted(writers)[:3]),
-            DEFAULT_COMPRESSION)
+            "%s's shards were written with %d sets of writer options, as many with each (%s): converting with the "
+            "default %s; pass --compression or --writer-options to choose", output, len(writers),
+            ", ".join(sorted(writers)[:3]), DEFAULT_COMPRESSION)
         return {}
-    if not writers:
-        return {}
-    (writer,) = writers
+    if others:
+        log.warning("%s's shards were written with %d sets of writer options: keeping those of most of them, %s (%d "
+                    "of %d shards); pass --compression or --writer-options to choose", output, len(writers), writer,
+                    most, sum(writers.values()))
     parts = writer.split(",")
     if parts[0] == "group_size:1" and len(parts) == 2 and COMPRESSION_NAME.match(parts[1]):
         return {"compression": parts[1]} if parts[1] != DEFAULT_COMPRESSION else {}

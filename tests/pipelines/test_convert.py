@@ -11,7 +11,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from dataset_format.manifest import Manifest
 from pipelines import ConvertConfig, run_conversion, tfrecord
-from tests.conftest import synthetic_records, write_tfrecord_shards
+from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
 
 ONE_WORKER = ["--direct_num_workers=1"]
 
@@ -154,6 +154,19 @@ def test_an_orphan_whose_output_is_gone_leaves_the_manifest(tmp_path, caplog):
     from pipelines.verify import verify
 
     assert verify(str(tmp_path / "out")).problems == []
+
+
+def test_a_rerun_keeps_the_writer_options_of_most_shards(tmp_path):
+    """An orphan kept from before a --compression change: the plain rerun converted every shard back to the default."""
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 5) for i in range(3)])
+    config = ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(tmp_path / "out"))
+    run_conversion(config, ONE_WORKER)
+    os.remove(tmp_path / "in" / "train-00002-of-00003.tfrecord")
+    run_conversion(ConvertConfig(input=config.input, output=config.output, compression="zstd:3"), ONE_WORKER)
+    plain = run_cli("convert", "--input", config.input, "--output", config.output, check=True)  # (the CLI keeps them)
+    assert "converted 0 shard(s)" in plain.stdout
+    assert ("shards were written with 2 sets of writer options: keeping those of most of them, group_size:1,zstd:3 "
+            "(2 of 3 shards)") in plain.stderr
 
 
 def test_a_tfds_twin_keeps_no_shard_of_an_earlier_build(tmp_path):
