@@ -129,7 +129,7 @@ def restore_loader(it, mngr: ocp.CheckpointManager, step: int, saved: dict, conf
 
 
 # The settings that give the optimizer's state its structure.
-OPTIMIZER_KEYS = ("optimizer", "grad_clip", "weight_decay", "weight_decay_on", "schedule")
+OPTIMIZER_KEYS = ("optimizer", "grad_clip", "weight_decay", "weight_decay_on", "schedule", "warmup_steps")
 
 
 # The settings that give the learning rate at each step.

@@ -36,10 +36,20 @@ class MetricsWriter:
         if text is None:
             return []
         lines = [line for line in text.splitlines() if line.strip()]
-        kept = [line for line in lines if json.loads(line).get("step", 0) <= start]
+        kept, torn = [], 0
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line cut short (a crash, a full disk, a lost host as it wrote): not a record
+                torn += 1
+                log.warning("%s: line %d is not a whole JSON record (%r...): dropped; the run goes on", self.path,
+                            number, line[:60])
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= start:
+                kept.append(line)
         if len(kept) < len(lines):
             log.info("%s: dropped %d record(s) after step %d (logged before the restart, repeated now)", self.path,
-                     len(lines) - len(kept), start)
+                     len(lines) - len(kept) - torn, start)
             if self._remote:
                 storage.write_text(self.path, "".join(line + "\n" for line in kept))
             else:

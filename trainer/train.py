@@ -168,6 +168,9 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
 
         # --- compile ------------------------------------------------------------------------------
         steps_by_size: dict[int, jax.stages.Compiled] = {}  # the step compiled for each global batch size
+        # in_memory_batches: the loader's state before the cached batches, which every checkpoint records (a resume
+        # caches the same batches and cycles on from where the run was; the state after them would cache others)
+        cache_origin = it.get_state() if config.in_memory_batches else None
         first = next(it)  # this host's rows, still in host memory
         tasks.check(program.task, first)  # data the task cannot train on: one line before compiling, not a silent run
         stepping = program  # the program whose step is compiled (remat=auto: the policy chosen)
@@ -197,7 +200,7 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
             jax.block_until_ready(cached)
             log.info("in_memory_batches=%d: cycling batches held on the devices (no input cost; for measuring the "
                      "input-bound limit)", len(cached))
-            fetch = itertools.cycle(cached).__next__
+            fetch = itertools.islice(itertools.cycle(cached), start % len(cached), None).__next__
         else:
             ahead = [first]
 
@@ -221,7 +224,7 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
             the arrays to reach host memory (and for the previous checkpoint to be written), unless `wait`."""
             if config.async_checkpointing:
                 writing.append((step, time.perf_counter()))
-            data = json.loads(json.dumps(it.get_state()))  # (a copy: orbax may serialize it after the loop moved on)
+            data = json.loads(json.dumps(cache_origin or it.get_state()))  # (a copy: orbax may serialize it later)
             with checkpoints.writes(mngr):  # (also the failure of the previous checkpoint's writing)
                 mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         data=ocp.args.JsonSave(data), config=config_record(config)),
@@ -281,7 +284,8 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
             tokens.append(real_tokens)
             examples += batch_size
             stop = preemption.reached(step)
-            if itstime(step, config.log_every, config.steps) or stop:
+            evaluating = bool(config.eval_data) and itstime(step, config.eval_every, config.steps)
+            if itstime(step, config.log_every, config.steps) or stop or evaluating:  # (an eval step is a row too)
                 values = np.asarray(jax.device_get(losses), dtype=np.float64)  # waits for the steps
                 bad = np.flatnonzero(~np.isfinite(values))
                 if bad.size:
@@ -296,7 +300,7 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
                         "learning_rate": optim.rate_at(config, step - 1),  # the step's own
                         **throughput.rates(examples, jax.device_get(tokens), elapsed), **_component_rows(it),
                         **({"batch_size": batch_size} if ramp is not None else {})}
-                if config.eval_data and itstime(step, config.eval_every, config.steps):
+                if evaluating:
                     last.update(program.evaluate(strategy, state["params"], state.get("model_state")))
                 if metrics:
                     metrics.write(last)

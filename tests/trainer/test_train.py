@@ -38,12 +38,14 @@ def _common(digits, workdir, *extra):
 
 
 def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
-    proc = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=30", "log_every=10", "eval_every=30",
+    # (eval_every not a multiple of log_every: an eval step is a row of its own; evaluations came only at steps of both)
+    proc = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=30", "log_every=10", "eval_every=15",
                                 "checkpoint_every=30"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "strategy=default num_replicas_in_sync=1" in proc.stderr
     records = _metrics(tmp_path)
-    assert [r["step"] for r in records] == [10, 20, 30]
+    assert [r["step"] for r in records] == [10, 15, 20, 30]
+    assert [r["step"] for r in records if "eval_accuracy" in r] == [15, 30]
     for key in ("loss", "examples_per_sec", "examples_per_sec_per_device", "step_time_s", "data_wait_fraction",
                 "host_wait_fraction"):
         assert all(np.isfinite(r[key]) for r in records), key
@@ -51,7 +53,7 @@ def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
     # single wait is part of it
     assert all(0 <= r["data_wait_fraction"] <= r["host_wait_fraction"] < 1 for r in records)
     assert all(0 <= r["data_wait_longest_s"] <= r["data_wait_fraction"] * r["step_time_s"] * 10 * (1 + 1e-9)
-               for r in records)  # (a fraction of a time times the time again: 1 ulp either way)
+               for r in records)  # (a fraction of a time times the time again: 1 ulp either way; periods <= 10)
     assert re.search(r"step 30/30 loss [\d.]+ eval_\w+ .* ex/s data-wait [\d.]+% \(longest \d+\.\d\d s\)", proc.stderr)
     assert records[-1]["loss"] < records[0]["loss"]
     assert 0.5 < records[-1]["eval_accuracy"] <= 1.0 and records[-1]["eval_examples"] == 359
@@ -461,6 +463,13 @@ def test_in_memory_batches_train_on_the_loaders_first_batches_cycled(digits, tmp
     a, b = [r["loss"] for r in _metrics(tmp_path / "streamed")], [r["loss"] for r in _metrics(tmp_path / "cached")]
     assert a[:2] == b[:2] and a[2] != b[2]
     assert _metrics(tmp_path / "cached")[-1]["data_wait_fraction"] < 0.05  # no input on the step path
+    # Stopped at step 2 and resumed: the same two batches cached again, the cycle going on where it was (the
+    # checkpoint held the loader's state after them, and the resumed run cached the next two)
+    first = run_trainer(*_common(digits, tmp_path / "resumed", *args[:1], "steps=2", *args[2:], "in_memory_batches=2"))
+    again = run_trainer(*_common(digits, tmp_path / "resumed", *args, "in_memory_batches=2"))
+    assert first.returncode == 0 and again.returncode == 0, (first.stderr[-2000:], again.stderr[-2000:])
+    assert "resumed from step 2 (loader at batch 0)" in again.stderr
+    assert [r["loss"] for r in _metrics(tmp_path / "resumed")] == b
 
 
 def test_data_workers_on_ray_need_their_partner_keys():
