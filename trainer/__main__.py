@@ -161,6 +161,12 @@ def main(argv=None) -> int:
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         traceback.print_exc()
         print(_cause(e), file=sys.stderr)
+        # ... and their event loop, collected as the interpreter ends, says "Exception ignored in ... RuntimeError:
+        # Event loop is closed" after the cause, at random: the failure is said, the cause stays the last line
+        sys.unraisablehook = lambda unraisable: None
+        import threading
+
+        threading.excepthook = lambda args: None  # (a background thread's end of the same failure, likewise)
         return _leaving_the_job(1)
     print(json.dumps({"summary": summary, "workdir": config.workdir}, indent=1))
     if summary.get("stopped_by") == "Ctrl-C":
