@@ -60,19 +60,18 @@ class _ConvertShardFn(beam.DoFn):
         try:
             result = convert_shard(task, writer_options=self._writer_options, skip_corrupt=self._skip_corrupt,
                                    on_records=self._progress, tokenize=self._tokenize)
-        except (CorruptRecordError, ShardCountMismatch, TextKeyError, PermissionError) as e:
+        except (CorruptRecordError, ShardCountMismatch, TextKeyError, PermissionError, FileNotFoundError) as e:
             # Retrying would fail the same way: the shard is reported, the other shards go on.
-            error = (f"{task.source.path} cannot be read (permission denied); grant read access and rerun (the "
-                     "converted shards are kept)") if isinstance(e, PermissionError) else str(e)
-            self._failed.inc()
-            log.error("shard failed, no output written for it: %s", error)
-            yield beam.pvalue.TaggedOutput(FAILED, {"source": task.source.path, "error": error})
-            return
-        except FileNotFoundError:
-            if storage.exists(task.source.path):
-                raise
-            error = (f"{task.source.path} is gone: it was deleted or moved while the run converted it; rerun (the "
-                     "converted shards are kept; --prune deletes the outputs of sources that are gone)")
+            if isinstance(e, PermissionError):
+                error = (f"{task.source.path} cannot be read (permission denied); grant read access and rerun (the "
+                         "converted shards are kept)")
+            elif isinstance(e, FileNotFoundError):
+                if storage.exists(task.source.path):
+                    raise  # (not the source: the output's side)
+                error = (f"{task.source.path} is gone: it was deleted or moved while the run converted it; rerun (the "
+                         "converted shards are kept; --prune deletes the outputs of sources that are gone)")
+            else:
+                error = str(e)
             self._failed.inc()
             log.error("shard failed, no output written for it: %s", error)
             yield beam.pvalue.TaggedOutput(FAILED, {"source": task.source.path, "error": error})
