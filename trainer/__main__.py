@@ -61,18 +61,26 @@ def _summary_alone_on_stdout():
         os.close(kept)
 
 
-def _leaving_the_job(code: int) -> int:
-    """`code`, for a run that failed; a process of a multi-process job leaves at once (its error said): at exit,
-    jax.distributed's shutdown waits at a barrier for every process, and when another has died it waits minutes,
-    then aborts with a C++ stack printed after the error."""
+def _leaving_the_job(code: int, process: bool) -> int:
+    """`code`, for a run that failed, its cause said as the last line. In a process of its own (`process`), what the
+    interpreter's end still has to say is the same failure again and is not said: orbax's other futures of a failed
+    write, and its event loop, log "exception was never retrieved", "exception calling callback" or "Exception
+    ignored in ... RuntimeError: Event loop is closed" from background threads and finalisers, at random. A process
+    of a multi-process job leaves at once: at exit, jax.distributed's shutdown waits at a barrier for every process,
+    and when another has died it waits minutes, then aborts with a C++ stack printed after the error."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if process:  # (not in a caller's process: its logging and hooks are its own)
+        import threading
+
+        logging.disable(logging.CRITICAL)  # every logger, absl's included, from any thread
+        sys.unraisablehook = lambda unraisable: None  # what finalisers raise
+        threading.excepthook = lambda args: None  # what a background thread's end raises
     jax = sys.modules.get("jax")
     if jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1:
-        import logging
         import time
 
         logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
         if jax.process_index() == 0:  # its coordination service going first aborts the others (a C++ stack), maybe
             time.sleep(1.0)  # before their own error is out: they leave first, as they learnt it too
         os._exit(code)
@@ -98,7 +106,8 @@ def _cause(e: BaseException) -> str:
     return line
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, process: bool = False) -> int:
+    """python -m trainer's exit status; `process`: main is the whole process (see _leaving_the_job)."""
     from dataset_format.config_help import keys_help
     from trainer.config import TrainConfig
 
@@ -142,11 +151,11 @@ def main(argv=None) -> int:
         where = user_frame(e.__traceback__)  # ... unless the user's own code (a model, a task) raised it
         print(f"error: {e}" + (f" (in {where.filename}:{where.lineno}, {where.name})" if where else ""),
               file=sys.stderr)
-        return _leaving_the_job(2)
+        return _leaving_the_job(2, process)
     except KeyboardInterrupt:  # a Ctrl-C before the loop, or a second one in it: what ran has been cleaned up
         print("stopped by Ctrl-C (no checkpoint saved; the latest one, if any, is where the same command resumes)",
               file=sys.stderr)
-        return _leaving_the_job(INTERRUPTED)
+        return _leaving_the_job(INTERRUPTED, process)
     except Exception as e:  # noqa: BLE001 - the traceback for the record, then the cause as the last line (a
         # traceback through grain ends in its note on the frames it removed, not in the error)
         import traceback
@@ -156,18 +165,9 @@ def main(argv=None) -> int:
         if isinstance(e, ModuleNotFoundError) and extras.missing_extra(e, "train") is not None:
             raise  # an install without its extra: extras.run_main says which, in one line
 
-        # orbax's other futures of a failed checkpoint write, collected at exit, log "exception was never retrieved"
-        # with their tracebacks after the cause: the same failure, said already
-        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         traceback.print_exc()
         print(_cause(e), file=sys.stderr)
-        # ... and their event loop, collected as the interpreter ends, says "Exception ignored in ... RuntimeError:
-        # Event loop is closed" after the cause, at random: the failure is said, the cause stays the last line
-        sys.unraisablehook = lambda unraisable: None
-        import threading
-
-        threading.excepthook = lambda args: None  # (a background thread's end of the same failure, likewise)
-        return _leaving_the_job(1)
+        return _leaving_the_job(1, process)
     print(json.dumps({"summary": summary, "workdir": config.workdir}, indent=1))
     if summary.get("stopped_by") == "Ctrl-C":
         return INTERRUPTED
@@ -177,4 +177,4 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from dataset_format import extras
 
-    sys.exit(extras.run_main(main, "python -m trainer", "train"))
+    sys.exit(extras.run_main(lambda: main(process=True), "python -m trainer", "train"))

@@ -2,13 +2,15 @@
 last layer that does not fit the task named before anything compiles."""
 
 import json
+import os
 import sys
 import textwrap
 
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import trainer_here
+from tests.conftest import REPO
+from tests.trainer.conftest import run_trainer, trainer_here
 
 NETS = textwrap.dedent('''
     import flax.linen as nn
@@ -51,6 +53,24 @@ NETS = textwrap.dedent('''
         @nn.compact
         def __call__(self, x):
             return nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1)) + jnp.ones(3)
+
+    class LateNoise(nn.Module):  # fails; a thread it started then logs, and raises, after the cause (as orbax's do)
+        num_classes: int = 10
+
+        @nn.compact
+        def __call__(self, x):
+            import logging, threading, time
+
+            def late():
+                time.sleep(1.0)
+                try:
+                    raise RuntimeError("Event loop is closed")
+                except RuntimeError:
+                    logging.getLogger("concurrent.futures").exception("exception calling callback")
+                raise RuntimeError("Event loop is closed")
+
+            threading.Thread(target=late).start()
+            raise RuntimeError("the model's own failure")
 
     class Pair(nn.Module):  # an AttributeError from inside optax
         num_classes: int = 10
@@ -123,3 +143,14 @@ def test_an_error_raised_in_the_users_own_code_names_its_file_and_line(digits, n
     assert proc.returncode == 2 and last.startswith("error: Incompatible shapes for broadcasting"), proc.stderr[-2000:]
     line = next(n for n, text in enumerate(NETS.splitlines(), 1) if "jnp.ones(3)" in text)
     assert last.endswith(f"(in {nets / 'nets.py'}:{line}, __call__)")
+
+
+def test_what_a_failed_run_still_says_as_it_ends_comes_before_its_cause(digits, nets, tmp_path):
+    """A background thread (orbax's, of a failed checkpoint write) that logs and raises after the cause was said
+    left "RuntimeError: Event loop is closed" as the run's last line. In a process of its own: the quiet end is the
+    process's, not a caller's of main()."""
+    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=nets:LateNoise", "num_classes=10",
+                       "batch_size=32", "steps=2", extra_env={"PYTHONPATH": f"{REPO}{os.pathsep}{nets}"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == "error: RuntimeError: the model's own failure", proc.stderr[-2000:]
+    assert "Event loop is closed" not in proc.stderr
