@@ -57,6 +57,10 @@ def _on_multi_host_tpu() -> bool:
     return "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
 
 
+# The checkpoint's loader-state key for `pending` (_train_and_evaluate's)
+PENDING = "losses_since_row"
+
+
 def itstime(step: int, every: int, last_step: int) -> bool:
     """Periodic work (big_vision's helper): every `every` steps, and at the last step."""
     return step % every == 0 or step == last_step
@@ -158,11 +162,16 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
         # --- restore ----------------------------------------------------------------------------
         it = iter(batches)
         start = 0
+        # The losses of the steps since the last row every run of these settings writes (at a multiple of log_every
+        # or eval_every), kept in each checkpoint: a run resumed between two such rows writes the next one as a run
+        # without stops does, its loss the mean of the whole period, not of the steps since the restart.
+        pending: list[float] = []
         if mngr.latest_step() is not None:
             start = mngr.latest_step()
             abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
             restored = checkpoints.restore(mngr, start, abstract, config)
             state = restored["state"]
+            pending = [float(x) for x in restored["data"].pop(PENDING, [])]
             checkpoints.restore_loader(it, mngr, start, restored["data"], config)
             log.info("resumed from step %d (loader at batch %d)", start, restored["data"]["next_batch"])
 
@@ -225,6 +234,9 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
             if config.async_checkpointing:
                 writing.append((step, time.perf_counter()))
             data = json.loads(json.dumps(cache_origin or it.get_state()))  # (a copy: orbax may serialize it later)
+            since_row = pending + np.asarray(jax.device_get(losses), dtype=np.float64).tolist()  # (steps finished)
+            if since_row:
+                data[PENDING] = since_row
             with checkpoints.writes(mngr):  # (also the failure of the previous checkpoint's writing)
                 mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         data=ocp.args.JsonSave(data), config=config_record(config)),
@@ -236,7 +248,8 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
 
         profile = StepProfile(config.workdir, start + 1 + config.profile_skip, config.profile_steps, chief)
         preemption = PreemptionNotice()  # SIGTERM, to any process: all save at one step and stop
-        metrics = MetricsWriter(config.workdir, start) if chief else None
+        # (rows after the last one a run without stops writes: its stop rows, and any after the checkpoint)
+        metrics = MetricsWriter(config.workdir, start - len(pending)) if chief else None
     except BaseException:
         if it is not None:
             it.close()  # the loader's read-ahead threads and worker processes
@@ -292,7 +305,12 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
                     raise NonFiniteLoss(f"loss is {values[bad[0]]} at step {step - len(values) + 1 + bad[0]}; "
                                         "lower learning_rate or check the data")
                 elapsed = time.perf_counter() - period_start
-                last = {"step": step, "loss": float(values.mean()),
+                period = np.concatenate([np.asarray(pending, dtype=np.float64), values])  # (the rates: this run's)
+                # a row every run of these settings writes ends the period; a stop's, or the last step's, does not (a
+                # run extended by a larger steps= writes the rows of one that had it from the start)
+                ends = step % config.log_every == 0 or (evaluating and step % config.eval_every == 0)
+                pending = [] if ends else period.tolist()
+                last = {"step": step, "loss": float(period.mean()),
                         "examples_per_sec": examples / elapsed,
                         "examples_per_sec_per_device": examples / elapsed / replicas,
                         "step_time_s": elapsed / len(values), "data_wait_fraction": data_wait / elapsed,

@@ -117,6 +117,28 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(digits, tmp_path):
     assert all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b)))
 
 
+def test_resumes_between_log_steps_write_the_rows_of_a_run_without_stops(digits, tmp_path):
+    """log_every=2, checkpoint_every=3: a run of steps=5 (rows 2, 4, 5; checkpoints 3, 5), its checkpoint 5 lost (a
+    kill before it was written), resumed with steps=7 (from 3; rows 4, 6, 7), then extended to steps=8 (from 7). Its
+    metrics.jsonl was rows 2, 4, 4, 5, 6, 7, 8, each loss the mean of the steps since the restart; it is now the
+    uninterrupted run's: rows 2, 4, 6, 8 (and the evaluation at the last step), each loss the mean of its two steps."""
+    args = ("model=mlp", "log_every=2", "checkpoint_every=3", "eval_every=1000")
+    straight = run_trainer(*_common(digits, tmp_path / "straight", *args, "steps=8"))
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    workdir = tmp_path / "stopped"
+    first = run_trainer(*_common(digits, workdir, *args, "steps=5"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert [r["step"] for r in _metrics(workdir)] == [2, 4, 5]
+    shutil.rmtree(workdir / "checkpoints" / "5")
+    for steps, start in ((7, 3), (8, 7)):
+        again = run_trainer(*_common(digits, workdir, *args, f"steps={steps}"))
+        assert again.returncode == 0 and f"resumed from step {start}" in again.stderr, again.stderr[-2000:]
+    want, got = _metrics(tmp_path / "straight"), _metrics(workdir)
+    assert [r["step"] for r in want] == [2, 4, 6, 8]
+    assert [(r["step"], r["loss"], r.get("eval_accuracy")) for r in got] == \
+        [(r["step"], r["loss"], r.get("eval_accuracy")) for r in want]
+
+
 def test_ctrl_c_saves_a_checkpoint_and_stops(digits, tmp_path):
     """Ctrl-C was a bare KeyboardInterrupt traceback, and the steps since the last checkpoint were lost."""
     import os
