@@ -283,9 +283,9 @@ def read_bytes(path: str) -> bytes | None:
         raise
 
 
-def read_range(path: str, start: int, end: int, *, exact: bool = True) -> bytes:
+def read_range(path: str, start: int, end: int, *, exact: bool = True, generation: int | None = None) -> bytes:
     """Bytes [start, end) of a file (gs://: one ranged request). `exact`: fewer bytes (the file ends sooner) raise
-    OSError; otherwise they are returned."""
+    OSError; otherwise they are returned. `generation`: a gs:// object's, as listed (another is ObjectChanged)."""
     if end <= start:
         return b""
     if not is_remote(path):
@@ -293,16 +293,40 @@ def read_range(path: str, start: int, end: int, *, exact: bool = True) -> bytes:
             f.seek(start)
             data = f.read(end - start)
     else:
-        from google.api_core.exceptions import RequestRangeNotSatisfiable
+        from google.api_core.exceptions import NotFound, RequestRangeNotSatisfiable
 
+        blob = _blob(path)
+        if generation:
+            blob = blob.bucket.blob(blob.name, generation=generation)
         try:
             with _gcs_errors(path):
-                data = _blob(path).download_as_bytes(start=start, end=end - 1, checksum=None, retry=_retry())
+                try:
+                    data = blob.download_as_bytes(start=start, end=end - 1, checksum=None, retry=_retry())
+                except NotFound:
+                    if generation:  # that generation is gone: rewritten (or deleted) since it was listed
+                        raise ObjectChanged(path, generation, None) from None
+                    raise
         except RequestRangeNotSatisfiable:  # 416: the object ends before `start` (an empty one, for any range)
             data = b""
+        answered = blob.generation
+        if generation and answered and int(answered) != generation:
+            raise ObjectChanged(path, generation, int(answered))
     if exact:
         check_length(path, start, end, data)
     return data
+
+
+class ObjectChanged(OSError):
+    """A gs:// object rewritten while a job read it: its generation is not the one listed (and its index, caches and
+    the records read so far are the listed one's). Not transient: reading on would mix two versions."""
+
+    def __init__(self, path: str, listed: int, now: int | None):
+        self.path, self.listed, self.now = path, listed, now
+        found = f"it is generation {now} now" if now else "that generation is gone"
+        super().__init__(f"{path}: the object was rewritten while this job read it (generation {listed} when listed, "
+                         f"{found}); the records read so far are of the listed version: restart the job to read the "
+                         "new one (write a new version of a dataset to a new directory to let running jobs finish on "
+                         "the old)")
 
 
 def check_length(path: str, start: int, end: int, data: Sized) -> None:
@@ -431,15 +455,29 @@ def upload(local_path: str, remote_path: str) -> None:
                                                 retry=_retry())
 
 
-def download(remote_path: str, local_path: str, *, expected_size: int | None = None) -> int:
+def download(remote_path: str, local_path: str, *, expected_size: int | None = None,
+             generation: int | None = None) -> int:
     """Copies `remote_path` (gs:// or local) to `local_path` under a temporary name, then renames it; returns
     the bytes copied. Cloud Storage downloads are checked against the object's checksum; with `expected_size`
-    a copy of another size raises `OSError` and leaves nothing under `local_path`."""
+    a copy of another size raises `OSError` and leaves nothing under `local_path`. `generation`: the gs:// object's
+    as listed (another, or none left, is ObjectChanged, and nothing is left under `local_path`)."""
     tmp = temp_name(local_path)
     try:
         if is_remote(remote_path):
+            from google.api_core.exceptions import NotFound
+
+            blob = _blob(remote_path)
+            if generation:
+                blob = blob.bucket.blob(blob.name, generation=generation)
             with _gcs_errors(remote_path), open(tmp, "wb") as f:
-                _blob(remote_path).download_to_file(f, retry=_retry())
+                try:
+                    blob.download_to_file(f, retry=_retry())
+                except NotFound:
+                    if generation:
+                        raise ObjectChanged(remote_path, generation, None) from None
+                    raise
+            if generation and blob.generation and int(blob.generation) != generation:
+                raise ObjectChanged(remote_path, generation, int(blob.generation))
         else:
             shutil.copyfile(remote_path, tmp)
         size = os.path.getsize(tmp)

@@ -80,6 +80,9 @@ class BatchReader:
         self._cache_bytes = cache_bytes
         self._max_record = max_record_bytes
         self._remote = any(storage.is_remote(p) for p in source.paths)
+        # gs:// objects' generations as listed (the index and caches are of them): a read pins them
+        self._generations = (source.shard_versions if self._remote and source.shard_versions
+                             and all(storage.is_remote(p) for p in source.paths) else None)
         self._disk = None
         if cache_dir is not None and self._remote:
             self._disk = {"directory": os.path.expanduser(cache_dir), "key": source_key(source),
@@ -103,8 +106,8 @@ class BatchReader:
         self._open_count = 0
         self._limit = _open_limit()
         self._array_readers: dict[int, object] = {}
-        self._remote_reader = (_RemoteSpans(self._paths, self._cache_bytes, self._disk, self._planned)
-                               if self._remote else None)
+        self._remote_reader = (_RemoteSpans(self._paths, self._cache_bytes, self._disk, self._planned,
+                                            self._generations) if self._remote else None)
 
     def __getstate__(self):
         return {name: getattr(self, name) for name in (*self._state, "_state")}
@@ -195,6 +198,8 @@ class BatchReader:
             shard, record = int(shards[at]), int(local[at])
             raise OSError(f"{self._paths[shard]}: record {record} cannot be read ({why}); the shard is corrupt: "
                           f"{redo(self._paths[shard])} (python -m pipelines verify --deep finds such shards)") from None
+        except storage.ObjectChanged:
+            raise  # (it names the object, and the fix is not the files')
         except OSError as e:
             raise OSError(f"cannot read {self._paths[int(shards[0])]} and others of this read ({e}); check the "
                           "files are there and readable, or restage the data") from e
@@ -256,8 +261,12 @@ class _RemoteSpans:
     again): in memory (`cache_bytes`: the first read, kept, or with `planned` what this host reads again soonest), or on
     local disk shared by the host's processes and kept across runs (`cache_dir`, loader/fetch/disk_cache.py)."""
 
-    def __init__(self, paths: tuple[str, ...], cache_bytes: int, disk: dict | None = None, planned: bool = False):
+    def __init__(self, paths: tuple[str, ...], cache_bytes: int, disk: dict | None = None, planned: bool = False,
+                 generations: tuple[int, ...] | None = None):
+        """`generations`: each shard's object generation as listed (what the index and caches are keyed by): a read
+        of another is storage.ObjectChanged."""
         self._paths = paths
+        self._generations = generations
         self._cache = chunk_cache.make(cache_bytes, disk, planned)
         # records asked for, the bytes of their chunks, and the range requests and bytes planned to read them
         # (benchmarks/gcs_read_bench.py, the tests)
@@ -318,7 +327,8 @@ class _RemoteSpans:
             self.downloaded += sum(end - begin for _, begin, end in requests)
         if not which:
             return
-        got = remote.fetch_bodies([(self._paths[shard], begin, end) for shard, begin, end in requests])
+        got = remote.fetch_bodies([(self._paths[shard], begin, end) for shard, begin, end in requests],
+                                  [self._generations[shard] for shard, _, _ in requests] if self._generations else None)
         for (shard, begin, end), body in zip(requests, got):
             storage.check_length(self._paths[shard], begin, end, body)
         for j, i in enumerate(which):  # views of the bodies, not copies (the caches copy what they keep)

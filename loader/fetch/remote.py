@@ -14,6 +14,11 @@ Every answer is untrusted and bounded before it is kept: a 206 must start at the
 and hold no more than the range; a 200 (the server ignored the range) is cut to the range as it streams and its
 connection dropped, never held whole; an error's body is kept to MAX_ERROR_BODY bytes.
 
+A range may name the object's generation (the one the loader listed, which its index and caches are keyed by): the
+request asks for that generation (`&generation=G`: an object rewritten since is a 404 where the bucket keeps no old
+versions, and the old bytes where it does), and an answer of another generation (its `x-goog-generation`) is
+`storage.ObjectChanged`, never bytes of two versions in one job's reads.
+
 What is transient (408, 429, 5xx, a dropped, reset or timed-out connection, a body cut short, an answer that breaks
 the bounds) is retried with backoff (0.25 s doubling to 16 s, or as long as a Retry-After asks, for up to
 `storage.RETRY_SECONDS`; one log line an object and cause), and the waits end when the interpreter exits. A 403 is
@@ -59,18 +64,27 @@ class Answer(NamedTuple):
     status: int
     pieces: list[bytes]
     retry_after: float | None = None  # seconds, from a Retry-After header of delay-seconds
+    generation: int | None = None  # the object's, from x-goog-generation
 
 
-def fetch(ranges: list[tuple[str, int, int]]) -> list[bytes]:
-    """The bytes [start, end) of each (path, start, end), in order; fewer where an object ends sooner (416: none)."""
-    return [bytes(body) for body in fetch_bodies(ranges)]
+def fetch(ranges: list[tuple], generations: list[int | None] | None = None) -> list[bytes]:
+    """The bytes [start, end) of each (path, start, end), in order; fewer where an object ends sooner (416: none).
+    `generations`: each range's object generation (None or 0: whatever the object holds now)."""
+    return [bytes(body) for body in fetch_bodies(ranges, generations)]
 
 
-def fetch_bodies(ranges: list[tuple[str, int, int]]) -> list[Body]:
+def fetch_bodies(ranges: list[tuple], generations: list[int | None] | None = None) -> list[Body]:
     """As fetch(), each range's bytes as the pieces they arrived in (Body): the reader takes views of them."""
     if not ranges:
         return []
-    return _Loop.for_process().run([(storage.media_url(path), path, start, end) for path, start, end in ranges])
+    generations = generations or [None] * len(ranges)
+    return _Loop.for_process().run([(_pinned(storage.media_url(path), generation), path, start, end, generation or None)
+                                    for (path, start, end), generation in zip(ranges, generations)])
+
+
+def _pinned(url: str, generation: int | None) -> str:
+    """`url` asking for the object's `generation` (none: as it is now)."""
+    return f"{url}{'&' if '?' in url else '?'}generation={int(generation)}" if generation else url
 
 
 class Body:
@@ -147,7 +161,8 @@ class _Loop:
                 cls._instance = _Loop()
             return cls._instance
 
-    def run(self, requests: list[tuple[str, str, int, int]]) -> list[Body]:
+    def run(self, requests: list[tuple[str, str, int, int, int | None]]) -> list[Body]:
+        """The bodies of (url, path, start, end, generation or None) requests."""
         headers = self._auth_headers()
         return asyncio.run_coroutine_threadsafe(self._all(requests, headers), self.loop).result()
 
@@ -186,9 +201,9 @@ class _Loop:
             read, i = await self._queue.get()
             if read.done.done():  # another range of this read failed: its error is the read's
                 continue
-            url, path, start, end = read.requests[i]
+            url, path, start, end, generation = read.requests[i]
             try:
-                body = await self._one(url, path, start, end, read.headers)
+                body = await self._one(url, path, start, end, read.headers, generation)
             except Exception as e:  # noqa: BLE001 - handed to the read's caller, who raises it
                 if not read.done.done():
                     read.done.set_exception(e)
@@ -198,21 +213,26 @@ class _Loop:
             if not read.left and not read.done.done():
                 read.done.set_result(read.bodies)
 
-    async def _one(self, url: str, path: str, start: int, end: int, headers: dict[str, str]) -> Body:
+    async def _one(self, url: str, path: str, start: int, end: int, headers: dict[str, str],
+                   generation: int | None) -> Body:
         import aiohttp
 
         delay, deadline = 0.25, time.monotonic() + storage.RETRY_SECONDS
         while True:
             asked = None  # the wait a Retry-After asks for
             try:
-                status, pieces, asked = await self._get(url, start, end, headers)
+                status, pieces, asked, answered = await self._get(url, start, end, headers)
             except (aiohttp.ClientError, OSError) as e:  # dropped, refused, timed out, cut short, malformed
                 reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             else:
+                if generation and answered and answered != generation and status in (200, 206, 416):
+                    raise storage.ObjectChanged(path, generation, answered)
                 if status in (200, 206):  # 200: the whole object (the server ignored the range), cut to it
                     return Body(pieces)
                 if status == 416:  # the range starts past the end: the object is shorter
                     return Body([])
+                if status == 404 and generation:  # that generation is gone: rewritten (or deleted) since listed
+                    raise storage.ObjectChanged(path, generation, None)
                 if status not in _TRANSIENT:
                     _raise_for(status, path, b"".join(pieces))
                 reason = f"HTTP {status}"
@@ -229,7 +249,7 @@ class _Loop:
             delay = min(16.0, delay * 2)
 
     async def _get(self, url: str, start: int, end: int, headers: dict[str, str]) -> Answer:
-        """(status, body pieces, Retry-After) of a range GET, within its host's limit (loader/fetch/host_limit.py)."""
+        """(status, body pieces, Retry-After, generation) of a range GET, within its host's limit (loader/fetch/host_limit.py)."""
         import aiohttp
 
         endpoint = url.split("/", 3)[2]
@@ -244,11 +264,12 @@ class _Loop:
                 answered = True
                 pieces = await _bounded_body(r, start, end)
                 retry_after = r.headers.get("Retry-After", "")
+                generation = r.headers.get("x-goog-generation", "")
                 connection = r.headers.get("Connection", "").lower()  # RFC 9112 9.3: does the server keep it?
                 kept = "keep-alive" in connection if r.version < aiohttp.HttpVersion11 else "close" not in connection
             limit.answered(kept)
             return Answer(r.status, pieces, float(retry_after) if retry_after.isdigit() and len(retry_after) <= 9
-                          else None)
+                          else None, int(generation) if generation.isdigit() and len(generation) <= 19 else None)
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
             if not answered:  # refused, reset or timed out before the answer's head: the host may be swamped
                 limit.refused()
@@ -260,8 +281,9 @@ class _Loop:
 async def _bounded_body(response, start: int, end: int) -> list[bytes]:
     """The pieces of an answer's body worth keeping, each length bounded before it is kept (see the module doc)."""
     asked = end - start
+    promised = None  # a 206's bytes, from its Content-Range
     if response.status == 206:
-        first = _content_range_first(response.headers.get("Content-Range"))
+        first, last = _content_range(response.headers.get("Content-Range"))
         if first != start:
             raise ProtocolError(f"a 206 with Content-Range {response.headers.get('Content-Range')!r} to a range "
                                 f"that starts at byte {start}")
@@ -269,7 +291,7 @@ async def _bounded_body(response, start: int, end: int) -> list[bytes]:
             if response.content_length > asked:
                 raise ProtocolError(f"a 206 of {response.content_length} bytes to a range of {asked}")
             return [await response.read()]  # bounded by its Content-Length, which aiohttp holds it to
-        skip, take = 0, asked
+        skip, take, promised = 0, asked, last - first + 1 if last is not None and last >= first else None
     elif response.status == 200:  # the whole object: keep [start, end) of it as it passes
         skip, take = start, asked
     else:
@@ -294,18 +316,20 @@ async def _bounded_body(response, start: int, end: int) -> list[bytes]:
             break
     if got == take and response.status != 206 and not response.content.at_eof():
         response.close()  # the rest is not read: the connection goes with it
+    if promised is not None and got < min(promised, asked):  # a body read to the connection's close, cut short
+        raise ProtocolError(f"a 206 of {got} bytes where its Content-Range promised {promised}")
     return pieces
 
 
-def _content_range_first(value: str | None) -> int | None:
-    """The first byte of a `Content-Range: bytes first-last/size` (None: absent or malformed)."""
+def _content_range(value: str | None) -> tuple[int | None, int | None]:
+    """(first, last) byte of a `Content-Range: bytes first-last/size` ((None, None): absent or malformed)."""
     if not value or not value.startswith("bytes "):
-        return None
+        return None, None
     first, dash, rest = value[6:].partition("-")
     last = rest.partition("/")[0]
     if not dash or not first.isdigit() or not last.isdigit() or len(first) > 18 or len(last) > 18:
-        return None
-    return int(first)
+        return None, None
+    return int(first), int(last)
 
 
 _RETRIES_LOGGED: collections.OrderedDict = collections.OrderedDict()  # (object, cause) already logged: the newest

@@ -66,7 +66,7 @@ def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
     done_bytes, recorded = 0, time.monotonic()
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=parallelism) as pool:
-            futures = {pool.submit(_copy, f"{source.rstrip('/')}/{name}", local_dir, name, size): name
+            futures = {pool.submit(_copy, f"{source.rstrip('/')}/{name}", local_dir, name, size, found[name][1]): name
                        for name, size in todo}
             for i, future in enumerate(concurrent.futures.as_completed(futures), 1):
                 done_bytes += future.result()
@@ -82,7 +82,7 @@ def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
     finally:
         staged.write(local_dir, source, {n: v for n, v in copied.items() if n in shards})
     for name in metadata:  # last: their presence marks a complete copy
-        _copy(f"{source.rstrip('/')}/{name}", local_dir, name, listing[name])
+        _copy(f"{source.rstrip('/')}/{name}", local_dir, name, listing[name], found[name][1])
     return StageResult(local_dir, len(todo), len(shards) - len(todo), done_bytes, time.monotonic() - started)
 
 
@@ -121,5 +121,12 @@ def _local_size(local_dir: str, name: str) -> int | None:
         return None
 
 
-def _copy(remote: str, local_dir: str, name: str, size: int) -> int:
-    return storage.download(remote, os.path.join(local_dir, name), expected_size=size)
+def _copy(remote: str, local_dir: str, name: str, size: int, version: str) -> int:
+    """Copies `remote` as `name`, of the `version` listed: a gs:// object rewritten since is an error (the copy
+    would mix two versions of the dataset)."""
+    generation = int(version) if storage.is_remote(remote) and version.isdigit() else None
+    try:
+        return storage.download(remote, os.path.join(local_dir, name), expected_size=size, generation=generation)
+    except storage.ObjectChanged as e:
+        raise OSError(f"{remote} was rewritten while it was being staged (generation {e.listed} when listed): the "
+                      "dataset is changing; stage again once its writer is done (it copies only what changed)") from None

@@ -81,22 +81,24 @@ class TFRecordFileError(ValueError):
     """A file read as ArrayRecord that is a TFRecord file (not converted yet)."""
 
 
-def read_footer(path: str, size: int) -> Footer:
+def read_footer(path: str, size: int, generation: int | None = None) -> Footer:
     """The chunk offsets of the ArrayRecord file of `size` bytes at `path` (local or gs://), from two reads at its
     end. Raises ValueError naming the file when it is not a whole ArrayRecord file (truncated, not ArrayRecord).
+    `generation`: a gs:// object's as listed (storage.ObjectChanged when it is another by now).
     """
     try:
         if size < 2 * BLOCK_SIZE or size % BLOCK_SIZE:
             raise ValueError(f"its size, {size:,} bytes, is not a whole number of 64 KiB blocks, or under "
                              "the two blocks a file has at least")
         last = size - BLOCK_SIZE
-        postscript = _fields(_records(storage.read_range(path, last, size), last)[0])
+        postscript = _fields(_records(storage.read_range(path, last, size, generation=generation), last)[0])
         if postscript.get(2) != MAGIC or not isinstance(postscript.get(1), int) or not 0 < postscript[1] < last:
             raise ValueError("its last block holds no ArrayRecord postscript")
         footer_offset = postscript[1]
         # a footer record per chunk (and the metadata): each chunk takes at least MIN_CHUNK bytes before the footer
         most = (footer_offset - FIRST_CHUNK) // MIN_CHUNK + 1
-        sizes, values = _riegeli.decode_chunk(storage.read_range(path, footer_offset, last), footer_offset, True, most)
+        sizes, values = _riegeli.decode_chunk(storage.read_range(path, footer_offset, last, generation=generation),
+                                             footer_offset, True, most)
         first = int(np.frombuffer(sizes, dtype="<u8", count=1)[0]) if sizes else 0
         metadata = _fields(_fields(values[:first]).get(1, b""))
         options = metadata.get(4, b"").decode("utf-8", "replace") if isinstance(metadata.get(4), bytes) else ""

@@ -239,7 +239,8 @@ def _footer(source: ShardedSource, shard: int, size: int | None) -> Footer:
         size = storage.list_sizes(path.rsplit("/", 1)[0]).get(storage.basename(path))
         if size is None:
             raise FileNotFoundError(f"{path} does not exist; re-run the conversion or restage the data")
-    footer = read_footer(path, size)
+    footer = read_footer(path, size, source.shard_versions[shard] if source.shard_versions and storage.is_remote(path)
+                         else None)
     if footer.num_records != source.records_in_files[shard]:
         raise ValueError(f"{path} holds {footer.num_records} records but the dataset's metadata says "
                          f"{source.records_in_files[shard]}; the shard was replaced or the metadata is stale: "

@@ -38,6 +38,7 @@ class QuirkyGCS:
     huge-200     every answer is a 200 with a 64 MB object (DATA, then zeros)
     long-206     every answer is a 206 one byte longer than its range
     short        the first `times` answers send half their body and close (times=-1: every answer)
+    short-close  likewise, with no Content-Length: a body read to the connection's close (HTTP/1.0, some proxies)
     wrong-range  the first `times` answers are a 206 whose Content-Range starts 7 bytes late (times=-1: every one)
 
     HTTP/1.1 with keep-alive; over TLS with `tls=(cert, key)`."""
@@ -104,7 +105,7 @@ class QuirkyGCS:
                 first, last = map(int, re.search(rb"Range: bytes=(\d+)-(\d+)", head).groups())
                 body = DATA[first:last + 1]
                 close = False
-                fault = self._fault() if self.quirk in ("429", "503", "short", "wrong-range") else False
+                fault = self._fault() if self.quirk in ("429", "503", "short", "short-close", "wrong-range") else False
                 if self.quirk in ("429", "503") and fault:
                     writer.write(f"HTTP/1.1 {self.quirk} X\r\nRetry-After: 1\r\nContent-Length: 4\r\n\r\nbusy".encode())
                 elif self.quirk == "ignore-range":
@@ -120,6 +121,10 @@ class QuirkyGCS:
                     body = DATA[first:last + 2]
                     writer.write(f"HTTP/1.1 206 X\r\nContent-Range: bytes {first}-{first + len(body) - 1}/{len(DATA)}"
                                  f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+                elif self.quirk == "short-close":
+                    writer.write(f"HTTP/1.1 206 X\r\nContent-Range: bytes {first}-{last}/{len(DATA)}\r\nConnection: "
+                                 "close\r\n\r\n".encode() + (body[:len(body) // 2] if fault else body))
+                    close = True
                 elif self.quirk == "chunked":
                     writer.write(f"HTTP/1.1 206 X\r\nContent-Range: bytes {first}-{first + len(body) - 1}/{len(DATA)}\r\n"
                                  f"Transfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
@@ -204,7 +209,7 @@ def test_chunked_answers(endpoint, caplog):
 
 @pytest.mark.gcs
 @pytest.mark.parametrize("quirk, cause", [("429", "HTTP 429"), ("503", "HTTP 503"), ("short", "ClientPayloadError"),
-                                          ("wrong-range", "ProtocolError")])
+                                          ("short-close", "ProtocolError"), ("wrong-range", "ProtocolError")])
 def test_transient_faults_are_retried_with_one_line(endpoint, caplog, quirk, cause):
     with QuirkyGCS(quirk, times=30) as server:
         path = endpoint(server.url)

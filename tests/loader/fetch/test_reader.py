@@ -460,3 +460,49 @@ def test_a_pickled_copy_carries_every_field_the_constructor_sets_and_reopens_the
     assert set(state) == set(vars(reader)) - per_process
     copy = pickle.loads(pickle.dumps(reader))
     assert copy(indices) == first and copy._fds.tolist() != reader._fds.tolist()
+
+
+def test_an_object_rewritten_while_it_is_read_is_an_error_never_two_versions(gcs_bucket, tmp_path):
+    """A gs:// shard rewritten in place (a nightly refresh: same size and layout, other records) after the loader
+    listed it. Reads gave the old records from the disk cache and the new ones from gs:// in one batch, and wrote the
+    new version's chunks into the old one's cache; an object of another layout was called corrupt ("delete it")."""
+    from dataset_format import storage
+
+    bucket, client = gcs_bucket
+    rng = np.random.default_rng(0)
+    versions = {}
+    for name in ("OLD", "NEW"):
+        writer = ArrayRecordWriter(str(tmp_path / name), "group_size:1,uncompressed")
+        for i in range(100):
+            writer.write(b"%s-%04d-" % (name.encode(), i) + rng.bytes(200))
+        writer.close()
+        versions[name] = (tmp_path / name).read_bytes()
+    assert len(versions["OLD"]) == len(versions["NEW"])
+    blob = client.bucket(bucket).blob("ds/data.array_record-00000-of-00001")
+    blob.upload_from_string(versions["OLD"])
+    source = resolve(f"gs://{bucket}/ds/data.array_record-*")
+    reader = BatchReader(source, cache_bytes=1 << 20, cache_dir=str(tmp_path / "cache"))
+    assert [r[:8] for r in reader(np.arange(0, 3))] == [b"OLD-0000", b"OLD-0001", b"OLD-0002"]
+    listed = source.shard_versions[0]
+    blob.upload_from_string(versions["NEW"])
+    with pytest.raises(storage.ObjectChanged) as raised:
+        reader(np.arange(0, 100))  # 3 cached, 97 from gs://
+    message = str(raised.value)
+    assert message.startswith(f"gs://{bucket}/ds/data.array_record-00000-of-00001: the object was rewritten while "
+                              f"this job read it (generation {listed} when listed, it is generation ")
+    assert message.endswith("restart the job to read the new one (write a new version of a dataset to a new "
+                            "directory to let running jobs finish on the old)")
+    assert [r[:8] for r in reader(np.arange(0, 3))] == [b"OLD-0000", b"OLD-0001", b"OLD-0002"]  # (the cache's)
+    with pytest.raises(storage.ObjectChanged):  # nothing of the new version went into the old one's cache
+        BatchReader(source, cache_bytes=1 << 20, cache_dir=str(tmp_path / "cache"))(np.arange(3, 6))
+    again = resolve(f"gs://{bucket}/ds/data.array_record-*")  # a restarted job lists the new version
+    assert [r[:8] for r in BatchReader(again, cache_bytes=1 << 20, cache_dir=str(tmp_path / "cache"))(
+        np.array([0, 99]))] == [b"NEW-0000", b"NEW-0099"]
+    # rewritten between the listing and the index's footer reads: the index would describe the new object under the
+    # old one's key
+    other = client.bucket(bucket).blob("ds2/data.array_record-00000-of-00001")
+    other.upload_from_string(versions["OLD"])
+    listed = resolve(f"gs://{bucket}/ds2/data.array_record-*")
+    other.upload_from_string(versions["NEW"])
+    with pytest.raises(storage.ObjectChanged):
+        BatchReader(listed)

@@ -92,12 +92,12 @@ def test_reads_are_served_in_the_order_they_ask(shard, monkeypatch):
     front.seen.clear()
     got = {}
     a = threading.Thread(target=lambda: got.setdefault("first", loop.run(
-        [(storage.media_url(p), p, s, e) for p, s, e in first])))
+        [(storage.media_url(p), p, s, e, None) for p, s, e in first])))
     a.start()
     deadline = time.monotonic() + 30
     while not any(m == "GET" for m, _, _ in front.seen) and time.monotonic() < deadline:
         time.sleep(0.001)
-    got["second"] = loop.run([(storage.media_url(p), p, s, e) for p, s, e in second])
+    got["second"] = loop.run([(storage.media_url(p), p, s, e, None) for p, s, e in second])
     a.join()
     assert [bytes(b) for b in got["first"]] == [data[s:e] for _, s, e in first]
     assert [bytes(b) for b in got["second"]] == [data[s:e] for _, s, e in second]

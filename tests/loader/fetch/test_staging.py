@@ -85,10 +85,10 @@ def test_a_dataset_converted_again_in_place_is_staged_again_where_it_changed(tmp
     # a re-stage that fails part way leaves no manifest: the copy is refused, not read half old, half new
     real = staging._copy
 
-    def failing(remote_path, local_dir, name, size):
+    def failing(remote_path, local_dir, name, size, version):
         if name.endswith("00002-of-00003.array_record"):
             raise OSError("the connection was reset")
-        return real(remote_path, local_dir, name, size)
+        return real(remote_path, local_dir, name, size, version)
 
     os.remove(local / "train-00001-of-00003.array_record")
     os.remove(local / "train-00002-of-00003.array_record")
@@ -121,3 +121,35 @@ def test_a_damaged_shard_of_a_staged_copy_says_to_stage_it_again(tmp_path, gcs_b
     shard.unlink()
     assert loader.stage(remote, str(local)).copied == 1
     assert len(_rows(local)) == 200
+
+
+def test_a_shard_rewritten_while_staging_is_an_error_not_a_copy_of_two_versions(tmp_path, gcs_bucket, monkeypatch):
+    """The copy took each object as it was at its download, and `.staged.json` the generation listed before: a
+    dataset converted again in place during staging made a local copy of two versions, loaded without a word."""
+    from dataset_format import staged
+
+    bucket, client = gcs_bucket
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, n) for i, n in enumerate([30, 45])])
+    remote = f"gs://{bucket}/ds"
+    run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=remote), ["--direct_num_workers=1"])
+    listed = staged.versions
+
+    def listed_then_rewritten(directory):
+        found = listed(directory)
+        blob = client.bucket(bucket).blob("ds/train-00001-of-00002.array_record")
+        blob.upload_from_string(blob.download_as_bytes())  # (a new generation, of the same size)
+        return found
+
+    monkeypatch.setattr(staged, "versions", listed_then_rewritten)
+    local = tmp_path / "staged"
+    with pytest.raises(OSError, match=rf"^{remote}/train-00001-of-00002.array_record was rewritten while it was being "
+                                      r"staged \(generation \d+ when listed\): the dataset is changing; stage again "
+                                      r"once its writer is done \(it copies only what changed\)$"):
+        loader.stage(remote, str(local))
+    assert not (local / "manifest.json").exists()  # not a complete copy: the loader refuses it
+    assert not (local / "train-00001-of-00002.array_record").exists()
+    monkeypatch.setattr(staged, "versions", listed)
+    again = loader.stage(remote, str(local))
+    assert again.copied == 1 and again.skipped == 1
+    kw = dict(batch_size=5, seed=1, num_epochs=1, decode=None)
+    assert list(loader.load(str(local), **kw)) == list(loader.load(remote, **kw))
