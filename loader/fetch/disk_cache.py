@@ -11,10 +11,14 @@ cache) holds two files, and two small ones: `dataset` (a hash of the shards' pat
 dataset rewritten in place) and `users` (every process with the cache open holds a shared flock(2) on it).
 
     data    the chunks, appended: each entry is an 8-byte tag (the chunk's global record number + 1) and the chunk's
-            file bytes, padded to 8 bytes. Created sparse at `cache_bytes`; entries never pass it.
+            file bytes, padded to 8 bytes. Created sparse at `cache_bytes`; entries never pass it. The bytes of each
+            append are allocated (fallocate) before they are written: a full disk is an error of the write (the
+            cache then stops taking chunks; the job reads on), never a page of a mapping with no block behind it,
+            which kills the process with SIGBUS.
     table   a 64-byte header (u64: magic, version, slots, capacity, tail, entries, records, 0) and an open-addressing
             hash table of `slots` x (u64 key = record + 1, u64 data offset), found by linear probing (at most
-            MAX_PROBES slots). ~32 bytes a cached chunk.
+            MAX_PROBES slots). ~32 bytes a cached chunk, allocated whole when the cache is made (it is written
+            through a shared mapping).
 
 Writers (any thread of any process) append under a lock (a thread lock and flock(2) on the table): reserve bytes at
 the tail, write the entries, then publish each key after its offset. Readers take no lock. Nothing read from the
@@ -32,6 +36,7 @@ process has open: a dataset refreshed nightly in place would otherwise leave a c
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import mmap
@@ -93,8 +98,9 @@ class DiskCache:
         path = os.path.join(directory, key)
         for _ in range(3):
             if not os.path.exists(path):
-                _check_room(directory, capacity)
-                _create(directory, path, capacity, _slots_for(capacity, mean_chunk), records, dataset)
+                slots = _slots_for(capacity, mean_chunk)
+                _check_room(directory, capacity, HEADER + 16 * slots)
+                _create(directory, path, capacity, slots, records, dataset)
             try:
                 cache = cls._map(path, capacity, records)
                 if dataset:
@@ -138,6 +144,12 @@ class DiskCache:
                 raise _Stale("it is not a cache of this version")
             if slots < 1024 or slots & (slots - 1) or size != HEADER + 16 * slots:
                 raise _Stale("its table does not match its header")
+            try:  # every page of it (it is written through a shared mapping: see the module doc; made sparse once)
+                _allocate(table_fd, 0, size)
+            except OSError as e:
+                raise CacheDirError(f"{path}: no room on the disk of cache_dir for the cache's table of {size:,} bytes "
+                                    f"({e.strerror}); free some, or pass a smaller cache_bytes= or another "
+                                    "cache_dir=") from None
             if int(header[_RECORDS]) != records:
                 raise _Stale(f"it was made for {int(header[_RECORDS]):,} records, not {records:,}")
             if have != capacity:
@@ -241,16 +253,24 @@ class DiskCache:
                      f"{self.capacity:,}")
         if not count:
             return 0
-        buffer = bytearray(int(sizes[:count].sum()))
+        total = int(sizes[:count].sum())
+        buffer = bytearray(total)
         at = 0
         for record, chunk, size in zip(records[:count].tolist(), chunks[:count], sizes[:count].tolist()):
             buffer[at:at + 8] = (int(record) + 1).to_bytes(8, "little")
             buffer[at + 8:at + 8 + len(chunk)] = chunk
             at += size
         try:
-            os.pwrite(self._data_fd, buffer, tail)
+            _allocate(self._data_fd, tail, total)  # a full disk fails here, not at a mapped read of the bytes
+            written = os.pwrite(self._data_fd, buffer, tail)
+            if written != total:
+                raise OSError(f"wrote {written:,} of {total:,} bytes")
         except OSError as e:  # a full disk: go on without caching
             self._full = True
+            self.refused += count
+            with self._locked():  # the reservation given back where no writer has appended since
+                if int(self._header[_TAIL]) == tail + total:
+                    self._header[_TAIL] = tail
             log.warning("%s: cannot write to the cache (%s); reading on without it", self.path, e)
             return 0
         offsets = tail + np.concatenate([[0], np.cumsum(sizes[:count - 1])])
@@ -314,6 +334,10 @@ class _Locked:
         self._lock.release()
 
 
+class CacheDirError(OSError):
+    """A cache_dir the cache cannot be opened or made in (unwritable, no room): the setting's fault, not the data's."""
+
+
 class _Stale(Exception):
     """A cache directory that cannot be used as it is: made again."""
 
@@ -326,15 +350,26 @@ class _OtherCapacity(_Stale):
         self.capacity = capacity
 
 
-def _check_room(directory: str, capacity: int) -> None:
-    """A new cache's cache_bytes refused when the disk of `directory` has less free: the cache would fill the disk
-    (the checkpoints and logs written there too) before it is full."""
+def _check_room(directory: str, capacity: int, table: int) -> None:
+    """A new cache's cache_bytes refused when the disk of `directory` has less free than it and its table (`table`
+    bytes): the cache would fill the disk (the checkpoints and logs written there too) before it is full."""
     stat = os.statvfs(directory)
     free = stat.f_bavail * stat.f_frsize
-    if capacity > free:
-        raise ValueError(f"cache_bytes={capacity:,} is more than the {free:,} bytes free on the disk of "
-                         f"cache_dir={directory}: the cache would fill the disk before it is full; pass a cache_bytes= "
-                         "below the free space (leave room for what else is written there), or another cache_dir=")
+    if capacity + table > free:
+        raise ValueError(f"cache_bytes={capacity:,} and its table of {table:,} bytes are more than the {free:,} bytes "
+                         f"free on the disk of cache_dir={directory}: the cache would fill the disk before it is full; "
+                         "pass a cache_bytes= below the free space (leave room for what else is written there), or "
+                         "another cache_dir=")
+
+
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Disk blocks for bytes [offset, offset + length) of `fd` (OSError ENOSPC when the disk has none)."""
+    if length > 0 and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, offset, length)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without it: the write says
+                raise
 
 
 def _create(directory: str, path: str, capacity: int, slots: int, records: int, dataset: str) -> None:
@@ -452,7 +487,14 @@ class DiskChunks:
         if self._disk is None:
             with self._lock:
                 if self._disk is None:
-                    self._disk = DiskCache.open(**self._options)
+                    try:
+                        self._disk = DiskCache.open(**self._options)
+                    except CacheDirError:
+                        raise
+                    except OSError as e:  # (not the shards': a read would blame them)
+                        raise CacheDirError(f"cannot open or make a disk cache in cache_dir="
+                                            f"{self._options['directory']} ({e}); pass a cache_dir= on a local disk "
+                                            "this process can write, or none") from None
         return self._disk
 
     def lookup(self, read) -> list:

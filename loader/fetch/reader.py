@@ -27,7 +27,7 @@ import numpy as np
 
 from dataset_format import storage
 from dataset_format.manifest import redo
-from loader.fetch import chunk_cache, remote
+from loader.fetch import chunk_cache, disk_cache, remote
 from loader.format import _riegeli
 from loader.format.arrayrecord import FIRST_CHUNK
 from loader.format.index import RecordIndex, source_key
@@ -198,8 +198,8 @@ class BatchReader:
             shard, record = int(shards[at]), int(local[at])
             raise OSError(f"{self._paths[shard]}: record {record} cannot be read ({why}); the shard is corrupt: "
                           f"{redo(self._paths[shard])} (python -m pipelines verify --deep finds such shards)") from None
-        except storage.ObjectChanged:
-            raise  # (it names the object, and the fix is not the files')
+        except (storage.ObjectChanged, disk_cache.CacheDirError):
+            raise  # (each names what to fix, which is not the files)
         except OSError as e:
             raise OSError(f"cannot read {self._paths[int(shards[0])]} and others of this read ({e}); check the "
                           "files are there and readable, or restage the data") from e

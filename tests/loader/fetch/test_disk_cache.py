@@ -66,8 +66,9 @@ def test_a_cache_larger_than_the_free_space_or_the_largest_file_is_refused_namin
     file failed with EFBIG, blamed on the gs:// files being read."""
     stat = os.statvfs(tmp_path)
     free = stat.f_bavail * stat.f_frsize
-    with pytest.raises(ValueError, match=rf"^cache_bytes=[\d,]+ is more than the [\d,]+ bytes free on the disk of "
-                                         rf"cache_dir={tmp_path}: the cache would fill the disk"):
+    with pytest.raises(ValueError, match=rf"^cache_bytes=[\d,]+ and its table of [\d,]+ bytes are more than the "
+                                         rf"[\d,]+ bytes free on the disk of cache_dir={tmp_path}: the cache would "
+                                         "fill the disk"):
         _open(tmp_path, capacity=free + (1 << 30))
     assert not (tmp_path / "key").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".making")]
 
@@ -85,6 +86,57 @@ def test_a_cache_over_the_largest_file_of_its_filesystem_is_refused_naming_cache
                                          rf"cache_dir={tmp_path} cannot hold a file that large \(File too large\)"):
         disk_cache._create(str(tmp_path), str(tmp_path / "key"), 1 << 61, 1024, 10, "")  # past the free-space check
     assert not (tmp_path / "key").exists()
+
+FULL_DISK = """
+import logging, os, sys
+import numpy as np
+from loader.fetch.disk_cache import DiskCache
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+mount = sys.argv[1]
+cache = DiskCache.open(mount + "/cache", "key", capacity=64 << 10, mean_chunk=8, records=10**6)  # a 256 KiB table
+with open(mount + "/filler", "wb", buffering=0) as f:  # something else fills the disk
+    try:
+        while True:
+            f.write(bytes(4096))
+    except OSError:
+        pass
+records = np.arange(0, 40_000, 97)  # keys all over the table
+print("admitted", cache.admit(records, [b"x" * 8 for _ in records]), "refused", cache.refused)
+print("served", sum(v is not None for v in cache.lookup(records, np.full(len(records), 8))))
+os.remove(mount + "/filler")
+print("admitted", cache.admit(records[:3], [b"y" * 8] * 3))  # full once: the cache takes no more
+"""
+
+
+def test_a_full_disk_is_a_cache_that_takes_no_more_not_a_sigbus(tmp_path):
+    """The table, made sparse and written through a shared mapping, had pages with no block behind them: when the
+    disk filled, touching one killed the process with SIGBUS (no exception, no log line), on a tmpfs even a lookup.
+    A 1 MiB tmpfs, in a mount namespace of the test's own."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {mount} && exec "
+                           f"{sys.executable} -c '{FULL_DISK}' {mount}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if proc.returncode and "mount" in proc.stderr and "permission denied" in proc.stderr.lower():
+        pytest.skip(f"cannot mount a small filesystem here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["admitted 0 refused 413", "served 0", "admitted 0"], proc.stdout
+    assert proc.stderr.startswith(f"{mount}/cache/key: cannot write to the cache ([Errno 28] No space left on device); "
+                                  "reading on without it"), proc.stderr
+
+
+def test_a_cache_dir_that_cannot_hold_a_cache_is_one_error_naming_it(gcs_bucket, converted, tmp_path):
+    """It failed every read with "cannot read gs://... and others of this read (...); check the files are there and
+    readable, or restage the data": the data's fault, by its words."""
+    bucket, client = gcs_bucket
+    remote = upload_files(client, bucket, converted, "ds")
+    (tmp_path / "a-file").write_text("")
+    reader = BatchReader(resolve(remote), cache_bytes=1 << 20, cache_dir=str(tmp_path / "a-file"))
+    with pytest.raises(OSError, match=rf"^cannot open or make a disk cache in cache_dir={tmp_path / 'a-file'} "
+                                      r"\(\[Errno 17\] File exists: .*\); pass a cache_dir= on a local disk this "
+                                      r"process can write, or none$"):
+        reader(np.arange(3))
+
 
 @pytest.mark.parametrize("damage", ["header", "truncated table", "data size"])
 def test_a_damaged_cache_is_made_again(tmp_path, caplog, damage):
