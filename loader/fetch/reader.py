@@ -287,19 +287,22 @@ class _RemoteSpans:
         # what came from the disk is checked whatever check_hashes says: the disk may have lost it
         suspect = [i for i, d in enumerate(data) if d is not None] if cache is not None and cache.checked else []
         self._download(chunks, data, missing)
-        if cache is not None:
-            cache.store(read, data, missing)
         try:
-            return _riegeli.decode(data, shards, begins, ends, check or bool(suspect), -1, max_record)
-        except _riegeli.CorruptError:
-            if not suspect:
+            records = _riegeli.decode(data, shards, begins, ends, check or bool(suspect), -1, max_record)
+        except _riegeli.CorruptError as e:
+            # the disk's fault only where the chunk that failed came from it; else the object's (said as such, and
+            # nothing of this read is kept: a damaged chunk is never cached, good ones are not appended again)
+            if int(chunk_of[e.args[1]]) not in suspect:
                 raise
-        log.warning("%s: chunks read from the disk cache fail their checks; reading them from gs:// again",
-                    cache.disk.path)
-        cache.forget(read, suspect)
-        self._download(chunks, data, suspect)
-        cache.store(read, data, suspect)
-        return _riegeli.decode(data, shards, begins, ends, check, -1, max_record)
+            log.warning("%s: chunks read from the disk cache fail their checks; reading them from gs:// again",
+                        cache.disk.path)
+            cache.forget(read, suspect)
+            self._download(chunks, data, suspect)
+            records = _riegeli.decode(data, shards, begins, ends, check, -1, max_record)
+            missing = sorted(missing + suspect)
+        if cache is not None:  # (what decoded: with the hashes checked, what they cover is the object's)
+            cache.store(read, data, missing)
+        return records
 
     def _download(self, chunks: list, data: list, which: list[int]) -> None:
         """data[i] = the bytes of chunks[i] for each i in `which`.

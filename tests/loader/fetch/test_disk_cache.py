@@ -228,6 +228,42 @@ def test_a_later_run_reads_what_an_earlier_one_cached_and_requests_nothing(gcs_b
 
 
 @pytest.mark.gcs
+def test_a_damaged_chunk_on_gs_is_the_shards_fault_and_leaves_the_cache_as_it_was(gcs_bucket, tmp_path, caplog):
+    """A shard with one damaged chunk, read through a warm disk cache: the warning blamed the disk cache, every good
+    cached chunk of the read was dropped and appended again (on every try: a cache that filled with copies), and the
+    damaged chunk itself was cached."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    bucket, client = gcs_bucket
+    records = [b"rec-%04d-" % i * 30 for i in range(100)]
+    writer = ArrayRecordWriter(str(tmp_path / "shard"), "group_size:1,uncompressed")
+    for r in records:
+        writer.write(r)
+    writer.close()
+    good = (tmp_path / "shard").read_bytes()
+    blob = client.bucket(bucket).blob("ds/data.array_record-00000-of-00001")
+    blob.upload_from_string(good)
+    begin, end = BatchReader(resolve(f"gs://{bucket}/ds/data.array_record-*"))._index.locate(np.array([0]),
+                                                                                           np.array([60]))
+    bad = bytearray(good)
+    bad[(int(begin[0]) + int(end[0])) // 2] ^= 0xFF  # inside record 60's chunk
+    blob.upload_from_string(bytes(bad))
+    reader = BatchReader(resolve(f"gs://{bucket}/ds/data.array_record-*"), cache_bytes=1 << 20,
+                         cache_dir=str(tmp_path / "cache"))
+    assert reader(np.arange(0, 60)) == records[:60]  # 60 good chunks cached
+    disk = reader._remote_reader._cache.disk
+    kept = (int(disk._header[4]), int(disk._header[5]))  # tail, entries
+    for _ in range(3):
+        with caplog.at_level(logging.WARNING), pytest.raises(OSError, match=rf"^gs://{bucket}/ds/data.array_record-"
+                                                                            r"00000-of-00001: record 60 cannot be read "
+                                                                            r"\(chunk data whose hash"):
+            reader(np.arange(0, 61))
+    assert (int(disk._header[4]), int(disk._header[5])) == kept
+    assert "disk cache fail" not in caplog.text
+    assert reader(np.arange(0, 60)) == records[:60] and reader._remote_reader.requests == 4  # (the 3 tries: 1 each)
+
+
+@pytest.mark.gcs
 def test_slices_of_a_source_share_its_disk_cache(gcs_bucket, converted, all_records, tmp_path):
     """A slice (split="[...]") names its records by the whole source's numbers: two slices of one length read the
     whole's cached chunks, each its own records, with no request."""
