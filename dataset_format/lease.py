@@ -7,7 +7,9 @@ Created exclusively and whole (a local file written aside and hard-linked to its
 when, last heartbeat) and the fix.
 A lease is taken over without asking when its holder is known dead: its heartbeat is older than `ttl`, or it names
 this host and a process that no longer runs. `break_lock=` (the flag that asked, for the log) takes it over in any
-case (the holder must be dead).
+case (the holder must be dead). Of runs that take over the same lease at once, one does: on gs:// the write is
+conditional on the generation read, locally it is made under an flock(2) of `DIR/.lease.json.lock` (left there)
+after reading the lease again.
 
 A holder on another host whose heartbeat is recent may be a run that lives or one whose host was lost a moment ago
 (a preempted VM, a restarted pod). With `wait=True` the lease is watched until one of the two shows: its heartbeat
@@ -129,8 +131,9 @@ class Lease:
                 if not self._create():
                     raise LeaseHeld(self._held("another run, which took it a moment ago"))
             else:
+                if not self._take_over(current, generation):
+                    raise LeaseHeld(self._held("another run, which took it over a moment ago"))
                 log.warning("taking over the lease of %s from %s: %s", self._directory, describe(current), reason)
-                self._write(expected_generation=generation)
         self._thread = threading.Thread(target=self._beat, daemon=True, name="lease-heartbeat")
         self._thread.start()
         return self
@@ -182,6 +185,29 @@ class Lease:
     def _read(self) -> tuple[dict | None, int | None]:
         data, generation = storage.read_versioned(self._path)
         return (json.loads(data) if data else None), generation
+
+    def _take_over(self, current: dict, generation: int | None) -> bool:
+        """The lease made ours if it is still `current` (as read, at `generation` on gs://); False when another run
+        took it first. Locally the check and the write hold an flock(2) on DIR/.lease.json.lock, so of runs that
+        take over one dead holder's lease at the same moment one does (gs:// has the generation for it)."""
+        if storage.is_remote(self._path):
+            try:
+                self._write(expected_generation=generation)
+            except LeaseHeld:
+                return False
+            return True
+        import fcntl
+
+        fd = os.open(self._path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            now, _ = self._read()
+            if now != current:
+                return False
+            self._write()
+            return True
+        finally:
+            os.close(fd)  # (the lock goes with it)
 
     def _write(self, expected_generation: int | None = None) -> None:
         generation = storage.write_versioned(self._path, self._payload().encode(), generation=expected_generation)

@@ -143,3 +143,36 @@ def test_a_run_whose_lease_was_taken_over_leaves_it_to_the_new_holder(tmp_path):
     with Lease(str(tmp_path), held=_held):
         _write(tmp_path, "another-host", 4242, heartbeat_age=0)  # taken over while this run was stopped, say
     assert _holder(tmp_path)["host"] == "another-host"  # not deleted by the run that lost it
+
+
+RACER = """
+import sys, time
+from dataset_format.lease import Lease, LeaseHeld
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+try:
+    with Lease(sys.argv[1], held=lambda holder: "held by " + holder):
+        print("took it", flush=True)
+        time.sleep(1.5)
+except LeaseHeld as e:
+    print("refused:", e, flush=True)
+"""
+
+
+def test_runs_that_take_over_a_dead_lease_at_the_same_moment_get_one_holder(tmp_path):
+    """A local takeover replaced the lease unconditionally: two runs started together after a crash both read the
+    dead holder's lease, both wrote their own, and both ran (each learnt it ~40 s later, at its next heartbeat)."""
+    from tests.conftest import REPO
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for attempt in range(3):
+        _write(tmp_path, socket.gethostname(), gone.pid, heartbeat_age=5)
+        start = time.time() + 3.0  # (the 6 interpreters' imports done by then)
+        racers = [subprocess.Popen([os.sys.executable, "-c", RACER, str(tmp_path), str(start)], cwd=REPO,
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(REPO)}) for _ in range(6)]
+        said = sorted(p.communicate(timeout=60)[0].strip() for p in racers)
+        assert said.count("took it") == 1, said
+        assert all(s.startswith("refused: held by host") or s == "refused: held by another run, which took it over "
+                   "a moment ago" for s in said if s != "took it"), said
