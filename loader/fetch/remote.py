@@ -203,7 +203,7 @@ class _Loop:
                 continue
             url, path, start, end, generation = read.requests[i]
             try:
-                body = await self._one(url, path, start, end, read.headers, generation)
+                body = await self._one(url, path, start, end, read.headers, generation, read.done)
             except Exception as e:  # noqa: BLE001 - handed to the read's caller, who raises it
                 if not read.done.done():
                     read.done.set_exception(e)
@@ -214,7 +214,10 @@ class _Loop:
                 read.done.set_result(read.bodies)
 
     async def _one(self, url: str, path: str, start: int, end: int, headers: dict[str, str],
-                   generation: int | None) -> Body:
+                   generation: int | None, failed: asyncio.Future) -> Body:
+        """One range's body, retried while transient; given up (an empty body, never used) once `failed`, its read's
+        future, is done: another range of the read failed, and the read's error is said (its other ranges waiting
+        to retry for minutes held this process's workers and its host's slots from the reads after it)."""
         import aiohttp
 
         delay, deadline = 0.25, time.monotonic() + storage.RETRY_SECONDS
@@ -236,6 +239,8 @@ class _Loop:
                 if status not in _TRANSIENT:
                     _raise_for(status, path, b"".join(pieces))
                 reason = f"HTTP {status}"
+            if failed.done():
+                return Body([])
             if asked is not None:  # the server says when: as long as it asks, within the retries' time
                 delay = max(delay, min(asked, MAX_RETRY_AFTER))
             if time.monotonic() + delay > deadline or storage.exiting():
@@ -243,13 +248,15 @@ class _Loop:
                               f"({reason}); check the network and the bucket")
             _log_retry(path, reason)
             waited = 0.0
-            while waited < delay and not storage.exiting():  # the wait ends when the interpreter exits
+            while waited < delay and not storage.exiting() and not failed.done():  # (ends when the interpreter
+                # exits, or the read has failed)
                 await asyncio.sleep(min(0.1, delay - waited))
                 waited += 0.1
             delay = min(16.0, delay * 2)
 
     async def _get(self, url: str, start: int, end: int, headers: dict[str, str]) -> Answer:
-        """(status, body pieces, Retry-After, generation) of a range GET, within its host's limit (loader/fetch/host_limit.py)."""
+        """(status, body pieces, Retry-After, generation) of a range GET, within its host's limit
+        (loader/fetch/host_limit.py)."""
         import aiohttp
 
         endpoint = url.split("/", 3)[2]

@@ -51,6 +51,23 @@ def test_refusals_name_the_object_and_are_not_retried(shard, status, error, word
     assert path in str(e.value) and len(front.failed) == 1
 
 
+def test_a_failed_reads_other_ranges_stop_retrying(shard):
+    """A read whose range got a 404 failed at once, but its other ranges, answered 503, went on retrying for up to
+    2 minutes, holding the process's request workers and its host's slots from the reads after it."""
+    import time
+
+    path, _, front = shard
+    slow = path.replace("/shard", "/slow")
+    storage.write_bytes(slow, b"x" * 100)
+    front.fail_next(503, times=50, where="/ds%2Fslow")
+    front.fail_next(404, times=1, where="/ds%2Fshard")
+    front.seen.clear()
+    with pytest.raises(FileNotFoundError):
+        remote.fetch([(slow, 0, 10), (path, 0, 10)])
+    time.sleep(3.0)  # retries at 0.25, 0.75, 1.75 s and on, were it still retrying
+    assert len([1 for m, where, _ in front.seen if m == "GET" and "slow" in where]) <= 2, front.seen
+
+
 def test_a_body_gives_views_of_its_pieces_and_copies_across_them():
     pieces = [b"abcde", b"", b"fgh", b"ijklmnop"]
     body = remote.Body(pieces)
