@@ -129,4 +129,5 @@ def _copy(remote: str, local_dir: str, name: str, size: int, version: str) -> in
         return storage.download(remote, os.path.join(local_dir, name), expected_size=size, generation=generation)
     except storage.ObjectChanged as e:
         raise OSError(f"{remote} was rewritten while it was being staged (generation {e.listed} when listed): the "
-                      "dataset is changing; stage again once its writer is done (it copies only what changed)") from None
+                      "dataset is changing; stage again once its writer is done (it copies only what changed)"
+                      ) from None
