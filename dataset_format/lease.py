@@ -200,7 +200,11 @@ class Lease:
 
         fd = os.open(self._path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:  # a filesystem without locks (NFS mounted nolock): the check alone, as before
+                log.warning("%s: cannot lock it (%s); taking the lease over without the lock", self._path + ".lock",
+                            e.strerror)
             now, _ = self._read()
             if now != current:
                 return False

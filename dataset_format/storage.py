@@ -322,11 +322,14 @@ class ObjectChanged(OSError):
 
     def __init__(self, path: str, listed: int, now: int | None):
         self.path, self.listed, self.now = path, listed, now
-        found = f"it is generation {now} now" if now else "that generation is gone"
-        super().__init__(f"{path}: the object was rewritten while this job read it (generation {listed} when listed, "
-                         f"{found}); the records read so far are of the listed version: restart the job to read the "
-                         "new one (write a new version of a dataset to a new directory to let running jobs finish on "
-                         "the old)")
+        found = (f"rewritten while this job read it (generation {listed} when listed, it is generation {now} now)"
+                 if now else f"rewritten or deleted while this job read it (generation {listed} when listed is gone)")
+        super().__init__(f"{path}: the object was {found}; the records read so far are of the listed version: "
+                         "restart the job to read the new one (write a new version of a dataset to a new directory to "
+                         "let running jobs finish on the old)")
+
+    def __reduce__(self):  # (it crosses processes: the loader's workers, Ray's actors)
+        return type(self), (self.path, self.listed, self.now)
 
 
 def check_length(path: str, start: int, end: int, data: Sized) -> None:

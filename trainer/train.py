@@ -300,12 +300,12 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
             evaluating = bool(config.eval_data) and itstime(step, config.eval_every, config.steps)
             if itstime(step, config.log_every, config.steps) or stop or evaluating:  # (an eval step is a row too)
                 values = np.asarray(jax.device_get(losses), dtype=np.float64)  # waits for the steps
-                bad = np.flatnonzero(~np.isfinite(values))
+                period = np.concatenate([np.asarray(pending, dtype=np.float64), values])  # (the rates: this run's)
+                bad = np.flatnonzero(~np.isfinite(period))
                 if bad.size:
-                    raise NonFiniteLoss(f"loss is {values[bad[0]]} at step {step - len(values) + 1 + bad[0]}; "
+                    raise NonFiniteLoss(f"loss is {period[bad[0]]} at step {step - len(period) + 1 + bad[0]}; "
                                         "lower learning_rate or check the data")
                 elapsed = time.perf_counter() - period_start
-                period = np.concatenate([np.asarray(pending, dtype=np.float64), values])  # (the rates: this run's)
                 # a row every run of these settings writes ends the period; a stop's, or the last step's, does not (a
                 # run extended by a larger steps= writes the rows of one that had it from the start)
                 ends = step % config.log_every == 0 or (evaluating and step % config.eval_every == 0)

@@ -144,12 +144,13 @@ class DiskCache:
                 raise _Stale("it is not a cache of this version")
             if slots < 1024 or slots & (slots - 1) or size != HEADER + 16 * slots:
                 raise _Stale("its table does not match its header")
-            try:  # every page of it (it is written through a shared mapping: see the module doc; made sparse once)
-                _allocate(table_fd, 0, size)
+            try:  # every page of it, once (it is written through a shared mapping: see the module doc)
+                if os.fstat(table_fd).st_blocks * 512 < size:
+                    _allocate(table_fd, 0, size)
             except OSError as e:
-                raise CacheDirError(f"{path}: no room on the disk of cache_dir for the cache's table of {size:,} bytes "
-                                    f"({e.strerror}); free some, or pass a smaller cache_bytes= or another "
-                                    "cache_dir=") from None
+                raise CacheDirError(f"{path}: cannot allocate the cache's table of {size:,} bytes on the disk of "
+                                    f"cache_dir ({e.strerror}); free some room, or pass a smaller cache_bytes= or "
+                                    "another cache_dir=") from None
             if int(header[_RECORDS]) != records:
                 raise _Stale(f"it was made for {int(header[_RECORDS]):,} records, not {records:,}")
             if have != capacity:

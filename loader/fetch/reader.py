@@ -287,19 +287,34 @@ class _RemoteSpans:
         # what came from the disk is checked whatever check_hashes says: the disk may have lost it
         suspect = [i for i, d in enumerate(data) if d is not None] if cache is not None and cache.checked else []
         self._download(chunks, data, missing)
+        # What goes into the disk cache is checked, whatever check_hashes says: a later read checks what it takes
+        # from there, and would blame the disk for a chunk the object holds damaged.
+        checked = cache is not None and cache.checked
+
+        def decode(verify: bool) -> list[bytes]:
+            return _riegeli.decode(data, shards, begins, ends, verify, -1, max_record)
+
         try:
-            records = _riegeli.decode(data, shards, begins, ends, check or bool(suspect), -1, max_record)
+            records = decode(check or bool(suspect) or checked)
         except _riegeli.CorruptError as e:
             # the disk's fault only where the chunk that failed came from it; else the object's (said as such, and
             # nothing of this read is kept: a damaged chunk is never cached, good ones are not appended again)
-            if int(chunk_of[e.args[1]]) not in suspect:
+            if int(chunk_of[e.args[1]]) in suspect:
+                log.warning("%s: chunks read from the disk cache fail their checks; reading them from gs:// again",
+                            cache.disk.path)
+                cache.forget(read, suspect)
+                self._download(chunks, data, suspect)
+                missing = sorted(missing + suspect)
+                try:
+                    records = decode(check or checked)
+                except _riegeli.CorruptError:
+                    if check:
+                        raise
+                    return decode(False)  # the object's damage, its hashes not asked for: as it is, not cached
+            elif check:
                 raise
-            log.warning("%s: chunks read from the disk cache fail their checks; reading them from gs:// again",
-                        cache.disk.path)
-            cache.forget(read, suspect)
-            self._download(chunks, data, suspect)
-            records = _riegeli.decode(data, shards, begins, ends, check, -1, max_record)
-            missing = sorted(missing + suspect)
+            else:
+                return decode(False)
         if cache is not None:  # (what decoded: with the hashes checked, what they cover is the object's)
             cache.store(read, data, missing)
         return records

@@ -261,6 +261,15 @@ def test_a_damaged_chunk_on_gs_is_the_shards_fault_and_leaves_the_cache_as_it_wa
     assert (int(disk._header[4]), int(disk._header[5])) == kept
     assert "disk cache fail" not in caplog.text
     assert reader(np.arange(0, 60)) == records[:60] and reader._remote_reader.requests == 4  # (the 3 tries: 1 each)
+    # check_hashes=False: the damaged record comes as it is (asked for), never into the cache, blamed on it
+    unchecked = BatchReader(resolve(f"gs://{bucket}/ds/data.array_record-*"), cache_bytes=1 << 20,
+                            cache_dir=str(tmp_path / "cache"), check_hashes=False)
+    for _ in range(3):
+        with caplog.at_level(logging.WARNING):
+            [damaged] = unchecked(np.array([60]))
+        assert damaged != records[60] and len(damaged) == len(records[60])
+    assert (int(disk._header[4]), int(disk._header[5])) == kept
+    assert "disk cache fail" not in caplog.text
 
 
 @pytest.mark.gcs

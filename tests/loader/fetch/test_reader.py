@@ -490,6 +490,9 @@ def test_an_object_rewritten_while_it_is_read_is_an_error_never_two_versions(gcs
     message = str(raised.value)
     assert message.startswith(f"gs://{bucket}/ds/data.array_record-00000-of-00001: the object was rewritten while "
                               f"this job read it (generation {listed} when listed, it is generation ")
+    import pickle  # (from a worker process or a Ray actor: the same error)
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert type(again) is storage.ObjectChanged and str(again) == message
     assert message.endswith("restart the job to read the new one (write a new version of a dataset to a new "
                             "directory to let running jobs finish on the old)")
     assert [r[:8] for r in reader(np.arange(0, 3))] == [b"OLD-0000", b"OLD-0001", b"OLD-0002"]  # (the cache's)
