@@ -84,9 +84,13 @@ def run(args, root: Path, front: gcs_read_bench.Front) -> None:
         local.mkdir()
         paths = gcs_read_bench.write_shards(local, size, int(args.dataset_mb * 1e6))
         front.call("config", {"latency": 0.0, "bandwidth": None})
+        generations = {}
         for path in paths:
-            client.bucket("bench").blob(f"kb-{kb:g}/{path.name}").upload_from_filename(str(path))
-        front.call("config", {"files": {f"bench/kb-{kb:g}/{path.name}": str(path) for path in paths},
+            blob = client.bucket("bench").blob(f"kb-{kb:g}/{path.name}")
+            blob.upload_from_filename(str(path))
+            generations[path] = blob.generation  # (what the link's answers name: the reads ask for it)
+        front.call("config", {"files": {f"bench/kb-{kb:g}/{path.name}": [str(path), generations[path]]
+                                        for path in paths},
                               "latency": args.latency_ms / 1000, "bandwidth": args.mbps * 1e6 or None})
         dataset = sum(path.stat().st_size for path in paths)
         cache = int(args.cache_share * dataset)

@@ -206,10 +206,15 @@ def main() -> None:
                 local.mkdir()
                 paths = write_shards(local, size, int(mb * 1e6))
                 front.call("config", {"latency": 0.0, "bandwidth": None})
+                generations = {}
                 for path in paths:
-                    client.bucket("bench").blob(f"kb-{kb:g}/{path.name}").upload_from_filename(str(path))
-                # the front answers the shards' reads from these local copies (the emulator is slower than the link)
-                front.call("config", {"files": {f"bench/kb-{kb:g}/{path.name}": str(path) for path in paths}})
+                    blob = client.bucket("bench").blob(f"kb-{kb:g}/{path.name}")
+                    blob.upload_from_filename(str(path))
+                    generations[path] = blob.generation
+                # the front answers the shards' reads from these local copies (the emulator is slower than the link),
+                # naming the emulator's generations (the loader's reads ask for the ones it listed)
+                front.call("config", {"files": {f"bench/kb-{kb:g}/{path.name}": [str(path), generations[path]]
+                                                for path in paths}})
                 pattern = f"gs://bench/kb-{kb:g}/*.array_record"
                 batch_size = args.batch_size if size <= 10_000 else args.image_batch_size
                 epoch = len(loader.resolve(pattern)) // batch_size

@@ -11,7 +11,8 @@ pieces that share `bandwidth` bytes/s with every other answer (a token bucket 5 
 shaper has: over any time T, at most bandwidth x (T + 5 ms) bytes); everything else it forwards to the emulator as
 is.
 
-Control, as JSON: POST /__link/config {"latency", "bandwidth", "files": {"bucket/object": local path}};
+Control, as JSON: POST /__link/config {"latency", "bandwidth", "files": {"bucket/object": local path, or [local
+path, the object's generation in the emulator] (its x-goog-generation; else one from the copy's mtime)}};
 POST /__link/reset clears the counts; GET /__link/stats gives {"bytes_out" (media bytes sent), "gets" (GET requests),
 "active" (requests being answered), "cpu" (this process's CPU seconds)}.
 """
@@ -44,6 +45,7 @@ class Link:
         self.upstream = urllib.parse.urlsplit(upstream)
         self.latency, self.bandwidth, self._link_free = 0.0, None, 0.0
         self.files: dict[tuple[str, str], str] = {}
+        self.generations: dict[str, int] = {}  # local path -> the generation its answers name
         self.bytes_out = self.gets = self.active = 0
 
     def control(self, path: str, body: bytes) -> dict:
@@ -53,6 +55,9 @@ class Link:
             self.bandwidth = config.get("bandwidth", self.bandwidth)
             for key, local in config.get("files", {}).items():
                 bucket, _, name = key.partition("/")
+                if isinstance(local, list):
+                    self.generations[local[0]] = local[1]
+                    local = local[0]
                 self.files[bucket, name] = local
         elif path == "/__link/reset":
             self.bytes_out = self.gets = 0
@@ -209,7 +214,7 @@ class _Connection(asyncio.Protocol):
             stat = os.fstat(fd)  # what Cloud Storage sends with media (obstore requires Last-Modified and ETag)
             headers = {"Content-Type": "application/octet-stream", "ETag": f'"{stat.st_size}-{stat.st_mtime_ns}"',
                        "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
-                       "x-goog-generation": str(stat.st_mtime_ns // 1000)}
+                       "x-goog-generation": str(self.link.generations.get(path, stat.st_mtime_ns // 1000))}
             if status == 206:
                 headers["Content-Range"] = f"bytes {begin}-{end - 1}/{size}"
             self._write_head(status, headers, end - begin, close)
