@@ -293,24 +293,13 @@ def read_range(path: str, start: int, end: int, *, exact: bool = True, generatio
             f.seek(start)
             data = f.read(end - start)
     else:
-        from google.api_core.exceptions import NotFound, RequestRangeNotSatisfiable
+        from google.api_core.exceptions import RequestRangeNotSatisfiable
 
-        blob = _blob(path)
-        if generation:
-            blob = blob.bucket.blob(blob.name, generation=generation)
         try:
-            with _gcs_errors(path):
-                try:
-                    data = blob.download_as_bytes(start=start, end=end - 1, checksum=None, retry=_retry())
-                except NotFound:
-                    if generation:  # that generation is gone: rewritten (or deleted) since it was listed
-                        raise ObjectChanged(path, generation, None) from None
-                    raise
+            with _gcs_errors(path), _at_generation(path, generation) as blob:
+                data = blob.download_as_bytes(start=start, end=end - 1, checksum=None, retry=_retry())
         except RequestRangeNotSatisfiable:  # 416: the object ends before `start` (an empty one, for any range)
             data = b""
-        answered = blob.generation
-        if generation and answered and int(answered) != generation:
-            raise ObjectChanged(path, generation, int(answered))
     if exact:
         check_length(path, start, end, data)
     return data
@@ -330,6 +319,25 @@ class ObjectChanged(OSError):
 
     def __reduce__(self):  # (it crosses processes: the loader's workers, Ray's actors)
         return type(self), (self.path, self.listed, self.now)
+
+
+@contextlib.contextmanager
+def _at_generation(path: str, generation: int | None) -> Iterator:
+    """The blob of gs:// `path` at `generation` (None or 0: as it is now) for one download; ObjectChanged when that
+    generation is gone (rewritten or deleted since it was listed) or the answer names another."""
+    from google.api_core.exceptions import NotFound
+
+    blob = _blob(path)
+    if generation:
+        blob = blob.bucket.blob(blob.name, generation=generation)
+    try:
+        yield blob
+    except NotFound:
+        if generation:
+            raise ObjectChanged(path, generation, None) from None
+        raise
+    if generation and blob.generation and int(blob.generation) != generation:
+        raise ObjectChanged(path, generation, int(blob.generation))
 
 
 def check_length(path: str, start: int, end: int, data: Sized) -> None:
@@ -467,20 +475,8 @@ def download(remote_path: str, local_path: str, *, expected_size: int | None = N
     tmp = temp_name(local_path)
     try:
         if is_remote(remote_path):
-            from google.api_core.exceptions import NotFound
-
-            blob = _blob(remote_path)
-            if generation:
-                blob = blob.bucket.blob(blob.name, generation=generation)
-            with _gcs_errors(remote_path), open(tmp, "wb") as f:
-                try:
-                    blob.download_to_file(f, retry=_retry())
-                except NotFound:
-                    if generation:
-                        raise ObjectChanged(remote_path, generation, None) from None
-                    raise
-            if generation and blob.generation and int(blob.generation) != generation:
-                raise ObjectChanged(remote_path, generation, int(blob.generation))
+            with _gcs_errors(remote_path), _at_generation(remote_path, generation) as blob, open(tmp, "wb") as f:
+                blob.download_to_file(f, retry=_retry())
         else:
             shutil.copyfile(remote_path, tmp)
         size = os.path.getsize(tmp)
