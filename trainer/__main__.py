@@ -132,6 +132,10 @@ def main(argv=None, *, process: bool = False) -> int:
         return 2
     args = p.parse_intermixed_args(argv)  # --config may come anywhere among the key=value pairs
     from dataset_format import logs
+    from trainer import preemption
+
+    if process:  # (a caller's process keeps its own SIGTERM handling)
+        preemption.stop_on_sigterm_before_the_steps()
 
     logs.setup()
     # JAX warns at every fork that it "will likely lead to a deadlock"; subprocess (Ray's processes, `ray start`)
@@ -152,6 +156,10 @@ def main(argv=None, *, process: bool = False) -> int:
         print(f"error: {e}" + (f" (in {where.filename}:{where.lineno}, {where.name})" if where else ""),
               file=sys.stderr)
         return _leaving_the_job(2, process)
+    except preemption.Terminated:  # before the steps: what ran has been cleaned up, as for a Ctrl-C
+        print("stopped by SIGTERM before a step of this run ran (nothing saved; the same command resumes from the "
+              "latest checkpoint, if any)", file=sys.stderr)
+        return _leaving_the_job(PREEMPTED, process)
     except KeyboardInterrupt:  # a Ctrl-C before the loop, or a second one in it: what ran has been cleaned up
         print("stopped by Ctrl-C (no checkpoint saved; the latest one, if any, is where the same command resumes)",
               file=sys.stderr)

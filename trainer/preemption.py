@@ -8,6 +8,12 @@ its own would leave the others waiting in the next collective. JAX's preemption 
 with `jax.distributed`) catches SIGTERM in any process, tells the others through the coordination
 service, and agrees on a step that all of them reach; `multihost_utils.reached_preemption_sync_point`,
 called by every process at every step, is True there on all of them.
+
+Before the steps (`python -m trainer`'s own process, from its start: reading the data's manifests, restoring a
+checkpoint, initialising and compiling, or the sidecar evaluator's whole run): a SIGTERM raises `Terminated` in the
+main thread, which unwinds the setup as a Ctrl-C does (the loader's workers, the lease, Ray) and ends the run with a
+line saying so (its default action ended the process without a word and left the workdir's lease to lapse). After
+the last step a SIGTERM is logged and the run ends as it was ending, its last checkpoint written.
 """
 
 from __future__ import annotations
@@ -18,6 +24,32 @@ import signal
 import threading
 
 log = logging.getLogger(__name__)
+
+
+class Terminated(BaseException):
+    """A SIGTERM before the training steps began (a BaseException, as KeyboardInterrupt: no `except Exception` of
+    the setup's takes it for a failure of its own)."""
+
+
+class _UntilTheSteps:
+    """The SIGTERM handler of python -m trainer's process until PreemptionNotice takes over (see the module doc)."""
+
+    def __init__(self):
+        self.state = "setup"  # -> "stopping" (Terminated raised), or "steps" (PreemptionNotice took over)
+
+    def __call__(self, *_) -> None:
+        if self.state == "setup":
+            self.state = "stopping"  # a second SIGTERM while the setup unwinds is the same notice
+            raise Terminated()
+        if self.state == "steps":  # restored by PreemptionNotice.close(): the run is ending
+            log.warning("SIGTERM: the run is ending; it stops once its last checkpoint is written")
+
+
+def stop_on_sigterm_before_the_steps() -> None:
+    """From the start of python -m trainer's own process (main thread only): a SIGTERM before the steps raises
+    Terminated."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _UntilTheSteps())
 
 
 class PreemptionNotice:
@@ -34,6 +66,9 @@ class PreemptionNotice:
         self._previous = self._previous_int = None
         if not self._multi:
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        handler = self._previous if not self._multi else signal.getsignal(signal.SIGTERM)
+        if isinstance(handler, _UntilTheSteps):  # the steps begin: a SIGTERM after them is this notice's, or the
+            handler.state = "steps"  # end's (several processes: JAX's service holds SIGTERM from initialize on)
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._previous_int = signal.signal(signal.SIGINT, self._on_sigint)

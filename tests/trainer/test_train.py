@@ -166,9 +166,15 @@ def test_ctrl_c_saves_a_checkpoint_and_stops(digits, tmp_path):
     assert f"Ctrl-C: saved a checkpoint at step {stopped_at}; exiting (the same command resumes from it)" in output
 
 
-def test_ctrl_c_before_the_loop_is_one_line(digits, tmp_path):
-    """A Ctrl-C while the run sets up (here: after the data check, in the model's build and compile) ends it with
-    one line and exit 130; it was a KeyboardInterrupt traceback."""
+@pytest.mark.parametrize("sig, code, last", [
+    (signal.SIGINT, 130, "stopped by Ctrl-C (no checkpoint saved; the latest one, if any, is where the same command "
+                         "resumes)"),
+    (signal.SIGTERM, 143, "stopped by SIGTERM before a step of this run ran (nothing saved; the same command resumes "
+                          "from the latest checkpoint, if any)")], ids=["ctrl_c", "sigterm"])
+def test_a_stop_before_the_loop_is_one_line(digits, tmp_path, sig, code, last):
+    """A Ctrl-C or a SIGTERM (a preemption) while the run sets up (here: after the data check, in the model's build
+    and compile) ends it with one line, its exit status, and the workdir's lease given back. The Ctrl-C was a
+    KeyboardInterrupt traceback; the SIGTERM ended the process without a line, its lease left to lapse."""
     import os
     import subprocess
     import sys
@@ -184,13 +190,14 @@ def test_ctrl_c_before_the_loop_is_one_line(digits, tmp_path):
         lines.append(line)
         if "'label' holds 0..9" in line:
             break
-    proc.send_signal(signal.SIGINT)
+    assert (tmp_path / ".lease.json").exists()
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     err = "".join(lines) + err
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == code, err[-3000:]
     assert out == "" and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == ("stopped by Ctrl-C (no checkpoint saved; the latest one, if any, is where "
-                                            "the same command resumes)"), err[-3000:]
+    assert err.strip().splitlines()[-1] == last, err[-3000:]
+    assert not (tmp_path / ".lease.json").exists()
 
 
 def test_resume_after_a_crash_between_log_and_checkpoint_logs_each_step_once(digits, tmp_path):
