@@ -24,7 +24,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 
@@ -120,6 +121,38 @@ def check_shared(workdir: str) -> None:
         raise JobMismatch(f"workdir={workdir} is not one directory for the whole job: process(es) "
                           f"{', '.join(map(str, blind))} do not see the file process 0 wrote there; give every "
                           "process a workdir they all share (gs://bucket/run, or a mounted NFS/Filestore path)")
+
+
+def same_data(resolve: Callable[[], Any], seen: Callable[[Any], dict[str, dict]]) -> Any:
+    """`resolve()`'s sources, which every process reads alike, or JobMismatch naming the source and what each process
+    sees (`seen(sources)`: {source: {"shards", "records", "digest"}}). A host whose copy of the data is another
+    conversion, or a part of it, or a gs:// dataset rewritten between two processes' listings: each process planned
+    its own global order over its own records, and the job read some records twice and others never, or hung in a
+    collective at an epoch's end. An error of `resolve` on any process is every process's, as in `together`."""
+    if not _multi():
+        return resolve()
+    try:
+        data = resolve()
+        mine = json.dumps({"seen": seen(data)}, sort_keys=True)
+    except BaseException as e:  # said to the others first (they wait for this process's value), then raised
+        exchange("data", json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}))
+        raise
+    theirs = [json.loads(v) for v in exchange("data", mine)]
+    failed = [(i, t["error"]) for i, t in enumerate(theirs) if "error" in t]
+    if failed:
+        raise JobMismatch(f"process {failed[0][0]} stopped in its setup: {failed[0][1]}")
+    for key in sorted({k for t in theirs for k in t["seen"]}):
+        views = [t["seen"].get(key) for t in theirs]
+        if all(v == views[0] for v in views):
+            continue
+        counts = {(v["shards"], v["records"]) for v in views if v}
+        said = "; ".join(f"process {i}: {v['shards']:,} shard(s) of {v['records']:,} records" if len(counts) > 1
+                         else f"process {i}: digest {v['digest']}" for i, v in enumerate(views) if v)
+        raise JobMismatch(f"{key}: the job's processes see different data ({said}"
+                          f"{'' if len(counts) > 1 else ': the same counts, other shard names, sizes or versions'}); "
+                          "every process must read the same conversion: a copy on each host made from one "
+                          "conversion, or one gs:// dataset not rewritten while the job starts")
+    return data
 
 
 @contextlib.contextmanager

@@ -38,11 +38,11 @@ class Program:
     data: Sources | None  # the run's sources, resolved once (None: a program that reads no data, e.g. a benchmark's)
 
     @classmethod
-    def build(cls, config: TrainConfig) -> Program:
+    def build(cls, config: TrainConfig, data: Sources | None = None) -> Program:
         """The run's setup, in one direction: its sources resolved (each one's metadata read once), the task made for
         the shaping source's metadata, its first record read, the model made. The sidecar evaluator (mode=evaluate)
-        is shaped by eval_data."""
-        data = sources.resolve(config)
+        is shaped by eval_data. `data`: the run's sources when they are resolved already."""
+        data = sources.resolve(config) if data is None else data
         task = tasks.make(config, data.shaping.specs)
         try:
             sample = sources.first_record(data.shaping, task)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import logging
 from typing import Any
 
@@ -88,6 +90,25 @@ def resolve(config: TrainConfig) -> Sources:
         for trained in (t for t in train if t.path == held.path):
             _warn_if_shared(held, trained)
     return Sources(train, evaluation)
+
+
+def shards_seen(data: Sources) -> dict[str, dict]:
+    """What this process reads of each source (every source resolved): its shard count, record count, and a digest
+    of each shard's file name, records, stored bytes and, on gs://, the generation listed (a local file's inode and
+    times differ between hosts' copies of one conversion, so they are left out). The job's processes compare them
+    (trainer/job.py same_data)."""
+    seen = {}
+    for key, group in (("data", data.train), ("eval_data", data.eval)):
+        for source in group:
+            shards = source.resolved
+            gs = [storage.is_remote(p) for p in shards.paths]
+            versions = shards.shard_versions or (None,) * len(shards.paths)
+            described = [[storage.basename(p), n, b, v if remote else None] for p, n, b, v, remote in zip(
+                shards.paths, shards.lengths, shards.shard_bytes or (None,) * len(shards.paths), versions, gs)]
+            digest = hashlib.sha256(json.dumps([described, shards.offsets]).encode()).hexdigest()[:16]
+            seen[_key(key, source.name, source.path)] = {"shards": len(shards.paths), "records": len(shards),
+                                                        "digest": digest}
+    return seen
 
 
 def _warn_if_shared(held: Source, trained: Source) -> None:

@@ -34,7 +34,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, checkpoints, compile_cache, job, optim, remat, tasks
+from trainer import accelerators, checkpoints, compile_cache, job, optim, remat, sources, tasks
 from trainer.rampup import Ramp
 from trainer.checkpoints import checkpoint_manager, config_record, finished_run
 from trainer import strategy as strategies
@@ -98,6 +98,8 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
         if done is not None:
             mngr.close()
             return done
+        # several processes: each reads the same data, or one line naming what each sees (trainer/job.py)
+        data = job.same_data(lambda: sources.resolve(config), sources.shards_seen)
         with job.together("setup"):  # an error here on one process stops every process, none waits for it
             strategy = strategies.make(config.strategy, device=config.device)
             chief = jax.process_index() == 0  # writes metrics and TensorBoard; all processes take part in checkpoints
@@ -119,7 +121,7 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
             first_step = (mngr.latest_step() or 0) + 1
             batch_size = ramp.batch_size(first_step) if ramp is not None else config.batch_size  # this step's
 
-            program = Program.build(config)
+            program = Program.build(config, data)
             program.check_data()  # the labels' range over every record, before anything compiles
             # host arrays: this thread places them (the module's docstring says why)
             batches = program.load_train(batch_size=batch_size)

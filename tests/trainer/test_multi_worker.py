@@ -259,6 +259,29 @@ def test_data_missing_on_one_host_stops_every_process_in_one_line(digits, tmp_pa
     assert err0.strip().splitlines()[-1] == f"error: process 1 stopped in its setup: FileNotFoundError: {mine[7:]}"
 
 
+@pytest.mark.timeout(300)
+def test_a_host_whose_copy_of_the_data_is_another_stops_every_process_in_one_line(digits, tmp_path):
+    """The same relative data= from two directories, one holding another conversion (its test split): each process
+    planned its own global order over its own records and the job trained on; now both stop at once, exit 2, naming
+    what each process sees. Copies of one conversion on each host (other inodes and times) are one dataset."""
+    import shutil
+
+    cwds = [tmp_path / "host0", tmp_path / "host1", tmp_path / "host2"]
+    for cwd, split in zip(cwds, ("train", "test", "train")):
+        shutil.copytree(digits[split], cwd / "train")
+    common = ("data=train", "model=mlp", "steps=4", "num_classes=10", "batch_size=32")
+    results = _job(_two((*common, f"workdir={tmp_path / 'run'}"), port=_port()), cwds=cwds[:2])
+    for code, out, err in results:
+        assert code == 2, err[-3000:]
+        assert err.strip().splitlines()[-1] == (
+            "error: data=train: the job's processes see different data (process 0: 2 shard(s) of 1,438 records; "
+            "process 1: 2 shard(s) of 359 records); every process must read the same conversion: a copy on each "
+            "host made from one conversion, or one gs:// dataset not rewritten while the job starts"), err[-3000:]
+        assert out == ""
+    results = _job(_two((*common, f"workdir={tmp_path / 'run2'}"), port=_port()), cwds=cwds[::2])
+    assert [code for code, _, _ in results] == [0, 0], results[0][2][-3000:] + results[1][2][-3000:]
+
+
 def test_job_settings_go_with_multi_worker_and_a_host_and_port():
     from trainer import TrainConfig
 
