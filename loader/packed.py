@@ -313,7 +313,10 @@ class PackedIterator(WorkerControls, Iterator):
                 **self._loader.state_key()}
 
     def set_state(self, state: dict) -> None:
-        check(state, self._loader.state_key(), "the packed loader's state")  # (another batch_size: rows read on)
+        key = self._loader.state_key()
+        if state.get("counts") is not None and state.get("counts") == self._loader.counts.legacy:
+            key["counts"] = state["counts"]  # (saved by an earlier release, which named the counts by their paths)
+        check(state, key, "the packed loader's state")  # (another batch_size: rows read on)
         said_new_batch_size(state, self._loader.plan.batch_size)
         position = state.get("position")
         self.close()

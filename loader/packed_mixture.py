@@ -46,6 +46,8 @@ class RowStream:
     def anchor(self, j: int) -> tuple[int, int]:
         """(i, r): the block holding row j and the row it begins at."""
         with self._lock:
+            if j == self._first_row and not self._ends:  # nothing taken since the anchor (a weight-0 component's
+                return self._first_block, self._first_row  # rows: none): it is the anchor, laid out or not
             i = self._reach(j)
             return self._first_block + i, self._first_row + (self._ends[i - 1] if i else 0)
 

@@ -43,6 +43,7 @@ from loader.format.source import ShardedSource, resolve, select
 from loader.packed import Inputs, PackedLoader
 from loader.planning import mixture
 from loader.planning.batches import FOREVER, BatchPlan
+from loader.planning.counts import tokenization
 from loader.planning.packing import Packing
 from loader.planning.state import check, said_new_batch_size
 
@@ -659,8 +660,9 @@ def _resolved(source: str | ShardedSource, config: LoaderConfig) -> ShardedSourc
     return resolve(source, split=config.split, allow_incomplete=config.allow_incomplete)
 
 
-def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_count: int):
-    """(names, the components' shards end to end, the MixturePlan) for a mapping of name -> source."""
+def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_count: int, packed: bool = False):
+    """(names, the components' shards end to end, the MixturePlan) for a mapping of name -> source; `packed`: the plan
+    also holds how each pre-tokenized component was tokenised (its rows' layout depends on it)."""
     names = tuple(sources)
     if not names:
         raise ValueError("the mixture has no components; pass {name: source, ...}")
@@ -684,7 +686,8 @@ def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_cou
         epochs = (epochs,) * len(names)
     plan = mixture.MixturePlan(names, tuple(len(s) for s in resolved.values()), tuple(weights.values()),
                                config.batch_size, config.seed, config.shuffle, epochs, config.drop_remainder,
-                               shard_index, shard_count, datasets=tuple(s.identity for s in resolved.values()))
+                               shard_index, shard_count, datasets=tuple(s.identity for s in resolved.values()),
+                               tokens=tuple(tokenization(s) for s in resolved.values()) if packed else None)
     return names, mixture.concatenate(resolved), plan
 
 
@@ -707,7 +710,7 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
         if not config.drop_remainder:
             raise ValueError("a packed mixture is endless (each component repeats its epochs), so it has no last, "
                              "short batch to keep: leave drop_remainder=True")
-        names, src, plan = _mixture(source, config, shard_index, shard_count)
+        names, src, plan = _mixture(source, config, shard_index, shard_count, packed=True)
         return PackedMixtureLoader(names, _packing_inputs(src, config), config, plan)
     src = _resolved(source, config)
     return PackedLoader(_packing_inputs(src, config), config, shard_index, shard_count)

@@ -14,6 +14,7 @@ source's index key and the tokenizer's `cache_key`, so a restart reads them back
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -36,13 +37,14 @@ class TokenCounts:
     """Token ids per record, for global record indices of a source (its shards end to end)."""
 
     def __init__(self, columns: list[np.ndarray], identity: str, paths: tuple[str, ...] = (),
-                 max_count: int | None = None, first: tuple[int, ...] | None = None):
+                 max_count: int | None = None, first: tuple[int, ...] | None = None, legacy: str | None = None):
         self._columns = columns
         self._starts = np.concatenate([[0], np.cumsum([len(c) for c in columns])]).astype(np.int64)
         self.identity = identity  # what the loader's state key holds of them: how they were made, of which records
         # how they were made ("files": the dataset's own; "counted:KEY": by the tokenizer KEY names), apart from which
         # records: what a mixture's state holds, whose components may change
         self.how = identity.split(":", 1)[0] if identity.startswith("files:") else identity
+        self.legacy = legacy  # the identity a state saved by an earlier release holds of the same counts, or None
         self._paths, self._max_count = paths, max_count  # the counts files; the most ids a record can hold
         self._first = first or (0,) * len(columns)  # each column's first record in its shard (a slice's)
 
@@ -82,9 +84,15 @@ class TokenCounts:
             # (a slice's shards outside it are not opened: on gs:// each would be a whole download)
             opened = n or source.offsets is None
             columns.append(_open_column(path + SUFFIX, whole)[at:at + n] if opened else np.zeros(0, DTYPE))
-        digest = hashlib.sha256("\n".join(source.paths).encode()).hexdigest()[:16]
-        return cls(columns, f"files:{digest}{source.slice_key and ':' + source.slice_key}", tuple(source.paths),
-                   max_count, tuple(first))
+        # Of which shards (their file names and records, not their directory: a staged or copied corpus is the same),
+        # made how (tokenization: another tokenizer, or BOS/EOS added, lays out other rows).
+        made = [[storage.basename(p) for p in source.paths], list(source.records_in_files), tokenization(source)]
+        digest = hashlib.sha256(json.dumps(made).encode()).hexdigest()[:16]
+        sliced = source.slice_key and ":" + source.slice_key
+        # what a state saved before named them by: their paths (accepted at the same paths)
+        legacy = hashlib.sha256("\n".join(source.paths).encode()).hexdigest()[:16]
+        return cls(columns, f"files:{digest}{sliced}", tuple(source.paths), max_count, tuple(first),
+                   legacy=f"files:{legacy}{sliced}")
 
     @classmethod
     def counted(cls, source, index_key: str, feature: str, cache_key: str | None,
@@ -122,6 +130,15 @@ class TokenCounts:
                 f.write(counts.tobytes())
             os.replace(tmp, path)
         return cls([counts], f"counted:{cache_key}")
+
+
+def tokenization(source) -> str | None:
+    """How a pre-tokenized source's ids were made, as far as its manifest says: its tokenizer's digest and its token
+    count (another tokenizer, or BOS/EOS added, changes them); None when the manifest says neither."""
+    if source.tokenizer is None and source.token_count is None:
+        return None
+    made = source.tokenizer.rsplit("(", 1)[-1].rstrip(")") if source.tokenizer else "tokenizer unknown"
+    return made if source.token_count is None else f"{made}, {source.token_count:,} token ids"
 
 
 def _open_column(path: str, records: int) -> np.ndarray:

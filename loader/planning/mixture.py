@@ -25,6 +25,7 @@ import functools
 import hashlib
 import logging
 import math
+import numbers
 from collections.abc import Mapping
 from fractions import Fraction
 
@@ -49,7 +50,7 @@ MAX_PERIOD = 10_000
 def integer_weights(weights: Mapping[str, float]) -> dict[str, int]:
     """The weights as integers with the same proportions (exact when they are ratios of small integers), reduced."""
     for name, w in weights.items():
-        if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w):
+        if not isinstance(w, numbers.Real) or isinstance(w, (bool, np.bool_)) or not math.isfinite(w):
             raise ValueError(f"weights[{name!r}] = {w!r} is not a number; give each component a weight >= 0")
         if w < 0:
             raise ValueError(f"weights[{name!r}] = {w} is negative; weights must be >= 0")
@@ -72,6 +73,12 @@ def integer_weights(weights: Mapping[str, float]) -> dict[str, int]:
         raise ValueError(f"weights[{lost[0]!r}] = {weights[lost[0]]} is under 1 part in {MAX_PERIOD:,} of the total "
                          f"({total:g}): the schedule would give {lost[0]!r} no rows; give it a larger weight, or 0 to "
                          "leave it out")
+    rows = sum(ints.values())
+    off = {name: (w / total, ints[name] / rows) for name, w in weights.items()
+           if w > 0 and abs(ints[name] / rows - w / total) > 0.01 * w / total}
+    if off:  # (a small component's share rounded by more than 1% of itself)
+        log.warning("mixture weights are kept to 1 part in %s: %s", f"{MAX_PERIOD:,}", "; ".join(
+            f"{name!r} asked for {asked:.4%} of the rows and gets {got:.4%}" for name, (asked, got) in off.items()))
     divisor = math.gcd(*ints.values())
     return {name: v // divisor for name, v in ints.items()}
 
@@ -126,6 +133,9 @@ class MixturePlan:
     dormant: tuple[tuple[str, int], ...] = ()  # (name, rows given) of components left out of the mix since
     # Per component, which records of which shards (ShardedSource.identity): a state restores only onto the same.
     datasets: tuple[str, ...] | None = None
+    # Per component, how a packed mixture's pre-tokenized component was tokenised (loader/planning/counts.py
+    # tokenization; None: not said): a component tokenised again lays out other rows, so a state refuses it.
+    tokens: tuple[str | None, ...] | None = None
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -253,7 +263,8 @@ class MixturePlan:
         return {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
                 "drop_remainder": self.drop_remainder, "start_batch": self.start_batch,
                 "components": {n: {"records": s, "weight": w, "base": b, "rows": r, "num_epochs": e,
-                                   **({"dataset": self.datasets[c]} if self.datasets is not None else {})}
+                                   **({"dataset": self.datasets[c]} if self.datasets is not None else {}),
+                                   **({"tokens": self.tokens[c]} if self.tokens and self.tokens[c] else {})}
                                for c, (n, s, w, b, r, e) in
                                enumerate(zip(self.names, self.sizes, self.weights, self.base, counts,
                                              self.num_epochs))},
@@ -267,7 +278,8 @@ class MixturePlan:
         mine, given = {k: getattr(self, k) for k in options}, {k: saved.get(k) for k in options}
         components = saved.get("components", {})
         for c, name in enumerate(self.names):  # a component named in both is the same records
-            for key, now in (("records", self.sizes[c]), ("dataset", self.datasets[c] if self.datasets else None)):
+            for key, now in (("records", self.sizes[c]), ("dataset", self.datasets[c] if self.datasets else None),
+                             ("tokens", self.tokens[c] if self.tokens else None)):
                 if name in components and key in components[name] and now is not None:
                     mine[f"{key} of component {name!r}"], given[f"{key} of component {name!r}"] = \
                         now, components[name][key]

@@ -101,3 +101,17 @@ def pretokenized(tmp_path_factory):
         assert run_conversion(ConvertConfig(input=str(root / "raw" / name / "*"), output=out[name], tokenizer=tok),
                               ["--direct_num_workers=1"]).ok
     return out
+
+
+@pytest.fixture(scope="session")
+def web_with_eos(pretokenized, tmp_path_factory):
+    """pretokenized's "web" texts converted again with the same tokenizer and --add-eos: the same documents, each
+    one id longer (a corpus tokenised again)."""
+    from pathlib import Path
+
+    root = Path(pretokenized["web"]).parent
+    out = str(tmp_path_factory.mktemp("eos") / "web")
+    assert run_conversion(ConvertConfig(input=str(root / "raw" / "web" / "*"), output=out,
+                                        tokenizer=str(root / "tokenizer.json"), add_eos=True),
+                          ["--direct_num_workers=1"]).ok
+    return out

@@ -516,3 +516,36 @@ def test_a_resume_with_another_batch_size_continues_the_rows_where_they_stopped(
     wider.set_state(state)
     got += [r.tolist() for b in wider for r in b["tokens"]]
     assert len(rows) == 10 and got == rows[:4 + 6]
+
+
+def test_a_packed_state_restores_onto_a_copy_elsewhere_and_not_onto_the_corpus_tokenised_again(
+        pretokenized, web_with_eos, tmp_path):
+    """A staged copy (loader.stage; or a gs:// corpus, then its local copy) is the same corpus: the state restored
+    only at its old paths, refused as "tokenised again". The same texts converted again with --add-eos lay out other
+    rows: the state restored onto them silently, skipping and repeating documents. A state saved before (its counts
+    named by their paths) restores at the same paths."""
+    import hashlib
+
+    def load(path):
+        return loader.load(path, batch_size=2, seed=0, packing=loader.Packing(seq_len=8))
+
+    it = iter(load(pretokenized["web"]))
+    next(it), next(it)
+    state, want = it.get_state(), next(it)
+    it.close()
+    copy = iter(load(loader.stage(pretokenized["web"], str(tmp_path / "staged")).directory))
+    copy.set_state(state)
+    np.testing.assert_array_equal(next(copy)["tokens"], want["tokens"])
+    copy.close()
+    again = iter(load(web_with_eos))
+    with pytest.raises(ValueError, match=r"^cannot restore the packed loader's state: counts: saved 'files:\w+', now "
+                                         r"'files:\w+' \(the documents' token counts differ: the data was tokenised "
+                                         r"again, by another tokenizer, or is another dataset\)"):
+        again.set_state(state)
+    again.close()
+    paths = loader.resolve(pretokenized["web"]).paths
+    older = {**state, "counts": "files:" + hashlib.sha256("\n".join(paths).encode()).hexdigest()[:16]}
+    restored = iter(load(pretokenized["web"]))
+    restored.set_state(older)
+    np.testing.assert_array_equal(next(restored)["tokens"], want["tokens"])
+    restored.close()

@@ -59,6 +59,7 @@ def test_weights_become_small_integers_and_bad_weights_are_one_line():
         integer_weights({"a": 0, "b": 0.0})
     with pytest.raises(ValueError, match=r"weights\['a'\] = nan is not a number"):
         integer_weights({"a": float("nan")})
+    assert integer_weights({"a": np.int64(3), "b": np.float32(1.0)}) == {"a": 3, "b": 1}  # were "not a number"
     with pytest.raises(ValueError, match=r"^weights\['a'\] = 1e-09 is under 1 part in [\d,]+ of the total \(1\): the "
                                          r"schedule would give 'a' no rows"):  # it was rounded to 0 silently
         integer_weights({"a": 1e-9, "b": 1})
@@ -67,6 +68,16 @@ def test_weights_become_small_integers_and_bad_weights_are_one_line():
                      (dict(weights=[0.7, 0.3]), "weights= takes a dict of a weight per component, {name: weight}")):
         with pytest.raises(ValueError, match=re.escape(said)):
             loader.LoaderConfig(batch_size=4, **kw)
+
+
+def test_a_small_weight_rounded_by_more_than_1_percent_of_itself_is_logged(caplog):
+    with caplog.at_level(logging.WARNING, logger="loader.planning.mixture"):
+        assert integer_weights({"a": 0.7, "b": 0.3}) == {"a": 7, "b": 3}
+        assert integer_weights({"a": 0.123456, "b": 0.876544}) == {"a": 247, "b": 1753}  # within 1% of each
+        assert not caplog.records
+        assert integer_weights({"a": 0.99985, "b": 0.00015}) == {"a": 9999, "b": 1}
+    assert [r.getMessage() for r in caplog.records] == [
+        "mixture weights are kept to 1 part in 10,000: 'b' asked for 0.0150% of the rows and gets 0.0100%"]
 
 
 @pytest.mark.parametrize("weights, first", [
@@ -491,6 +502,61 @@ def test_a_pretokenized_packed_mixture_resumes_with_a_component_added_or_left_ou
                                          r"change\)$"):
         longer.set_state(state)
     longer.close()
+
+
+def one_token_for_9(value) -> np.ndarray:
+    """key_tokens, but one token (no target: nothing to pack) for the examples of component 9."""
+    tokens = key_tokens(value)
+    return tokens[:1] if tokens[0] // 10_000_000 == 9 else tokens
+
+
+def test_a_weight_0_component_with_nothing_to_pack_leaves_the_state_alone(packed_corpora, tmp_path):
+    """A component of weight 0 gives no rows; the state laid out its first block anyway, and one with nothing to
+    pack raised "has no tokens to pack" at the first get_state (the trainer's first log line)."""
+    (tmp_path / "ones").mkdir()
+    writer = ArrayRecordWriter(str(tmp_path / "ones" / "ones-0.array_record"), "group_size:1")
+    for i in range(3):
+        writer.write(example_proto.encode_example({"text": text_of(9, i)}))
+    writer.close()
+
+    def load():
+        return loader.load({"long": packed_corpora["long"], "ones": str(tmp_path / "ones" / "ones-0.array_record")},
+                           weights={"long": 1, "ones": 0}, packing=loader.Packing("text", SEQ, one_token_for_9),
+                           batch_size=8, seed=7)
+
+    it = iter(load())
+    next(it)
+    state = it.get_state()
+    assert state["anchors"]["ones"] == [0, 0] and state["mixture"]["components"]["ones"]["rows"] == 0
+    then = next(it)
+    it.close()
+    resumed = iter(load())
+    resumed.set_state(state)
+    assert rows_of(next(resumed)) == rows_of(then)
+    resumed.close()
+
+
+def test_a_packed_mixtures_state_refuses_a_component_tokenised_again(pretokenized, web_with_eos):
+    """Each component's rows are laid out by its token counts: a component converted again (here with --add-eos)
+    took the saved anchors onto another layout, silently. Its state names the tokenisation; a state saved before
+    (without it) restores as it did."""
+    def mix(web):
+        return loader.load({"web": web, "code": pretokenized["code"]}, weights={"web": 1, "code": 1}, batch_size=4,
+                           seed=3, packing=loader.Packing(seq_len=16))
+
+    it = iter(mix(pretokenized["web"]))
+    next(it), next(it)
+    state = it.get_state()
+    it.close()
+    assert re.fullmatch(r"sha256:\w{16}, [\d,]+ token ids", state["mixture"]["components"]["web"]["tokens"])
+    again = iter(mix(web_with_eos))
+    with pytest.raises(ValueError, match=r"^cannot restore the mixture's state: tokens of component 'web': saved "
+                                         r"'sha256:\w+, [\d,]+ token ids', now 'sha256:\w+, [\d,]+ token ids'"):
+        again.set_state(state)
+    older = {**state, "mixture": {**state["mixture"], "components": {
+        n: {k: v for k, v in c.items() if k != "tokens"} for n, c in state["mixture"]["components"].items()}}}
+    again.set_state(older)
+    again.close()
 
 
 def test_a_packed_mixture_is_endless(packed_corpora):
