@@ -24,7 +24,7 @@ import os
 import time
 
 from dataset_format import staged, storage, tfds_info
-from dataset_format.manifest import MANIFEST_NAME, Manifest
+from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, Manifest
 from dataset_format.suggest import near_path
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
     todo = [(name, size) for name, size in shards.items()
             if _local_size(local_dir, name) != size or copied.get(name) != found[name][1]]
     total = sum(size for _, size in todo)
-    log.info("staging %s -> %s: %d shard(s) to copy (%.1f MB), %d already staged", source, local_dir, len(todo),
+    log.info("staging %s -> %s: %d file(s) to copy (%.1f MB), %d already staged", source, local_dir, len(todo),
              total / 1e6, len(shards) - len(todo))
     if todo:  # the copy is incomplete until its metadata is back: a reader refuses it meanwhile
         for name in (MANIFEST_NAME, tfds_info.INFO_NAME):
@@ -87,7 +87,7 @@ def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
 
 
 def _plan(source: str, listing: dict[str, int]) -> tuple[dict[str, int], list[str]]:
-    """Shard name -> expected size, and the metadata files to copy after them."""
+    """Shard name (and each shard's token counts) -> expected size, and the metadata files to copy after them."""
     if MANIFEST_NAME in listing:
         path = storage.join(source, MANIFEST_NAME)
         manifest = Manifest.from_json(storage.read_text(path), path=path)
@@ -109,6 +109,10 @@ def _plan(source: str, listing: dict[str, int]) -> tuple[dict[str, int], list[st
     if wrong:
         raise ValueError(f"{source}/{wrong[0]} is {listing[wrong[0]]} bytes but the manifest says {shards[wrong[0]]}; "
                          "re-run the conversion")
+    # a pre-tokenized corpus's token counts beside each shard: copied with the shards, and skipped as they are when
+    # staged already (as metadata, each re-stage copied them all again, one at a time)
+    shards.update({n: size for n, size in listing.items() if n.endswith(COUNTS_SUFFIX) and
+                   n[:-len(COUNTS_SUFFIX)] in shards})
     metadata = sorted((n for n in listing if n not in shards and not n.startswith(".")),
                       key=lambda n: n == MANIFEST_NAME)  # the manifest goes last of all
     return shards, metadata

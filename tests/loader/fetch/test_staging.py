@@ -153,3 +153,32 @@ def test_a_shard_rewritten_while_staging_is_an_error_not_a_copy_of_two_versions(
     assert again.copied + again.skipped == 2 and again.copied >= 1  # (shard 0 may or may not be recorded as staged)
     kw = dict(batch_size=5, seed=1, num_epochs=1, decode=None)
     assert list(loader.load(str(local), **kw)) == list(loader.load(remote, **kw))
+
+
+def test_a_pretokenized_corpus_staged_again_copies_none_of_its_token_counts(tmp_path, gcs_bucket, pretokenized,
+                                                                            monkeypatch):
+    """Each shard's .counts file was copied as metadata: at every stage, all of them again, one at a time (10,000
+    requests in a row for a corpus of 10,000 shards staged already). They go with their shards now."""
+    from dataset_format import storage
+
+    bucket, client = gcs_bucket
+    names = sorted(n for n in os.listdir(pretokenized["web"]) if not n.startswith("."))
+    for name in names:
+        client.bucket(bucket).blob(f"web/{name}").upload_from_filename(os.path.join(pretokenized["web"], name))
+    remote, local = f"gs://{bucket}/web", str(tmp_path / "staged")
+    counts = [n for n in names if n.endswith(".counts")]
+    assert len(counts) == 2
+    first = loader.stage(remote, local)
+    assert (first.copied, first.skipped) == (4, 0)  # 2 shards and their counts
+    downloads, download = [], storage.download
+    monkeypatch.setattr(storage, "download", lambda path, *a, **k: downloads.append(storage.basename(path)) or
+                        download(path, *a, **k))
+    again = loader.stage(remote, local)
+    assert (again.copied, again.skipped) == (0, 4)
+    assert sorted(downloads) == [n for n in names if ".array_record" not in n]  # the metadata alone
+    kw = dict(batch_size=2, seed=1, packing=loader.Packing(seq_len=16))
+    staged_it, remote_it = iter(loader.load(local, **kw)), iter(loader.load(remote, **kw))
+    for _ in range(3):
+        assert next(staged_it)["tokens"].tolist() == next(remote_it)["tokens"].tolist()
+    staged_it.close()
+    remote_it.close()
