@@ -156,9 +156,9 @@ def main(argv=None, *, process: bool = False) -> int:
         print(f"error: {e}" + (f" (in {where.filename}:{where.lineno}, {where.name})" if where else ""),
               file=sys.stderr)
         return _leaving_the_job(2, process)
-    except preemption.Terminated:  # before the steps: what ran has been cleaned up, as for a Ctrl-C
-        print("stopped by SIGTERM before a step of this run ran (nothing saved; the same command resumes from the "
-              "latest checkpoint, if any)", file=sys.stderr)
+    except preemption.Terminated as e:  # before the steps: what ran has been cleaned up, as for a Ctrl-C
+        print(str(e) or "stopped by SIGTERM before a step of this run ran (nothing saved; the same command resumes "
+              "from the latest checkpoint, if any)", file=sys.stderr)
         return _leaving_the_job(PREEMPTED, process)
     except KeyboardInterrupt:  # a Ctrl-C before the loop, or a second one in it: what ran has been cleaned up
         print("stopped by Ctrl-C (no checkpoint saved; the latest one, if any, is where the same command resumes)",

@@ -23,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, compile_cache, job, metrics as metrics_lib, strategy as strategies
+from trainer import accelerators, compile_cache, job, metrics as metrics_lib, preemption, strategy as strategies
 from trainer.config import TrainConfig
 from trainer.program import Program
 
@@ -37,8 +37,12 @@ def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
         raise ValueError("mode=evaluate needs eval_data= (the data each checkpoint is evaluated on)")
     eval_dir = storage.join(config.workdir, "eval")
     # a cache of its own (WORKDIR/eval/compilation_cache with auto): the trainer may be writing the same programs
-    with job.evaluating_alone(eval_dir), compile_cache.enabled(config.compilation_cache, eval_dir):
-        return _evaluate_checkpoints(config)
+    try:
+        with job.evaluating_alone(eval_dir), compile_cache.enabled(config.compilation_cache, eval_dir):
+            return _evaluate_checkpoints(config)
+    except preemption.Terminated:  # (python -m trainer's: its lease given back, its metrics closed)
+        raise preemption.Terminated(f"stopped by SIGTERM (the same command goes on after the last step in "
+                                    f"{storage.join(eval_dir, metrics_lib.NAME)})") from None
 
 
 def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:

@@ -106,3 +106,25 @@ def test_a_second_evaluator_of_a_workdir_stops_in_one_line(tmp_path):
         "; stop that one, or let it evaluate the checkpoints alone (.lease.json there names the process that holds "
         "it)"), last
 
+
+
+def test_a_sigterm_stops_the_evaluator_in_one_line_and_gives_its_lease_back(digits, tmp_path):
+    """A SIGTERM (a preempted sidecar) ended the evaluator without a line and left WORKDIR/eval's lease to lapse:
+    the evaluator restarted by its scheduler stopped as a second one ("in use") for the next 2 minutes."""
+    import signal
+
+    proc = run_trainer(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
+                       "num_classes=10", "steps=60", "eval_timeout=120", popen=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "evaluator: watching" in line:
+            break
+    assert (tmp_path / "eval" / ".lease.json").exists(), "".join(lines)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    output = "".join(lines) + out
+    assert proc.returncode == 143 and "Traceback" not in output, output[-3000:]
+    assert output.strip().splitlines()[-1] == (f"stopped by SIGTERM (the same command goes on after the last step in "
+                                               f"{tmp_path / 'eval' / 'metrics.jsonl'})"), output[-3000:]
+    assert not (tmp_path / "eval" / ".lease.json").exists()
