@@ -13,6 +13,7 @@ import pytest
 from trainer import attention
 from trainer.config import REMATS, TrainConfig
 from trainer.models import TransformerLM, remat_policy
+from tests.trainer.conftest import run_unoptimised
 
 
 def reference(q, k, v, segment_ids):
@@ -296,19 +297,13 @@ def _lm_batch(b=2, s=40, vocab=61):
             "positions": positions}
 
 
-def _run_unoptimised(fn, *args):
-    """fn(*args), compiled without LLVM's optimisations (xla_backend_optimization_level=0): the same maths to ~1e-7,
-    in a quarter of the compile time (~2 s against ~8 s a program on a CPU; each remat policy is a program)."""
-    return jax.jit(fn).lower(*args).compile({"xla_backend_optimization_level": 0})(*args)
-
-
 def test_every_remat_policy_gives_the_loss_and_gradients_of_none():
     batch = _lm_batch()
 
     def make(remat, kind="blockwise"):
         return TransformerLM(vocab_size=61, max_len=40, width=16, depth=2, heads=2, attention=kind, remat=remat)
 
-    params = _run_unoptimised(make("none").init, jax.random.key(0), batch)  # (the same parameters under any remat)
+    params = run_unoptimised(make("none").init, jax.random.key(0), batch)  # (the same parameters under any remat)
 
     def loss_and_grads(remat, kind="blockwise"):
         model = make(remat, kind)
@@ -317,7 +312,7 @@ def test_every_remat_policy_gives_the_loss_and_gradients_of_none():
             logits = model.apply(p, batch)
             return -jnp.mean(jax.nn.log_softmax(logits)[..., 0] * (batch["segment_ids"] > 0))
 
-        return _run_unoptimised(jax.value_and_grad(loss), params)
+        return run_unoptimised(jax.value_and_grad(loss), params)
 
     base_loss, base_grads = loss_and_grads("none")
     assert float(base_loss) == pytest.approx(3.50046, abs=1e-4)  # pinned: a change of the model shows here
@@ -342,7 +337,7 @@ def test_llamas_layout_gives_the_same_loss_and_gradients_under_remat_and_with_ea
         return TransformerLM(vocab_size=61, max_len=40, width=16, depth=2, heads=2, attention=kind, remat=remat,
                              **layout)
 
-    params = _run_unoptimised(make("none").init, jax.random.key(0), batch)
+    params = run_unoptimised(make("none").init, jax.random.key(0), batch)
 
     def loss_and_grads(remat, kind="blockwise"):
         model = make(remat, kind)
@@ -350,7 +345,7 @@ def test_llamas_layout_gives_the_same_loss_and_gradients_under_remat_and_with_ea
         def loss(p):
             return -jnp.mean(jax.nn.log_softmax(model.apply(p, batch))[..., 0] * (batch["segment_ids"] > 0))
 
-        return _run_unoptimised(jax.value_and_grad(loss), params)
+        return run_unoptimised(jax.value_and_grad(loss), params)
 
     base_loss, base_grads = loss_and_grads("none")
     for remat, kind in (("none", "dense"), ("full", "blockwise"), ("save_qkv_proj", "blockwise"),
