@@ -98,6 +98,10 @@ def convert_shard(
         written, raw_bytes = _copy_records(task, local, writer_options, on_corrupt if skip_corrupt else None,
                                            on_records, tokens, stats)
         _check_count(task, local, written, skip_corrupt)
+        if tokens is not None and tokens.not_utf8:  # (kept: a web crawl's texts have some; said, not silent)
+            log.warning("%s: %d record(s) hold text that is not UTF-8 (record %s%s); each invalid byte was tokenised "
+                        "as U+FFFD, the replacement character", task.source.path, len(tokens.not_utf8),
+                        ", ".join(map(str, tokens.not_utf8[:5])), ", ..." if len(tokens.not_utf8) > 5 else "")
         size = os.path.getsize(local)
         if tokens is not None:  # the counts land first: a committed shard always has its counts beside it
             with open(counts_local, "wb") as f:

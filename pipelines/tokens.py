@@ -163,6 +163,16 @@ def record_text(example, record: bytes, text_key: str, source: str, index: int) 
     return values[0]
 
 
+def _utf8(text: bytes) -> bool:
+    if text.isascii():  # (most texts: a scan in C, no decode)
+        return True
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class Tokenize:
     """Records (serialized tf.Examples) in, token-id records out, a batch at a time; `counts` collects the lengths."""
 
@@ -173,6 +183,7 @@ class Tokenize:
         self._dtype = np.dtype(spec.dtype)
         self.counts: list[np.ndarray] = []
         self._seen = 0
+        self.not_utf8: list[int] = []  # records whose text is not UTF-8 (the tokenizer reads U+FFFD for its bad bytes)
 
     def __call__(self, records: Iterable[bytes]) -> Iterator[bytes]:
         """Token-id records for `records`, in order. The tokenizer's batch call (native threads, the GIL released)
@@ -186,6 +197,7 @@ class Tokenize:
                 if len(batch) == BATCH or (record is None and batch):
                     texts = [record_text(self._example, r, self._spec.text_key, self._source, self._seen + i)
                              for i, r in enumerate(batch)]
+                    self.not_utf8 += [self._seen + i for i, t in enumerate(texts) if not _utf8(t)]
                     self._seen += len(batch)
                     future = pool.submit(self._tokenizer.encode_batch, texts)
                     if pending is not None:

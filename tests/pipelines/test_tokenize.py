@@ -346,3 +346,24 @@ def test_the_bench_times_packed_rows(converted, capsys):
                            "batches, "), text
     assert main(["bench", str(out), "--packing", "64", "--map", "images:224"]) == 2
     assert capsys.readouterr().err.strip().endswith("--packing times packed token rows: it takes no --image or --map")
+
+
+def test_text_that_is_not_utf8_is_tokenised_with_replacement_characters_and_said(corpus, tmp_path, caplog):
+    """A text of invalid UTF-8 (a web crawl has some) was tokenised as U+FFFD without a word; each shard now names
+    its records of such text."""
+    import logging
+
+    root, tok = corpus
+    texts = [b"plain ascii", b"caf\xc3\xa9 is UTF-8", b"bad \xff\xfe bytes", b"ok", b"\xc3 cut"]
+    records = [example_proto.encode_example({"text": t}) for t in texts]
+    write_tfrecord_shards(tmp_path / "raw", [records])
+    config = ConvertConfig(input=str(tmp_path / "raw" / "*.tfrecord"), output=str(tmp_path / "out"), tokenizer=tok,
+                           text_key="text")
+    with caplog.at_level(logging.WARNING, logger="pipelines.shard"):
+        assert run_conversion(config, ["--direct_num_workers=1"]).ok
+    assert [r.getMessage() for r in caplog.records if "UTF-8" in r.getMessage()] == [
+        f"{tmp_path / 'raw' / 'train-00000-of-00001.tfrecord'}: 2 record(s) hold text that is not UTF-8 (record 2, 4); "
+        "each invalid byte was tokenised as U+FFFD, the replacement character"]
+    ids = [r.tolist() for b in loader.load(str(tmp_path / "out"), batch_size=1, shuffle=False, num_epochs=1)
+           for r in b["tokens"]]
+    assert ids[2] == tokenizers.load(tok).encode_batch(["bad \ufffd\ufffd bytes"])[0].tolist()
