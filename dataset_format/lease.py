@@ -216,8 +216,12 @@ class Lease:
     def _write(self, expected_generation: int | None = None) -> None:
         generation = storage.write_versioned(self._path, self._payload().encode(), generation=expected_generation)
         if storage.is_remote(self._path):
-            if generation is None:
-                raise LeaseHeld(f"{self._directory}: another run took the lease over ({LEASE_NAME} changed under us)")
+            if generation is None:  # a 412: another run wrote it, or this one did and the answer was lost (the
+                # client's retry of a write applied at once meets its own new generation); the body tells which
+                current, generation = self._read()
+                if current is None or any(current.get(k) != v for k, v in self._body.items()):
+                    raise LeaseHeld(f"{self._directory}: another run took the lease over ({LEASE_NAME} changed under "
+                                    "us)")
             self._generation = generation
 
     def _beat(self) -> None:

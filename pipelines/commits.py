@@ -23,6 +23,23 @@ INLINE_LIMIT = 7 * 1024  # Cloud Storage allows 8 KiB of custom metadata an obje
 READ_ONE_BY_ONE_UP_TO = 64  # more records than this are read from a listing (gs://)
 
 
+# In COMMITS_DIR, from before the first shard a run replaces: the output's runs keep commit records. Where it is, an
+# output without records is one whose runs all stopped between removing a record and writing it again (every shard
+# of a small split in flight at once), not one converted before records existed.
+KEPT_MARK = "records-kept"
+
+
+def mark_kept(output: str) -> None:
+    """Writes KEPT_MARK once (before a run converts anything)."""
+    path = storage.join(storage.join(output, COMMITS_DIR), KEPT_MARK)
+    if not storage.exists(path):
+        storage.write_text(path, "this output's conversions keep a commit record per shard\n")
+
+
+def kept(output: str) -> bool:
+    return storage.exists(storage.join(storage.join(output, COMMITS_DIR), KEPT_MARK))
+
+
 def record_path(output: str, relative: str) -> str:
     return storage.join(storage.join(output, COMMITS_DIR), relative + ".json")
 

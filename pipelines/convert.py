@@ -34,6 +34,14 @@ FAILED = "failed"
 SHARD_LINES_UP_TO = 36  # a line per converted shard at INFO up to this many shards; past it, the progress line
 
 
+def _names_output(e: OSError, output_dir: str) -> bool:
+    """Whether an error names a path under the output (its filename, or a gs:// error's message, which begins with
+    the object's path): a permission the output's side lacks, not the source's."""
+    root = storage.absolute(output_dir).rstrip("/") + "/"
+    return any(isinstance(named, str) and named and storage.absolute(named).startswith(root)
+               for named in (e.filename, e.filename2, str(e).split(": ", 1)[0]))
+
+
 class _ConvertShardFn(beam.DoFn):
     """Converts one shard; a shard with bad data goes to the FAILED output, never half-written."""
 
@@ -62,7 +70,9 @@ class _ConvertShardFn(beam.DoFn):
                                    on_records=self._progress, tokenize=self._tokenize)
         except (CorruptRecordError, ShardCountMismatch, TextKeyError, PermissionError, FileNotFoundError) as e:
             # Retrying would fail the same way: the shard is reported, the other shards go on.
-            if isinstance(e, PermissionError):
+            if isinstance(e, PermissionError) and _names_output(e, task.output_dir):  # writing the shard or its
+                error = f"{e} (the output: the converted shards are kept; rerun once it can be written)"  # record
+            elif isinstance(e, PermissionError):
                 error = (f"{task.source.path} cannot be read (permission denied); grant read access and rerun (the "
                          "converted shards are kept)")
             elif isinstance(e, FileNotFoundError):

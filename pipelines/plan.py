@@ -93,7 +93,8 @@ def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
     tokenized = spec.identity if spec is not None else None
 
     tasks, kept = [], []
-    stale = _rewritten(config.output, [old[f.path] for f, _, _ in inputs if f.path in old], records_there)
+    stale = _rewritten(config.output, [old[f.path] for f, _, _ in inputs if f.path in old], records_there,
+                       bool(old) and not records_there and commits.kept(config.output))
     for file, split, expected in inputs:
         relative = names[file.path]
         entry = old.get(file.path)
@@ -112,6 +113,19 @@ def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
     sources = {f.path for f, _, _ in inputs}
     produced = set(names.values())  # an old entry whose shard a task writes again (its source moved) is replaced
     gone = [e for e in old.values() if same_path(e.source) not in sources and e.path not in produced]
+    # Shards with a commit record that no input makes and the manifest does not list: a first run's that stopped before
+    # its manifest (their sources gone since: as the manifest's own), or a --prune run's that stopped after its
+    # manifest, before deleting them (pruned by the next --prune)
+    listed = {e.path for e in old.values()}
+    leftover = [r for r in records_there if r not in produced and r not in listed]
+    leftover = [e for e, _ in commits.read(config.output, leftover, known=records_there).values()] if leftover else []
+    if previous is None:
+        gone += leftover
+        leftover = []
+    elif leftover and not config.prune and not quiet:
+        log.warning("%d shard(s) with a commit record are in no manifest and have no source (e.g. %s, from %s): left "
+                    "by a --prune run that stopped; pass --prune to delete them", len(leftover), leftover[0].path,
+                    leftover[0].source)
     missing = [e for e in gone if e.path not in existing]  # (a --prune run stopped after deleting them)
     if missing and not quiet:
         log.warning("%d output shard(s) the manifest lists without a source are gone too (e.g. %s): leaving them "
@@ -119,7 +133,7 @@ def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
     gone = [e for e in gone if e.path in existing]
     if gone and not config.prune:
         _check_orphans(gone, kind, tokenized, config)
-    orphaned, pruned = ((), tuple(gone)) if config.prune else (tuple(gone), ())
+    orphaned, pruned = ((), tuple(gone) + tuple(leftover)) if config.prune else (tuple(gone), ())
     if orphaned and not quiet:
         log.warning("%d output shard(s) have no source matched by this --input any more (e.g. %s); keeping them. "
                     "Pass --prune to delete them.", len(orphaned), orphaned[0].source)
@@ -165,12 +179,14 @@ def _stale(entry: ShardEntry | None, force: bool, fingerprint: str, options: str
     return None
 
 
-def _rewritten(output: str, entries: list[ShardEntry], records_there: dict[str, str | None]) -> dict[str, str]:
+def _rewritten(output: str, entries: list[ShardEntry], records_there: dict[str, str | None], kept: bool
+               ) -> dict[str, str]:
     """Manifest entries whose shard a later run began to write again: {path: why}. A shard's commit record is
-    removed before its file is replaced and written after, so where the output has records (every run since they
-    were introduced writes them), an entry without its record, or with one that describes another file, may name a
-    file an interrupted run replaced (an ArrayRecord file often keeps its size across options)."""
-    if not records_there or not entries:
+    removed before its file is replaced and written after, so where the output keeps records (`records_there`, or
+    `kept`: commits.KEPT_MARK with none there, every shard's removed by runs that stopped before writing one), an
+    entry without its record, or with one that describes another file, may name a file an interrupted run replaced
+    (an ArrayRecord file often keeps its size across options: its blocks are 64 KiB)."""
+    if not (records_there or kept) or not entries:
         return {}
     there = [e.path for e in entries if e.path in records_there]
     records = commits.read(output, there, known=records_there) if there else {}

@@ -23,6 +23,7 @@ from pipelines.config import ConvertConfig
 from pipelines.convert import ConvertToArrayRecord, finalize
 from pipelines.plan import Plan, make_plan, read_manifest
 from pipelines.progress import Progress
+from pipelines.shard import LOCAL_TEMP_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_datafl
     # A job description is always written when asked for (a Flex Template launcher waits for one),
     # even with nothing to convert: the job then only rewrites the manifest.
     if plan.tasks or template:
+        commits.mark_kept(config.output)  # (before any shard's record is removed: plan.py _rewritten)
         pipeline = beam.Pipeline(runner=_runner(options), options=options)
         tasks_dir = shard_tasks.dataflow_dir(dataflow.temp_location(options)) if on_dataflow else None
         _ = pipeline | "ConvertToArrayRecord" >> ConvertToArrayRecord(config, plan, tasks_dir)
@@ -139,11 +141,40 @@ def _remove_dead_temp_files(output: str) -> None:
             if name.startswith(".tmp-"):
                 storage.delete_quietly(storage.join(directory, name))
                 dead.append(name)
+    dead += _remove_dead_local_shards()
     if dead:
         log.info("removed %d temporary file(s) left by an interrupted run (e.g. %s)", len(dead), dead[0])
     staged = shard_tasks.delete_run(shard_tasks.local_dir(output))
     if staged:
         log.info("removed %d shard-list file(s) left by an interrupted run", staged)
+
+
+def _remove_dead_local_shards() -> list[str]:
+    """The shards of gs:// outputs that killed runs of this host were writing in the temporary directory (whole
+    shards, before their upload: pipelines/shard.py), of processes that are gone."""
+    import glob
+    import tempfile
+
+    dead = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), LOCAL_TEMP_PREFIX + "*")):
+        pid = os.path.basename(path)[len(LOCAL_TEMP_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.remove(path)
+            except OSError:  # (removed meanwhile by another run, or not ours to remove)
+                continue
+            dead.append(os.path.basename(path))
+    return dead
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def pipeline_options(beam_args: list[str], *, num_tasks: int, tokenize: bool = False) -> PipelineOptions:

@@ -58,6 +58,8 @@ class ShardResult:
 class ShardCountMismatch(ValueError):
     """The written shard does not hold the records that were read (or that TFDS promised)."""
 
+LOCAL_TEMP_PREFIX = "arconv-"  # a gs:// output's shard, written in the temporary directory before its upload
+
 
 def convert_shard(
     task: ShardTask,
@@ -79,7 +81,9 @@ def convert_shard(
         commits.remove(task.output_dir, task.relative_path)
     remote = is_remote(task.output)
     if remote:
-        fd, local = tempfile.mkstemp(prefix="arconv-", suffix="-" + os.path.basename(task.relative_path))
+        # (named by this process: a run killed leaves it, and the next removes those of processes gone: run.py)
+        fd, local = tempfile.mkstemp(prefix=f"{LOCAL_TEMP_PREFIX}{os.getpid()}-",
+                                     suffix="-" + os.path.basename(task.relative_path))
         os.close(fd)
     else:
         os.makedirs(os.path.dirname(os.path.abspath(task.output)), exist_ok=True)

@@ -176,3 +176,27 @@ def test_runs_that_take_over_a_dead_lease_at_the_same_moment_get_one_holder(tmp_
         assert said.count("took it") == 1, said
         assert all(s.startswith("refused: held by host") or s == "refused: held by another run, which took it over "
                    "a moment ago" for s in said if s != "took it"), said
+
+
+@pytest.mark.gcs
+def test_a_gs_heartbeat_whose_answer_was_lost_keeps_the_lease(faulty_gcs, caplog):
+    """A heartbeat is a conditional write (the generation written last). Applied, its answer lost, the client's retry
+    meets a 412 (the generation moved: by this write), and the run stopped renewing its lease as if another had taken
+    it: after `ttl` a run on another host would take a live run's output over. A 412 now reads the lease back: still
+    this run's, it beats on. (The emulator does not enforce the generation: the front answers the retry 412, as
+    Cloud Storage does.)"""
+    from dataset_format import storage
+
+    bucket, front = faulty_gcs
+    directory, ttl = f"gs://{bucket}/out", 3.0
+    with caplog.at_level(logging.WARNING, logger="dataset_format.lease"):
+        with Lease(directory, held=_held, ttl=ttl):
+            front.fail_next(0, where="ifGenerationMatch=")  # applied, its answer cut: the client retries
+            front.fail_next(412, where="ifGenerationMatch=")  # the retry
+            time.sleep(2.5 * ttl)
+            lease = json.loads(storage.read_text(f"{directory}/{LEASE_NAME}"))
+            assert not front.faults  # (both faults were met)
+            assert time.time() - lease["heartbeat"] < ttl / 3 + 1.0  # it beat after them
+            assert dead({**lease, "host": "another-host"}, ttl) is None
+        assert storage.read_text(f"{directory}/{LEASE_NAME}") is None  # given back at the end
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

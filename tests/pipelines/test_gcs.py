@@ -31,8 +31,8 @@ def test_gcs_to_gcs_end_to_end(tmp_path, gcs_bucket):
     names = sorted(b.name for b in client.list_blobs(bucket, prefix="out/"))
     # Only final names: no temporary objects left behind, no write probe; a commit record per shard.
     shards = [f"train-{i:05d}-of-00003.array_record" for i in range(3)]
-    assert names == [f"out/.shards/{s}.json" for s in shards] + ["out/manifest.json", "out/report.json"] + [
-        f"out/{s}" for s in shards]
+    assert names == ["out/.shards/records-kept"] + [f"out/.shards/{s}.json" for s in shards] + [
+        "out/manifest.json", "out/report.json"] + [f"out/{s}" for s in shards]
     manifest = Manifest.from_json(client.bucket(bucket).blob("out/manifest.json").download_as_text())
     assert manifest.shards[2].source == f"gs://{bucket}/in/train-00002-of-00003.tfrecord"
 
@@ -84,4 +84,28 @@ def test_corrupt_gcs_shard_leaves_no_object(tmp_path, gcs_bucket):
 
     assert not outcome.ok
     assert f"gs://{bucket}/in/bad.tfrecord: corrupt TFRecord at byte offset {9 * 116}, record 9:" in outcome.manifest.failed[0]["error"]
-    assert sorted(b.name for b in client.list_blobs(bucket, prefix="out/")) == ["out/manifest.json", "out/report.json"]
+    assert sorted(b.name for b in client.list_blobs(bucket, prefix="out/")) == [
+        "out/.shards/records-kept", "out/manifest.json", "out/report.json"]
+
+
+def test_a_403_writing_the_output_names_the_output_not_the_source(tmp_path, faulty_gcs, monkeypatch):
+    """A 403 on the shard's upload (the output bucket's permission revoked mid-run, a retention policy) was reported
+    as "<the local source> cannot be read (permission denied); grant read access"."""
+    from dataset_format import storage
+
+    bucket, front = faulty_gcs
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(0, 10)])
+    upload = storage.upload
+
+    def upload_refused(local, remote):  # the real client, and a real 403 answer to the shard's upload
+        front.fail_next(403, where="/upload/")
+        return upload(local, remote)
+
+    monkeypatch.setattr(storage, "upload", upload_refused)
+    outcome = run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*.tfrecord"), output=f"gs://{bucket}/out"),
+                             ["--direct_num_workers=1"])
+    assert [f["error"] for f in outcome.manifest.failed] == [
+        f"gs://{bucket}/out/train-00000-of-00001.array_record: permission denied (403) on bucket {bucket!r}, object "
+        "'out/train-00000-of-00001.array_record'; grant this account access to the bucket (roles/storage.objectViewer "
+        "to read, objectAdmin to write) or check the path (the output: the converted shards are kept; rerun once it "
+        "can be written)"]

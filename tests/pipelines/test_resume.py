@@ -90,6 +90,29 @@ def test_a_shard_rewritten_by_a_killed_run_of_other_options_is_converted_again(j
     assert "converted 0 shard(s)" not in rerun.stdout
 
 
+def test_a_one_shard_output_rewritten_by_a_killed_run_is_converted_again(tmp_path):
+    """The same with every shard in flight at once (a one-shard split): the killed run had removed every commit
+    record, and an output without any was taken for one converted before records existed: the rerun kept the file
+    the killed run wrote (zstd), its size the same, under the manifest's entry (snappy), and verify passed. The
+    output's runs mark that they keep records (.shards/records-kept), so none there is every record removed."""
+    from pipelines.verify import verify
+    from tests.pipelines.conftest import SITECUSTOMIZE
+
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(0, 3000, size=200)])
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    out = tmp_path / "out"
+    run_cli("convert", "--input", str(tmp_path / "in" / "*.tfrecord"), "--output", str(out), check=True)
+    snappy = (out / "train-00000-of-00001.array_record").stat().st_size
+    assert killed_run(tmp_path, "replaced:1", "--compression", "zstd:3") == -signal.SIGKILL
+    assert not commits.listing(str(out)) and (out / "train-00000-of-00001.array_record").stat().st_size == snappy
+    rerun = run_cli("convert", "--input", str(tmp_path / "in" / "*.tfrecord"), "--output", str(out), check=True)
+    assert "converted 1 shard(s)" in rerun.stdout, rerun.stdout + rerun.stderr
+    assert verify(str(out), deep=True).problems == []
+    record, _ = commits.read(str(out), ["train-00000-of-00001.array_record"])["train-00000-of-00001.array_record"]
+    assert record.writer_options == "group_size:1,snappy"
+
+
 @pytest.mark.gcs
 @pytest.mark.parametrize("point", [pytest.param("commit:3", marks=pytest.mark.slow), "manifest"])
 def test_a_killed_conversion_to_gcs_resumes_without_redoing_committed_shards(job, gcs_bucket, gcs_emulator, point):
@@ -136,3 +159,80 @@ def test_a_rerun_removes_temporary_files_beside_shards_and_commit_records(tmp_pa
         path.write_text("x")
     _remove_dead_temp_files(str(tmp_path))
     assert [p.exists() for p in left + kept] == [False, False, True, True]
+
+
+@pytest.mark.gcs
+def test_a_rerun_removes_the_local_shards_a_killed_run_to_gcs_left(job, gcs_bucket, gcs_emulator):
+    """A conversion to gs:// writes each shard whole in the temporary directory, then uploads it: a run killed with
+    shards in flight left them there (as large as the shards), and no rerun removed them."""
+    bucket, _ = gcs_bucket
+    output, scratch = f"gs://{bucket}/out", job / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, **gcs_emulator, "PYTHONPATH": os.pathsep.join([str(job / "site"), str(REPO)]),
+           "ARCONV_KILL_AT": "first-shard", "ARCONV_KILL_COUNTER": str(job / "counter"), "TMPDIR": str(scratch)}
+    killed = subprocess.run([sys.executable, "-m", "pipelines", "convert", "--input", str(job / "in" / "*.tfrecord"),
+                             "--output", output], cwd=REPO, env=env, capture_output=True, timeout=300,
+                            start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("arconv-")]  # the dead run's shard(s)
+    (scratch / "arconv-1-not-ours.array_record").write_bytes(b"x")  # pid 1 lives: kept
+    run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", output,
+            env={**gcs_emulator, "TMPDIR": str(scratch)}, check=True)
+    left = sorted(p.name for p in scratch.iterdir() if p.name.startswith("arconv-"))
+    assert left == ["arconv-1-not-ours.array_record"]
+
+
+GONE = "train-00002-of-00008"
+
+
+def _names(out):
+    return sorted(p.name for p in out.iterdir()), sorted(p.name for p in (out / ".shards").iterdir())
+
+
+def test_prune_deletes_committed_shards_of_a_removed_source_after_a_first_run_died(job):
+    """A first run killed before its manifest, then a source removed: --prune only looked at the manifest's entries,
+    and the shard (and its record) stayed for good, read by a glob of the output."""
+    out = job / "out"
+    assert killed_run(job, "manifest") == -signal.SIGKILL  # all 8 shards committed, no manifest yet
+    os.remove(job / "in" / f"{GONE}.tfrecord")  # the source is removed before the rerun
+
+    run_cli("convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(out), "--prune", check=True)
+
+    files, records = _names(out)
+    assert f"{GONE}.array_record" not in files, "the shard of a removed source is left in the output"
+    assert f"{GONE}.array_record.json" not in records, "its commit record is left too"
+    assert len(json.loads((out / "manifest.json").read_text())["shards"]) == SHARDS - 1
+
+
+PRUNE_KILL = '''
+import os, signal
+from dataset_format import storage
+_dq = storage.delete_quietly
+def delete_quietly(path):
+    if os.environ.get("KILL_ON_PRUNE") and path.endswith(".array_record"):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    _dq(path)
+storage.delete_quietly = delete_quietly
+'''
+
+
+def test_a_prune_run_killed_after_its_manifest_leaves_the_shard_for_the_next_prune(job):
+    """A --prune run writes its manifest, then deletes the pruned shards: killed between, the next --prune found
+    them in no manifest and left them for good."""
+    out = job / "out"
+    inp = str(job / "in" / "*.tfrecord")
+    run_cli("convert", "--input", inp, "--output", str(out), check=True)
+    os.remove(job / "in" / f"{GONE}.tfrecord")
+    (job / "site2").mkdir()
+    (job / "site2" / "sitecustomize.py").write_text(PRUNE_KILL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(job / "site2"), str(REPO)]), "KILL_ON_PRUNE": "1"}
+    killed = subprocess.run([sys.executable, "-m", "pipelines", "convert", "--input", inp, "--output", str(out),
+                             "--prune"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                            start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL
+
+    again = run_cli("convert", "--input", inp, "--output", str(out), "--prune", check=True)
+
+    files, records = _names(out)
+    assert f"{GONE}.array_record" not in files, "the pruned shard stays in the output for good: " + again.stdout
+    assert f"{GONE}.array_record.json" not in records
