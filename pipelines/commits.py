@@ -23,14 +23,14 @@ INLINE_LIMIT = 7 * 1024  # Cloud Storage allows 8 KiB of custom metadata an obje
 READ_ONE_BY_ONE_UP_TO = 64  # more records than this are read from a listing (gs://)
 
 
-# In COMMITS_DIR, from before the first shard a run replaces: the output's runs keep commit records. Where it is, an
-# output without records is one whose runs all stopped between removing a record and writing it again (every shard
-# of a small split in flight at once), not one converted before records existed.
+# In COMMITS_DIR, written before a shard's record is first removed (to replace its file): the output's runs keep
+# commit records. Where it is, an output without records is one whose runs all stopped between removing a record and
+# writing it again (every shard of a small split in flight at once), not one converted before records existed.
 KEPT_MARK = "records-kept"
 
 
 def mark_kept(output: str) -> None:
-    """Writes KEPT_MARK once (before a run converts anything)."""
+    """Writes KEPT_MARK unless it is there."""
     path = storage.join(storage.join(output, COMMITS_DIR), KEPT_MARK)
     if not storage.exists(path):
         storage.write_text(path, "this output's conversions keep a commit record per shard\n")

@@ -102,7 +102,6 @@ def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_datafl
     # A job description is always written when asked for (a Flex Template launcher waits for one),
     # even with nothing to convert: the job then only rewrites the manifest.
     if plan.tasks or template:
-        commits.mark_kept(config.output)  # (before any shard's record is removed: plan.py _rewritten)
         pipeline = beam.Pipeline(runner=_runner(options), options=options)
         tasks_dir = shard_tasks.dataflow_dir(dataflow.temp_location(options)) if on_dataflow else None
         _ = pipeline | "ConvertToArrayRecord" >> ConvertToArrayRecord(config, plan, tasks_dir)

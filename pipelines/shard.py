@@ -78,6 +78,7 @@ def convert_shard(
     shard's records are ids, and get none.
     """
     if task.has_record:  # (the record describes the old file: a run stopped while replacing it must not keep it)
+        commits.mark_kept(task.output_dir)  # (first: with every record removed, the output still says it keeps them)
         commits.remove(task.output_dir, task.relative_path)
     remote = is_remote(task.output)
     if remote:

@@ -56,8 +56,7 @@ def test_matched_shards_same_records_same_order(shards, tmp_path):
     assert outcome.ok and outcome.converted == 5
     names = [f"train-{i:05d}-of-00005.array_record" for i in range(5)]
     assert _files(out) == sorted(names + ["manifest.json", "report.json"])  # no temporary files left
-    # a commit record per shard, and the mark that the output's runs keep them
-    assert sorted(os.listdir(out / ".shards")) == [n + ".json" for n in names] + ["records-kept"]
+    assert sorted(os.listdir(out / ".shards")) == [n + ".json" for n in names]  # a commit record per shard
     for name, source, records in zip(names, sorted(in_dir.iterdir()), contents):
         assert _read_array_record(out / name) == records == _read_tfrecord(source)
 

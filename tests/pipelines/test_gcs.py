@@ -31,8 +31,8 @@ def test_gcs_to_gcs_end_to_end(tmp_path, gcs_bucket):
     names = sorted(b.name for b in client.list_blobs(bucket, prefix="out/"))
     # Only final names: no temporary objects left behind, no write probe; a commit record per shard.
     shards = [f"train-{i:05d}-of-00003.array_record" for i in range(3)]
-    assert names == ["out/.shards/records-kept"] + [f"out/.shards/{s}.json" for s in shards] + [
-        "out/manifest.json", "out/report.json"] + [f"out/{s}" for s in shards]
+    assert names == [f"out/.shards/{s}.json" for s in shards] + ["out/manifest.json", "out/report.json"] + [
+        f"out/{s}" for s in shards]
     manifest = Manifest.from_json(client.bucket(bucket).blob("out/manifest.json").download_as_text())
     assert manifest.shards[2].source == f"gs://{bucket}/in/train-00002-of-00003.tfrecord"
 
@@ -84,8 +84,7 @@ def test_corrupt_gcs_shard_leaves_no_object(tmp_path, gcs_bucket):
 
     assert not outcome.ok
     assert f"gs://{bucket}/in/bad.tfrecord: corrupt TFRecord at byte offset {9 * 116}, record 9:" in outcome.manifest.failed[0]["error"]
-    assert sorted(b.name for b in client.list_blobs(bucket, prefix="out/")) == [
-        "out/.shards/records-kept", "out/manifest.json", "out/report.json"]
+    assert sorted(b.name for b in client.list_blobs(bucket, prefix="out/")) == ["out/manifest.json", "out/report.json"]
 
 
 def test_a_403_writing_the_output_names_the_output_not_the_source(tmp_path, faulty_gcs, monkeypatch):
