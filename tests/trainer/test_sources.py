@@ -44,7 +44,7 @@ def test_each_setup_step_runs_once_per_run(digits, tmp_path, monkeypatch):
         _counted(monkeypatch, calls, module, name, key)
     build = Program.build.__func__
     monkeypatch.setattr(Program, "build", classmethod(
-        lambda cls, config: (calls.update([("Program.build", None)]), build(cls, config))[1]))
+        lambda cls, config, data=None: (calls.update([("Program.build", None)]), build(cls, config, data))[1]))
 
     train_dir, test_dir = str(digits["train"]), str(digits["test"])
     config = TrainConfig(data=train_dir, eval_data=test_dir, workdir=str(tmp_path), model="mlp", steps=6,
