@@ -151,7 +151,10 @@ class Lease:
             current, _ = self._read()
         except (OSError, ValueError):
             return False
-        return current is not None and all(current.get(k) == v for k, v in self._body.items())
+        return self._is_ours(current)
+
+    def _is_ours(self, lease: dict | None) -> bool:
+        return lease is not None and all(lease.get(k) == v for k, v in self._body.items())
 
     def _watch(self, current: dict) -> tuple[str | None, dict | None, int | None]:
         """Reads the lease again until its holder beats (reason None: it lives), lapses (the reason) or ends (no
@@ -219,7 +222,7 @@ class Lease:
             if generation is None:  # a 412: another run wrote it, or this one did and the answer was lost (the
                 # client's retry of a write applied at once meets its own new generation); the body tells which
                 current, generation = self._read()
-                if current is None or any(current.get(k) != v for k, v in self._body.items()):
+                if not self._is_ours(current):
                     raise LeaseHeld(f"{self._directory}: another run took the lease over ({LEASE_NAME} changed under "
                                     "us)")
             self._generation = generation

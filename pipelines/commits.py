@@ -31,9 +31,9 @@ KEPT_MARK = "records-kept"
 
 def mark_kept(output: str) -> None:
     """Writes KEPT_MARK unless it is there."""
-    path = storage.join(storage.join(output, COMMITS_DIR), KEPT_MARK)
-    if not storage.exists(path):
-        storage.write_text(path, "this output's conversions keep a commit record per shard\n")
+    if not kept(output):
+        storage.write_text(storage.join(storage.join(output, COMMITS_DIR), KEPT_MARK),
+                           "this output's conversions keep a commit record per shard\n")
 
 
 def kept(output: str) -> bool:

@@ -135,7 +135,7 @@ def same_data(resolve: Callable[[], Any], seen: Callable[[Any], dict[str, dict]]
         data = resolve()
         mine = json.dumps({"seen": seen(data)}, sort_keys=True)
     except BaseException as e:  # said to the others first (they wait for this process's value), then raised
-        exchange("data", json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}))
+        exchange("data", json.dumps({"error": _said(e)}))
         raise
     theirs = [json.loads(v) for v in exchange("data", mine)]
     failed = [(i, t["error"]) for i, t in enumerate(theirs) if "error" in t]
@@ -155,6 +155,11 @@ def same_data(resolve: Callable[[], Any], seen: Callable[[Any], dict[str, dict]]
     return data
 
 
+def _said(e: BaseException) -> str:
+    """An error as another process's line names it: its type and first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 @contextlib.contextmanager
 def together(what: str) -> Iterator[None]:
     """Around a stretch of setup with no collective in it: an error there on any process is raised on every process
@@ -165,7 +170,7 @@ def together(what: str) -> Iterator[None]:
     try:
         yield
     except BaseException as e:
-        exchange(what, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        exchange(what, _said(e))
         raise
     failed = [(i, status) for i, status in enumerate(exchange(what, "")) if status]
     if failed:

@@ -94,18 +94,17 @@ def resolve(config: TrainConfig) -> Sources:
 
 def shards_seen(data: Sources) -> dict[str, dict]:
     """What this process reads of each source (every source resolved): its shard count, record count, and a digest
-    of each shard's file name, records, stored bytes and, on gs://, the generation listed (a local file's inode and
-    times differ between hosts' copies of one conversion, so they are left out). The job's processes compare them
-    (trainer/job.py same_data)."""
+    of its identity (each shard's file name and records, wherever it lies), each shard's stored bytes and, on gs://,
+    the generation listed (a local file's inode and times differ between hosts' copies of one conversion, so they are
+    left out). The job's processes compare them (trainer/job.py same_data)."""
     seen = {}
     for key, group in (("data", data.train), ("eval_data", data.eval)):
         for source in group:
             shards = source.resolved
-            gs = [storage.is_remote(p) for p in shards.paths]
-            versions = shards.shard_versions or (None,) * len(shards.paths)
-            described = [[storage.basename(p), n, b, v if remote else None] for p, n, b, v, remote in zip(
-                shards.paths, shards.lengths, shards.shard_bytes or (None,) * len(shards.paths), versions, gs)]
-            digest = hashlib.sha256(json.dumps([described, shards.offsets]).encode()).hexdigest()[:16]
+            versions = [v if storage.is_remote(p) else None
+                        for p, v in zip(shards.paths, shards.shard_versions or (None,) * len(shards.paths))]
+            made = [shards.identity, shards.shard_bytes, versions]
+            digest = hashlib.sha256(json.dumps(made).encode()).hexdigest()[:16]
             seen[_key(key, source.name, source.path)] = {"shards": len(shards.paths), "records": len(shards),
                                                         "digest": digest}
     return seen
