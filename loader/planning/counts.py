@@ -3,7 +3,8 @@ datasets keep the same "sizes" array).
 
 A pre-tokenized dataset (`python -m pipelines convert --tokenizer ...`) has them beside its shards: each shard's
 `.counts` file holds one little-endian uint32 per record, memory-mapped here, so a corpus of a billion documents
-costs no start-up time and at most 4 bytes a document of page cache. For text tokenised at load time they are
+costs no start-up time and at most 4 bytes a document of page cache, shared by the processes of a host. A gs://
+corpus's are copied once to the loader's index directory (keyed by each object's generation) and mapped there. For text tokenised at load time they are
 counted once (reading, decoding and tokenising on the loader's executor: every core) and cached beside the loader's index, keyed by the
 source's index key and the tokenizer's `cache_key`, so a restart reads them back instead of tokenising again.
 
@@ -20,6 +21,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 SUFFIX = COUNTS_SUFFIX
 DTYPE = np.dtype("<u4")
 _COUNT_READ = 16384  # records per task of the counting pass
+_COPY_THREADS = 16  # gs:// counts files downloaded at once (a request each: latency-bound)
 
 
 class TokenCounts:
@@ -75,15 +78,21 @@ class TokenCounts:
         return out
 
     @classmethod
-    def of_source(cls, source, max_count: int | None = None) -> TokenCounts:
+    def of_source(cls, source, max_count: int | None = None, directory: str | None = None) -> TokenCounts:
         """The `.counts` files beside a pre-tokenized source's shards (loader.format.source.ShardedSource), each
         checked to hold one count per record of its shard; a slice's part of each. A count over `max_count` (more ids
-        than a record can hold) is an error naming its file and record when it is used."""
-        columns, first = [], source.first_records.tolist()
-        for path, n, whole, at in zip(source.paths, source.lengths, source.records_in_files, first):
-            # (a slice's shards outside it are not opened: on gs:// each would be a whole download)
-            opened = n or source.offsets is None
-            columns.append(_open_column(path + SUFFIX, whole)[at:at + n] if opened else np.zeros(0, DTYPE))
+        than a record can hold) is an error naming its file and record when it is used. gs:// counts files are copied
+        to `directory` (default: the loader's index directory) and mapped there."""
+        first = source.first_records.tolist()
+        # (a slice's shards outside it are not opened: on gs:// each would be a whole download)
+        opened = [n or source.offsets is None for n in source.lengths]
+        copies = _local_copies({path + SUFFIX: whole for path, whole, wanted in
+                                zip(source.paths, source.records_in_files, opened)
+                                if wanted and storage.is_remote(path)}, directory)
+        columns = []
+        for path, n, whole, at, wanted in zip(source.paths, source.lengths, source.records_in_files, first, opened):
+            column = _open_column(path + SUFFIX, whole, copies.get(path + SUFFIX)) if wanted else None
+            columns.append(column[at:at + n] if wanted else np.zeros(0, DTYPE))
         # Of which shards (their file names and records, not their directory: a staged or copied corpus is the same),
         # made how (tokenization: another tokenizer, or BOS/EOS added, lays out other rows).
         made = [[storage.basename(p) for p in source.paths], list(source.records_in_files), tokenization(source)]
@@ -141,26 +150,59 @@ def tokenization(source) -> str | None:
     return made if source.token_count is None else f"{made}, {source.token_count:,} token ids"
 
 
-def _open_column(path: str, records: int) -> np.ndarray:
-    """A counts file, memory-mapped when local; its size must be one count per record."""
-    if storage.is_remote(path):
-        data = storage.read_bytes(path)
-        if data is None:
-            raise FileNotFoundError(f"{path} is missing: a pre-tokenized shard's token counts; "
-                                    f"{redo(path[:-len(SUFFIX)])}")
-        size = len(data)
-    else:
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path} is missing: a pre-tokenized shard's token counts; "
-                                    f"{redo(path[:-len(SUFFIX)])}") from None
-        data = None
+def _missing(path: str) -> FileNotFoundError:
+    return FileNotFoundError(f"{path} is missing: a pre-tokenized shard's token counts; {redo(path[:-len(SUFFIX)])}")
+
+
+def _check_size(path: str, size: int, records: int) -> None:
     if size != records * DTYPE.itemsize:
         raise ValueError(f"{path} is {size} bytes but its shard has {records} records ({records * DTYPE.itemsize} "
                          f"bytes of counts); the file is damaged or from another conversion: {redo(path[:-len(SUFFIX)])}")
+
+
+def _local_copies(records: dict[str, int], directory: str | None) -> dict[str, str]:
+    """{gs:// counts file: its local copy} for the files of `records` ({file: its shard's records}), each checked to
+    hold a count per record (before it is copied). A copy is named by its object's path, size and generation, so a
+    file written again is copied again and the others are not copied twice; the missing ones are downloaded on
+    threads. (Read into memory instead, they would hold 4 bytes a document on every process: 4 GB at 1e9.)"""
+    if not records:
+        return {}
+    if directory is None:
+        from loader.format import index
+
+        directory = index.default_dir()
+    listed: dict[str, tuple[int, int]] = {}
+    for parent in sorted({path.rsplit("/", 1)[0] for path in records}):
+        listed.update({f"{parent}/{name}": found for name, found in storage.list_generations(parent).items()})
+    copies, wanted = {}, []
+    for path, n in records.items():
+        if path not in listed:
+            raise _missing(path)
+        size, generation = listed[path]
+        _check_size(path, size, n)
+        name = hashlib.sha256(f"gs-copy\n{path}\n{size}\n{generation}".encode()).hexdigest()[:32]
+        copies[path] = os.path.join(directory, f"{name}{SUFFIX}")
+        if not os.path.exists(copies[path]):
+            wanted.append((path, copies[path], size, generation))
+    if wanted:
+        started = time.monotonic()
+        os.makedirs(directory, exist_ok=True)
+        with ThreadPoolExecutor(min(_COPY_THREADS, len(wanted))) as pool:
+            copied = sum(pool.map(lambda job: storage.download(job[0], job[1], expected_size=job[2],
+                                                               generation=job[3]), wanted))
+        log.info("packing: copied %d token-count file(s) (%d bytes) of %s to %s in %.1f s", len(wanted), copied,
+                 wanted[0][0].rsplit("/", 1)[0], directory, time.monotonic() - started)
+    return copies
+
+
+def _open_column(path: str, records: int, copy: str | None = None) -> np.ndarray:
+    """A local counts file (or `copy`, a gs:// one's local copy), memory-mapped; its size must be one count per
+    record."""
+    try:
+        size = os.path.getsize(copy or path)
+    except FileNotFoundError:
+        raise _missing(path) from None
+    _check_size(path, size, records)
     if records == 0:
         return np.zeros(0, DTYPE)
-    if data is not None:
-        return np.frombuffer(data, DTYPE)
-    return np.memmap(path, DTYPE, mode="r", shape=(records,))
+    return np.memmap(copy or path, DTYPE, mode="r", shape=(records,))
