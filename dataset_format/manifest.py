@@ -38,7 +38,7 @@ class ShardEntry:
     records: int
     bytes: int  # size of the ArrayRecord file
     source_bytes: int
-    source_fingerprint: str  # changes when the source is rewritten (size and mtime)
+    source_fingerprint: str  # changes when the source is rewritten (size and mtime; gs://: size and generation)
     writer_options: str
     split: str | None = None  # TFDS split, when converted from a TFDS directory
     skipped_corrupt: int = 0  # corrupt frames skipped with --skip-corrupt (see report.json)

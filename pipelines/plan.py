@@ -16,6 +16,7 @@ from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from pipelines import commits, paths, tfds_dir, tokens
 from pipelines.config import COMPRESSION_NAME, DEFAULT_COMPRESSION, ConvertConfig
+from pipelines.paths import InputFile
 from pipelines.shard import ShardResult, ShardTask
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
     for file, split, expected in inputs:
         relative = names[file.path]
         entry = old.get(file.path)
-        reason = _stale(entry, config.force, file.fingerprint, options, tokenized, relative, existing.get(relative))
+        reason = _stale(entry, config.force, file, options, tokenized, relative, existing.get(relative))
         if reason is None and entry.path in stale:
             reason = stale[entry.path]
         if reason is None:
@@ -158,14 +159,14 @@ def _check_orphans(gone: list[ShardEntry], kind: str, tokenized: str | None, con
                          "tokenisations in one dataset; pass --prune to delete them")
 
 
-def _stale(entry: ShardEntry | None, force: bool, fingerprint: str, options: str, tokenized: str | None,
+def _stale(entry: ShardEntry | None, force: bool, source: InputFile, options: str, tokenized: str | None,
            relative: str, size: int | None) -> str | None:
     """Why the shard of `entry` (None: the manifest has none) is converted, or None: it is up to date."""
     if entry is None:
         return "new: not in the manifest"
     if force:
         return "--force"
-    if entry.source_fingerprint != fingerprint:
+    if not source.matches(entry.source_fingerprint):
         return "its source changed"
     if entry.writer_options != options:
         return f"writer options {entry.writer_options} -> {options}"
@@ -221,7 +222,7 @@ def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None
     for task in candidates:
         entry, corruptions = records.get(task.relative_path, (None, ()))
         if (entry is not None and same_path(entry.source) == task.source.path
-                and entry.source_fingerprint == task.source.fingerprint and entry.writer_options == options
+                and task.source.matches(entry.source_fingerprint) and entry.writer_options == options
                 and entry.tokens == tokenized and existing.get(task.relative_path) == entry.bytes):
             recovered.append(ShardResult(entry, corruptions))
     return recovered  # (the plan's line says how many: "N recovered from an interrupted run", once, as the lease holder)

@@ -13,6 +13,7 @@ import json
 from dataset_format import storage
 from dataset_format.storage import basename
 from dataset_format.tfds_info import INFO_NAME, read_info, shard_name
+from pipelines import paths
 from pipelines.paths import InputFile
 
 
@@ -51,7 +52,8 @@ def list_shards(directory: str) -> list[TfdsShard]:
                                                              meta.last_updated_in_seconds), length))
     if not shards:
         raise ValueError(f"{storage.join(directory, INFO_NAME)} lists no shards; the dataset is empty")
-    return shards
+    files = paths.with_generations([s.file for s in shards])
+    return [dataclasses.replace(s, file=f) for s, f in zip(shards, files)]
 
 
 def write_metadata(source_dir: str, out_dir: str, shard_lengths: dict[str, list[int]]) -> None:

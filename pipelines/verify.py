@@ -99,12 +99,12 @@ def stale_sources(entries) -> list[str]:
     stale = []
     for directory, group in by_directory.items():
         try:
-            found = {f.path: f.fingerprint for f in paths.list_files(directory)}
+            found = {f.path: f for f in paths.list_files(directory)}
         except (OSError, ValueError) as e:
             stale.append(f"{directory} (cannot be listed: {str(e).splitlines()[0][:200]})")
             continue
         stale += [f"{source} ({'gone' if source not in found else 'changed'})" for source, e in group
-                  if found.get(source) != e.source_fingerprint]
+                  if source not in found or not found[source].matches(e.source_fingerprint)]
     return stale
 
 
@@ -157,10 +157,10 @@ def _rerun(path: str, entry: ShardEntry) -> str:
     if staged.source_of(path) is not None:
         return redo(path)
     try:
-        now = paths.list_inputs(entry.source)[0].fingerprint
+        now = paths.list_inputs(entry.source)[0]
     except OSError:
         now = None
-    if now is not None and now != entry.source_fingerprint:
+    if now is not None and not now.matches(entry.source_fingerprint):
         return "its source changed after the conversion: re-run the conversion (it converts changed sources again)"
     return "re-run the conversion with --force"
 

@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -157,6 +158,7 @@ class FaultFront(http.server.ThreadingHTTPServer):
         self.faults: list[tuple[str, int]] = []  # (text in the path, status), consumed in order
         self.failed: list[tuple[int, str]] = []
         self.seen: list[tuple[str, str, str | None]] = []  # every request: (method, path, Range header)
+        self.edits: list[tuple[str, Callable[[dict], None]]] = []  # (text in the path, an edit of the JSON answer)
         self.lock = threading.Lock()
 
     def handle_error(self, request, client_address) -> None:
@@ -165,6 +167,12 @@ class FaultFront(http.server.ThreadingHTTPServer):
 
         if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
             super().handle_error(request, client_address)
+
+    def edit_answers(self, edit: Callable[[dict], None], where: str = "") -> None:
+        """Every later JSON answer to a request whose path contains `where` is changed by `edit` (in place, on its
+        parsed body): what Cloud Storage answers where the emulator answers otherwise."""
+        with self.lock:
+            self.edits.append((where, edit))
 
     def fail_next(self, status: int, times: int = 1, where: str = "") -> None:
         """The next `times` requests whose path contains `where` are answered with `status`; status 0: answered in
@@ -205,6 +213,12 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         conn.request(self.command, self.path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
+        edits = [edit for where, edit in server.edits if where in self.path]
+        if edits and response.status == 200 and "json" in (response.getheader("Content-Type") or ""):
+            body = json.loads(data)
+            for edit in edits:
+                edit(body)
+            data = json.dumps(body).encode()
         self.send_response(response.status)
         for key, value in response.getheaders():
             if key.lower() not in ("transfer-encoding", "connection", "content-length"):

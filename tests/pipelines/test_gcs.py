@@ -108,3 +108,55 @@ def test_a_403_writing_the_output_names_the_output_not_the_source(tmp_path, faul
         "'out/train-00000-of-00001.array_record'; grant this account access to the bucket (roles/storage.objectViewer "
         "to read, objectAdmin to write) or check the path (the output: the converted shards are kept; rerun once it "
         "can be written)"]
+
+
+def test_gcs_sources_are_fingerprinted_by_generation_not_by_their_updated_time(tmp_path, faulty_gcs):
+    """Cloud Storage moves an object's `updated` time when only its metadata changes (a lifecycle rule's
+    storage-class move, `gcloud storage objects update`); the fingerprint was size + `updated`, so a scheduled refresh
+    converted such byte-identical sources again. It is size + generation: a metadata change converts nothing, `verify`
+    finds nothing stale, a rewrite of the same bytes converts that source again. A manifest of the earlier form
+    (size + `updated`) still holds while they do."""
+    from dataset_format import storage
+    from pipelines.verify import stale_sources
+
+    bucket, front = faulty_gcs
+    from google.cloud import storage as gcs
+
+    client = gcs.Client(project="test")
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 5) for i in range(2)])
+    _upload_dir(client, bucket, tmp_path / "in", "in")
+    config = ConvertConfig(input=f"gs://{bucket}/in", output=f"gs://{bucket}/out")
+    assert run_conversion(config, ["--direct_num_workers=1"]).converted == 2
+    manifest_path = f"gs://{bucket}/out/manifest.json"
+    manifest = Manifest.from_json(storage.read_text(manifest_path))
+    generations = storage.list_generations(f"gs://{bucket}/in")
+    assert [e.source_fingerprint for e in manifest.shards] == [
+        f"size={size},generation={generation}" for _, (size, generation) in sorted(generations.items())]
+
+    first = client.bucket(bucket).blob("in/train-00000-of-00002.tfrecord")
+    first.metadata = {"reviewed": "yes"}
+    first.patch()
+
+    def metadata_changed(body):  # what GCS answers after the patch: a later `updated`, the same generation
+        for item in body.get("items", [body]):
+            if item.get("name", "").startswith("in/"):
+                item["updated"] = "2031-01-01T00:00:00.000Z"
+
+    front.edit_answers(metadata_changed, where="/o")
+    again = run_conversion(config, ["--direct_num_workers=1"])
+    assert again.ok and again.converted == 0 and len(again.plan.kept) == 2
+    assert stale_sources(manifest.shards) == []
+
+    # A manifest of the earlier form: the sources' size and `updated` time, as listed.
+    listed = {f"gs://{bucket}/in/{name}": (b.size, b.updated.timestamp()) for name, b in
+              ((b.name[3:], b) for b in client.list_blobs(bucket, prefix="in/"))}
+    text = storage.read_text(manifest_path)
+    for entry in manifest.shards:
+        size, updated = listed[entry.source]
+        text = text.replace(entry.source_fingerprint, f"size={size},mtime={updated:.6f}")
+    storage.write_text(manifest_path, text)
+    assert "mtime=" in text and run_conversion(config, ["--direct_num_workers=1"]).converted == 0
+
+    first.upload_from_filename(str(tmp_path / "in" / "train-00000-of-00002.tfrecord"))  # the same bytes again
+    rewritten = run_conversion(config, ["--direct_num_workers=1"])
+    assert rewritten.converted == 1 and [t.reason for t in rewritten.plan.tasks] == ["its source changed"]
