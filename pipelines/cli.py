@@ -337,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {argv[0]!r} is not a command; the commands are {', '.join(_COMMANDS)}", file=sys.stderr)
         return 2
     logs.setup()
+    sigterm = _SigTerm.install()
     try:
         return _COMMANDS[argv[0]](argv[1:])
     except (FileNotFoundError, PermissionError, ValueError, LeaseHeld) as e:
@@ -354,8 +355,32 @@ def main(argv: list[str] | None = None) -> int:
                     "what is left)")
         else:
             what = ""
-        print(f"interrupted{what}", file=sys.stderr)
-        return 130
+        print(f"{'stopped by SIGTERM' if sigterm.received else 'interrupted'}{what}", file=sys.stderr)
+        return 143 if sigterm.received else 130
+
+
+class _SigTerm:
+    """A SIGTERM (a pod or VM stopped, `kill`) unwinds the command as Ctrl-C does: the lease given back, the workers
+    stopped, one line on what was kept. Its default action ended the process at once, and the output's lease then held
+    off a restart until it lapsed."""
+
+    def __init__(self):
+        self.received = False
+
+    @classmethod
+    def install(cls) -> _SigTerm:
+        import signal
+        import threading
+
+        handler = cls()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
+        return handler
+
+    def __call__(self, *_) -> None:
+        if not self.received:  # (a second one while the command unwinds is the same request)
+            self.received = True
+            raise KeyboardInterrupt("SIGTERM")
 
 
 def _interrupted(error: BaseException) -> bool:

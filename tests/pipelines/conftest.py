@@ -23,7 +23,8 @@ def _die():
 
 if _point.startswith("interrupt:"):  # as on a terminal: a parent that ignores SIGINT (a test runner's worker) would
     signal.signal(signal.SIGINT, signal.default_int_handler)  # leave this process ignoring it too
-if _point.startswith(("commit:", "interrupt:")):  # killed, or Ctrl-C (SIGINT to this process), after N commits
+os.environ.setdefault("ARCONV_LAUNCHER", str(os.getpid()))  # (the first process: its workers inherit it)
+if _point.startswith(("commit:", "interrupt:", "terminate:")):  # killed, Ctrl-C or SIGTERM, after N commits
     from pipelines import commits
     _write = commits.write
 
@@ -33,7 +34,12 @@ if _point.startswith(("commit:", "interrupt:")):  # killed, or Ctrl-C (SIGINT to
         os.write(fd, b"x")
         os.close(fd)
         if os.path.getsize(_counter) == int(_point.split(":")[1]):
-            _die() if _point.startswith("commit:") else os.kill(os.getpid(), signal.SIGINT)
+            if _point.startswith("commit:"):
+                _die()
+            elif _point.startswith("interrupt:"):
+                os.kill(os.getpid(), signal.SIGINT)
+            else:  # to the launcher, as a stopped pod's: Beam's worker processes write the commits of `workers` > 1
+                os.kill(int(os.environ["ARCONV_LAUNCHER"]), signal.SIGTERM)
 
     commits.write = write
 elif _point.startswith("replaced:"):  # killed after the Nth shard's file replaced the old one, before its record

@@ -2,6 +2,8 @@
 
 import signal
 
+import pytest
+
 from pipelines.progress import format_line
 from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
 from tests.pipelines.conftest import killed_run
@@ -119,3 +121,32 @@ def test_ctrl_c_ends_with_what_was_kept_and_a_rerun_finishes(job):
     assert len(commits.listing(str(job / "out"))) == 3
     again = run_cli(*argv, check=True)
     assert "converted 5 shard(s)" in again.stdout and "3 converted earlier" in again.stdout, again.stdout
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sigterm_gives_the_lease_back_and_says_what_was_kept(job, workers):
+    """A SIGTERM (a stopped pod or VM) ended the conversion at once: no line, Beam's workers left, and the output's
+    lease held off the restart ("being converted by another run") until it lapsed, 2 minutes later. It now ends as
+    Ctrl-C does, exit 143: the lease is given back and the same command, run at once, converts the rest."""
+    import os
+    import subprocess
+    import sys
+
+    from dataset_format.lease import LEASE_NAME
+    from pipelines import commits
+    from tests.conftest import REPO
+
+    argv = ["convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(job / "out"),
+            f"--direct_num_workers={workers}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(job / "site"), str(REPO)]),
+           "ARCONV_KILL_AT": "terminate:2", "ARCONV_KILL_COUNTER": str(job / "counter")}
+    proc = subprocess.run([sys.executable, "-m", "pipelines", *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == ("stopped by SIGTERM: the shards committed so far are kept; run "
+                                                    "the same command again to finish (it converts only what is left)")
+    assert not (job / "out" / LEASE_NAME).exists()
+    kept = len(commits.listing(str(job / "out")))
+    assert kept >= 2
+    again = run_cli(*argv, check=True)
+    assert f"converted {8 - kept} shard(s)" in again.stdout and f"{kept} converted earlier" in again.stdout
