@@ -106,6 +106,22 @@ def gcs_bucket(gcs_emulator):
     return name, client
 
 
+COMPILATION_CACHE_ENV = "TESTS_JAX_COMPILATION_CACHE"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_compilation_cache(tmp_path_factory):
+    """One JAX compilation cache for the `python -m trainer` processes of the whole run (every xdist worker's), in its
+    temporary directory: a program many tests run (the digits' init and step) compiles once (tests/trainer/conftest.py
+    run_trainer passes it as JAX_COMPILATION_CACHE_DIR)."""
+    base = tmp_path_factory.getbasetemp()
+    directory = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-compilation-cache"
+    directory.mkdir(exist_ok=True)
+    os.environ[COMPILATION_CACHE_ENV] = str(directory)
+    yield directory
+    os.environ.pop(COMPILATION_CACHE_ENV, None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def loader_index_dir(tmp_path_factory):
     """The loader's index cache (loader/format/index.py) in a temporary directory, for this process and its children."""

@@ -8,7 +8,7 @@ import pytest
 
 from pipelines import ConvertConfig, run_conversion
 from pipelines.demo import write_digits_tfrecords
-from tests.conftest import REPO
+from tests.conftest import COMPILATION_CACHE_ENV, REPO
 
 
 def convert_splits(root: Path, name: str) -> dict[str, Path]:
@@ -60,9 +60,11 @@ def one_based(tmp_path_factory):
 
 def run_trainer(*overrides: str, devices: int = 1, timeout: int = 300, popen: bool = False,
                 extra_env: dict | None = None):
-    """`python -m trainer key=value ...` in a fresh process with `devices` simulated CPU devices."""
+    """`python -m trainer key=value ...` in a fresh process with `devices` simulated CPU devices, its compiled programs
+    in the run's shared cache (tests/conftest.py; `extra_env={"JAX_COMPILATION_CACHE_DIR": ""}`: the workdir's)."""
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(extra_env or {})}
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "JAX_COMPILATION_CACHE_DIR": os.environ.get(COMPILATION_CACHE_ENV, ""), **(extra_env or {})}
     cmd = [sys.executable, "-m", "trainer", *overrides]
     if popen:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -202,8 +202,8 @@ def test_a_stop_before_the_loop_is_one_line(digits, tmp_path, sig, code, last):
 
 def test_resume_after_a_crash_between_log_and_checkpoint_logs_each_step_once(digits, tmp_path):
     args = ("model=mlp", "steps=20", "log_every=1", "checkpoint_every=10")
-    # every program into the compilation cache, however fast it compiled (JAX's default keeps those over 1 s)
-    cache_all = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    # every program into the workdir's compilation cache, however fast it compiled (JAX's default keeps those over 1 s)
+    cache_all = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_COMPILATION_CACHE_DIR": ""}
     first = run_trainer(*_common(digits, tmp_path, *args), extra_env=cache_all)
     assert first.returncode == 0, first.stderr[-2000:]
     want = _metrics(tmp_path)
