@@ -75,6 +75,10 @@ def check_features(task, config: TrainConfig, sources: Sequence[Source], key: st
                              "image_key= / label_key= / text_key= to names both have, or convert it with them)")
 
 
+class Unlabelled(ValueError):
+    """A TFDS split whose ClassLabel holds -1, TFDS's "no label": not a range an offset or another setting fits."""
+
+
 def check_ranges(task, config: TrainConfig, sources: Sequence[Source]) -> None:
     """Each of the task's `ranged_features` over each source (trainer/sources.py: its path, split and TFDS feature
     specs), checked by the task's `check_range`; a mixture component's error names it, and sources whose ranges no
@@ -83,7 +87,7 @@ def check_ranges(task, config: TrainConfig, sources: Sequence[Source]) -> None:
         try:
             _check_source(task, config, source)
         except (ValueError, FileNotFoundError) as e:
-            if len(sources) > 1:
+            if len(sources) > 1 and not isinstance(e, Unlabelled):
                 _sources_disagree(task, sources)
             if source.name is None:
                 raise
@@ -119,18 +123,26 @@ def _sources_disagree(task, sources: Sequence[Source]) -> None:
 def _check_source(task, config: TrainConfig, source: Source) -> None:
     data = source.path
     for feature in getattr(task, "ranged_features", ()):
-        if _valid_by_construction(source.specs.get(feature, {}), task):
-            log.info("%r of %s: a ClassLabel of %d classes, each label in range", feature, data,
-                     source.specs[feature]["num_classes"])
+        spec = source.specs.get(feature, {})
+        if source.resolved.feature_stats is None and _valid_by_construction(spec, task):
+            log.info("%r of %s: a ClassLabel of %d classes, each label in range (or -1, TFDS's \"no label\", which "
+                     "only a full pass would find: it has no recorded ranges)", feature, data, spec["num_classes"])
             continue
         found = feature_range(source, feature)
         if found is not None:
             log.info("%r holds %d..%d%s", feature, found.low, found.high, found.where(data))
+            if spec.get("type") == "ClassLabel" and found.low == -1:
+                raise Unlabelled(f"label_key={feature!r} holds {found.low}..{found.high}{found.where(data)}: -1 is a "
+                                 f"TFDS ClassLabel's \"no label\", so split {source.split!r} has unlabelled records "
+                                 "(imagenet2012's test split has only those); train and evaluate on labelled splits "
+                                 "(eval_data= reads the test split unless eval_split= names another, e.g. "
+                                 "eval_split=validation)")
             task.check_range(feature, found.low, found.high, found.where(data))
 
 
 def _valid_by_construction(spec: dict, task) -> bool:
-    """A TFDS ClassLabel encodes ids 0..num_classes-1: nothing to count when the task trains on exactly those."""
+    """A TFDS ClassLabel encodes ids 0..num_classes-1 (and -1 for a record without a label): nothing to count when
+    the task trains on exactly those and the dataset recorded no ranges (a TFDS-prepared ArrayRecord dataset)."""
     return (spec.get("type") == "ClassLabel" and spec.get("num_classes") == getattr(task, "num_classes", None)
             and not getattr(task, "label_offset", 0))
 

@@ -127,6 +127,22 @@ def test_bad_models_and_tasks_are_one_line_and_exit_2(rich_tfds, tmp_path, overr
         assert "its features are ['image', 'label', 'text', 'tokens', 'vec']" in proc.stderr
 
 
+def test_an_unlabelled_tfds_split_is_refused_before_a_step(rich_tfds, tmp_path):
+    """A TFDS ClassLabel of -1 means "no label" (imagenet2012's test split, which eval_data= reads by default, holds
+    only those). A ClassLabel was taken to be in range by construction: the run logged "each label in range",
+    evaluated to eval_accuracy 0.0 and exited 0 (and -1 trained as the last class). The manifest's recorded range
+    is checked now, with the split to pass."""
+    proc = trainer_here(f"data={rich_tfds}", f"eval_data={rich_tfds}", "eval_split=unlabelled", "model=mlp",
+                        f"workdir={tmp_path / 'run'}", "steps=1")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: label_key='label' holds -1..-1 over the 40 records of {rich_tfds} (its manifest): -1 is a TFDS "
+        "ClassLabel's \"no label\", so split 'unlabelled' has unlabelled records (imagenet2012's test split has only "
+        "those); train and evaluate on labelled splits (eval_data= reads the test split unless eval_split= names "
+        "another, e.g. eval_split=validation)")
+    assert "each label in range" not in proc.stderr
+
+
 def test_custom_examples_without_metadata_need_num_classes(digits, tmp_path):
     proc = trainer_here(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "steps=1")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
