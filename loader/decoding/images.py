@@ -20,7 +20,8 @@ for the data behind it (a progressive JPEG's whole coefficient buffer: 239 bytes
 crop, 5 GB in a whole decode), so the header is read first and an image declaring more than `max_pixels` pixels (default
 MAX_IMAGE_PIXELS, Pillow's decompression-bomb limit) is an error before anything decodes. A JPEG or PNG without its end
 marker (cut short) is an error too, and a JPEG decodes through libjpeg-turbo or not at all: its warnings (corrupt data)
-are errors, where OpenCV would pad what it cannot read with grey.
+are errors, where OpenCV would pad what it cannot read with grey. An EXIF orientation is not applied (as
+TensorFlow's decoders do not): the pixels come in the order they are stored.
 
 A crop depends only on the record's bytes and the `numpy.random.Generator` the loader hands `random_map_fn` (seeded
 from the loader's seed, the epoch and the record's global index), so an augmented batch is the same for any host
@@ -38,7 +39,9 @@ import numpy as np
 JPEG_MAGIC = b"\xff\xd8"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC (it holds no data, so its CRC is fixed)
-# A whole image's end marker (JPEG's FF D9, PNG's IEND chunk) lies within its last bytes (some have a trailer).
+# A whole image's end marker (JPEG's FF D9, PNG's IEND chunk) mostly lies within its last bytes: the quick test.
+# Where it does not, the file's structure is walked to its end marker (a trailer follows some: a phone's "motion
+# photo" appends a video to its JPEG).
 EOI_WITHIN = 1024
 # The most pixels (height x width) an image may declare: Pillow's decompression-bomb error threshold (2 x 89,478,485),
 # above any camera's photos. At the cap, a progressive JPEG's coefficients take 1 GB (6 bytes a pixel), its RGB 0.5 GB.
@@ -90,19 +93,62 @@ def _declared_size(data, max_pixels: int) -> tuple[int, int] | None:
 
 
 def _check_whole(data) -> None:
-    """Refuse a JPEG or PNG without its end marker near its end: a file cut short. A crop decode stops below its
+    """Refuse a JPEG or PNG whose structure stops before its end marker: a file cut short. A crop decode stops below its
     window and OpenCV pads missing rows with grey, so neither would tell. An empty value is refused here too (OpenCV's
     own words were an assertion on `!buf.empty()`)."""
     if len(data) == 0:
         raise ValueError("an empty value (0 bytes), not an image: the record holds no image in this feature; leave "
                          "the record out, or fill the feature, and convert again")
     if data[:2] == JPEG_MAGIC:
-        if bytes(data[-EOI_WITHIN:]).rfind(b"\xff\xd9") < 0:
-            raise ValueError(f"{_described(data)}: a JPEG without its end-of-image marker (FF D9) in its last "
-                             f"{EOI_WITHIN} bytes: the file was cut short; replace it or leave the record out")
-    elif data[:8] == PNG_MAGIC and bytes(data[-EOI_WITHIN:]).rfind(PNG_END) < 0:
-        raise ValueError(f"{_described(data)}: a PNG without its IEND chunk in its last {EOI_WITHIN} bytes: the file "
-                         "was cut short; replace it or leave the record out")
+        if bytes(data[-EOI_WITHIN:]).rfind(b"\xff\xd9") < 0 and not _jpeg_reaches_its_end(bytes(data)):
+            raise ValueError(f"{_described(data)}: a JPEG whose markers stop before its end-of-image marker (FF D9): "
+                             "the file was cut short; replace it or leave the record out")
+    elif data[:8] == PNG_MAGIC and bytes(data[-EOI_WITHIN:]).rfind(PNG_END) < 0 and not _png_reaches_its_end(data):
+        raise ValueError(f"{_described(data)}: a PNG whose chunks stop before its IEND chunk: the file was cut short; "
+                         "replace it or leave the record out")
+
+
+def _jpeg_reaches_its_end(data: bytes) -> bool:
+    """Whether a JPEG's markers lead to its end-of-image marker (FF D9) before the data ends: each segment skipped by
+    its length, each scan's entropy-coded data to the next marker that is not a stuffed FF 00, a restart marker or
+    fill. One pass, each step moving forward; what follows the marker (a trailer) is not read."""
+    n, i = len(data), 2
+    while i + 2 <= n:
+        if data[i] != 0xFF:
+            return False  # no marker where one must be: damaged (libjpeg names it when it decodes)
+        marker = data[i + 1]
+        if marker == 0xD9:
+            return True
+        if marker == 0xFF or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # fill, a restart, TEM: no length
+            i += 1 if marker == 0xFF else 2
+            continue
+        if i + 4 > n:
+            return False
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if length < 2:
+            return False
+        i += 2 + length
+        if marker == 0xDA:  # a scan: its entropy-coded data runs to the next real marker
+            while True:
+                i = data.find(b"\xff", i)
+                if i < 0 or i + 1 >= n:
+                    return False
+                following = data[i + 1]
+                if following != 0x00 and not 0xD0 <= following <= 0xD7 and following != 0xFF:
+                    break  # a marker: the outer loop reads it
+                i += 1 if following == 0xFF else 2
+    return False
+
+
+def _png_reaches_its_end(data) -> bool:
+    """Whether a PNG's chunks, each skipped by its length, lead to its IEND chunk before the data ends."""
+    n, i = len(data), len(PNG_MAGIC)
+    while i + 12 <= n:
+        length, kind = struct.unpack(">I4s", bytes(data[i:i + 8]))
+        if kind == b"IEND":
+            return True
+        i += 12 + length  # length, type, data, CRC
+    return False
 
 
 def image_size(data: bytes, *, max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[int, int]:
@@ -135,7 +181,9 @@ def _decoded(data, size: tuple[int, int] | None, min_height: int, min_width: int
         except ValueError as e:  # not on to OpenCV: it ignores those warnings and pads what it cannot read with grey
             raise ValueError(f"{_described(data)}: not a JPEG that decodes ({e})") from None
     cv2 = _cv2()
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    # (as for JPEGs, and as TensorFlow decodes: an EXIF orientation is not applied; OpenCV applied it to a PNG, whose
+    # crop box is measured on the unrotated size from its header, and the crop came out stretched)
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     if image is None:
         if data[:8] == PNG_MAGIC:  # OpenCV gives no reason: the first chunk that is damaged, where one is
             raise ValueError(f"{_described(data)}: not a PNG that decodes ({_png_damage(data)})")

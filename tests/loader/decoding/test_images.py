@@ -420,6 +420,95 @@ def test_a_damaged_image_is_an_error_on_every_decode_path(name, monkeypatch):
         images.decode(data)
 
 
+@pytest.mark.parametrize("kind", ["baseline", "progressive", "png"])
+def test_an_image_with_a_trailer_decodes_on_every_path_as_without_it(kind, monkeypatch):
+    """Data after a whole image's end marker (a phone's "motion photo" appends its video to the JPEG) made it "cut
+    short" once over 1 KiB: one such photo stopped the run. The file's markers are walked to its end marker now; the
+    same image cut short, with or without a trailer after the cut, is still refused."""
+    import cv2
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    picture = Image.fromarray(_pattern(96, 128))
+    if kind == "png":
+        picture.save(buffer, "PNG")
+    else:
+        picture.save(buffer, "JPEG", quality=90, progressive=kind == "progressive")
+    image = buffer.getvalue()
+    trailer = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)).replace(b"\xd9", b"") * 20  # 5 KB, no FF D9
+    assert len(trailer) > images.EOI_WITHIN and b"\xff\xd9" not in trailer and b"IEND" not in trailer
+    box, size = (8, 16, 64, 80), (32, 32)
+    for crop_decoder in (images._crop_decoder, lambda: None):
+        monkeypatch.setattr(images, "_crop_decoder", crop_decoder)
+        np.testing.assert_array_equal(images.decode(image + trailer), images.decode(image))
+        np.testing.assert_array_equal(images.decode_crop(image + trailer, box, size), images.decode_crop(image, box, size))
+        cut = image[:len(image) * 2 // 3]
+        for damaged in (cut, cut + trailer):
+            with pytest.raises(ValueError, match="the file was cut short|Premature end|Corrupt"):
+                images.decode_crop(damaged, box, size)
+        monkeypatch.undo()
+    assert cv2.imdecode(np.frombuffer(image + trailer, np.uint8), cv2.IMREAD_COLOR).shape == (96, 128, 3)
+
+
+def test_the_end_marker_walk_finds_every_cut_and_only_cuts():
+    """The walk to a JPEG's or PNG's end marker, over every cut of real images (baseline, progressive, restart
+    markers, PNG) and 3,000 mutated ones: a cut anywhere before the end marker is found, the whole image with any
+    trailer is whole, and mutated bytes give an answer, never an exception, in time linear in the size."""
+    import time
+
+    from PIL import Image
+
+    from pipelines.demo import photo_jpegs
+
+    encoded = [j for j, _ in photo_jpegs(2, seed=4)]
+    for options in ({"progressive": True}, {"restart_marker_blocks": 1}):
+        buffer = io.BytesIO()
+        Image.fromarray(_pattern(64, 96)).save(buffer, "JPEG", **options)
+        encoded.append(buffer.getvalue())
+    buffer = io.BytesIO()
+    Image.fromarray(_pattern(64, 96)).save(buffer, "PNG")
+    encoded.append(buffer.getvalue())
+    rng = np.random.default_rng(0)
+    for data in encoded:
+        walk = images._png_reaches_its_end if data[:8] == images.PNG_MAGIC else images._jpeg_reaches_its_end
+        assert walk(data) and walk(data + rng.bytes(3000))
+        assert not any(walk(data[:cut]) for cut in range(len(data) - (12 if walk is images._png_reaches_its_end else 2)))
+    started = time.monotonic()
+    for case in range(3000):
+        data = bytearray(encoded[case % len(encoded)])
+        for _ in range(int(rng.integers(1, 8))):
+            data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        cut = bytes(data[:int(rng.integers(2, len(data) + 1))])
+        assert images._jpeg_reaches_its_end(cut) in (True, False) and images._png_reaches_its_end(cut) in (True, False)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("kind", ["PNG", "JPEG", "WEBP"])
+def test_an_exif_orientation_is_not_applied_and_crops_keep_their_shape(kind, monkeypatch):
+    """OpenCV rotated a PNG by its EXIF orientation while its crop box came from the unrotated header: a 40x100
+    PNG's central crop came out as an 87x15 strip stretched to a square. No orientation is applied, on any path (as
+    TensorFlow decodes, and as JPEGs were already)."""
+    from PIL import Image
+
+    pixels = _pattern(48, 112)
+    picture = Image.fromarray(pixels)
+    exif = picture.getexif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
+    buffer = io.BytesIO()
+    picture.save(buffer, kind, exif=exif.tobytes(), **({"lossless": True} if kind == "WEBP" else {}))
+    data = buffer.getvalue()
+    for crop_decoder in (images._crop_decoder, lambda: None):
+        monkeypatch.setattr(images, "_crop_decoder", crop_decoder)
+        decoded = images.decode(data)
+        assert decoded.shape == (48, 112, 3) and images.image_size(data) == (48, 112)
+        if kind != "JPEG":
+            np.testing.assert_array_equal(decoded, pixels)
+        rows, cols, _ = images.decode_crop(data, (8, 16, 32, 64), (16, 32)).shape  # (a JPEG's may decode scaled)
+        assert cols == 2 * rows and rows >= 16
+        assert images.CenterCrop("image", size=24)({"image": data})["image"].shape == (24, 24, 3)
+        monkeypatch.undo()
+
+
 def test_a_cmyk_jpeg_decodes_on_every_path(monkeypatch):
     """A CMYK JPEG decodes through simplejpeg (loader/decoding/_jpeg.c leaves CMYK to it) to the RGB Pillow gives."""
     from PIL import Image
