@@ -250,12 +250,13 @@ def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def _rgb(image: np.ndarray) -> np.ndarray:
-    """A decoded uint8 image as [H, W, 3] (grey [H, W] or [H, W, 1] repeated, as decoding its PNG would give)."""
-    if image.ndim == 3 and image.shape[2] == 3:
-        return image
-    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
-        return np.repeat(image.reshape(image.shape[0], image.shape[1], 1), 3, axis=2)
-    raise ValueError(f"a decoded image of shape {image.shape}: expected [H, W], [H, W, 1] or [H, W, 3]")
+    """A decoded uint8 image as [H, W, 3], as decoding its PNG would give: grey ([H, W], [H, W, 1]) repeated, an alpha
+    channel ([H, W, 2] grey and alpha, [H, W, 4] RGBA) dropped."""
+    if image.ndim == 3 and image.shape[2] in (3, 4):
+        return image[:, :, :3]
+    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 2)):
+        return np.repeat(image.reshape(image.shape[0], image.shape[1], -1)[:, :, :1], 3, axis=2)
+    raise ValueError(f"a decoded image of shape {image.shape}: expected [H, W] or [H, W, C] with C of 1 to 4")
 
 
 def _crop_decoder():

@@ -509,6 +509,24 @@ def test_an_exif_orientation_is_not_applied_and_crops_keep_their_shape(kind, mon
         monkeypatch.undo()
 
 
+@pytest.mark.parametrize("mode", ["RGBA", "LA"])
+def test_a_decoded_image_with_alpha_crops_as_its_png_does(mode):
+    """A TFDS Image of 4 channels (or grey and alpha) arrives decoded where the trainer shapes its model from the first
+    record: the crop refused it ("expected [H, W], [H, W, 1] or [H, W, 3]") and the run stopped, though its PNG bytes,
+    what training reads, decode with the alpha dropped. The decoded array now crops as its PNG does."""
+    from PIL import Image
+
+    pixels = _pattern(48, 64)
+    alpha = np.arange(48 * 64, dtype=np.uint8).reshape(48, 64, 1)
+    array = np.concatenate([pixels if mode == "RGBA" else pixels[:, :, :1], alpha], axis=2)
+    buffer = io.BytesIO()
+    Image.fromarray(array, mode).save(buffer, "PNG")
+    crop = images.CenterCrop("image", size=24)
+    np.testing.assert_array_equal(crop({"image": array})["image"], crop({"image": buffer.getvalue()})["image"])
+    np.testing.assert_array_equal(images.decode_crop(array, (4, 8, 32, 40), (32, 40)),
+                                  images.decode_crop(buffer.getvalue(), (4, 8, 32, 40), (32, 40)))
+
+
 def test_a_cmyk_jpeg_decodes_on_every_path(monkeypatch):
     """A CMYK JPEG decodes through simplejpeg (loader/decoding/_jpeg.c leaves CMYK to it) to the RGB Pillow gives."""
     from PIL import Image
