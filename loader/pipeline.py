@@ -205,11 +205,17 @@ def _check_features(config: LoaderConfig, source: ShardedSource, map_fn) -> None
     if config.features is None:
         return
     held = source.feature_stats
+    tfds = config.decode in ("auto", "tfds") and source.features_dir and source.component_features is None
+    if held is not None and tfds:  # (TFDS decodes a nested FeaturesDict whole, by its own name: `meta`, not `meta/id`)
+        held = dict.fromkeys(name.split("/", 1)[0] for name in held)
     unknown = [f for f in config.features if held is not None and f not in held]
     if unknown:
         hint = did_you_mean(unknown, held)
+        nested = (" (a TFDS dataset's nested features come whole, under their top-level name)"
+                  if tfds and any("/" in f for f in unknown) else "")
         raise ValueError(f"features={list(config.features)}: {source.location}'s records have no "
-                         f"{', '.join(map(repr, unknown))}; they have {sorted(held)}" + (f" ({hint})" if hint else ""))
+                         f"{', '.join(map(repr, unknown))}; they have {sorted(held)}{nested}" +
+                         (f" ({hint})" if hint else ""))
     reads = [f for f in getattr(map_fn, "encoded_features", ()) if f not in config.features]
     if reads:
         raise ValueError(f"features={list(config.features)} leaves out {', '.join(map(repr, reads))}, which "

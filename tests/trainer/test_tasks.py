@@ -21,18 +21,33 @@ def test_feature_specs_read_the_tfds_metadata(rich_tfds):
     assert specs == {"image": {"type": "Image", "dtype": "uint8", "shape": [8, 8, 1]},
                      "label": {"type": "ClassLabel", "num_classes": 10},
                      "text": {"type": "Text"}, "tokens": {"type": "Sequence"},
-                     "vec": {"type": "Tensor", "dtype": "float32", "shape": [3]}}
+                     "vec": {"type": "Tensor", "dtype": "float32", "shape": [3]}, "meta": {"type": "FeaturesDict"}}
 
 
 def test_the_loader_decodes_only_the_features_asked_for(rich_tfds):
     everything = next(iter(loader.load(str(rich_tfds), batch_size=4, shuffle=False)))
-    assert sorted(everything) == ["image", "label", "text", "tokens", "vec"]
+    assert sorted(everything) == ["image", "label", "meta", "text", "tokens", "vec"]
     assert isinstance(everything["tokens"], list)  # ragged: what broke device placement
     picked = next(iter(loader.load(str(rich_tfds), batch_size=4, shuffle=False, features=["label", "image"])))
     assert sorted(picked) == ["image", "label"]
     assert picked["image"].shape == (4, 8, 8, 1) and picked["label"].tolist() == everything["label"].tolist()
     with pytest.raises(ValueError, match=r"features must be a non-empty list of feature names \(got features='image'\)"):
         loader.load(str(rich_tfds), batch_size=4, features="image")
+
+
+def test_a_nested_tfds_feature_is_selected_by_its_own_name(rich_tfds):
+    """features= was checked against the tf.Example names (`meta/index`), which TFDS decodes as one nested `meta`:
+    `meta` was refused at load() and `meta/index` failed at the first record. `meta` comes whole; `meta/index` is one
+    line at load() naming `meta`."""
+    batch = next(iter(loader.load(str(rich_tfds), batch_size=4, shuffle=False, features=["label", "meta"])))
+    everything = next(iter(loader.load(str(rich_tfds), batch_size=4, shuffle=False)))
+    assert sorted(batch) == ["label", "meta"]
+    assert batch["meta"]["index"].tolist() == everything["meta"]["index"].tolist() and len(set(batch["label"])) > 1
+    assert batch["meta"]["stats"]["mean"].shape == (4,)
+    with pytest.raises(ValueError, match=r"records have no 'meta/index'; they have \['image', 'label', 'meta', 'text', "
+                                         r"'tokens', 'vec'\] \(a TFDS dataset's nested features come whole, under "
+                                         r"their top-level name\)"):
+        loader.load(str(rich_tfds), batch_size=4, features=["meta/index"])
 
 
 @pytest.mark.slow
@@ -124,7 +139,7 @@ def test_bad_models_and_tasks_are_one_line_and_exit_2(rich_tfds, tmp_path, overr
                                              "encoded JPEG/PNG bytes: drop image_size= to train on it as it is, or "
                                              "set image_key= to the image feature"), proc.stderr[-2000:]
     if "label_key=digit" in overrides:
-        assert "its features are ['image', 'label', 'text', 'tokens', 'vec']" in proc.stderr
+        assert "its features are ['image', 'label', 'meta', 'text', 'tokens', 'vec']" in proc.stderr
 
 
 def test_an_unlabelled_tfds_split_is_refused_before_a_step(rich_tfds, tmp_path):
