@@ -210,7 +210,8 @@ def _tfds_versions(path: str) -> tuple[int, list[str]]:
     for depth in (1, 2, 3):  # (an error's hint: at most _MAX_LISTED listings a level, one request each on gs://)
         children = [f"{d}/{name}" for d in level[:_MAX_LISTED] for name in sorted(storage.entries(d, 1000))]
         listed = {c: storage.entries(c, 1000) for c in children[:_MAX_LISTED]}
-        found = [c for c, names in listed.items() if INFO_NAME in names]
+        # (TFDS builds a version in `incomplete.<id>_1.0.0` or `1.0.0.incomplete<id>`: a leftover, not a version)
+        found = [c for c, names in listed.items() if INFO_NAME in names and "incomplete" not in basename(c)]
         if found:
             return depth, sorted(found, key=lambda d: (d[: d.rfind("/")], [
                 (0, int(p), "") if p.isdigit() else (1, 0, p) for p in basename(d).split(".")]))

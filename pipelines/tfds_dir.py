@@ -69,7 +69,9 @@ def write_metadata(source_dir: str, out_dir: str, shard_lengths: dict[str, list[
     info["fileFormat"] = "array_record"
     for split in info.get("splits", []):
         lengths = shard_lengths.get(split["name"])
-        if lengths is None:
+        if lengths is None and not split.get("shardLengths"):
+            lengths = []  # a split of no shards (TFDS reads it as empty): none to convert
+        elif lengths is None:
             raise ValueError(f"split {split['name']!r} of {source_dir} has no converted shards")
         split["shardLengths"] = [str(n) for n in lengths]
     storage.write_text(storage.join(out_dir, INFO_NAME), json.dumps(info, indent=2))

@@ -243,7 +243,8 @@ def test_inputs_that_are_not_tfrecords_of_a_directory_are_named_with_what_to_pas
     assert str(e.value) == (f"input directory '{tmp_path / 'out'}' is a converted output (it holds manifest.json): it "
                             f"needs no conversion; load it as it is (loader.load('{tmp_path / 'out'}'), python -m "
                             f"trainer data={tmp_path / 'out'}), or pass the TFRecords it was converted from as --input")
-    for version in ("1.0.0", "1.10.0", "1.2.0"):
+    # (with the leftovers of builds TFDS did not finish, in both of its forms: not versions to pass)
+    for version in ("1.0.0", "1.10.0", "1.2.0", "incomplete.AB12CD_1.10.0", "1.10.0.incompleteXYZ"):
         (tmp_path / "digits" / version).mkdir(parents=True)
         (tmp_path / "digits" / version / "dataset_info.json").write_text("{}")
     with pytest.raises(FileNotFoundError) as e:

@@ -52,6 +52,26 @@ def test_tfds_directory_converts_to_a_loadable_array_record_dataset(tfds_digits,
         f"digits-{split}.array_record-{i:05d}-of-00003" for split in ("train", "test") for i in range(3)]
 
 
+def test_a_split_of_no_shards_converts_as_an_empty_split(tfds_digits, tmp_path):
+    """A split that dataset_info.json lists with no shards: every shard converted, then the metadata step failed ("has
+    no converted shards"), and every rerun the same way, with no manifest written. It is an empty split, as TFDS
+    reads it."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for f in tfds_digits.iterdir():
+        (source / f.name).write_bytes(f.read_bytes())
+    info = json.loads((source / "dataset_info.json").read_text())
+    info["splits"].append({"name": "extra", "shardLengths": [], "numBytes": "0"})
+    (source / "dataset_info.json").write_text(json.dumps(info))
+    out = tmp_path / "out"
+    outcome = run_conversion(ConvertConfig(input=str(source), output=str(out)), ["--direct_num_workers=1"])
+    assert outcome.ok and outcome.converted == 6
+    written = json.loads((out / "dataset_info.json").read_text())
+    assert [(s["name"], len(s["shardLengths"])) for s in written["splits"]] == [("train", 3), ("test", 3), ("extra", 0)]
+    builder = tfds.builder_from_directory(str(out))
+    assert len(builder.as_data_source("test")) == 359 and builder.info.splits["extra"].num_examples == 0
+
+
 def test_tfds_shard_count_mismatch_fails_the_shard(tfds_digits, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
