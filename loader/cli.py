@@ -252,9 +252,17 @@ def _bench_map(args) -> tuple[dict, str]:
 
 
 def _image_feature(source: str, split: str | None, decode) -> str:
-    """The first feature of record 0 holding JPEG or PNG bytes (for --map images:SIZE without --image)."""
+    """The first feature of record 0 holding JPEG or PNG bytes (for --map images:SIZE without --image); of a TFDS
+    dataset (decoded through its features.json, so its images come decoded), its first Image feature."""
     import loader
+    from dataset_format import tfds_info
 
+    features_dir = loader.resolve(source, split=split).features_dir
+    features = tfds_info.read_features(features_dir) if features_dir and decode in ("auto", "tfds") else None
+    if features is not None:
+        images = [k for k, spec in sorted(tfds_info.feature_specs(features).items()) if spec["type"] == "Image"]
+        if images:
+            return images[0]
     record = next(iter(loader.load(source, batch_size=1, shuffle=False, num_epochs=1, split=split, decode=decode)))
     row = {k: v[0] for k, v in record.items()} if isinstance(record, dict) else {}
     for key, value in sorted(row.items()):

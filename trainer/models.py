@@ -452,8 +452,10 @@ def _takes(factory, kwargs: dict) -> bool:
 
 
 def images_to_float(images):
-    """uint8/int pixels -> float32 in [0, 1], shaped NHWC (a flat square image becomes s x s x 1)."""
-    x = jnp.asarray(images, jnp.float32) / 255.0
+    """uint8/int pixels -> float32 in [0, 1] (float features are taken as they are, only cast), shaped NHWC (a flat
+    square image becomes s x s x 1)."""
+    x = jnp.asarray(images)
+    x = x.astype(jnp.float32) / 255.0 if jnp.issubdtype(x.dtype, jnp.integer) else x.astype(jnp.float32)
     if x.ndim == 2:
         side = int(round(x.shape[1] ** 0.5))
         x = x.reshape((x.shape[0], side, side, 1)) if side * side == x.shape[1] else x

@@ -47,7 +47,9 @@ EOI_WITHIN = 1024
 # above any camera's photos. At the cap, a progressive JPEG's coefficients take 1 GB (6 bytes a pixel), its RGB 0.5 GB.
 MAX_IMAGE_PIXELS = 2 * 89_478_485
 
-# Inception / big_vision "inception_crop" defaults: 8%-100% of the area, aspect 3:4 to 4:3, 10 tries.
+# The Inception crop as torchvision's RandomResizedCrop takes it: 8%-100% of the area, aspect 3:4 to 4:3 (log-uniform),
+# 10 tries, then a central crop. (big_vision's inception_crop samples 5%-100% through TF's
+# sample_distorted_bounding_box, 100 tries, then the whole image.)
 AREA_RANGE = (0.08, 1.0)
 ASPECT_RANGE = (3 / 4, 4 / 3)
 ATTEMPTS = 10

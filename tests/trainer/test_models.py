@@ -431,3 +431,16 @@ def test_a_config_file_in_yaml_as_maxtext_writes_them(tmp_path):
     (tmp_path / "list.yml").write_text("- steps\n")
     with pytest.raises(ValueError, match=r"holds a list; it must be a mapping of keys"):
         TrainConfig.from_args([], str(tmp_path / "list.yml"))
+
+
+def test_images_to_float_scales_pixels_and_keeps_float_features():
+    """uint8/int pixels become [0, 1]; a float feature (a vector, an image stored as floats) was divided by 255 too,
+    so features in [0, 1] trained as [0, 1/255]. It is only cast."""
+    from trainer.models import images_to_float
+
+    pixels = np.array([[0, 51, 255, 102]], np.uint8)
+    np.testing.assert_allclose(images_to_float(pixels), np.array([0, 0.2, 1, 0.4]).reshape(1, 2, 2, 1), rtol=1e-6)
+    np.testing.assert_allclose(images_to_float(pixels.astype(np.int64)), images_to_float(pixels))
+    floats = np.array([[0.25, -3.0, 7.5]], np.float64)
+    got = images_to_float(floats)
+    assert got.dtype == np.float32 and got.tolist() == [[0.25, -3.0, 7.5]]

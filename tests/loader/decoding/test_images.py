@@ -715,6 +715,17 @@ def test_bench_command_reports_images_per_second(photos, monkeypatch, capsys):
     assert bad.returncode == 2 and "no image feature 'jpeg'" in bad.stderr, bad.stderr[-2000:]
 
 
+def test_bench_finds_a_tfds_datasets_image_feature(tfds_digits_array_record, monkeypatch, capsys):
+    """`--map images:SIZE` without --image looked for JPEG or PNG bytes in a record decoded through features.json,
+    where a TFDS Image comes decoded: "no feature ... holds JPEG or PNG bytes". It takes the first Image feature."""
+    from loader import cli
+
+    monkeypatch.setattr(cli, "STEADY_SECONDS", 0.0)
+    assert cli.main(["bench", str(tfds_digits_array_record), "--map", "images:16", "--batch_size", "8", "--start", "1",
+                     "--batches", "2"]) == 0
+    assert re.search(r"[\d,]+ images \(16x16 random-resized crops\)/s over 2 batches of 8", capsys.readouterr().out)
+
+
 def test_tfds_image_features_stay_encoded_for_the_crop(tfds_digits_array_record):
     """A TFDS Image feature reaches RandomResizedCrop as its PNG bytes (TFDS does not decode it first), and the crops
     equal those of the decoded arrays TFDS would have given."""
