@@ -31,8 +31,20 @@ def output_name(source: str) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
+    return _with_token(name, "array_record")
+
+
+def output_template(template: str) -> str:
+    """A TFDS split's filepathTemplate without {FILEFORMAT} (`{SPLIT}-{SHARD_X_OF_Y}`), as the ArrayRecord shards'
+    names follow it: named by `output_name`, their names hold {FILEFORMAT} where the TFRecords' hold `tfrecord`, or at
+    their end (TFDS would otherwise look for shards named as the TFRecords are)."""
+    return _with_token(template, "{FILEFORMAT}")
+
+
+def _with_token(name: str, replacement: str) -> str:
+    """`name` with its last `tfrecord(s)` token replaced by `replacement`; without one, `.replacement` appended."""
     matches = list(_TOKEN.finditer(name))
     if not matches:
-        return name + ".array_record"
+        return f"{name}.{replacement}"
     last = matches[-1]
-    return name[: last.start()] + "array_record" + name[last.end():]
+    return name[: last.start()] + replacement + name[last.end():]

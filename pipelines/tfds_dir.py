@@ -12,6 +12,7 @@ import json
 
 from dataset_format import storage
 from dataset_format.storage import basename
+from dataset_format.naming import output_template
 from dataset_format.tfds_info import INFO_NAME, read_info, shard_name
 from pipelines import paths
 from pipelines.paths import InputFile
@@ -40,6 +41,11 @@ def list_shards(directory: str) -> list[TfdsShard]:
     listing = {m.path: m for m in FileSystems.match([storage.join(directory, "*")])[0].metadata_list}
     shards = []
     for split in info.get("splits", []):
+        template = split.get("filepathTemplate") or ""
+        if "/" in template:
+            raise ValueError(f"{storage.join(directory, INFO_NAME)}: split {split['name']!r} keeps its shards in "
+                             f"subdirectories (filepathTemplate {template!r}), which the conversion does not read; "
+                             "convert each split's shards as a glob instead (--input 'DIR/SUBDIR/*')")
         lengths = [int(n) for n in split.get("shardLengths", [])]
         for index, length in enumerate(lengths):
             name = shard_name(info, split, "tfrecord", index, len(lengths))
@@ -68,6 +74,9 @@ def write_metadata(source_dir: str, out_dir: str, shard_lengths: dict[str, list[
             storage.write_bytes(storage.join(out_dir, name), data)
     info["fileFormat"] = "array_record"
     for split in info.get("splits", []):
+        template = split.get("filepathTemplate")
+        if template and "{FILEFORMAT}" not in template:  # the shards' names as the conversion writes them
+            split["filepathTemplate"] = output_template(template)
         lengths = shard_lengths.get(split["name"])
         if lengths is None and not split.get("shardLengths"):
             lengths = []  # a split of no shards (TFDS reads it as empty): none to convert

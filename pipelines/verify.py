@@ -242,4 +242,11 @@ def _check_tfds_info(output: str, shards: tuple[ShardEntry, ...]) -> list[str]:
         if want != have:
             problems.append(f"{storage.join(output, tfds_info.INFO_NAME)}: split {split['name']!r} shardLengths "
                             f"{have} differ from the manifest's {want}; re-run the conversion")
+            continue
+        names = [storage.basename(e.path) for e in shards if e.split == split["name"]]
+        named = [tfds_info.shard_name(info, split, "array_record", i, len(names)) for i in range(len(names))]
+        if names != named:
+            problems.append(f"{storage.join(output, tfds_info.INFO_NAME)}: split {split['name']!r} names its shards "
+                            f"{named[0]!r} and on (its filepathTemplate), the manifest {names[0]!r} and on: TFDS "
+                            "would not find them; re-run the conversion")
     return problems

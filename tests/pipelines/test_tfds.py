@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 import tensorflow_datasets as tfds
 
 from pipelines import ConvertConfig, run_conversion, tfds_dir, tfrecord
@@ -70,6 +71,43 @@ def test_a_split_of_no_shards_converts_as_an_empty_split(tfds_digits, tmp_path):
     assert [(s["name"], len(s["shardLengths"])) for s in written["splits"]] == [("train", 3), ("test", 3), ("extra", 0)]
     builder = tfds.builder_from_directory(str(out))
     assert len(builder.as_data_source("test")) == 359 and builder.info.splits["extra"].num_examples == 0
+
+
+@pytest.mark.parametrize("template", ["{SPLIT}-{SHARD_X_OF_Y}", "{DATASET}.{SPLIT}.tfrecord-{SHARD_INDEX}"])
+def test_a_file_name_template_without_the_file_format_names_the_converted_shards(tfds_digits, tmp_path, template):
+    """A split's filepathTemplate without {FILEFORMAT}: the output's dataset_info.json kept it, naming the TFRecords'
+    names, so tfds.builder_from_directory(OUT) found no shard (and verify passed). It names the ArrayRecord shards
+    now; a template with subdirectories, which the conversion does not read, is one line at the plan."""
+    source = tmp_path / "source"
+    source.mkdir()
+    info = json.loads((tfds_digits / "dataset_info.json").read_text())
+    for split in info["splits"]:
+        n = len(split["shardLengths"])
+        for i in range(n):
+            old = tfds_dir.shard_name(info, split, "tfrecord", i, n)
+            split["filepathTemplate"] = template
+            (source / tfds_dir.shard_name(info, split, "tfrecord", i, n)).write_bytes((tfds_digits / old).read_bytes())
+            del split["filepathTemplate"]
+        split["filepathTemplate"] = template
+    for f in tfds_digits.iterdir():  # the other metadata files
+        if ".tfrecord-" not in f.name and f.name != "dataset_info.json":
+            (source / f.name).write_bytes(f.read_bytes())
+    (source / "dataset_info.json").write_text(json.dumps(info))
+    out = tmp_path / "out"
+    assert run_conversion(ConvertConfig(input=str(source), output=str(out)), ["--direct_num_workers=1"]).ok
+    builder = tfds.builder_from_directory(str(out))
+    assert len(builder.as_data_source("train")) == 1438 and len(builder.as_data_source("test")) == 359
+    assert verify(str(out)).problems == []
+    written = json.loads((out / "dataset_info.json").read_text())
+    written["splits"][0]["filepathTemplate"] = template  # as the conversion wrote it before
+    (out / "dataset_info.json").write_text(json.dumps(written))
+    assert "TFDS would not find them" in verify(str(out)).problems[0]
+
+    info["splits"][0]["filepathTemplate"] = "{SPLIT}/data.{FILEFORMAT}-{SHARD_INDEX}"
+    (source / "dataset_info.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=r"split 'train' keeps its shards in subdirectories \(filepathTemplate "
+                                         r"'\{SPLIT\}/data.\{FILEFORMAT\}-\{SHARD_INDEX\}'\)"):
+        tfds_dir.list_shards(str(source))
 
 
 def test_tfds_shard_count_mismatch_fails_the_shard(tfds_digits, tmp_path):
