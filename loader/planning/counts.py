@@ -4,9 +4,10 @@ datasets keep the same "sizes" array).
 A pre-tokenized dataset (`python -m pipelines convert --tokenizer ...`) has them beside its shards: each shard's
 `.counts` file holds one little-endian uint32 per record, memory-mapped here, so a corpus of a billion documents
 costs no start-up time and at most 4 bytes a document of page cache, shared by the processes of a host. A gs://
-corpus's are copied once to the loader's index directory (keyed by each object's generation) and mapped there. For text tokenised at load time they are
-counted once (reading, decoding and tokenising on the loader's executor: every core) and cached beside the loader's index, keyed by the
-source's index key and the tokenizer's `cache_key`, so a restart reads them back instead of tokenising again.
+corpus's are copied once to the loader's index directory (keyed by each object's generation) and mapped there. For
+text tokenised at load time they are counted once (reading, decoding and tokenising on the loader's executor: every
+core) and cached beside the loader's index, keyed by the source's index key and the tokenizer's `cache_key`, so a
+restart reads them back instead of tokenising again.
 
     counts = TokenCounts.of_source(source)                        # pre-tokenized shards
     counts(np.array([3, 17]))                                      # token ids of records 3 and 17

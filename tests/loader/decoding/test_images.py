@@ -441,7 +441,8 @@ def test_an_image_with_a_trailer_decodes_on_every_path_as_without_it(kind, monke
     for crop_decoder in (images._crop_decoder, lambda: None):
         monkeypatch.setattr(images, "_crop_decoder", crop_decoder)
         np.testing.assert_array_equal(images.decode(image + trailer), images.decode(image))
-        np.testing.assert_array_equal(images.decode_crop(image + trailer, box, size), images.decode_crop(image, box, size))
+        np.testing.assert_array_equal(images.decode_crop(image + trailer, box, size),
+                                      images.decode_crop(image, box, size))
         cut = image[:len(image) * 2 // 3]
         for damaged in (cut, cut + trailer):
             with pytest.raises(ValueError, match="the file was cut short|Premature end|Corrupt"):
@@ -472,7 +473,8 @@ def test_the_end_marker_walk_finds_every_cut_and_only_cuts():
     for data in encoded:
         walk = images._png_reaches_its_end if data[:8] == images.PNG_MAGIC else images._jpeg_reaches_its_end
         assert walk(data) and walk(data + rng.bytes(3000))
-        assert not any(walk(data[:cut]) for cut in range(len(data) - (12 if walk is images._png_reaches_its_end else 2)))
+        end_marker = 12 if walk is images._png_reaches_its_end else 2  # (IEND's length, type and CRC; FF D9)
+        assert not any(walk(data[:cut]) for cut in range(len(data) - end_marker))
     started = time.monotonic()
     for case in range(3000):
         data = bytearray(encoded[case % len(encoded)])
