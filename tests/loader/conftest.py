@@ -63,13 +63,6 @@ def token_ids(i: int):
     return 100 * i + np.arange(LENGTHS[i] + 1)
 
 
-def flat_ids(value):
-    """A tokenize function worker processes can import (a lambda does not pickle)."""
-    import numpy as np
-
-    return np.asarray(value).reshape(-1)
-
-
 @pytest.fixture(scope="session")
 def token_data(tmp_path_factory):
     """12 examples of int64 token ids (`ids`: 100*i + 0..LENGTHS[i]) in 2 shards, converted."""

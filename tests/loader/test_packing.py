@@ -11,7 +11,8 @@ import pytest
 import loader
 from loader.packed import assemble
 from loader.planning.packing import pack_rows, START
-from tests.loader.conftest import LENGTHS, flat_ids
+from tests.loader.conftest import LENGTHS
+from tests.loader.ids import flat_ids
 from tests.loader.conftest import token_ids as _ids
 
 def _packed(data, seq_len=6, keys="default", **options):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import loader
-from tests.loader.conftest import LENGTHS, flat_ids
+from tests.loader.conftest import LENGTHS
+from tests.loader.ids import flat_ids
 
 
 def _plain(data, **options):

@@ -135,7 +135,7 @@ def test_a_remote_mixture_is_the_local_one(cluster, converted, photos):
 
 
 def test_a_remote_packed_mixture_is_the_local_one_and_resumes(cluster, token_data):
-    from tests.loader.conftest import flat_ids
+    from tests.loader.ids import flat_ids
 
     def mixed(**options):  # a lambda: Ray pickles with cloudpickle (local worker processes would refuse it)
         return loader.load({"a": token_data, "b": token_data}, weights={"a": 2, "b": 1}, batch_size=3, seed=0,
