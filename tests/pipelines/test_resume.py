@@ -25,7 +25,8 @@ def _committed(out) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("point, committed_before", [pytest.param("first-shard", 0, marks=pytest.mark.slow),
-                                                     ("commit:3", 3), ("manifest", SHARDS)])
+                                                     ("commit:3", 3),
+                                                     pytest.param("manifest", SHARDS, marks=pytest.mark.slow)])
 def test_a_killed_conversion_resumes_without_redoing_committed_shards(job, point, committed_before):
     out = job / "out"
     assert killed_run(job, point) == -signal.SIGKILL

@@ -213,7 +213,7 @@ def test_the_layout_keys_build_the_lm_they_name(stdlib_text):  # noqa: F811
     assert sorted(params) == ["Dense_0", "Embed_0", "RMSNorm_0", "TransformerBlock_0", "TransformerBlock_1"]
 
 
-@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("normalize", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_tied_logits_are_the_token_tables_transpose_and_train_it_from_both_ends(normalize):
     """logits_via_embedding: the logits are what an untied model computes with the token table's transpose (divided
     by sqrt(width) under normalize_embedding_logits) as its output layer, and the table's gradient is that model's

@@ -230,6 +230,7 @@ def _named_head(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # ~40-60 s on 2 cores; a TF_CONFIG cluster's other tests are slow-marked too
 @pytest.mark.timeout(200)
 def test_a_tf_config_chief_killed_while_its_tasks_join_takes_its_ray_head_with_it(digits, tmp_path):
     """SIGKILL to the chief (no `finally` runs): the Ray head it started, in a session of its own, was left running

@@ -37,6 +37,7 @@ def _metric_steps(client, bucket) -> list[int]:
     return [json.loads(line)["step"] for line in blob.download_as_text().splitlines()] if blob.exists() else []
 
 
+@pytest.mark.slow  # ~50-70 s on 2 cores: two JAX processes, the emulator, three runs
 @pytest.mark.timeout(600)
 def test_two_processes_share_a_gs_workdir_are_preempted_and_resume_from_it(digits, gcs_bucket, gcs_emulator):
     bucket, client = gcs_bucket
