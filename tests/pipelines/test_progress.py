@@ -98,23 +98,31 @@ def test_a_temporary_file_left_by_a_killed_writer_is_no_commit(tmp_path):
     assert set(committed_since(out, 0.0)) == set(commits.listing(out)) == {"train-00000-of-00002.array_record"}
 
 
-def test_ctrl_c_ends_with_what_was_kept_and_a_rerun_finishes(job):
-    """Ctrl-C ended in KeyboardInterrupt (in-process: a RuntimeError Beam re-raised from the DoFn) and, on a terminal,
-    pages of worker tracebacks: the last line now says the committed shards are kept and to run the command again,
-    which converts only the rest."""
+def _stopped(job, point: str, workers: int = 1):
+    """`convert` of the job's 8 shards, sent a signal by the test hook at `point` (interrupt:N, terminate:N):
+    (the finished process, its argv)."""
     import os
     import subprocess
     import sys
 
-    from pipelines import commits
     from tests.conftest import REPO
 
     argv = ["convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(job / "out"),
-            "--direct_num_workers=1"]
+            f"--direct_num_workers={workers}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(job / "site"), str(REPO)]),
-           "ARCONV_KILL_AT": "interrupt:3", "ARCONV_KILL_COUNTER": str(job / "counter")}
+           "ARCONV_KILL_AT": point, "ARCONV_KILL_COUNTER": str(job / "counter")}
     proc = subprocess.run([sys.executable, "-m", "pipelines", *argv], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
+    return proc, argv
+
+
+def test_ctrl_c_ends_with_what_was_kept_and_a_rerun_finishes(job):
+    """Ctrl-C ended in KeyboardInterrupt (in-process: a RuntimeError Beam re-raised from the DoFn) and, on a terminal,
+    pages of worker tracebacks: the last line now says the committed shards are kept and to run the command again,
+    which converts only the rest."""
+    from pipelines import commits
+
+    proc, argv = _stopped(job, "interrupt:3")
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == ("interrupted: the shards committed so far are kept; run the same "
                                                     "command again to finish (it converts only what is left)")
@@ -128,20 +136,10 @@ def test_a_sigterm_gives_the_lease_back_and_says_what_was_kept(job, workers):
     """A SIGTERM (a stopped pod or VM) ended the conversion at once: no line, Beam's workers left, and the output's
     lease held off the restart ("being converted by another run") until it lapsed, 2 minutes later. It now ends as
     Ctrl-C does, exit 143: the lease is given back and the same command, run at once, converts the rest."""
-    import os
-    import subprocess
-    import sys
-
     from dataset_format.lease import LEASE_NAME
     from pipelines import commits
-    from tests.conftest import REPO
 
-    argv = ["convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(job / "out"),
-            f"--direct_num_workers={workers}"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(job / "site"), str(REPO)]),
-           "ARCONV_KILL_AT": "terminate:2", "ARCONV_KILL_COUNTER": str(job / "counter")}
-    proc = subprocess.run([sys.executable, "-m", "pipelines", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc, argv = _stopped(job, "terminate:2", workers)
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == ("stopped by SIGTERM: the shards committed so far are kept; run "
                                                     "the same command again to finish (it converts only what is left)")
