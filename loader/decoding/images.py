@@ -302,8 +302,16 @@ def decode_crop(data, box: tuple[int, int, int, int], min_size: tuple[int, int],
     return image[y0:y1, x0:x1]
 
 
-def _size_of(data, max_pixels: int) -> tuple[int, int]:
-    return data.shape[:2] if isinstance(data, np.ndarray) else image_size(data, max_pixels=max_pixels)
+def _sized(data, max_pixels: int) -> tuple:
+    """(the image, its (height, width)) for a crop: a JPEG's or PNG's size from its header; an image of another format
+    (WebP, BMP, ...), whose size takes its decode, decoded here once and handed on decoded."""
+    if isinstance(data, np.ndarray):
+        return data, data.shape[:2]
+    size = _declared_size(data, max_pixels)
+    if size is not None:
+        return data, size
+    image = decode(data, max_pixels=max_pixels)
+    return image, image.shape[:2]
 
 
 def random_resized_crop(data, rng: np.random.Generator, size: int, *, flip: bool = True,
@@ -312,7 +320,7 @@ def random_resized_crop(data, rng: np.random.Generator, size: int, *, flip: bool
     """Encoded image (or a decoded uint8 [H, W, 3]) -> uint8 [size, size, 3]: an Inception crop (`sample_crop`)
     resized to size x size, mirrored left-right with probability 1/2 when `flip`. The JPEG decodes at the smallest
     DCT scale that keeps the crop at least `size` pixels on each side. The errors of `decode`."""
-    height, width = _size_of(data, max_pixels)
+    data, (height, width) = _sized(data, max_pixels)
     top, left, h, w = sample_crop(rng, height, width, area_range=area_range, aspect_range=aspect_range)
     mirror = flip and rng.random() < 0.5
     out = _resize(decode_crop(data, (top, left, h, w), (size, size), max_pixels=max_pixels), size, size)
@@ -323,7 +331,7 @@ def center_crop(data, size: int, *, crop_fraction: float = CROP_FRACTION,
                 max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
     """Encoded image (or a decoded uint8 [H, W, 3]) -> uint8 [size, size, 3]: the short side resized to
     size / crop_fraction, then the central size x size. The errors of `decode`."""
-    height, width = _size_of(data, max_pixels)
+    data, (height, width) = _sized(data, max_pixels)
     # The central square of side min(H, W) * crop_fraction, resized to size (the same pixels as resizing the short
     # side to size / crop_fraction and cutting the central size x size, with only the crop decoded).
     side = max(1, int(round(min(height, width) * crop_fraction)))

@@ -529,6 +529,23 @@ def test_a_decoded_image_with_alpha_crops_as_its_png_does(mode):
                                   images.decode_crop(buffer.getvalue(), (4, 8, 32, 40), (32, 40)))
 
 
+def test_an_image_neither_jpeg_nor_png_decodes_once_a_crop(monkeypatch):
+    """A WebP's (or BMP's) size takes its decode: the crop decoded it whole for its size, then again for the crop."""
+    from PIL import Image
+
+    pixels = _pattern(48, 64)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "WEBP", lossless=True)
+    data = buffer.getvalue()
+    cv2 = images._cv2()
+    calls, imdecode = [], cv2.imdecode
+    monkeypatch.setattr(cv2, "imdecode", lambda *a: calls.append(1) or imdecode(*a))
+    crop = images.random_resized_crop(data, np.random.default_rng(0), 16)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(crop, images.random_resized_crop(pixels, np.random.default_rng(0), 16))
+    assert images.center_crop(data, 16).shape == (16, 16, 3) and len(calls) == 2
+
+
 def test_a_cmyk_jpeg_decodes_on_every_path(monkeypatch):
     """A CMYK JPEG decodes through simplejpeg (loader/decoding/_jpeg.c leaves CMYK to it) to the RGB Pillow gives."""
     from PIL import Image
