@@ -450,7 +450,6 @@ def train(config: TrainConfig, spec=None) -> dict[str, Any]:
                                     f"{result['worker']}); lower learning_rate or check the data")
 
         # SIGTERM or Ctrl-C: the steps running finish, the run saves and stops (the synchronous trainer's exits).
-        # Set after ray.init, whose SIGTERM handler ends the process at once.
         preemption = PreemptionNotice()
         saved = start
         try:
@@ -608,6 +607,8 @@ def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
     """Starts or joins the Ray cluster; returns the head process when this (the TF_CONFIG chief) started one."""
     import ray
 
+    from loader.executors import ray_actors
+
     head_proc = None
     if spec is not None:  # TF_CONFIG: this is the chief; start the head at its address, wait for the tasks
         head, num_workers, num_ps = spec.parameter_server()
@@ -616,7 +617,7 @@ def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
             deadline = time.monotonic() + 120
             while True:
                 try:
-                    ray.init(address=head, logging_level=logging.WARNING)
+                    ray_actors.init(ray, address=head, logging_level=logging.WARNING)
                     break
                 except (ConnectionError, RuntimeError):
                     if head_proc.poll() is not None or time.monotonic() > deadline:
@@ -631,14 +632,12 @@ def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
             _stop_head(head_proc)
             raise
     elif config.ray_address:
-        from loader.executors.ray_actors import check_reachable
-
-        check_reachable(config.ray_address)
-        ray.init(address=config.ray_address, logging_level=logging.WARNING)
+        ray_actors.check_reachable(config.ray_address)
+        ray_actors.init(ray, address=config.ray_address, logging_level=logging.WARNING)
         _wait_for_roles(config)
     else:  # one machine: a local cluster offering the actors' resources
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING,
-                 resources={"worker": config.num_workers, "ps": config.num_ps})
+        ray_actors.init(ray, address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                        logging_level=logging.WARNING, resources={"worker": config.num_workers, "ps": config.num_ps})
     log.info("ray cluster: %s", {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")})
     return head_proc
 

@@ -73,7 +73,7 @@ def _connect(address: str):
         check_reachable(address)
         log.info("connecting to the Ray cluster at %s", address)
         try:
-            ray.init(address=address, logging_level=logging.WARNING)
+            init(ray, address=address, logging_level=logging.WARNING)
         except ConnectionError as e:
             if address != "auto":
                 raise
@@ -82,6 +82,22 @@ def _connect(address: str):
                              "here (ray start --head), join this machine to one (ray start "
                              "--address=HEAD:6379), or give the head's address") from None
     return ray
+
+
+def init(ray, **options) -> None:
+    """ray.init(**options), keeping this process's own SIGTERM handler: Ray puts in its own (a sys.exit, and a C
+    handler that dumps the stack and aborts), over the one `python -m trainer` ends a run with, in one line
+    (trainer/preemption.py). A process without one of its own keeps Ray's."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    own = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        ray.init(**options)
+    finally:
+        if callable(own) and signal.getsignal(signal.SIGTERM) is not own:
+            signal.signal(signal.SIGTERM, own)
 
 
 def check_reachable(address: str, timeout: float = 10.0) -> None:

@@ -153,6 +153,24 @@ def test_a_remote_packed_mixture_is_the_local_one_and_resumes(cluster, token_dat
     resumed.close()
 
 
+def test_connecting_to_ray_keeps_the_processs_own_sigterm_handler(cluster, token_data):
+    """ray.init put its own SIGTERM handler (a sys.exit; in C, a stack dump and an abort) over the process's: python
+    -m trainer's, which ends a run with one line and its lease given back, was gone once the loader's first iterator
+    connected (and in strategy=parameter_server a SIGTERM during the setup aborted it)."""
+    def own(*_):
+        pass
+
+    ray.shutdown()  # (connected by an earlier test: the loader connects again, as a fresh process does)
+    before = signal.signal(signal.SIGTERM, own)
+    try:
+        it = iter(loader.load(token_data, batch_size=2, decode=None, num_epochs=1, **_remote(cluster, count=1)))
+        assert next(it) and ray.is_initialized()
+        assert signal.getsignal(signal.SIGTERM) is own
+        it.close()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 class _Poison:
     """Kills the process it runs in at one record, except in the process that made it (the test's)."""
 
