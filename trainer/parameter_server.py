@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.executors import ray_actors
 from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ def _from_servers(refs: list) -> list:
     for i, ref in enumerate(refs):
         try:
             results.append(ray.get(ref))
-        except ray.exceptions.RayActorError as e:
+        except ray_actors.deaths(ray) as e:
             pid = re.search(r"\bpid: (\d+)", str(e))
             raise ParameterServerLost(f"ps {i}{f' (pid {pid[1]})' if pid else ''} died ({type(e).__name__})") from None
     return results
@@ -298,7 +299,7 @@ class Coordinator:
                 if isinstance(e.cause, (ValueError, ParameterServerLost)):
                     raise e.cause from None
                 raise
-            except ray.exceptions.RayActorError as e:
+            except ray_actors.deaths(ray) as e:
                 if self._stopping:  # its step is not run again; its loader state is its last finished step's
                     log.warning("worker %d died during step %d while the run stops (%s)", w, step_id,
                                 type(e).__name__)
@@ -606,8 +607,6 @@ def _placement(role: str) -> dict:
 def _connect(config: TrainConfig, spec) -> subprocess.Popen | None:
     """Starts or joins the Ray cluster; returns the head process when this (the TF_CONFIG chief) started one."""
     import ray
-
-    from loader.executors import ray_actors
 
     head_proc = None
     if spec is not None:  # TF_CONFIG: this is the chief; start the head at its address, wait for the tasks

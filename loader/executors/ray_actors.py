@@ -84,6 +84,13 @@ def _connect(address: str):
     return ray
 
 
+def deaths(ray) -> tuple[type, ...]:
+    """What a call raises when its actor's process is gone: it died or was killed (RayActorError), Ray's memory
+    monitor killed it (OutOfMemoryError: not a RayActorError), or its worker or node crashed."""
+    errors = ray.exceptions
+    return (errors.RayActorError, errors.OutOfMemoryError, errors.WorkerCrashedError, errors.NodeDiedError)
+
+
 def init(ray, **options) -> None:
     """ray.init(**options), keeping this process's own SIGTERM handler: Ray puts in its own (a sys.exit, and a C
     handler that dumps the stack and aborts), over the one `python -m trainer` ends a run with, in one line
@@ -190,7 +197,7 @@ class _ActorGroups(Scheduled):
                 ray.get(ref)
                 worker.placed = worker.ready = True
                 self._failed_starts = 0  # (those that end before they start: counted in a row)
-            except ray.exceptions.RayActorError as e:  # it ended before it began (its node lost; it did not start)
+            except deaths(ray) as e:  # it ended before it began (its node lost; it did not start)
                 died.add(id(worker))
                 events.append(Died(worker, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
         self._tell_unplaced()
@@ -201,7 +208,7 @@ class _ActorGroups(Scheduled):
             group = worker.refs.pop(ref)
             try:
                 events.append(Result(worker, group, True, transport.expand(ray.get(ref))))
-            except ray.exceptions.RayActorError as e:
+            except deaths(ray) as e:
                 worker.refs[ref] = group  # still its: computed again by another
                 died.add(id(worker))
                 events.append(Died(worker, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
@@ -223,10 +230,12 @@ class _ActorGroups(Scheduled):
                         need, placed)
 
     def _cannot_start(self, how: str) -> None:
+        why = ("Ray's memory monitor ends them (the node's memory is nearly full, RAY_memory_usage_threshold): free "
+               "memory there, or give the actors nodes with more" if how.startswith("OutOfMemoryError") else
+               "the reader, decoder and map functions must unpickle on the cluster's nodes (the same code and packages "
+               "there as here: a shared image, or ray.init's runtime_env); Ray's log of the actor says why")
         raise ValueError(f"the loader's Ray actors end before they start ({self._failed_starts} of them, the last: "
-                         f"{how}): the reader, decoder and map functions must unpickle on the cluster's nodes (the "
-                         "same code and packages there as here: a shared image, or ray.init's runtime_env); Ray's log "
-                         "of the actor says why")
+                         f"{how}): {why}")
 
     def _stop(self, worker: _Actor) -> None:
         for ref in [r for r, w in self._placing.items() if w is worker]:

@@ -171,6 +171,50 @@ def test_connecting_to_ray_keeps_the_processs_own_sigterm_handler(cluster, token
         signal.signal(signal.SIGTERM, before)
 
 
+OOM_KILLED = """
+import logging, os, sys, time
+os.environ["RAY_memory_usage_threshold"] = "0.02"  # Ray's memory monitor kills a busy worker at once
+os.environ["RAY_memory_monitor_refresh_ms"] = "100"
+import ray
+import loader
+
+ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+
+
+class Slow:
+    def __call__(self, record):
+        time.sleep(0.05)
+        return record
+
+
+try:
+    list(loader.load(sys.argv[1], batch_size=2, decode=None, num_epochs=1, map_fn=Slow(), worker_count=1,
+                     ray_address="auto"))
+    print("finished")
+except Exception as e:
+    print(type(e).__name__, str(e).splitlines()[0])
+"""
+
+
+@pytest.mark.timeout(240)
+def test_actors_the_memory_monitor_kills_are_replaced_as_any_that_dies(token_data, tmp_path):
+    """Ray's memory monitor (its OOM prevention) ends an actor's calls in OutOfMemoryError, which is not a
+    RayActorError: the loader raised it raw, replacing nothing. It is a death: the actor is replaced (its groups
+    computed again); here the monitor kills every one as it starts, so the loader's own error after 3 comes, naming
+    the memory monitor (not unpickling, the usual reason actors end before they start)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-c", OOM_KILLED, token_data], cwd=REPO, capture_output=True, text=True,
+                          timeout=200, env={**os.environ, "PYTHONPATH": str(REPO)})
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
+    assert re.match(r"ValueError the loader's Ray actors end before they start \(3 of them, the last: "
+                    r"OutOfMemoryError: .*\): Ray's memory monitor ends them \(the node's memory is nearly full",
+                    last), last
+
+
 class _Poison:
     """Kills the process it runs in at one record, except in the process that made it (the test's)."""
 
