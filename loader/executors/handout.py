@@ -75,7 +75,7 @@ class WorkerControls:
             return take()
         except StopIteration:
             raise
-        except Exception:
+        except BaseException:  # (a Ctrl-C caught by the caller too, as a notebook does: the executor closed on it)
             self._failed = True
             self.close()
             raise

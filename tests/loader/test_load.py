@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -525,6 +526,37 @@ class FailOnce:
             open(self.marker, "w").close()
             raise OSError(f"transient error on {record!r}")
         return {"r": np.frombuffer(record.ljust(8), np.uint8)}
+
+
+class _SlowRecord:
+    def __call__(self, record: bytes) -> dict:
+        time.sleep(0.002)
+        return {"r": np.frombuffer(record.ljust(8), np.uint8)}
+
+
+def test_a_ctrl_c_caught_during_next_leaves_the_rest_to_read(converted):
+    """A Ctrl-C while next() waited for the worker processes, caught by the caller (a notebook cell, a REPL): the
+    executor closed on it, and iterating again gave no batch and no error, the epoch silently cut short. The batch it
+    interrupted comes next, then the rest."""
+    import signal
+    import threading
+
+    options = dict(batch_size=4, seed=0, decode=None, records_per_read=8, worker_count=1, num_epochs=1,
+                   map_fn=_SlowRecord())
+    expected = [[bytes(r).rstrip() for r in b["r"]] for b in loader.load(str(converted), **options)]
+    it = iter(loader.load(str(converted), **options))
+    got = [[bytes(r).rstrip() for r in next(it)["r"]] for _ in range(3)]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            while True:
+                got.append([bytes(r).rstrip() for r in next(it)["r"]])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    got += [[bytes(r).rstrip() for r in b["r"]] for b in it]
+    assert got == expected and len(expected) > 10
+    it.close()
 
 
 @pytest.mark.parametrize("worker_count", [0, 1])
