@@ -111,14 +111,22 @@ COMPILATION_CACHE_ENV = "TESTS_JAX_COMPILATION_CACHE"
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_compilation_cache(tmp_path_factory):
-    """One JAX compilation cache for the `python -m trainer` processes of the whole run (every xdist worker's), in its
-    temporary directory: a program many tests run (the digits' init and step) compiles once (tests/trainer/conftest.py
-    run_trainer passes it as JAX_COMPILATION_CACHE_DIR)."""
+    """One JAX compilation cache for the whole run (every xdist worker's), in its temporary directory: a program many
+    tests run (the digits' init and step) compiles once. The `python -m trainer` processes of
+    tests/trainer/conftest.py run_trainer get it as JAX_COMPILATION_CACHE_DIR; this process, where the tests imported
+    JAX, as its setting (trainer/compile_cache.py keeps it for compilation_cache=auto; a test of the compiles
+    themselves sets it back to None)."""
     base = tmp_path_factory.getbasetemp()
     directory = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-compilation-cache"
     directory.mkdir(exist_ok=True)
     os.environ[COMPILATION_CACHE_ENV] = str(directory)
+    jax = sys.modules.get("jax")
+    before = jax.config.jax_compilation_cache_dir if jax is not None else None
+    if jax is not None:
+        jax.config.update("jax_compilation_cache_dir", str(directory))
     yield directory
+    if jax is not None:
+        jax.config.update("jax_compilation_cache_dir", before)
     os.environ.pop(COMPILATION_CACHE_ENV, None)
 
 

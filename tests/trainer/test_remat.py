@@ -22,6 +22,15 @@ from tests.trainer.test_lm import _metrics, stdlib_text  # noqa: F401 (a fixture
 BATCH = {"none": 32, "elementwise": 16, "full": 8}
 
 
+
+@pytest.fixture(autouse=True)
+def compiled_here():
+    """The run's shared compilation cache off (tests/conftest.py): these tests count the step's compiles."""
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    yield
+    jax.config.update("jax_compilation_cache_dir", before)
+
 @pytest.fixture(scope="module")
 def compiles():
     """compile_with for remat.choose, and the policies it compiled, in order."""
