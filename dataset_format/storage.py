@@ -228,6 +228,15 @@ def list_generations(directory: str) -> dict[str, tuple[int, int]]:
     return {name: (b.size, int(b.generation or 0)) for name, b in _objects_in(directory)}
 
 
+def generations_of(paths: list[str]) -> dict[str, tuple[int, int]]:
+    """Path -> (size, generation) of the gs:// objects among `paths` that exist, in one listing of each directory
+    they are in (a page a 1,000 objects)."""
+    found: dict[str, tuple[int, int]] = {}
+    for directory in sorted({p.rsplit("/", 1)[0] for p in paths}):
+        found.update({f"{directory}/{name}": d for name, d in list_generations(directory).items()})
+    return found
+
+
 def list_metadata(directory: str) -> dict[str, dict[str, str]]:
     """Base name -> custom metadata of the gs:// objects directly under `directory`, in one listing (a page per
     1,000 objects); {} for a local directory."""

@@ -191,12 +191,10 @@ def _files(metadata_list) -> list[InputFile]:
 def with_generations(files: list[InputFile]) -> list[InputFile]:
     """`files`, gs:// ones with their objects' generations and sizes, as one listing of each directory finds them
     (a page a 1,000 objects; Beam's match gives neither); local ones as they are."""
-    remote = sorted({f.path.rsplit("/", 1)[0] for f in files if is_remote(f.path)})
+    remote = [f.path for f in files if is_remote(f.path)]
     if not remote:
         return files
-    found: dict[str, tuple[int, int]] = {}
-    for directory in remote:
-        found.update({f"{directory}/{name}": listed for name, listed in storage.list_generations(directory).items()})
+    found = storage.generations_of(remote)
     return [dataclasses.replace(f, size=found[f.path][0], generation=found[f.path][1]) if f.path in found else f
             for f in files]
 

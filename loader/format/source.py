@@ -595,9 +595,7 @@ def _stat(paths: list[str], *, missing: str) -> tuple[np.ndarray, tuple[int, ...
     Locally it mixes the inode and the change time (which no user tool can set back) with the mtime; on gs:// it is
     the object's generation."""
     if paths and storage.is_remote(paths[0]):
-        details: dict[str, tuple[int, int]] = {}
-        for directory in sorted({p.rsplit("/", 1)[0] for p in paths}):
-            details.update({f"{directory}/{name}": d for name, d in storage.list_generations(directory).items()})
+        details = storage.generations_of(paths)
         for p in paths:
             if p not in details:
                 raise FileNotFoundError(f"{p} {missing}")

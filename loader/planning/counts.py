@@ -172,9 +172,7 @@ def _local_copies(records: dict[str, int], directory: str | None) -> dict[str, s
         from loader.format import index
 
         directory = index.default_dir()
-    listed: dict[str, tuple[int, int]] = {}
-    for parent in sorted({path.rsplit("/", 1)[0] for path in records}):
-        listed.update({f"{parent}/{name}": found for name, found in storage.list_generations(parent).items()})
+    listed = storage.generations_of(list(records))
     copies, wanted = {}, []
     for path, n in records.items():
         if path not in listed:
