@@ -8,7 +8,8 @@ groups once the cluster has placed it: those it cannot place (more actors than f
 actor whose node was lost) wait, and the placed ones compute the batches meanwhile. Results come
 back through the object store: a result's NumPy arrays are read in place, without a copy, on this host (they are
 read-only). A group is a pure function of its index, so an actor that dies (its node preempted, the OOM killer) is
-replaced and its groups are computed again, and the batches are those of the local loader; the iterator's
+replaced and its groups are computed again, and the batches are those of the local loader (a death with its node
+blames none of its groups, and the node's other actors, idle ones too, are replaced at once); the iterator's
 `resize_workers(n)` adds or retires actors while iterating, with the same batches (loader/executors/schedule.py).
 
 The actors are this process's: Ray ends them when it ends (they never outlive their owner), and `close()` kills
@@ -55,6 +56,12 @@ class _GroupActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node(self) -> str:
+        """The Ray node this actor runs on: a death is the node's, not its groups', when that node is lost."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
 
 STALL_SECONDS = 60  # a wait this long for the actors is logged (an actor the cluster cannot place waits for ever)
@@ -136,11 +143,43 @@ class _Actor(Worker):
         super().__init__(number)
         self.handle = handle
         self.refs: dict = {}  # ObjectRef -> group
-        self.placed = self.ready = False  # until its pid() answers: the cluster placed it and it began
+        self.placed = self.ready = False  # until its node() answers: the cluster placed it and it began
+        self.node: str | None = None  # the Ray node it runs on, once placed
         self.since = time.monotonic()  # created (for the line about actors not placed)
 
     def label(self) -> str:
         return f"Ray actor {self.number}"
+
+
+class _LostNodes:
+    """Whether an actor died with its node (lost or preempted): then its groups are not to blame for its death (a
+    record that crashes the decoder ends the actor's process, not its machine). The nodes are asked for once a
+    `_wait`, and only when an actor died."""
+
+    def __init__(self, ray):
+        self._ray = ray
+        self.dead: set[str] | None = None  # the nodes the cluster holds dead, once asked
+
+    def __call__(self, worker: _Actor, error: BaseException) -> bool:
+        if getattr(error, "preempted", False) or isinstance(error, self._ray.exceptions.NodeDiedError):
+            return True
+        if worker.node is None:
+            return False
+        if self.dead is None:
+            try:
+                self.dead = {n["NodeID"] for n in self._ray.nodes() if not n.get("Alive", True)}
+            except Exception as e:  # noqa: BLE001 - the cluster's state unknown: the death is counted, as before
+                log.debug("could not list the Ray cluster's nodes: %s", e)
+                self.dead = set()
+        return worker.node in self.dead
+
+    def on_them(self, workers, died: set[int]) -> list:
+        """The deaths of the other actors on the lost nodes. An idle actor's death is seen only once a group is sent
+        to it: after a node of many idle actors is lost, one group went to each in turn."""
+        if not self.dead:
+            return []
+        return [Died(w, "its node was lost", True) for w in workers
+                if w.node in self.dead and id(w) not in died]
 
 
 class _ActorGroups(Scheduled):
@@ -164,13 +203,13 @@ class _ActorGroups(Scheduled):
                         "one does; check the name against the nodes' `ray start --resources`", ", ".join(unknown),
                         ", ".join(sorted(k for k in offered if not k.startswith(("node:", "accelerator_type:")))))
         self._pending: dict = {}  # ObjectRef -> actor
-        self._placing: dict = {}  # an actor's pid() call -> the actor, until it answers
+        self._placing: dict = {}  # an actor's node() call -> the actor, until it answers
         self._told_unplaced = False
         super().__init__(num_groups, spec.count, spec.per_worker, spec.describe, args)
 
     def _start(self, number: int) -> _Actor:
         actor = _Actor(number, self._class.remote(self._fn))
-        self._placing[actor.handle.pid.remote()] = actor
+        self._placing[actor.handle.node.remote()] = actor
         return actor
 
     def _send(self, worker: _Actor, group: int, arg: Any) -> None:
@@ -190,16 +229,17 @@ class _ActorGroups(Scheduled):
                 _stalled(len(self._pending), self._spec.resources)
         ready += ray.wait([r for r in refs if r not in ready], num_returns=len(refs) - len(ready), timeout=0)[0]
         events, died = [], set()
+        lost = _LostNodes(ray)
         placements = [r for r in ready if r in self._placing]
         for ref in placements:
             worker = self._placing.pop(ref)
             try:
-                ray.get(ref)
+                worker.node = ray.get(ref)
                 worker.placed = worker.ready = True
                 self._failed_starts = 0  # (those that end before they start: counted in a row)
             except deaths(ray) as e:  # it ended before it began (its node lost; it did not start)
                 died.add(id(worker))
-                events.append(Died(worker, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+                events.append(Died(worker, f"{type(e).__name__}: {str(e).splitlines()[0]}", lost(worker, e)))
         self._tell_unplaced()
         for ref in [r for r in ready if r not in placements]:
             worker = self._pending.pop(ref, None)
@@ -211,10 +251,10 @@ class _ActorGroups(Scheduled):
             except deaths(ray) as e:
                 worker.refs[ref] = group  # still its: computed again by another
                 died.add(id(worker))
-                events.append(Died(worker, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+                events.append(Died(worker, f"{type(e).__name__}: {str(e).splitlines()[0]}", lost(worker, e)))
             except ray.exceptions.RayTaskError as e:  # the function raised: its own error, where the batch is taken
                 events.append(Result(worker, group, False, e.cause if e.cause is not None else e))
-        return events
+        return events + lost.on_them(self._workers, died)
 
     def _tell_unplaced(self) -> None:
         """One line when actors have waited STALL_SECONDS to be placed while the others compute the batches."""

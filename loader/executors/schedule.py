@@ -42,7 +42,7 @@ class Worker:
 
 # What `Scheduled._wait` reports: a worker's answer, or a worker's end.
 Result = collections.namedtuple("Result", "worker group ok value")
-Died = collections.namedtuple("Died", "worker how")
+Died = collections.namedtuple("Died", "worker how with_node", defaults=(False,))  # with_node: its machine was lost
 
 
 class Scheduled(abc.ABC):
@@ -152,7 +152,7 @@ class Scheduled(abc.ABC):
         """Books what happened (answers, workers' ends), then sends groups to the workers with room."""
         for event in events:
             if isinstance(event, Died):
-                self._replace(event.worker, event.how)
+                self._replace(event.worker, event.how, event.with_node)
             elif event.worker in self._workers:
                 event.worker.groups.discard(event.group)
                 event.worker.alone = False
@@ -206,12 +206,12 @@ class Scheduled(abc.ABC):
             self._workers.remove(w)
             self._stop(w)
 
-    def _replace(self, worker: Worker, how: str) -> None:
+    def _replace(self, worker: Worker, how: str, with_node: bool = False) -> None:
         if worker not in self._workers:
             return
         self._stop(worker)
         lost = sorted(worker.groups)
-        if not worker.ready:  # it ended before it began any group: not their fault
+        if not worker.ready and not with_node:  # it ended before it began any group: not their fault
             self._failed_starts += 1
             self._resend.extend(lost)
             self._workers.remove(worker)
@@ -224,13 +224,8 @@ class Scheduled(abc.ABC):
                 self._replaced(worker, self._workers[-1])
             log.warning("loader %s ended before it started (%s); starting another", worker.label(), how)
             return
-        for g in lost:
-            self._deaths[g] += 1
-            if self._deaths[g] >= MAX_DEATHS:
-                raise ValueError(f"a loader worker ended {self._deaths[g]} times while computing "
-                                 f"{self._describe(g)} (the last: {how}): a record there crashes the decoder or map "
-                                 "function, or needs more memory than the worker has; run with worker_count=0 to see "
-                                 "the error, or give the workers more memory")
+        if not with_node:  # a machine lost is not its groups' fault (a record that crashes the decoder ends a process)
+            self._blame(lost, how)
         index = self._workers.index(worker)
         if worker.retiring:
             self._workers.pop(index)
@@ -238,9 +233,20 @@ class Scheduled(abc.ABC):
             self._started += 1
             self._workers[index] = self._start(self._started)
             self._replaced(worker, self._workers[index])
-        self._again.extend(lost)
-        log.warning("loader %s ended (%s) with %d group(s) in progress; %s", worker.label(), how, len(lost),
+        (self._resend if with_node else self._again).extend(lost)  # (again: each alone, to find a record to blame)
+        log.warning("loader %s ended%s (%s) with %d group(s) in progress; %s", worker.label(),
+                    " with its node" if with_node else "", how, len(lost),
                     "another computes them again" if lost else "started another")
+
+    def _blame(self, groups: list[int], how: str) -> None:
+        """A worker died computing `groups`: MAX_DEATHS such deaths of one group are an error."""
+        for g in groups:
+            self._deaths[g] += 1
+            if self._deaths[g] >= MAX_DEATHS:
+                raise ValueError(f"a loader worker ended {self._deaths[g]} times while computing "
+                                 f"{self._describe(g)} (the last: {how}): a record there crashes the decoder or map "
+                                 "function, or needs more memory than the worker has; run with worker_count=0 to see "
+                                 "the error, or give the workers more memory")
 
     def _replaced(self, worker: Worker, new: Worker) -> None:
         """`new` was started in place of `worker`, which ended (an executor that tracks its workers overrides this)."""

@@ -178,10 +178,10 @@ class _TunedGroups(_Groups):
         else:
             self._answered(worker)
 
-    def _replace(self, worker, how: str) -> None:
+    def _replace(self, worker, how: str, with_node: bool = False) -> None:
         self._replacing = id(worker) in self._starting
         try:
-            super()._replace(worker, how)
+            super()._replace(worker, how, with_node)
         finally:
             if self._replacing and not self._starting:  # none started in its place
                 self._started_all()

@@ -251,10 +251,51 @@ def test_actors_the_cluster_cannot_place_wait_while_the_placed_ones_compute_thro
     finally:
         cluster.remove_node(nodes[0])
     # (an actor waiting to be placed may wait on the lost node: it ends before it starts, and another waits instead)
-    assert re.search(r"loader Ray actor \d ended (before it started )?\(\w+", caplog.text), caplog.text
+    assert re.search(r"loader Ray actor \d ended (with its node |before it started )?\(\w+", caplog.text), caplog.text
     assert re.search(r"[12] of the loader's Ray actors are not placed after 0.5s \(each needs \{CPU: 1, lossy_cpu: 1\} "
                      r"free; ray status shows what is\); the [12] placed compute the batches meanwhile", caplog.text), \
         caplog.text
+
+
+@pytest.mark.timeout(300)
+def test_idle_actors_lost_with_their_node_blame_no_group_and_are_replaced_at_once(cluster, converted, caplog):
+    """A node of idle actors lost (the loader ahead of training, then the node preempted). An idle actor's death is
+    seen only once a group is sent to it: one group went to each dead actor in turn, each death counted against it,
+    and after three the loader stopped with "a record there crashes the decoder". A death with its node blames no
+    group, and the node's other actors are replaced as soon as one is seen dead."""
+    options = dict(batch_size=4, seed=1, decode=None, num_epochs=1, records_per_read=4, shuffle=False)
+    expected = list(loader.load(str(converted), **options))
+    lossy = cluster.add_node(num_cpus=4, resources={"gone_cpu": 4}, object_store_memory=100 << 20)
+    cluster.wait_for_nodes()
+    spare = None
+    try:
+        it = iter(loader.load(str(converted), worker_count=4, ray_address=cluster.address,
+                              ray_resources={"gone_cpu": 1}, **options))
+        got = [next(it)]
+        deadline = time.monotonic() + 120
+        while len(_actor_pids(_raylets(lossy))) < 4:  # all four placed there
+            assert time.monotonic() < deadline, "the loader's 4 actors were not placed in 120s"
+            time.sleep(0.1)
+        spare = cluster.add_node(num_cpus=4, resources={"gone_cpu": 4}, object_store_memory=100 << 20)
+        cluster.wait_for_nodes()
+        for _ in range(2):  # the actors' groups done and taken: all idle
+            got.append(next(it))
+            time.sleep(0.5)
+        with caplog.at_level(logging.WARNING, logger="loader.executors"):
+            cluster.remove_node(lossy)
+            lossy = None
+            for batch in it:  # at a training step's pace: each actor's death is seen apart
+                got.append(batch)
+                time.sleep(0.05)
+        assert got == expected
+    finally:
+        for node in (lossy, spare):
+            if node is not None:
+                cluster.remove_node(node)
+    ended = re.findall(r"loader Ray actor \d ended with its node \((.*?)\) with (\d) group", caplog.text)
+    assert len(ended) == 4, caplog.text
+    assert ("its node was lost", "0") in ended, caplog.text  # seen dead through another's death: nothing sent to it
+    assert "ended (" not in caplog.text, caplog.text  # (no death blamed on a group)
 
 
 @pytest.mark.timeout(300)
