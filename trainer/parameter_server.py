@@ -247,25 +247,33 @@ class Worker:
 
 # --- the coordinator ------------------------------------------------------------------------------------------
 MAX_CONSECUTIVE_FAILURES = 3  # a worker that dies this often without finishing a step stops the run
+STALL_SECONDS = 60  # a wait this long for a worker the cluster has not placed is logged
+
+
 class Coordinator:
     """ClusterCoordinator's scheduling: `schedule(step)` queues a step, idle workers take queued steps in order,
-    `results()` waits for the next finished ones, `join()` yields them until all are done. A step whose worker died is queued again
-    (at-least-once) and the worker is replaced by `make_worker(index, loader_state)`, from the loader state of its
-    last finished step."""
+    `results()` waits for the next finished ones, `join()` yields them until all are done. A step whose worker died
+    is queued again (at-least-once) and the worker is replaced by `make_worker(index, loader_state)`, from the loader
+    state of its last finished step. A replacement takes steps once the cluster has placed it (its pid answers):
+    one whose node is lost may never be placed (TF_CONFIG's nodes offer one "worker" each), and the placed workers
+    run the steps meanwhile; a wait for unplaced workers is logged, not silent."""
 
     def __init__(self, make_worker, loader_states: list[dict | None]):
-        import ray
-
         self._make_worker = make_worker
         self.loader_states = list(loader_states)
         self.workers = [make_worker(i, state) for i, state in enumerate(self.loader_states)]
-        for i, pid in enumerate(ray.get([w.pid.remote() for w in self.workers])):  # waits for them to start
-            log.info("worker %d: pid %d", i, pid)
         self.replaced = 0
         self._failures = [0] * len(self.workers)  # deaths since each worker's last finished step
         self._queue: collections.deque = collections.deque()
         self._inflight: dict = {}  # ObjectRef -> (worker index, step id)
+        self._placing: dict = {}  # a worker's pid() call -> (worker index, since), until it answers
+        self._placed = [False] * len(self.workers)
+        self._told: set[int] = set()  # workers said to wait to be placed (_tell_unplaced)
         self._stopping = False
+        for w in range(len(self.workers)):
+            self._placing[self.workers[w].pid.remote()] = (w, time.monotonic())
+        while self._placing:  # all of them, before the first step
+            self._take(self._ready(list(self._placing)))
 
     def schedule(self, step_id: int) -> None:
         self._queue.append(step_id)
@@ -280,17 +288,63 @@ class Coordinator:
         for w in range(len(self.workers)):
             if not self._queue:
                 return
-            if w not in busy:
+            if w not in busy and self._placed[w]:
                 step_id = self._queue.popleft()
                 self._inflight[self.workers[w].step.remote(step_id)] = (w, step_id)
 
-    def results(self) -> list[dict]:
-        """Blocks until at least one step finished or failed; returns the finished ones."""
+    def _ready(self, refs: list) -> list:
+        """The refs that are ready: at least one, waiting for it (a line every STALL_SECONDS of it while a worker
+        waits to be placed)."""
         import ray
 
-        ready, _ = ray.wait(list(self._inflight), num_returns=1)
+        ready: list = []
+        while not ready:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=STALL_SECONDS)
+            if not ready:
+                self._tell_unplaced(stalled=True)
+        return ready + ray.wait([r for r in refs if r not in ready], num_returns=len(refs) - len(ready),
+                                timeout=0)[0]
+
+    def _tell_unplaced(self, stalled: bool = False) -> None:
+        """A line for the workers waiting STALL_SECONDS to be placed: once each while the others run the steps, and
+        at every stall (`stalled`: nothing happened for STALL_SECONDS)."""
+        now = time.monotonic()
+        late = sorted(w for w, since in self._placing.values()
+                      if now - since >= STALL_SECONDS and (stalled or w not in self._told))
+        if not late:
+            return
+        self._told.update(late)
+        placed = sum(self._placed)
+        many = len(late) > 1
+        log.warning("%s %s %s not placed after %gs: the cluster has no room for %s (where the nodes offer a 'worker' "
+                    "resource, as TF_CONFIG's do, each worker needs one free: a lost node's worker waits until a node "
+                    "offering it joins; ray status shows what is free); %s", "workers" if many else "worker",
+                    ", ".join(map(str, late)), "are" if many else "is", STALL_SECONDS, "them" if many else "it",
+                    f"the {placed} placed worker(s) run the steps meanwhile" if placed else "no step runs meanwhile")
+
+    def results(self) -> list[dict]:
+        """Blocks until at least one step finished or failed, or a worker was placed; returns the finished ones."""
+        done = self._take(self._ready([*self._inflight, *self._placing]))
+        self._tell_unplaced()
+        self._dispatch()
+        return done
+
+    def _take(self, ready: list) -> list[dict]:
+        import ray
+
         done = []
-        for ref in ready:
+        for ref in [r for r in ready if r in self._placing]:
+            w, _ = self._placing.pop(ref)
+            try:
+                pid = ray.get(ref)
+            except ray_actors.deaths(ray) as e:
+                if getattr(e, "actor_init_failed", False):  # its __init__ raised (the data, the settings): not retried
+                    raise RuntimeError(f"worker {w} could not start: {e}") from None
+                self._died(w, None, e)
+                continue
+            self._placed[w] = True
+            log.info("worker %d: pid %d", w, pid)
+        for ref in [r for r in ready if r in self._inflight]:
             w, step_id = self._inflight.pop(ref)
             try:
                 result = ray.get(ref)
@@ -300,27 +354,37 @@ class Coordinator:
                     raise e.cause from None
                 raise
             except ray_actors.deaths(ray) as e:
-                if self._stopping:  # its step is not run again; its loader state is its last finished step's
-                    log.warning("worker %d died during step %d while the run stops (%s)", w, step_id,
-                                type(e).__name__)
-                    continue
-                self._failures[w] += 1
-                if self._failures[w] >= MAX_CONSECUTIVE_FAILURES:
-                    raise RuntimeError(f"worker {w} died {self._failures[w]} times in a row without finishing a step "
-                                       f"(last: {e}); see its log under Ray's session directory") from e
-                log.warning("worker %d died during step %d (%s); the step is queued again and the worker replaced, "
-                            "its loader resuming after its last finished step", w, step_id, type(e).__name__)
-                self._queue.appendleft(step_id)
-                # Not waited for: its first step queues until it has started, and the others go on meanwhile.
-                self.workers[w] = self._make_worker(w, self.loader_states[w])
-                self.replaced += 1
-                log.info("worker %d: replaced", w)
+                self._died(w, step_id, e)
                 continue
             self._failures[w] = 0
             self.loader_states[w] = result["loader"]
             done.append(result)
-        self._dispatch()
         return done
+
+    def _died(self, w: int, step_id: int | None, e: BaseException) -> None:
+        """Worker `w` died running `step_id` (None: before it started): the step is queued again, the worker
+        replaced."""
+        during = f"during step {step_id}" if step_id is not None else "before it started"
+        if self._stopping:  # its step is not run again; its loader state is its last finished step's
+            log.warning("worker %d died %s while the run stops (%s)", w, during, type(e).__name__)
+            return
+        self._failures[w] += 1
+        if self._failures[w] >= MAX_CONSECUTIVE_FAILURES:
+            raise RuntimeError(f"worker {w} died {self._failures[w]} times in a row without finishing a step "
+                               f"(last: {e}); see its log under Ray's session directory") from e
+        log.warning("worker %d died %s (%s); %sthe worker replaced, its loader resuming after its last finished step",
+                    w, during, type(e).__name__, "the step is queued again and " if step_id is not None else "")
+        if step_id is not None:
+            self._queue.appendleft(step_id)
+        for ref in [r for r, (i, _) in self._placing.items() if i == w]:
+            del self._placing[ref]
+        # Not waited for: it takes steps once placed, and the others go on meanwhile.
+        self.workers[w] = self._make_worker(w, self.loader_states[w])
+        self._placed[w] = False
+        self._told.discard(w)
+        self._placing[self.workers[w].pid.remote()] = (w, time.monotonic())
+        self.replaced += 1
+        log.info("worker %d: replaced", w)
 
     def join(self):
         """Yields each step's result as it finishes, until nothing is queued or running."""

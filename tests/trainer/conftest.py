@@ -2,6 +2,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,37 @@ def run_trainer(*overrides: str, devices: int = 1, timeout: int = 300, popen: bo
     if popen:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """The outputs of `run_trainer(popen=True)` processes that run together, read side by side: one read after
+    another, a process whose output fills its pipe (64 KiB; a TF_CONFIG chief relays its Ray nodes' logs) stops
+    while the test waits for another that waits for it. All are killed once they end or `timeout` passes (none
+    outlives the test); those still running then are named with their output's tails."""
+    import threading
+
+    chunks: list[list[str]] = [[] for _ in procs]
+    readers = [threading.Thread(target=chunks[i].extend, args=(p.stdout,), daemon=True) for i, p in enumerate(procs)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    late: list[int] = []
+    try:
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        late = [i for i, p in enumerate(procs) if p.poll() is None]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for reader in readers:
+            reader.join(timeout=10)
+    outputs = ["".join(c) for c in chunks]
+    assert not late, "\n".join(f"process {i} still ran after {timeout}s: ...{outputs[i][-2000:]}" for i in late)
+    return outputs
 
 
 def trainer_here(*overrides: str, path: Path | None = None) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import run_trainer
+from tests.trainer.conftest import finish, run_trainer
 
 
 def _port():
@@ -107,10 +107,8 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resume_matches(digits
         while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 10):
             time.sleep(0.05)
         procs[1].send_signal(sent)  # process 0 gets no signal
-        outputs = [p.communicate(timeout=200)[0] for p in procs]
     finally:
-        for p in procs:  # a process left waiting in a collective must not outlive the test
-            p.kill()
+        outputs = finish(procs, timeout=200)  # (a process left waiting in a collective must not outlive the test)
     # both exit as preempted (128 + SIGTERM), the one that got no signal too: the job was preempted; a Ctrl-C's
     # process as interrupted (128 + SIGINT)
     assert [p.returncode for p in procs] == [143, 128 + sent], outputs[0][-2000:] + outputs[1][-2000:]
@@ -123,7 +121,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resume_matches(digits
     end = stopped_at + 10  # no schedule depends on `steps`: the losses up to `end` are those of a run to `end`
 
     procs = launch(end)
-    outputs = [p.communicate(timeout=200)[0] for p in procs]
+    outputs = finish(procs, timeout=200)
     assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
     assert f"resumed from step {stopped_at}" in outputs[0] and f"resumed from step {stopped_at}" in outputs[1]
     got = {}
@@ -165,7 +163,7 @@ def test_two_processes_train_on_gs_data_from_the_stock_emulator(digits, tmp_path
               f"coordinator_address=127.0.0.1:{port}", "num_processes=2")
     procs = [run_trainer(*common, f"process_id={i}", popen=True, extra_env=stock_gcs) for i in range(2)]
     started = time.monotonic()
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    outputs = finish(procs, timeout=240)
     assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
     assert not any("retrying" in out for out in outputs), outputs  # no connection refused, reset or timed out
     losses = _losses(tmp_path / "multi")

@@ -2,6 +2,7 @@
 the coordinator SIGKILLed and rerun."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
-from tests.trainer.conftest import run_trainer
+from tests.trainer.conftest import finish, run_trainer
 from trainer.parameter_server import Shard, assemble, partition, split
 
 pytest.importorskip("ray")
@@ -57,6 +58,101 @@ def _read_until(proc, pattern, lines):
         if found:
             return found
     raise AssertionError(f"the run ended before {pattern!r}:\n" + "".join(lines)[-3000:])
+
+
+class _Stepper:
+    """A worker for the coordinator alone: a step takes 0.2 s and returns its id."""
+
+    def __init__(self, index, loader_state):
+        self.index = index
+
+    def pid(self):
+        return os.getpid()
+
+    def node(self):
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def step(self, step_id):
+        time.sleep(0.2)
+        return {"step": step_id, "worker": self.index, "loss": 0.0, "loader": {"after": step_id}}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of a head alone, connected to: a test adds the nodes it needs."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 100 << 20,
+                                                             "include_dashboard": False})
+    ray.init(address=cluster.address)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+class _NoData(_Stepper):
+    def __init__(self, index, loader_state):
+        if index == 1:
+            raise ValueError("no data at /nowhere on this node")
+        super().__init__(index, loader_state)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_whose_init_raises_stops_the_coordinator_at_once_with_the_cause_last(ray_cluster):
+    """A worker's __init__ that raises (its data missing on its node) would raise again: one error, not retried."""
+    import ray
+
+    from trainer import parameter_server
+
+    remote = ray.remote(_NoData).options(num_cpus=0, max_restarts=0)
+    with pytest.raises(RuntimeError, match=r"(?s)^worker 1 could not start: .*ValueError: no data at /nowhere on "
+                                           r"this node$"):
+        parameter_server.Coordinator(lambda i, state: remote.remote(i, state), [None, None])
+
+
+@pytest.mark.timeout(240)
+def test_a_lost_workers_replacement_that_cannot_be_placed_leaves_the_steps_to_the_placed_ones(ray_cluster, caplog,
+                                                                                               monkeypatch):
+    """TF_CONFIG's layout: a node a worker, each offering one 'worker'. A worker's node lost, its replacement has
+    nowhere to go: its step was given to the replacement, and join() waited for it for ever without a line."""
+    import ray
+
+    from trainer import parameter_server
+
+    monkeypatch.setattr(parameter_server, "STALL_SECONDS", 0.5)
+    nodes = [ray_cluster.add_node(num_cpus=1, resources={"worker": 1}, object_store_memory=100 << 20)
+             for _ in range(2)]
+    ray_cluster.wait_for_nodes()
+    try:
+        remote = ray.remote(_Stepper).options(num_cpus=0, resources={"worker": 1}, max_restarts=0)
+        coordinator = parameter_server.Coordinator(lambda i, state: remote.remote(i, state), [None, None])
+        for step in range(1, 5):
+            coordinator.schedule(step)
+        first = list(coordinator.join())
+        assert sorted(r["step"] for r in first) == [1, 2, 3, 4]
+        lost = ray.get(coordinator.workers[1].node.remote())
+        ray_cluster.remove_node(next(n for n in nodes if n.node_id == lost))
+        nodes = [n for n in nodes if n.node_id != lost]
+        with caplog.at_level(logging.INFO, logger="trainer.parameter_server"):
+            for step in range(5, 13):
+                coordinator.schedule(step)
+            results = list(coordinator.join())
+        assert sorted(r["step"] for r in results) == list(range(5, 13))  # each once: at-least-once, none lost
+        assert {r["worker"] for r in results} == {0}
+        before = [r["step"] for r in first if r["worker"] == 1]
+        assert coordinator.loader_states == [{"after": results[-1]["step"]}, {"after": before[-1]}]  # (its last)
+        assert re.search(r"worker 1 died during step \d+ \(\w+\); the step is queued again and the worker replaced",
+                         caplog.text), caplog.text
+        assert re.search(r"worker 1 is not placed after 0.5s: the cluster has no room for it .*; the 1 placed worker\(s\) "
+                         r"run the steps meanwhile", caplog.text), caplog.text
+    finally:
+        for node in nodes:
+            ray_cluster.remove_node(node)
 
 
 @pytest.mark.timeout(400)
@@ -286,7 +382,7 @@ def test_tf_config_chief_workers_and_ps_form_one_ray_cluster(digits, tmp_path):
         spec = {"cluster": cluster, "task": {"type": role, "index": index}}
         tasks[f"{role}{index}"] = run_trainer(*args, popen=True,
                                               extra_env={"TF_CONFIG": json.dumps(spec), **shared})
-    outputs = {name: proc.communicate(timeout=360)[0] for name, proc in tasks.items()}
+    outputs = dict(zip(tasks, finish(list(tasks.values()), timeout=360)))
     assert tasks["chief0"].returncode == 0, outputs["chief0"][-3000:]
     chief = outputs["chief0"]
     assert f"ray head started at 127.0.0.1:{port}" in chief

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.trainer.conftest import REPO, run_trainer
+from tests.trainer.conftest import REPO, finish, run_trainer
 
 pytestmark = pytest.mark.gcs
 
@@ -24,12 +24,8 @@ def _launch(args, env) -> list:
 
 def _finish(procs) -> tuple[list[int], list[str]]:
     """The processes' exit statuses and outputs."""
-    try:
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
-        return [p.returncode for p in procs], outputs
-    finally:
-        for p in procs:  # a process left waiting in a collective must not outlive the test
-            p.kill()
+    outputs = finish(procs, timeout=240)  # (none outlives the test: one left waiting in a collective is killed)
+    return [p.returncode for p in procs], outputs
 
 
 def _metric_steps(client, bucket) -> list[int]:
