@@ -176,11 +176,12 @@ class PackedLoader:
                                          functools.partial(self._count, Lengths(tokens)), inputs.cache_dir)
         self.counts = counts
 
-    def executor(self, **options) -> executors.Executor:
+    def executor(self, worker_count: int | str | None = None, **options) -> executors.Executor:
+        """The loader's executor, with `worker_count` workers (default: the config's)."""
         c = self.config
-        return executors.make(c.worker_count, **{"num_threads": c.num_threads, "prefetch": max(1, c.prefetch),
-                                                 "ray_address": c.ray_address, "ray_resources": c.ray_resources,
-                                                 **options})
+        return executors.make(c.worker_count if worker_count is None else worker_count,
+                              **{"num_threads": c.num_threads, "prefetch": max(1, c.prefetch),
+                                 "ray_address": c.ray_address, "ray_resources": c.ray_resources, **options})
 
     def _count(self, lengths: Lengths, spans: list[tuple[int, int]]) -> Iterator[np.ndarray]:
         """Token counts of each span, in order, computed by the executor (every core of this host on threads)."""
@@ -285,7 +286,7 @@ class PackedIterator(WorkerControls, Iterator):
         self._consumed = k
         self._jobs = self._new_jobs(k, position)
         jobs, source = self._jobs, self._loader.source
-        groups = self._loader.executor(describe=lambda g: jobs.describe(k + g, source)).map(
+        groups = self._loader.executor(self._worker_count(), describe=lambda g: jobs.describe(k + g, source)).map(
             self._loader.assembler, FOREVER, args=lambda g: jobs(k + g))
         self._host = HostBatches(groups)
         plan = self._loader.plan

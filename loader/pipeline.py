@@ -515,13 +515,14 @@ class Loader:
     def __iter__(self) -> LoaderIterator:
         return LoaderIterator(self)
 
-    def _groups(self, start: int, plan=None):
+    def _groups(self, start: int, plan=None, worker_count: int | str | None = None):
         """Groups of batches from global batch `start` on (each element: a list of batches), computed by the
-        loader's executor (loader/executors)."""
+        loader's executor (loader/executors), with `worker_count` workers (default: the config's)."""
         read_group = _ReadGroup(plan or self.plan, self.source, self._reader, self._decoder, self.config.map_fn, start,
                                 self.batches_per_read, random_map_fn=self.config.random_map_fn)
         c = self.config
-        executor = executors.make(c.worker_count, num_threads=c.num_threads, prefetch=c.prefetch,
+        executor = executors.make(c.worker_count if worker_count is None else worker_count,
+                                  num_threads=c.num_threads, prefetch=c.prefetch,
                                   ray_address=c.ray_address, ray_resources=c.ray_resources,
                                   describe=read_group.describe)
         return executor.map(read_group, read_group.num_groups())
@@ -567,7 +568,7 @@ class LoaderIterator(WorkerControls, Iterator):
     def _restart(self, start: int) -> None:
         self.close()
         self._failed = False
-        self._host = HostBatches(self._loader._groups(start, self._plan))
+        self._host = HostBatches(self._loader._groups(start, self._plan, self._worker_count()))
         plan = self._plan
         self._take = handed_out(self._host.next, self._loader.config.pad_remainder, plan.per_host,
                                 lambda: self._loader.zero_rows(plan))

@@ -9,6 +9,8 @@ import time
 import weakref
 from collections.abc import Iterator
 
+import numpy as np
+
 from loader.executors.stages import StageTimes
 
 
@@ -58,8 +60,15 @@ class WorkerControls:
     """What an iterator over `self._host` (a HostBatches) says of its workers and lets the caller change."""
 
     _host: HostBatches | None
+    _loader: object  # its loader: `config.worker_count`
     _ray: bool = False  # its workers are Ray actors
     _failed: bool = False  # the last batch asked for raised
+    _resized: int | None = None  # resize_workers()'s count: every (re)start after it starts this many
+
+    def _worker_count(self) -> int | str:
+        """The workers a (re)start (set_state(), a batch that raised) makes: resize_workers()'s count once called,
+        else the loader's worker_count."""
+        return self._loader.config.worker_count if self._resized is None else self._resized
 
     def _handed(self, take, restart):
         """take()'s batch. A batch that raised is computed again by the next call, after `restart()` (an iterator from
@@ -106,12 +115,19 @@ class WorkerControls:
 
     def resize_workers(self, count: int) -> None:
         """With worker_count= (local processes or Ray actors): `count` workers from now on (more start at once; fewer
-        stop taking groups and stop once theirs are done). The batches stay the same. With worker_count="auto":
-        `count` worker processes from now on, tuned no more."""
+        stop taking groups and stop once theirs are done), after a set_state() too. The batches stay the same. With
+        worker_count="auto": `count` worker processes from now on, tuned no more. On a closed iterator: from its
+        set_state() on."""
+        if self._loader.config.worker_count == 0:
+            raise ValueError("resize_workers() needs a loader with worker_count >= 1 or 'auto' (this one reads on "
+                             "threads: worker_count=0)")
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise ValueError(f"resize_workers() takes a worker count >= 1 (got {count!r}); to read on this process's "
+                             "threads, make the loader with worker_count=0")
+        self._resized = int(count)
         groups = getattr(self._host, "groups", None)
-        if not hasattr(groups, "resize"):
-            raise ValueError("resize_workers() needs a loader with worker_count >= 1 (this one reads on threads)")
-        groups.resize(count)
+        if groups is not None:
+            groups.resize(self._resized)
 
 
 _OPEN_ITERATORS: weakref.WeakSet = weakref.WeakSet()

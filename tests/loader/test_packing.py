@@ -428,7 +428,9 @@ def test_worker_processes_give_the_same_packed_batches_and_resume(token_data):
     with_workers = [next(it)["tokens"].tolist() for _ in range(7)]
     state = it.get_state()
     again = iter(packed(2))
+    again.resize_workers(1)
     again.set_state(state)
+    assert again.worker_setting() == "1 worker process"  # a count given before set_state() holds after it
     assert with_workers + [b["tokens"].tolist() for b in again] == alone
     # The work travels with cloudpickle: a lambda as the tokenize function too.
     assert [b["tokens"].tolist() for b in _packed(token_data, worker_count=2, num_epochs=3)] == alone

@@ -61,10 +61,16 @@ def test_auto_resumes_and_resizes_like_fixed_workers(converted, quick_tuner):
     assert it.worker_setting() == "2 worker processes"
     got += _rows([next(it) for _ in range(10)])
     it.set_state(state)
+    assert it.worker_setting() == "2 worker processes"  # the count holds through a restore (it went back to auto)
     got = got[:30] + _rows(it)
     assert got == expected
     it.close()
     assert it.worker_setting() == "closed"
+    it.resize_workers(1)  # on a closed iterator: for its next start
+    it.set_state(state)
+    assert it.worker_setting() == "1 worker process"
+    assert _rows([next(it)]) == expected[30:31]
+    it.close()
 
 
 def test_stage_times_name_the_stage_that_bounds_the_rate(converted):
