@@ -71,6 +71,7 @@ def test_a_record_of_another_source_version_is_not_trusted(job):
     assert json.loads((out / "manifest.json").read_text())["totals"]["records"] == 7 * 3000 + 10
 
 
+@pytest.mark.slow  # ~40 s; the one-shard case below runs by default
 def test_a_shard_rewritten_by_a_killed_run_of_other_options_is_converted_again(job):
     """A run with other writer options killed after replacing a shard's file, before its record: the file often keeps
     its size (ArrayRecord pads), so the size alone did not tell; the plain rerun (the manifest's options) kept a file
