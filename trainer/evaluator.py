@@ -1,15 +1,17 @@
 """The sidecar evaluator (tf's `SidecarEvaluator`): `python -m trainer mode=evaluate ...`, or a TF_CONFIG task of
 type "evaluator".
 
-It watches WORKDIR/checkpoints (orbax's checkpoints_iterator), restores each new checkpoint's parameters only, runs
+It watches WORKDIR/checkpoints (tf's checkpoints_iterator: the newest finished checkpoint, each time there is a newer
+one; orbax's copies each checkpoint into the trainer's directory first, which a read-only mount refuses), restores
+each new checkpoint's parameters only, runs
 the task's evaluation over `eval_data` and appends `{"step", "eval_loss", "eval_<metric>", "eval_examples"}` to
 WORKDIR/eval/metrics.jsonl and TensorBoard (WORKDIR/eval). It stops after evaluating step `steps`, or after
 `eval_timeout` seconds without a new checkpoint. It never joins the training cluster: it only reads files, so it
 can run anywhere the checkpoints are visible, and a restarted evaluator goes on after the last step it recorded. One
 evaluator a workdir: it holds WORKDIR/eval's lease (trainer/job.py), and a second one stops with a line naming it.
 
-The trainer keeps max_to_keep checkpoints: one deleted between being listed and being read is skipped with a log
-line, not fatal (the next one is evaluated).
+The trainer keeps max_to_keep checkpoints: one deleted between being listed and being read (or while it is read) is
+skipped with a log line, not fatal (the next one is evaluated).
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 from dataset_format import storage
-from trainer import accelerators, compile_cache, job, metrics as metrics_lib, preemption, strategy as strategies
+from trainer import accelerators, checkpoints as checkpoints_lib, compile_cache, job, metrics as metrics_lib
+from trainer import preemption, strategy as strategies
 from trainer.config import TrainConfig
 from trainer.program import Program
 
@@ -49,9 +54,7 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     accelerators.warn_if_unused()
     config = dataclasses.replace(config, mode="evaluate")  # (eval_data shapes the model; data= is not read)
     program = Program.build(config)
-    # The evaluator's own devices: the training strategy where it is a local one, else all local devices.
-    strategy = strategies.make(config.strategy if config.strategy in _LOCAL_STRATEGIES else "mirrored",
-                               device=config.device)
+    strategy = _strategy(config)
     checkpoints = config.checkpoint_dir
     eval_dir = storage.join(config.workdir, "eval")
     done = [r["step"] for r in metrics_lib.read(eval_dir)]
@@ -65,12 +68,11 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
         abstract["model_state"] = jax.tree.map(on_devices, program.abstract_model_state())
     log.info("evaluator: watching %s for checkpoints after step %d, until step %d (eval_timeout=%gs); results in %s",
              checkpoints, last, config.steps, config.eval_timeout, eval_dir)
-    storage.makedirs(checkpoints)  # the trainer may not have started yet
     writer = metrics_lib.MetricsWriter(eval_dir, last, tensorboard_dir=eval_dir)
     record: dict[str, Any] = {}
     evaluated = skipped = 0
     try:
-        for step in ocp.checkpoint_utils.checkpoints_iterator(checkpoints, timeout=int(config.eval_timeout)):
+        for step in new_checkpoints(checkpoints, last, config.eval_timeout):
             if step <= last:
                 continue
             restored = restore_params(checkpoints, step, abstract)
@@ -81,7 +83,8 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
             writer.write(record)
             evaluated, last = evaluated + 1, step
             log.info("evaluator: step %d %s", step,
-                     " ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith("eval_") and k != "eval_examples"))
+                     " ".join(f"{k} {v:.4f}" for k, v in record.items()
+                              if k.startswith("eval_") and not k.endswith("_examples")))
             if step >= config.steps:
                 break
         else:
@@ -89,6 +92,45 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     finally:
         writer.close()
     return {**record, "checkpoints_evaluated": evaluated, "checkpoints_skipped": skipped, "final_step": last}
+
+
+def _strategy(config: TrainConfig) -> strategies.Strategy:
+    """The evaluator's own devices: the training strategy where it is a local one, else all local devices, or one
+    where the batch does not split over them (a parameter-server worker's batch_size is its own)."""
+    if config.strategy in _LOCAL_STRATEGIES:
+        strategy = strategies.make(config.strategy, device=config.device)
+        replicas = strategy.num_replicas_in_sync
+        if config.batch_size % replicas:
+            raise ValueError(f"batch_size={config.batch_size} does not split over the evaluator's "
+                             f"num_replicas_in_sync={replicas} (strategy={config.strategy}); use a multiple of "
+                             f"{replicas}, or strategy=default (one device)")
+        return strategy
+    strategy = strategies.make("mirrored")
+    if config.batch_size % strategy.num_replicas_in_sync:
+        log.info("evaluator: batch_size=%d does not split over this host's %d devices: evaluating on one",
+                 config.batch_size, strategy.num_replicas_in_sync)
+        return strategies.make("default")
+    return strategy
+
+
+def new_checkpoints(directory: str, after: int, timeout: float, poll: float = 1.0) -> Iterator[int]:
+    """The newest finished checkpoint's step, each time there is one newer than the last (those written meanwhile
+    are passed over, as tf's checkpoints_iterator does); ends once `timeout` seconds pass without one. It only lists
+    the directory: orbax's iterator first copies each checkpoint whole into DIR/_SNAPSHOTS, which fails where the
+    evaluator may only read, fills the trainer's storage, and was not read from anyway."""
+    last, since = after, time.monotonic()
+    while True:
+        listed = ocp.utils.checkpoint_steps(directory) if storage.names_something(directory) else []
+        steps = [s for s in listed if s > last]
+        if steps:
+            last = max(steps)
+            yield last
+            since = time.monotonic()
+            continue
+        left = timeout - (time.monotonic() - since)
+        if left <= 0:
+            return
+        time.sleep(min(poll, left))
 
 
 def restore_params(checkpoints: str, step: int, abstract: dict) -> dict | None:
@@ -102,7 +144,18 @@ def restore_params(checkpoints: str, step: int, abstract: dict) -> dict | None:
                 partial_restore=True))
         return restored
     except Exception:  # noqa: BLE001 - whatever the storage layer raised, it only matters if the files are still there
-        if storage.exists(storage.join(path, "_METADATA")) if storage.is_remote(path) else os.path.exists(path):
+        there = storage.exists(storage.join(path, "_METADATA")) if storage.is_remote(path) else os.path.exists(path)
+        if there and not _being_deleted(checkpoints, step):
             raise
         log.warning("evaluator: checkpoint %d was deleted (max_to_keep) before it could be read; skipped", step)
         return None
+
+
+def _being_deleted(checkpoints: str, step: int) -> bool:
+    """Whether the trainer is deleting checkpoint `step`: MAX_TO_KEEP newer ones are finished (a deletion removes
+    the files inside a checkpoint before its directory, object by object on gs://)."""
+    try:
+        newer = [s for s in ocp.utils.checkpoint_steps(checkpoints) if s > step]
+    except Exception:  # noqa: BLE001 - the listing failed too: the read's own error is the one to see
+        return False
+    return len(newer) >= checkpoints_lib.MAX_TO_KEEP

@@ -27,7 +27,7 @@ class MetricsWriter:
         self._remote = storage.is_remote(self.path)
         self._lines = self._kept_until(start)
         self._file = None if self._remote else open(self.path, "a")
-        self._tb = _tensorboard(tensorboard_dir or storage.join(directory, "tensorboard"))
+        self._tb = _tensorboard(tensorboard_dir or storage.join(directory, "tensorboard"), start)
 
     def _kept_until(self, start: int) -> list[str]:
         """The records up to step `start` (the file rewritten without the later ones); on gs:// they are kept to
@@ -36,20 +36,15 @@ class MetricsWriter:
         if text is None:
             return []
         lines = [line for line in text.splitlines() if line.strip()]
-        kept, torn = [], 0
-        for number, line in enumerate(lines, 1):
-            try:
-                record = json.loads(line)
-            except ValueError:  # a line cut short (a crash, a full disk, a lost host as it wrote): not a record
-                torn += 1
-                log.warning("%s: line %d is not a whole JSON record (%r...): dropped; the run goes on", self.path,
-                            number, line[:60])
-                continue
-            if isinstance(record, dict) and record.get("step", 0) <= start:
-                kept.append(line)
-        if len(kept) < len(lines):
+        records = _parsed(self.path, lines)
+        kept = [line for line, record in zip(lines, records)
+                if isinstance(record, dict) and record.get("step", 0) <= start]
+        later = sum(isinstance(r, dict) and r.get("step", 0) > start for r in records)
+        if later:
             log.info("%s: dropped %d record(s) after step %d (logged before the restart, repeated now)", self.path,
-                     len(lines) - len(kept) - torn, start)
+                     later, start)
+        # (a last line without its newline, a write cut before it: the next record would be appended to it)
+        if len(kept) < len(lines) or (text and not text.endswith("\n")):
             if self._remote:
                 storage.write_text(self.path, "".join(line + "\n" for line in kept))
             else:
@@ -80,15 +75,32 @@ class MetricsWriter:
 
 
 def read(directory: str) -> list[dict]:
-    """The records of DIR/metrics.jsonl ([] when there is none)."""
-    text = storage.read_text(storage.join(directory, NAME))
-    return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+    """The records of DIR/metrics.jsonl ([] when there is none); a line that is not a whole record (cut short) is
+    left out, with a warning."""
+    path = storage.join(directory, NAME)
+    lines = [line for line in (storage.read_text(path) or "").splitlines() if line.strip()]
+    return [r for r in _parsed(path, lines) if isinstance(r, dict)]
 
 
-def _tensorboard(directory: str):
+def _parsed(path: str, lines: list[str]) -> list:
+    """Each line's record, or None for a line that is not one (warned of)."""
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError:  # a line cut short (a crash, a full disk, a lost host as it wrote): not a record
+            records.append(None)
+            log.warning("%s: line %d is not a whole JSON record (%r...): dropped; the run goes on", path, number,
+                        line[:60])
+    return records
+
+
+def _tensorboard(directory: str, start: int):
+    """A TensorBoard writer that first drops the events of steps after `start` (logged before a restart, repeated
+    now; a stop's own row), as metrics.jsonl drops its records."""
     try:
         from tensorboardX import SummaryWriter
     except ImportError:  # optional: metrics.jsonl has everything
         log.warning("tensorboardX is not installed: no TensorBoard scalars (metrics.jsonl is still written)")
         return None
-    return SummaryWriter(directory)
+    return SummaryWriter(directory, purge_step=start + 1)

@@ -42,33 +42,71 @@ def test_evaluator_beside_training_records_each_checkpoint_it_saw_and_exits(digi
     assert records[-1]["eval_accuracy"] == pytest.approx(trained["eval_accuracy"], abs=1e-6)
     assert records[-1]["eval_loss"] == pytest.approx(trained["eval_loss"], rel=1e-5)
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "eval"))
+    # it only read the checkpoints: orbax's iterator copied each whole into checkpoints/_SNAPSHOTS first
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "40", "60"]
 
-    # a restarted evaluator (mode=evaluate, no data= needed) has nothing left to do and says so
+    # a restarted evaluator (mode=evaluate, no data= needed) has nothing left to do and says so, through a line
+    # cut short at the end of its records (it stopped at a bare JSON error, at every restart)
+    with open(tmp_path / "eval" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 80, "eval_lo')
     again = run_trainer(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
                         "num_classes=10", "steps=60", "batch_size=32", "eval_timeout=5")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "step 60 is already evaluated" in again.stderr
-    assert len((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()) == len(records)
+    assert f"line {len(records) + 1} is not a whole JSON record" in again.stderr
+
+    # A parameter-server job's batch_size (each worker's own) need not split over the evaluator's devices: it
+    # evaluated with all 4 and stopped on XLA's sharding error; it takes one. A local strategy's is one line.
+    shutil.rmtree(tmp_path / "eval")
+    evaluate = (f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp", "num_classes=10",
+                "steps=60", "batch_size=30", "eval_timeout=5")
+    ps = run_trainer(*evaluate, "strategy=parameter_server", devices=4)
+    assert ps.returncode == 0, ps.stderr[-3000:]
+    assert "batch_size=30 does not split over this host's 4 devices: evaluating on one" in ps.stderr
+    assert json.loads(ps.stdout)["summary"]["eval_accuracy"] == pytest.approx(records[-1]["eval_accuracy"], abs=1e-6)
+    mirrored = run_trainer(*evaluate, "strategy=mirrored", devices=4)
+    assert mirrored.returncode == 2 and mirrored.stderr.strip().splitlines()[-1] == (
+        "error: batch_size=30 does not split over the evaluator's num_replicas_in_sync=4 (strategy=mirrored); use a "
+        "multiple of 4, or strategy=default (one device)")
 
 
 _DELETED = """
-import sys, jax
+import sys, jax, orbax.checkpoint as ocp
 from trainer.evaluator import restore_params
-abstract = {"params": {"w": jax.ShapeDtypeStruct((3,), "float32", sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}}
-print(restore_params(sys.argv[1], 20, abstract))
+meta = ocp.PyTreeCheckpointer().metadata(sys.argv[1] + "/60/state")  # the model's parameters: shapes, dtypes
+tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+abstract = {"params": jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), tree["params"])}
+try:
+    print(restore_params(sys.argv[1], int(sys.argv[2]), abstract))
+except Exception as e:
+    print("raised", type(e).__name__)
 """
 
 
-def test_a_checkpoint_deleted_before_it_is_read_is_skipped(digits, tmp_path):
+def test_a_checkpoint_deleted_before_or_while_it_is_read_is_skipped(digits, tmp_path):
     training = run_trainer(*_common(digits, tmp_path))
     assert training.returncode == 0, training.stderr[-3000:]
-    shutil.rmtree(tmp_path / "checkpoints" / "20")  # as max_to_keep does while the evaluator lists the steps
-    proc = subprocess.run([sys.executable, "-c", _DELETED, str(tmp_path / "checkpoints")], cwd=REPO,
-                          capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "None"
-    assert "checkpoint 20 was deleted (max_to_keep) before it could be read; skipped" in proc.stderr
+    checkpoints = tmp_path / "checkpoints"
+    shutil.rmtree(checkpoints / "20")  # as max_to_keep does while the evaluator lists the steps
+    # Half deleted: a deletion removes the files inside a checkpoint before its directory. Step 40 has 60 after it:
+    # it is kept, and a read that fails there is an error; once 3 finished checkpoints follow it, it is being deleted.
+    shutil.rmtree(checkpoints / "40" / "state" / "d")
+
+    def restored(step):
+        proc = subprocess.run([sys.executable, "-c", _DELETED, str(checkpoints), str(step)], cwd=REPO,
+                              capture_output=True, text=True, timeout=120,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip().splitlines()[-1], proc.stderr
+
+    out, err = restored(20)
+    assert out == "None" and "checkpoint 20 was deleted (max_to_keep) before it could be read; skipped" in err
+    assert restored(40)[0].startswith("raised ")
+    for step in (80, 100):  # (finished checkpoints, as far as the listing tells)
+        shutil.copytree(checkpoints / "60", checkpoints / str(step))
+    out, err = restored(40)
+    assert out == "None" and "checkpoint 40 was deleted (max_to_keep) before it could be read; skipped" in err
 
 
 def test_mode_evaluate_needs_eval_data(tmp_path):
