@@ -1,14 +1,15 @@
 """The sidecar evaluator (tf's `SidecarEvaluator`): `python -m trainer mode=evaluate ...`, or a TF_CONFIG task of
 type "evaluator".
 
-It watches WORKDIR/checkpoints (tf's checkpoints_iterator: the newest finished checkpoint, each time there is a newer
-one; orbax's copies each checkpoint into the trainer's directory first, which a read-only mount refuses), restores
-each new checkpoint's parameters only, runs
-the task's evaluation over `eval_data` and appends `{"step", "eval_loss", "eval_<metric>", "eval_examples"}` to
-WORKDIR/eval/metrics.jsonl and TensorBoard (WORKDIR/eval). It stops after evaluating step `steps`, or after
-`eval_timeout` seconds without a new checkpoint. It never joins the training cluster: it only reads files, so it
-can run anywhere the checkpoints are visible, and a restarted evaluator goes on after the last step it recorded. One
-evaluator a workdir: it holds WORKDIR/eval's lease (trainer/job.py), and a second one stops with a line naming it.
+It watches WORKDIR/checkpoints (as tf's checkpoints_iterator: the newest finished checkpoint, each time there is a
+newer one; orbax's copies each checkpoint into the trainer's directory first, which a read-only mount refuses),
+restores each new checkpoint's parameters only, runs the task's evaluation over `eval_data` and appends `{"step",
+"eval_loss", "eval_<metric>", "eval_examples"}` to WORKDIR/eval/metrics.jsonl and TensorBoard (WORKDIR/eval). It
+stops after evaluating step `steps` or the last step of the training run that wrote the checkpoint (its `steps`,
+saved beside it), or after `eval_timeout` seconds without a new checkpoint. It never joins the training cluster: it
+only reads files, so it can run anywhere the checkpoints are visible, and a restarted evaluator goes on after the
+last step it recorded. One evaluator a workdir: it holds WORKDIR/eval's lease (trainer/job.py), and a second one
+stops with a line naming it.
 
 The trainer keeps max_to_keep checkpoints: one deleted between being listed and being read (or while it is read) is
 skipped with a log line, not fatal (the next one is evaluated).
@@ -87,6 +88,11 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
                               if k.startswith("eval_") and not k.endswith("_examples")))
             if step >= config.steps:
                 break
+            final = _run_steps(checkpoints, step)
+            if final is not None and step >= final:  # (an evaluator started without the trainer's steps=)
+                log.info("evaluator: step %d is the last of the training run that wrote it (its steps=%d); stopping",
+                         step, final)
+                break
         else:
             log.warning("evaluator: no new checkpoint for %gs; stopping after step %d", config.eval_timeout, last)
     finally:
@@ -149,6 +155,18 @@ def restore_params(checkpoints: str, step: int, abstract: dict) -> dict | None:
             raise
         log.warning("evaluator: checkpoint %d was deleted (max_to_keep) before it could be read; skipped", step)
         return None
+
+
+def _run_steps(checkpoints: str, step: int) -> int | None:
+    """The `steps` of the training run that wrote checkpoint `step` (its settings are saved beside it), or None."""
+    import json
+
+    try:
+        text = storage.read_text(storage.join(storage.join(storage.join(checkpoints, str(step)), "config"), "metadata"))
+        steps = json.loads(text).get("steps") if text else None
+    except Exception:  # noqa: BLE001 - deleted meanwhile, or not ours: `steps=` and eval_timeout stop the evaluator
+        return None
+    return steps if isinstance(steps, int) else None
 
 
 def _being_deleted(checkpoints: str, step: int) -> bool:

@@ -58,11 +58,13 @@ def test_evaluator_beside_training_records_each_checkpoint_it_saw_and_exits(digi
     # A parameter-server job's batch_size (each worker's own) need not split over the evaluator's devices: it
     # evaluated with all 4 and stopped on XLA's sharding error; it takes one. A local strategy's is one line.
     shutil.rmtree(tmp_path / "eval")
+    # (No steps=: it stops after the training run's last step, saved beside the checkpoint; it waited eval_timeout.)
     evaluate = (f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp", "num_classes=10",
-                "steps=60", "batch_size=30", "eval_timeout=5")
+                "batch_size=30", "eval_timeout=150")
     ps = run_trainer(*evaluate, "strategy=parameter_server", devices=4)
     assert ps.returncode == 0, ps.stderr[-3000:]
     assert "batch_size=30 does not split over this host's 4 devices: evaluating on one" in ps.stderr
+    assert "step 60 is the last of the training run that wrote it (its steps=60); stopping" in ps.stderr
     assert json.loads(ps.stdout)["summary"]["eval_accuracy"] == pytest.approx(records[-1]["eval_accuracy"], abs=1e-6)
     mirrored = run_trainer(*evaluate, "strategy=mirrored", devices=4)
     assert mirrored.returncode == 2 and mirrored.stderr.strip().splitlines()[-1] == (
