@@ -44,8 +44,16 @@ run() {
   fi
 }
 
+# The template's prune parameter takes true or false alone (the plan step takes more spellings: a refresh would plan,
+# then fail at launch on the first night with new shards).
+case "${PRUNE:-false}" in
+  true|True|TRUE|yes|1|on) PRUNE=true ;;
+  false|False|FALSE|no|0|off) PRUNE=false ;;
+  *) echo "error: PRUNE=$PRUNE is not true or false" >&2; exit 2 ;;
+esac
+
 # '^~^' makes '~' the separator, so that globs and paths may hold commas.
-substitutions="^~^_PROJECT=${PROJECT}~_REGION=${REGION}~_BUCKET=${BUCKET}~_INPUT=${INPUT}~_OUTPUT=${OUTPUT}~_PRUNE=${PRUNE:-false}"
+substitutions="^~^_PROJECT=${PROJECT}~_REGION=${REGION}~_BUCKET=${BUCKET}~_INPUT=${INPUT}~_OUTPUT=${OUTPUT}~_PRUNE=${PRUNE}"
 substitutions+="~_MAX_WORKERS=${MAX_WORKERS:-10}~_MACHINE_TYPE=${MACHINE_TYPE:-n2-standard-4}~_SERVICE_ACCOUNT=${SERVICE_ACCOUNT}"
 substitutions+="~_REPOSITORY=${REPOSITORY:-dataflow}"
 if [ -n "${PIN:-}" ]; then

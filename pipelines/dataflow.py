@@ -56,13 +56,15 @@ def template_location(options) -> str | None:
     return options.view_as(GoogleCloudOptions).template_location
 
 
-def check_remote_paths(input: str, output: str) -> None:
-    """Dataflow workers see gs:// only: a local --input or --output fails before any work."""
+def check_remote_paths(input: str, output: str, tokenizer: str | None = None) -> None:
+    """Dataflow workers see gs:// only: a local --input, --output or --tokenizer (given, or kept from the output's
+    manifest) fails before any work, not in every worker after the job started."""
     from dataset_format import storage
 
-    for flag, value in (("--input", input), ("--output", output)):
-        if not storage.is_remote(value):
-            raise ValueError(f"{flag} {value!r} is a local path, which Dataflow workers cannot see; copy the data "
+    for flag, value in (("--input", input), ("--output", output), ("--tokenizer", tokenizer)):
+        if value is not None and not storage.is_remote(value):
+            what = "the tokenizer file" if flag == "--tokenizer" else "the data"
+            raise ValueError(f"{flag} {value!r} is a local path, which Dataflow workers cannot see; copy {what} "
                              "to Cloud Storage (gcloud storage cp -r) and pass a gs:// path")
 
 
@@ -72,8 +74,27 @@ def checkout_pyproject() -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+def our_checkout(setup_file: str) -> Path | None:
+    """The checkout of this project whose pyproject.toml or setup.py `--setup_file` names (this one, or another where
+    the package is installed from a wheel), or None: a project of the user's own."""
+    import tomllib
+
+    path = Path(setup_file).resolve()
+    root = path.parent
+    if path.name not in ("pyproject.toml", "setup.py") or not (root / "pyproject.toml").is_file():
+        return None
+    if not all((root / package).is_dir() for package in WORKER_PACKAGES):
+        return None
+    try:
+        name = tomllib.loads((root / "pyproject.toml").read_text())["project"]["name"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return root if name == PROJECT else None
+
+
 # What the workers install from this checkout: the contract and the converter, not the loader or the trainer.
 WORKER_PACKAGES = ("dataset_format", "pipelines")
+PROJECT = "arrayrecord-platform"  # its name in pyproject.toml; the workers' package is PROJECT-convert
 
 
 def worker_project(checkout: Path, dest: Path) -> Path:
@@ -122,16 +143,21 @@ def ship_package(options) -> None:
         if setup.sdk_location == "default":
             setup.sdk_location = "container"  # the image has Beam; do not stage another copy
         return
-    pyproject = checkout_pyproject()
-    ours = setup.setup_file and pyproject and Path(setup.setup_file).resolve() == pyproject
-    if (setup.setup_file and not ours) or setup.extra_packages:
+    if setup.extra_packages:
         return
-    if pyproject is None:
+    if setup.setup_file:  # this project's (its pyproject.toml or setup.py: the whole checkout, without the
+        checkout = our_checkout(setup.setup_file)  # convert extra), or a project of the user's own, shipped as is
+        if checkout is None:
+            return
+    else:
+        pyproject = checkout_pyproject()
+        checkout = pyproject.parent if pyproject is not None else None
+    if checkout is None:
         raise ValueError("Dataflow workers need the pipelines package: pass --sdk_container_image IMAGE (built "
                          "from dataflow/Dockerfile) or --setup_file /path/to/checkout/pyproject.toml")
     dest = Path(tempfile.mkdtemp(prefix="arconv-workers-"))
     atexit.register(shutil.rmtree, dest, ignore_errors=True)
-    setup.setup_file = str(worker_project(pyproject.parent, dest))
+    setup.setup_file = str(worker_project(checkout, dest))
     log.info("shipping the conversion (%s, with the convert extra's dependencies) to the workers with --setup_file "
              "%s (each worker installs it at start-up; --sdk_container_image starts faster: see dataflow/README.md)",
              " and ".join(WORKER_PACKAGES), setup.setup_file)

@@ -78,7 +78,7 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
     started = time.monotonic()
     on_dataflow = dataflow.is_dataflow(PipelineOptions(beam_args or []))
     if on_dataflow:
-        dataflow.check_remote_paths(config.input, config.output)
+        dataflow.check_remote_paths(config.input, config.output, config.tokenizer)
     # reads only: bad input fails here, before anything is written (a local run plans again, as the lease holder)
     plan = make_plan(config, quiet=not on_dataflow)
     tokens.check_first_record(config, plan.tasks)

@@ -2,7 +2,15 @@
 
 from importlib import metadata
 
-try:
-    TOOL_VERSION = metadata.version("arrayrecord-platform")
-except metadata.PackageNotFoundError:  # running from a source tree that was not installed
-    TOOL_VERSION = "0+unknown"
+
+def _version() -> str:
+    # (Dataflow workers given the conversion alone install it as arrayrecord-platform-convert: pipelines/dataflow.py)
+    for name in ("arrayrecord-platform", "arrayrecord-platform-convert"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return "0+unknown"  # running from a source tree that was not installed
+
+
+TOOL_VERSION = _version()

@@ -6,6 +6,7 @@ import io
 import json
 import re
 import tarfile
+from pathlib import Path
 
 import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -123,6 +124,35 @@ def test_local_paths_are_refused_for_dataflow_before_any_work(tmp_path, gcs_buck
         in proc.stderr
     assert not (tmp_path / "job.json").exists()
     assert list(client.list_blobs(bucket)) == []
+    # a local tokenizer too: read here at launch, then missing on every worker once the job had started
+    (tmp_path / "tok.json").write_text("{}")
+    proc = run_cli("convert", "--input", f"gs://{bucket}/raw/*", "--output", f"gs://{bucket}/ar", "--tokenizer",
+                   str(tmp_path / "tok.json"), "--text-key", "text", *_dataflow_args(bucket, tmp_path / "job.json"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --tokenizer '{tmp_path / 'tok.json'}' is a local path, which Dataflow workers cannot see; copy the "
+        "tokenizer file to Cloud Storage (gcloud storage cp -r) and pass a gs:// path")
+
+
+def test_this_projects_setup_file_given_by_hand_ships_the_conversion_alone():
+    """--setup_file naming this project (its setup.py, or its pyproject.toml where the package is installed from a
+    wheel, as the error for that case says to pass) shipped the whole checkout without the convert extra: the
+    workers had no array_record. It is swapped for the conversion's own project, as without --setup_file; a
+    project of the user's own is shipped as it is."""
+    from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
+
+    from pipelines import dataflow
+    from tests.conftest import REPO
+
+    for given in (REPO / "setup.py", REPO / "pyproject.toml"):
+        options = PipelineOptions(["--setup_file", str(given)])
+        dataflow.ship_package(options)
+        shipped = Path(options.view_as(SetupOptions).setup_file)
+        assert shipped.name == "pyproject.toml" and shipped.parent.name.startswith("arconv-workers-"), shipped
+        assert 'name = "arrayrecord-platform-convert"' in shipped.read_text()
+    theirs = PipelineOptions(["--setup_file", str(REPO / "tests" / "setup.py")])
+    dataflow.ship_package(theirs)
+    assert theirs.view_as(SetupOptions).setup_file == str(REPO / "tests" / "setup.py")
 
 
 def test_a_job_is_built_even_when_everything_is_up_to_date(tmp_path, gcs_bucket):

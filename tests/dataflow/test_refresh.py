@@ -148,6 +148,13 @@ def test_schedule_script_refuses_missing_settings_and_local_paths():
     assert proc.returncode == 2 and "error: set REPO SERVICE_ACCOUNT" in proc.stderr and proc.stdout == ""
     proc = _schedule({**SCHEDULE_ENV, "INPUT": "/data/raw/*.tfrecord"})
     assert proc.returncode == 2 and "must be gs:// paths" in proc.stderr
+    # the template's prune parameter takes true or false alone: a refresh failed at launch on a night with new shards
+    proc = _schedule({**SCHEDULE_ENV, "PRUNE": "maybe"})
+    assert proc.returncode == 2 and "error: PRUNE=maybe is not true or false" in proc.stderr and proc.stdout == ""
+    proc = _schedule({**SCHEDULE_ENV, "PRUNE": "yes"})
+    given = dict(pair.split("=", 1) for pair in cb.flag(shlex.split(proc.stdout.splitlines()[0]),
+                                                         "substitutions")[3:].split("~"))
+    assert proc.returncode == 0 and given["_PRUNE"] == "true"
 
 
 def test_schedule_script_passes_shellcheck():
