@@ -34,7 +34,8 @@ def checkpoint_manager(config: TrainConfig, on_written: Callable[[], None] | Non
     With `async_checkpointing`, `save` returns once the arrays are in host memory and orbax writes them in a thread
     of its own (a step's donated buffers are then free to reuse); the next save, `wait_until_finished` and `close`
     wait for it, and raise what went wrong in it. `on_written` is called (in orbax's thread) as each is committed."""
-    options = ocp.CheckpointManagerOptions(max_to_keep=MAX_TO_KEEP, enable_async_checkpointing=config.async_checkpointing,
+    options = ocp.CheckpointManagerOptions(max_to_keep=MAX_TO_KEEP,
+                                           enable_async_checkpointing=config.async_checkpointing,
                                            async_options=ocp.AsyncOptions(post_finalization_callback=on_written))
     return ocp.CheckpointManager(config.checkpoint_dir, options=options,
                                  item_handlers={"state": ocp.StandardCheckpointHandler(),

@@ -148,8 +148,8 @@ def test_a_lost_workers_replacement_that_cannot_be_placed_leaves_the_steps_to_th
         assert coordinator.loader_states == [{"after": results[-1]["step"]}, {"after": before[-1]}]  # (its last)
         assert re.search(r"worker 1 died during step \d+ \(\w+\); the step is queued again and the worker replaced",
                          caplog.text), caplog.text
-        assert re.search(r"worker 1 is not placed after 0.5s: the cluster has no room for it .*; the 1 placed worker\(s\) "
-                         r"run the steps meanwhile", caplog.text), caplog.text
+        assert re.search(r"worker 1 is not placed after 0.5s: the cluster has no room for it .*; the 1 placed "
+                         r"worker\(s\) run the steps meanwhile", caplog.text), caplog.text
     finally:
         for node in nodes:
             ray_cluster.remove_node(node)
