@@ -120,8 +120,8 @@ def main(argv=None, *, process: bool = False) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer", description="Train a JAX model on converted data.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
     p.add_argument("-h", "--help", action=Help, nargs=0, help="show this help, every key and its values, and exit")
-    p.add_argument("--config", help="a JSON or YAML (.yml, .yaml) file of config keys (command-line key=value pairs "
-                                    "override it)")
+    p.add_argument("--config", action="append", help="a JSON or YAML (.yml, .yaml) file of config keys "
+                                                       "(command-line key=value pairs override it)")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=out/train steps=500 strategy=mirrored")
     argv = sys.argv[1:] if argv is None else list(argv)
     dashed = [a for a in argv if a.startswith("--") and a[2:].partition("=")[0] not in ("help", "config", "")]
@@ -141,8 +141,12 @@ def main(argv=None, *, process: bool = False) -> int:
     # JAX warns at every fork that it "will likely lead to a deadlock"; subprocess (Ray's processes, `ray start`)
     # execs at once after its fork, which is safe
     warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning, "subprocess")
+    if args.config is not None and len(args.config) > 1:  # (argparse kept the last, and the others went unread)
+        print(f"error: --config is given {len(args.config)} times ({', '.join(args.config)}): give one file; "
+              "key=value pairs on the command line override it", file=sys.stderr)
+        return 2
     try:
-        config = TrainConfig.from_args(args.overrides, args.config)
+        config = TrainConfig.from_args(args.overrides, args.config[0] if args.config else None)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

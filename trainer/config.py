@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import types
@@ -200,7 +201,7 @@ class TrainConfig:
     # backward pass is a matrix multiply instead of a scatter-add of every token's gradient into the tables. auto: for
     # tables of at most 4,096 rows on a GPU or TPU (trainer/models.py embed_by_matmul), true, false
     use_iota_embed: bool | str = "auto"
-    packing: bool = False  # lm: pack examples into rows of seq_len for training (loader/planning/packing.py); eval pads
+    packing: bool = False  # lm: pack examples into rows of seq_len, training and eval (loader/planning/packing.py)
     # The records of `data`: a TFDS split (default "train"), a slice of one in TFDS's syntax ("train[:99%]"), or a
     # slice alone, which for other sources is of all their records ("[:99%]", with eval_split="[99%:]": a held-out
     # part of one corpus)
@@ -330,6 +331,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.model is None:
             object.__setattr__(self, "model", "transformer_lm" if self.task == "lm" else "cnn")
+        self._check_numbers_and_paths()
         for name in ("steps", "learning_rate_schedule_steps", "batch_size", "log_every", "eval_every", "eval_steps",
                      "checkpoint_every", "num_classes", "seq_len", "vocab_size", "image_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -501,10 +503,29 @@ class TrainConfig:
             raise ValueError(f"{name}={setting_text(getattr(self, name))} {verb} model={' or '.join(SIZED_MODELS)}; "
                              f"model={self.model!r} does not take it: drop {name}=")
 
+    def _check_numbers_and_paths(self) -> None:
+        """Every float finite (nan passed `x <= 0` checks, and the run stopped at its first step telling to lower
+        learning_rate); a workdir named; compilation_cache's off words ("off" named a directory ./off)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name}={value} is not a finite number")
+        if not self.workdir.strip():
+            raise ValueError("workdir= is empty: name the run's directory (a local path or gs://bucket/run)")
+        if not storage.is_remote(self.workdir) and os.path.isfile(self.workdir):
+            raise ValueError(f"workdir={self.workdir} is a file, not a directory: name the run's directory")
+        cache = self.compilation_cache.strip()
+        if cache.lower() in ("none", "off", "false", "no", "0"):
+            object.__setattr__(self, "compilation_cache", "none")
+        elif cache.lower() == "auto":
+            object.__setattr__(self, "compilation_cache", "auto")
+        elif not cache:
+            raise ValueError("compilation_cache= is empty: pass auto, none, or a directory")
+
     @classmethod
     def from_args(cls, overrides: list[str], config_file: str | None = None) -> TrainConfig:
         values: dict = {}
-        if config_file:
+        if config_file is not None:
             loaded = _config_file(config_file)
             values.update(loaded)
         for item in overrides:
@@ -566,10 +587,11 @@ def _config_file(path: str) -> dict:
 
 
 def _coerce(key: str, value, annotation):
-    if not isinstance(value, str):
-        return value
     hint = eval(annotation, {}, {}) if isinstance(annotation, str) else annotation  # noqa: S307 - our own annotations
     options = [a for a in typing.get_args(hint) if a is not type(None)] if isinstance(hint, types.UnionType) else [hint]
+    optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+    if not isinstance(value, str):
+        return _typed(key, value, options, optional)
     if value.lower() in ("none", "null") and isinstance(hint, types.UnionType):
         return None
     for option in options:
@@ -583,6 +605,29 @@ def _coerce(key: str, value, annotation):
             continue
     names = " or ".join(o.__name__ if o is not bool else "bool (true or false)" for o in options)
     raise ValueError(f"{key}={value!r} is not a valid {names}")
+
+
+def _typed(key: str, value, options: list, optional: bool):
+    """A config file's value (JSON or YAML: already typed) checked against its key's type, as the command line's
+    strings are converted: it went on as it was, and the run failed later with a traceback that named no key."""
+    names = " or ".join(o.__name__ if o is not bool else "bool (true or false)" for o in options)
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{key}: null is not a valid {names} (--config)")
+    for option in options:
+        if option is bool and isinstance(value, bool):
+            return value
+        if isinstance(value, bool):
+            continue  # (a bool is an int to Python; YAML reads on/off/yes/no as booleans)
+        if option is int and (isinstance(value, int) or isinstance(value, float) and value.is_integer()):
+            return int(value)  # (JSON's 1e3 is a float)
+        if option is float and isinstance(value, (int, float)):
+            return float(value)
+        if option is str:
+            return str(value) if isinstance(value, (int, float)) else value  # (a mixture's {name: path} too)
+    trap = " (YAML reads on/off/yes/no as true/false: quote it)" if isinstance(value, bool) else ""
+    raise ValueError(f"{key}={value!r} (--config) is not a valid {names}{trap}")
 
 
 # The loader's option names -> the trainer's settings that set them (in the loader's error messages).

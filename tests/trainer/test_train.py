@@ -360,6 +360,58 @@ def test_bad_config_is_one_line(tmp_path):
         f"error: --config {tmp_path / 'c.jsn'}: no such file; did you mean {tmp_path / 'c.json'}?", proc.stderr[-500:]
 
 
+@pytest.mark.parametrize("setting, last", [
+    ('{"steps": 2.5}', "error: steps=2.5 (--config) is not a valid int"),  # a traceback at the loop, exit 1
+    ('{"batch_size": null}', "error: batch_size: null is not a valid int (--config)"),
+    ('{"steps": [1, 2]}', "error: steps=[1, 2] (--config) is not a valid int"),
+    ('{"steps": true}', "error: steps=True (--config) is not a valid int (YAML reads on/off/yes/no as true/false: "
+                        "quote it)"),  # (it ran 1 step)
+    ("compilation_cache: off", "error: compilation_cache=False (--config) is not a valid str (YAML reads "
+                               "on/off/yes/no as true/false: quote it)"),
+    ("learning_rate=nan", "error: learning_rate=nan is not a finite number"),  # stopped at step 2: "lower it"
+    ("grad_clip=inf", "error: grad_clip=inf is not a finite number"),
+    ("compilation_cache=", "error: compilation_cache= is empty: pass auto, none, or a directory"),
+    ("workdir=", "error: workdir= is empty: name the run's directory (a local path or gs://bucket/run)"),
+])
+def test_a_setting_of_the_wrong_type_or_not_a_number_is_one_line(tmp_path, setting, last):
+    """A config file's values went on as they were (JSON, YAML: typed already), and nan passed every `x <= 0` check:
+    the run failed later, with a traceback naming no key, or a wrong fix."""
+    if "=" in setting:
+        proc = trainer_here("data=x", f"workdir={tmp_path}", setting)
+    else:
+        config = tmp_path / ("c.yaml" if ":" in setting and "{" not in setting else "c.json")
+        config.write_text(setting + "\n")
+        proc = trainer_here("data=x", f"workdir={tmp_path}", "--config", str(config))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == last, proc.stderr[-1000:]
+
+
+def test_off_words_turn_the_compilation_cache_off_and_whole_json_numbers_are_ints(tmp_path):
+    """compilation_cache=off cached into a directory ./off; JSON's 1e3 is a float."""
+    from trainer.config import TrainConfig
+
+    for word in ("off", "None", "false", "NONE"):
+        config = TrainConfig.from_args(["data=x", f"workdir={tmp_path}", f"compilation_cache={word}"])
+        assert config.compilation_cache == "none"
+    (tmp_path / "c.json").write_text('{"steps": 1e3, "learning_rate": 1}')
+    config = TrainConfig.from_args(["data=x", f"workdir={tmp_path}"], str(tmp_path / "c.json"))
+    assert (config.steps, config.learning_rate) == (1000, 1.0) and isinstance(config.steps, int)
+
+
+def test_two_config_files_or_a_workdir_that_is_a_file_are_one_line(tmp_path):
+    """A second --config replaced the first unread; a workdir that is a file was a FileExistsError traceback, exit
+    1."""
+    (tmp_path / "a.json").write_text('{"steps": 3}')
+    (tmp_path / "b.json").write_text('{"bogus": 1}')
+    proc = trainer_here("data=x", f"workdir={tmp_path}", "--config", str(tmp_path / "a.json"), "--config",
+                        str(tmp_path / "b.json"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"error: --config is given 2 times ({tmp_path / 'a.json'}, {tmp_path / 'b.json'}): give one file; key=value "
+        "pairs on the command line override it")
+    proc = trainer_here("data=x", f"workdir={tmp_path / 'a.json'}")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"error: workdir={tmp_path / 'a.json'} is a file, not a directory: name the run's directory")
+
+
 def test_an_incomplete_conversion_is_refused_unless_allow_incomplete(digits, tmp_path):
     """A manifest that lists a failed shard: one line naming it and both ways on; allow_incomplete=true trains on the
     shards that converted."""
