@@ -510,9 +510,10 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{f.name}={value} is not a finite number")
-        if not self.workdir.strip():
+        workdir = str(self.workdir)
+        if not workdir.strip():
             raise ValueError("workdir= is empty: name the run's directory (a local path or gs://bucket/run)")
-        if not storage.is_remote(self.workdir) and os.path.isfile(self.workdir):
+        if not storage.is_remote(workdir) and os.path.isfile(workdir):
             raise ValueError(f"workdir={self.workdir} is a file, not a directory: name the run's directory")
         cache = self.compilation_cache.strip()
         if cache.lower() in ("none", "off", "false", "no", "0"):
