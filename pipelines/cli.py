@@ -329,7 +329,9 @@ _COMMANDS = {"convert": convert_main, "plan": plan_main, "verify": verify_main, 
              "make-demo": make_demo_main, "tokenizer": tokenizer_main}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, process: bool = False) -> int:
+    """The command's exit status. `process`: the command is this process (`python -m pipelines`), which ends at once
+    after a stop (pipelines/__main__.py)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in _COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
@@ -355,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
                     "what is left)")
         else:
             what = ""
-        print(f"{'stopped by SIGTERM' if sigterm.received else 'interrupted'}{what}", file=sys.stderr)
+        if process:  # Beam's in-process workers may still run, and log: the line below is the last
+            logging.disable(logging.CRITICAL)
+        sys.stderr.write(f"{'stopped by SIGTERM' if sigterm.received else 'interrupted'}{what}\n")  # (one write)
+        sys.stderr.flush()
         return 143 if sigterm.received else 130
 
 

@@ -33,13 +33,18 @@ if _point.startswith(("commit:", "interrupt:", "terminate:")):  # killed, Ctrl-C
         fd = os.open(_counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.write(fd, b"x")
         os.close(fd)
-        if os.path.getsize(_counter) == int(_point.split(":")[1]):
+        count = os.path.getsize(_counter)
+        if count == int(_point.split(":")[1]):
             if _point.startswith("commit:"):
                 _die()
             elif _point.startswith("interrupt:"):
                 os.kill(os.getpid(), signal.SIGINT)
             else:  # to the launcher, as a stopped pod's: Beam's worker processes write the commits of `workers` > 1
                 os.kill(int(os.environ["ARCONV_LAUNCHER"]), signal.SIGTERM)
+        elif count > int(_point.split(":")[1]):  # the shards after it, slower than these small ones convert: the
+            import time                           # signal is handled before the last one (it ran to the end, exit 0)
+
+            time.sleep(1)
 
     commits.write = write
 elif _point.startswith("replaced:"):  # killed after the Nth shard's file replaced the old one, before its record
