@@ -293,17 +293,12 @@ class Coordinator:
                 self._inflight[self.workers[w].step.remote(step_id)] = (w, step_id)
 
     def _ready(self, refs: list) -> list:
-        """The refs that are ready: at least one, waiting for it (a line every STALL_SECONDS of it while a worker
-        waits to be placed)."""
+        """The refs that are ready: at least one, waited for (a line every STALL_SECONDS of it while a worker waits
+        to be placed)."""
         import ray
 
-        ready: list = []
-        while not ready:
-            ready, _ = ray.wait(refs, num_returns=1, timeout=STALL_SECONDS)
-            if not ready:
-                self._tell_unplaced(stalled=True)
-        return ready + ray.wait([r for r in refs if r not in ready], num_returns=len(refs) - len(ready),
-                                timeout=0)[0]
+        return ray_actors.ready_refs(ray, refs, block=True, stall=STALL_SECONDS,
+                                     stalled=lambda: self._tell_unplaced(stalled=True))
 
     def _tell_unplaced(self, stalled: bool = False) -> None:
         """A line for the workers waiting STALL_SECONDS to be placed: once each while the others run the steps, and

@@ -98,6 +98,18 @@ def deaths(ray) -> tuple[type, ...]:
     return (errors.RayActorError, errors.OutOfMemoryError, errors.WorkerCrashedError, errors.NodeDiedError)
 
 
+def ready_refs(ray, refs: list, *, block: bool, stall: float, stalled: Callable[[], None]) -> list:
+    """The refs of `refs` that are ready now; with `block`, at least one, waited for, `stalled()` called after each
+    `stall` seconds without one (a wait for an actor the cluster cannot place is said, not silent)."""
+    ready: list = []
+    while block and not ready:
+        ready, _ = ray.wait(refs, num_returns=1, timeout=stall)
+        if not ready:
+            stalled()
+    rest = [r for r in refs if r not in ready]
+    return ready + (ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else [])
+
+
 def init(ray, **options) -> None:
     """ray.init(**options), keeping this process's own SIGTERM handler: Ray puts in its own (a sys.exit, and a C
     handler that dumps the stack and aborts), over the one `python -m trainer` ends a run with, in one line
@@ -221,13 +233,8 @@ class _ActorGroups(Scheduled):
         ray = _ray()
         if timeout is not None and not self._pending and not self._placing:
             return []
-        refs = [*self._pending, *self._placing]
-        ready: list = []
-        while not ready and timeout is None:
-            ready, _ = ray.wait(refs, num_returns=1, timeout=STALL_SECONDS)
-            if not ready:
-                _stalled(len(self._pending), self._spec.resources)
-        ready += ray.wait([r for r in refs if r not in ready], num_returns=len(refs) - len(ready), timeout=0)[0]
+        ready = ready_refs(ray, [*self._pending, *self._placing], block=timeout is None, stall=STALL_SECONDS,
+                           stalled=lambda: _stalled(len(self._pending), self._spec.resources))
         events, died = [], set()
         lost = _LostNodes(ray)
         placements = [r for r in ready if r in self._placing]
