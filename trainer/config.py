@@ -78,6 +78,29 @@ LM_KEYS = SIZE_KEYS + LAYOUT_KEYS + ("attention", "remat", "use_iota_embed",
                                      "logits_dot_in_fp32")  # what model=transformer_lm takes
 
 
+# Settings that one part of the trainer reads, and when it does: (names, whether this run reads them, what they are
+# for, what this run has instead, the fix). Given otherwise than their defaults where they are not read, they would
+# be ignored without a word (a run's end_lr_fraction under a constant schedule), so they are refused.
+_READ_WHEN = (
+    (("end_lr_fraction", "learning_rate_schedule_steps"), lambda c: c.schedule != "constant",
+     "a decaying schedule (schedule=cosine or linear)", lambda c: "schedule=constant", "pass schedule=cosine"),
+    (("momentum",), lambda c: c.optimizer == "sgd", "optimizer=sgd", lambda c: f"optimizer={c.optimizer}",
+     "pass optimizer=sgd"),
+    (("text_key", "seq_len", "vocab_size", "tokenizer"), lambda c: c.task != "classification", "task=lm",
+     lambda c: "task=classification", "pass task=lm"),
+    (("num_classes", "image_key", "image_size", "label_key", "label_offset", "max_pixels"), lambda c: c.task != "lm",
+     "task=classification", lambda c: "task=lm", "pass task=classification"),
+    (("num_workers", "num_ps", "ps_min_shard_bytes", "ray_address"), lambda c: c.strategy == "parameter_server",
+     "strategy=parameter_server", lambda c: f"strategy={c.strategy}", "pass strategy=parameter_server"),
+    (("join_timeout",), lambda c: c.strategy in ("multi_worker", "parameter_server"),
+     "strategy=multi_worker or parameter_server", lambda c: f"strategy={c.strategy}", "pass strategy=multi_worker"),
+    (("eval_steps",), lambda c: c.eval_data is not None, "evaluating eval_data=",
+     lambda c: "no eval_data", "add eval_data=PATH"),
+    (("profile_skip",), lambda c: c.profile_steps > 0, "a device profile (profile_steps=N)", lambda c: "none",
+     "add profile_steps=N"),
+)
+
+
 def setting_text(value) -> str:
     """A setting's value as the command line writes it (true/false for bools), for logs and errors."""
     return str(value).lower() if isinstance(value, bool) else str(value)
@@ -415,12 +438,24 @@ class TrainConfig:
             raise ValueError(f"device={self.device!r} picks strategy=one_device's device; strategy={self.strategy!r} "
                              "places the step itself: drop device=, or pass strategy=one_device")
         self._check_size()
+        self._check_read()
         for name in ("add_bos", "add_eos"):
             if getattr(self, name) is not None and self.tokenizer is None:
                 raise ValueError(f"{name}={str(getattr(self, name)).lower()} applies to text tokenised by tokenizer=; "
                                  "byte-level text always begins with BOS and has no EOS, token ids are read as they "
                                  "are (a pre-tokenized dataset's have the BOS and EOS its conversion gave them: "
                                  f"convert --{name.replace('_', '-')}): drop {name}=, or pass tokenizer= with text data")
+
+    def _check_read(self) -> None:
+        """A setting given otherwise than its default where this run does not read it (_READ_WHEN): one line naming
+        what it is for and the fix, as adam_b1= with optimizer=sgd is refused."""
+        for names, reads, purpose, instead, fix in _READ_WHEN:
+            if reads(self):
+                continue
+            for name in names:
+                if getattr(self, name) != _default(name):
+                    raise ValueError(f"{name}={setting_text(getattr(self, name))} is for {purpose}, and this run has "
+                                     f"{instead(self)}: drop {name}=, or {fix}")
 
     def _check_job(self):
         """coordinator_address, num_processes and process_id join processes into one job: under strategy=multi_worker
