@@ -678,13 +678,28 @@ def mixture_of(value: str | dict, key: str) -> str | dict[str, str]:
     """A path as it is; NAME=PATH,NAME=PATH (or a config file's {name: path}) as a mixture's {name: path}."""
     if isinstance(value, dict):
         return dict(value)
+    if "=" in value and _local_path(value):
+        return value  # a directory named hive-style (k=v), not a mixture
     items = value.split(",")
     if not all(_NAME.match(item) for item in items):
         if any(_NAME.match(item) for item in items) or "," in value and "=" in value:
             raise ValueError(f"{key}={value!r} mixes NAME=PATH items with plain paths; a mixture is "
                              f"{key}=web=out/web,code=out/code")
         return value
-    return _pairs(value, key)
+    pairs = _pairs(value, key)
+    if len(pairs) == 1:
+        [(name, path)] = pairs.items()
+        if not storage.is_remote(path) and not _local_path(path):
+            raise ValueError(f"{key}={value} reads as a mixture of one, {name}={path}, and {path} does not exist: a "
+                             f"path holding '=' is written ./{value}")
+    return pairs
+
+
+def _local_path(path: str) -> bool:
+    """Whether `path` names a local file or directory, or is a glob matching one."""
+    import glob
+
+    return not storage.is_remote(path) and (os.path.exists(path) or glob.has_magic(path) and bool(glob.glob(path)))
 
 
 def _pairs(text: str, key: str) -> dict[str, str]:

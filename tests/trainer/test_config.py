@@ -55,3 +55,19 @@ def test_a_setting_this_run_does_not_read_is_refused(settings, message):
 def test_the_same_settings_where_the_run_reads_them_are_taken(settings):
     config = TrainConfig(data="d", workdir="w", **settings)
     assert {k: getattr(config, k) for k in settings} == settings
+
+
+def test_a_directory_named_with_an_equals_sign_is_a_path_not_a_mixture(tmp_path, monkeypatch):
+    """Hive-style directories (k=v) were read as a mixture: data=run=1 as the component `run` at path 1."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run=1").mkdir()
+    (tmp_path / "run=1" / "a.array_record").touch()
+    for data in ("run=1", "run=1/*.array_record", f"{tmp_path}/run=1"):
+        assert TrainConfig(data=data, workdir="w").data_source == data
+    config = TrainConfig(data="web=run=1,code=run=1", workdir="w", weights="web=1,code=1")
+    assert config.data_source == {"web": "run=1", "code": "run=1"}
+    with pytest.raises(ValueError, match=re.escape("data=run=2 reads as a mixture of one, run=2, and 2 does not "
+                                                   "exist: a path holding '=' is written ./run=2")):
+        TrainConfig(data="run=2", workdir="w").data_source  # noqa: B018
+    assert TrainConfig(data="web=gs://bucket/web", workdir="w", weights="web=1").data_source == {
+        "web": "gs://bucket/web"}
