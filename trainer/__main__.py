@@ -124,9 +124,9 @@ def main(argv=None, *, process: bool = False) -> int:
                                                        "(command-line key=value pairs override it)")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=out/train steps=500 strategy=mirrored")
     argv = sys.argv[1:] if argv is None else list(argv)
-    dashed = [a for a in argv if a.startswith("--") and a[2:].partition("=")[0] not in ("help", "config", "")]
-    if dashed:  # `--steps=5` for `steps=5`: say the form, not argparse's "unrecognized arguments"
-        key, _, value = dashed[0][2:].partition("=")
+    dashed = [a for a in argv if a.startswith("-") and a.lstrip("-").partition("=")[0] not in ("h", "help", "config", "")]
+    if dashed:  # `--steps=5` or `-steps=5` for `steps=5`: say the form, not argparse's "unrecognized arguments"
+        key, _, value = dashed[0].lstrip("-").partition("=")
         print(f"error: {dashed[0]}: keys are written key=value without dashes: {key}={value or 'VALUE'} "
               "(python -m trainer --help lists every key)", file=sys.stderr)
         return 2

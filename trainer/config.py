@@ -359,7 +359,7 @@ class TrainConfig:
                      "checkpoint_every", "num_classes", "seq_len", "vocab_size", "image_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
-        for name in ("num_workers", "num_ps", "ps_min_shard_bytes"):
+        for name in ("num_workers", "num_ps", "ps_min_shard_bytes", "max_record_bytes", "max_pixels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {name}={getattr(self, name)})")
         if self.eval_timeout <= 0:

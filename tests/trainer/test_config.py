@@ -71,3 +71,22 @@ def test_a_directory_named_with_an_equals_sign_is_a_path_not_a_mixture(tmp_path,
         TrainConfig(data="run=2", workdir="w").data_source  # noqa: B018
     assert TrainConfig(data="web=gs://bucket/web", workdir="w", weights="web=1").data_source == {
         "web": "gs://bucket/web"}
+
+
+@pytest.mark.parametrize("argv, last", [
+    (["-steps=3", "data=x", "workdir=w"], "error: -steps=3: keys are written key=value without dashes: steps=3 "
+                                          "(python -m trainer --help lists every key)"),  # (argparse's usage)
+    (["data=x", "workdir=w", "max_pixels=0"], "error: max_pixels must be >= 1 (got max_pixels=0)"),
+    (["data=x", "workdir=w", "max_record_bytes=-1"], "error: max_record_bytes must be >= 1 (got max_record_bytes=-1)"),
+])
+def test_a_bad_command_line_is_one_line_exit_2(argv, last, capsys):
+    from trainer.__main__ import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == last
+
+
+def test_a_key_given_twice_takes_the_later(tmp_path):
+    (tmp_path / "c.json").write_text('{"steps": 7}')
+    assert TrainConfig.from_args(["data=x", "workdir=w", "steps=3", "steps=5"]).steps == 5
+    assert TrainConfig.from_args(["data=x", "workdir=w", "steps=3"], str(tmp_path / "c.json")).steps == 3
