@@ -219,8 +219,8 @@ def _paced(it, args, first: float, unit: str) -> int:
           f"batches, waiting {100 * after.sum() / (end - steady):.1f}% of the time, the longest wait "
           f"{after.max() if len(after) else 0.0:.2f} s; over every batch {rate(total, end - t0)} (first batch "
           f"{first:.2f} s; workers={args.workers}: {setting})")
-    long = [(b, w) for b, w in enumerate(waits) if w > LONG_WAIT]
-    print(f"  waits over {LONG_WAIT * 1e3:.0f} ms: {len(long)}" + (": at batch " + ", ".join(
+    long = [(b, w) for b, w in enumerate(waits) if b > args.start and w > LONG_WAIT]
+    print(f"  waits over {LONG_WAIT * 1e3:.0f} ms after the start window: {len(long)}" + (": at batch " + ", ".join(
         f"{b} ({w:.2f} s)" for b, w in long[:40]) + (f", ... {len(long) - 40} more" if len(long) > 40 else "")
         if long else ""))
     print("\n".join(f"  {line}" for line in report.lines()[1:]))
@@ -273,6 +273,19 @@ def _image_feature(source: str, split: str | None, decode) -> str:
                      "name the image feature with --image FEATURE")
 
 
+def _at_least(low: int, flag: str, what: str):
+    """An argparse type: a whole number >= `low`, else one line naming `flag`."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < low:
+            raise argparse.ArgumentTypeError(f"{flag} takes {what}, a whole number >= {low} (got {value!r})")
+        return number
+    return parse
+
+
 def _seconds(value: str) -> float:
     try:
         seconds = float(value)
@@ -313,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("stage", help=staging, description=staging[0].upper() + staging[1:] + ".")
     s.add_argument("source", help="gs:// dataset: a converted directory or a TFDS array_record directory")
     s.add_argument("local_dir", help="where the copy goes (a directory with a manifest there is complete)")
-    s.add_argument("--parallelism", type=int, default=8, help="files copied at once (default 8)")
+    s.add_argument("--parallelism", type=_at_least(1, "--parallelism", "the files copied at once"), default=8,
+                   help="files copied at once (default 8)")
     s.set_defaults(fn=stage_main, decode="auto")
     helps = {"inspect": "print a dataset's shards, records, feature ranges (each integer feature's min..max), features "
                         "and a first record",
@@ -327,8 +341,10 @@ def main(argv: list[str] | None = None) -> int:
         s.set_defaults(fn=fn)
         if name == "bench":
             s.add_argument("--batch_size", "--batch-size", type=int, default=256, help="records a batch (default 256)")
-            s.add_argument("--start", type=int, default=100, help="batches timed first (the start window)")
-            s.add_argument("--batches", type=int, default=500, help="batches timed after the start window")
+            s.add_argument("--start", type=_at_least(0, "--start", "the batches of the start window"), default=100,
+                           help="batches timed first (the start window)")
+            s.add_argument("--batches", type=_at_least(1, "--batches", "the batches timed after the start window"),
+                           default=500, help="batches timed after the start window")
             s.add_argument("--workers", type=_workers, default=0,
                            help="loader worker processes, or auto (tuned as it runs; default 0: threads here)")
             s.add_argument("--threads", type=int, default=0, help="reading/decoding threads (default: the loader's)")
@@ -353,3 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # (a stage records what it copied: the same command resumes it)
+        print("interrupted" + (": the same command resumes the staging, skipping what was copied"
+                               if args.command == "stage" else ""), file=sys.stderr)
+        return 130

@@ -42,7 +42,12 @@ class StageResult:
 
 
 def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
-    """Copies the dataset at `source` (gs:// or local) into `local_dir`; returns what it did."""
+    """Copies the dataset at `source` (gs:// or local) into `local_dir`; returns what it did. Interrupted (Ctrl-C,
+    an error), it stops after the copies under way and records every file copied, for the next stage to skip."""
+    if parallelism < 1:
+        raise ValueError(f"parallelism={parallelism}: files copied at once must be >= 1 (the default is 8)")
+    source = _normalised(source)
+    _check_apart(source, local_dir)
     started = time.monotonic()
     found = staged.versions(source)
     listing = {name: size for name, (size, _) in found.items()}
@@ -64,26 +69,50 @@ def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
             if os.path.exists(os.path.join(local_dir, name)):
                 os.remove(os.path.join(local_dir, name))
     done_bytes, recorded = 0, time.monotonic()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=parallelism)
+    futures = {pool.submit(_copy, f"{source}/{name}", local_dir, name, size, found[name][1]): name
+               for name, size in todo}
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=parallelism) as pool:
-            futures = {pool.submit(_copy, f"{source.rstrip('/')}/{name}", local_dir, name, size, found[name][1]): name
-                       for name, size in todo}
-            for i, future in enumerate(concurrent.futures.as_completed(futures), 1):
-                done_bytes += future.result()
-                name = futures[future]
-                copied[name] = found[name][1]  # the version listed before the copy: if it changed meanwhile, the
-                # next stage sees another version and copies it again
-                elapsed = max(time.monotonic() - started, 1e-9)
-                log.info("[%d/%d] %s staged (%.1f of %.1f MB, %.1f MB/s)", i, len(todo), name, done_bytes / 1e6,
-                         total / 1e6, done_bytes / 1e6 / elapsed)
-                if time.monotonic() - recorded > RECORD_EVERY:
-                    staged.write(local_dir, source, copied)
-                    recorded = time.monotonic()
-    finally:
+        for i, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            done_bytes += future.result()
+            name = futures[future]
+            copied[name] = found[name][1]  # the version listed before the copy: if it changed meanwhile, the
+            # next stage sees another version and copies it again
+            elapsed = max(time.monotonic() - started, 1e-9)
+            log.info("[%d/%d] %s staged (%.1f of %.1f MB, %.1f MB/s)", i, len(todo), name, done_bytes / 1e6,
+                     total / 1e6, done_bytes / 1e6 / elapsed)
+            if time.monotonic() - recorded > RECORD_EVERY:
+                staged.write(local_dir, source, copied)
+                recorded = time.monotonic()
+    finally:  # (a Ctrl-C or a failed copy: the queued copies are dropped, those under way finish and are recorded)
+        pool.shutdown(wait=True, cancel_futures=True)
+        for future, name in futures.items():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                copied[name] = found[name][1]
         staged.write(local_dir, source, {n: v for n, v in copied.items() if n in shards})
     for name in metadata:  # last: their presence marks a complete copy
-        _copy(f"{source.rstrip('/')}/{name}", local_dir, name, listing[name], found[name][1])
+        _copy(f"{source}/{name}", local_dir, name, listing[name], found[name][1])
     return StageResult(local_dir, len(todo), len(shards) - len(todo), done_bytes, time.monotonic() - started)
+
+
+def _normalised(source: str) -> str:
+    """The source as the staged record keeps it: without a trailing slash, a local one absolute (`v1/`, `./v1` and
+    `/data/v1` are one source, whose copies a resumed stage skips)."""
+    source = source.rstrip("/") or "/"
+    return source if storage.is_remote(source) else os.path.abspath(source)
+
+
+def _check_apart(source: str, local_dir: str) -> None:
+    """The copy is neither the source nor inside it: a stage removes the copy's metadata before it copies (the
+    source's own manifest, when they are one directory) and writes into it."""
+    if storage.is_remote(source):
+        return
+    if os.path.exists(local_dir) and not os.path.isdir(local_dir):
+        raise ValueError(f"local_dir {local_dir} is a file: name a directory to copy the dataset into")
+    here, there = os.path.realpath(source), os.path.realpath(local_dir)
+    if there == here or there.startswith(here.rstrip(os.sep) + os.sep):
+        raise ValueError(f"local_dir {local_dir} is {'the source itself' if there == here else 'inside the source'} "
+                         f"({source}): name another directory, e.g. {source.rstrip('/')}-staged")
 
 
 def _plan(source: str, listing: dict[str, int]) -> tuple[dict[str, int], list[str]]:

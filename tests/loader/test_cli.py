@@ -124,6 +124,37 @@ def test_errors_are_one_line(tmp_path):
     assert proc.stderr.strip().startswith("error: no files match") and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("argv, last", [
+    (["bench", "x", "--batches", "0"], "--batches takes the batches timed after the start window, a whole number >= 1 "
+                                       "(got '0')"),  # (an UnboundLocalError with --step-time; else a rate of 0)
+    (["bench", "x", "--start", "-2"], "--start takes the batches of the start window, a whole number >= 0 (got '-2')"),
+    (["stage", "x", "y", "--parallelism", "0"], "--parallelism takes the files copied at once, a whole number >= 1 "
+                                                "(got '0')"),
+])
+def test_bad_numbers_are_refused_before_any_work(argv, last, capsys):
+    from loader.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(last)
+
+
+def test_a_stage_onto_its_source_is_one_line_and_ctrl_c_says_how_to_resume(converted, tmp_path, monkeypatch, capsys):
+    from loader import cli
+    from loader.fetch import staging
+
+    assert cli.main(["stage", str(converted), f"{converted}/"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: local_dir {converted}/ is the source itself ({converted}): "
+                                               f"name another directory, e.g. {converted}-staged")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(staging, "_copy", interrupted)
+    assert cli.main(["stage", str(converted), str(tmp_path / "copy")]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "interrupted: the same command resumes the staging, skipping what was copied")
+
+
 def test_help_describes_every_command(capsys):
     from loader.cli import main
 
@@ -152,7 +183,7 @@ def test_paced_bench_reports_the_rate_asked_and_every_long_wait(photos):
                     r"the time, the longest wait ([\d.]+) s; over every batch .*workers=1: 1 worker process\)$", lines[0])
     assert head, bench.stdout
     assert 0 < float(head.group(1)) <= 1.05 and 0 <= float(head.group(2)) <= 100, bench.stdout
-    assert re.match(r"  waits over 100 ms: \d+", lines[1]), bench.stdout
+    assert re.match(r"  waits over 100 ms after the start window: \d+", lines[1]), bench.stdout
     assert lines[2].startswith("  CPU per 1,000 records (ms): plan ") and "map " in lines[2], bench.stdout
     assert lines[4].startswith("  bound by "), bench.stdout
     bad = _run("bench", str(photos), "--map", "crops:32")

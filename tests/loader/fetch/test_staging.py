@@ -182,3 +182,65 @@ def test_a_pretokenized_corpus_staged_again_copies_none_of_its_token_counts(tmp_
         assert next(staged_it)["tokens"].tolist() == next(remote_it)["tokens"].tolist()
     staged_it.close()
     remote_it.close()
+
+
+@pytest.fixture
+def local_dataset(tmp_path):
+    """A converted local dataset of 12 small shards (sources local: no emulator needed)."""
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(i, 5) for i in range(12)])
+    out = tmp_path / "ds"
+    assert run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(out)),
+                          ["--direct_num_workers=1"]).ok
+    return out
+
+
+def test_a_stage_onto_its_source_or_inside_it_is_refused_and_the_source_is_kept(local_dataset, monkeypatch):
+    """`stage SRC SRC` removed the source's manifest.json (a re-stage removes the copy's metadata first): the dataset
+    could no longer be loaded."""
+    before = sorted(os.listdir(local_dataset))
+    monkeypatch.chdir(local_dataset.parent)
+    for copy in (str(local_dataset), f"{local_dataset}/", "./ds", "ds/."):
+        with pytest.raises(ValueError, match=r"local_dir .* is the source itself \(.*ds\): name another directory, "
+                                             r"e\.g\. .*ds-staged$"):
+            loader.stage(str(local_dataset), copy)
+    with pytest.raises(ValueError, match=r"local_dir ds/copy is inside the source"):
+        loader.stage("ds", "ds/copy")
+    with pytest.raises(ValueError, match=r"parallelism=0: files copied at once must be >= 1"):
+        loader.stage("ds", "elsewhere", parallelism=0)
+    assert sorted(os.listdir(local_dataset)) == before and not os.path.exists("elsewhere")
+
+
+def test_a_source_spelt_otherwise_resumes_the_same_copy(local_dataset, tmp_path, monkeypatch):
+    """The staged record compared the source as typed: `ds/` or `./ds` after `ds` copied every shard again."""
+    monkeypatch.chdir(tmp_path)
+    assert loader.stage(str(local_dataset), "copy").copied == 12
+    for spelling in ("ds/", "./ds", str(local_dataset) + "/"):
+        again = loader.stage(spelling, "copy")
+        assert (again.copied, again.skipped) == (0, 12), spelling
+
+
+def test_an_interrupted_stage_stops_after_the_copies_under_way_and_records_them(local_dataset, tmp_path,
+                                                                                  monkeypatch):
+    """A Ctrl-C waited for every queued copy, then recorded only the copies the loop had seen: the next stage copied
+    them again."""
+    import threading
+
+    from dataset_format import storage
+    from loader.fetch import staging
+
+    download, started = storage.download, []
+
+    def slow(remote, local, **kw):
+        started.append(remote)
+        if len(started) == 3:  # the third copy: as a Ctrl-C would, while two copies are under way
+            raise KeyboardInterrupt
+        threading.Event().wait(0.2)
+        return download(remote, local, **kw)
+
+    monkeypatch.setattr(storage, "download", slow)
+    with pytest.raises(KeyboardInterrupt):
+        staging.stage(str(local_dataset), str(tmp_path / "copy"), parallelism=2)
+    assert len(started) <= 4  # the queued copies (12 in all) were dropped
+    monkeypatch.setattr(storage, "download", download)
+    again = loader.stage(str(local_dataset), str(tmp_path / "copy"))
+    assert again.copied + again.skipped == 12 and again.skipped == len(started) - 1 >= 2
