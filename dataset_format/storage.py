@@ -95,9 +95,15 @@ def _client():
 @functools.cache
 def _client_for(pid: int, emulator: str | None):  # one per process (forked workers) and endpoint
     import requests
+    from google.auth import exceptions as auth_errors
     from google.cloud import storage as gcs
 
-    client = gcs.Client()
+    try:
+        client = gcs.Client()
+    except auth_errors.DefaultCredentialsError:
+        raise PermissionError("gs:// paths need Google Cloud credentials, and none were found: run `gcloud auth "
+                              "application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service "
+                              "account's key file (on a Google Cloud VM, its service account is used)") from None
     # Runs when the interpreter exits, before it joins the thread pools that may be waiting to retry (the hooks run
     # newest first: concurrent.futures registers its join when its thread module is first imported, so import it
     # before registering this, whatever imported it so far).
@@ -128,8 +134,21 @@ def _gcs_errors(path: str) -> Iterator[None]:
     """Turns a 403, or a 404 of the bucket, into one line naming the bucket and the object."""
     from google.api_core import exceptions
 
+    from google.auth import exceptions as auth_errors
+
     try:
         yield
+    except exceptions.RetryError as e:  # transient errors until RETRY_SECONDS ran out (each logged as it came)
+        cause = str(e.cause).splitlines()[0][:300] if e.cause is not None else str(e)
+        raise OSError(f"{path}: Cloud Storage did not answer within {RETRY_SECONDS:.0f} s (the last error: {cause}); "
+                      "check this host's network and the path") from None
+    except auth_errors.TransportError as e:  # the token's endpoint unreachable (no network, no DNS)
+        raise OSError(f"{path}: cannot get a Google Cloud access token ({str(e).splitlines()[0][:300]}); check this "
+                      "host's network") from None
+    except auth_errors.RefreshError as e:  # a key revoked or malformed
+        raise PermissionError(f"{path}: Google Cloud refused this host's credentials ({str(e).splitlines()[0][:300]})"
+                              "; renew them (gcloud auth application-default login) or check "
+                              "GOOGLE_APPLICATION_CREDENTIALS") from None
     except exceptions.Forbidden as e:
         bucket, name = split_gcs(path)
         raise PermissionError(f"{path}: permission denied (403) on bucket {bucket!r}, object {name!r}; grant this "

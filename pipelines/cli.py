@@ -227,15 +227,25 @@ def verify_main(argv: list[str]) -> int:
     for problem in result.problems:
         print(f"PROBLEM: {problem}")
     gone = [s for s in result.stale if s.endswith(" (gone)")]
-    behind = [s for s in result.stale if s not in gone]
+    unlisted = [s for s in result.stale if " (cannot be listed: " in s]
+    behind = [s for s in result.stale if s not in gone and s not in unlisted]
+    if unlisted:
+        print(f"note: {len(unlisted)} source directory(ies) cannot be listed from this host (e.g. {unlisted[0]}): "
+              "whether their sources changed since the conversion is not known")
     if behind:
         print(f"note: {len(behind)} source(s) changed since they were converted (e.g. {behind[0]}): the dataset is "
               "whole but behind its input; `python -m pipelines convert` with the same --input and --output converts "
               "them again")
-    if gone:
+    if gone and result.staged_from is not None:  # (a training host's copy: its sources are seldom there)
+        print(f"note: {len(gone)} source(s) of the conversion are not on this host (e.g. {gone[0]}): a staged "
+              f"copy's are where it was converted; verify {result.staged_from} there to compare with them")
+    elif gone:
         print(f"note: {len(gone)} source(s) gone since they were converted (e.g. {gone[0]}): their shards are still "
               "in the dataset; `python -m pipelines convert` with the same --input and --output and --prune deletes "
               "them")
+    if result.uncompared:
+        print(f"note: {len(result.uncompared)} shard(s) were read whole, each chunk's hash checked, but not compared "
+              f"with their sources, which are gone or out of reach (e.g. {result.uncompared[0]})")
     if result.restage:
         print(f"note: this is a staged copy of {result.staged_from}, and {len(result.restage)} of its shards changed "
               f"there since they were staged (e.g. {result.restage[0]}): `python -m loader stage "

@@ -171,6 +171,10 @@ def _match(pattern: str) -> list:
     """Beam's match of `pattern`; a listing that fails (a missing bucket, no permission) is one line naming it."""
     from apache_beam.io.filesystem import BeamIOError
 
+    if is_remote(pattern):
+        from dataset_format import storage
+
+        storage._client()  # no credentials: one line at once (Beam's client retries ~20 s, then lists anonymously)
     try:
         return FileSystems.match([pattern])[0].metadata_list
     except BeamIOError as e:

@@ -165,3 +165,18 @@ def test_a_name_that_is_no_bucket_name_is_one_line(path, bucket):
     assert str(e.value) == (f"{path!r}: {bucket!r} is not a Cloud Storage bucket name (3-63 lower-case letters, "
                             "digits, '-', '_' and '.', beginning and ending with a letter or digit); check the path")
     assert storage.split_gcs("gs://my-bucket.example_1/a/b") == ("my-bucket.example_1", "a/b")
+
+
+def test_no_credentials_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
+    """google-auth's DefaultCredentialsError is no OSError: every command ended in its traceback."""
+    from loader.cli import main
+    from tests.pipelines.test_verify import _without_credentials
+
+    _without_credentials(monkeypatch, tmp_path)
+    with pytest.raises(PermissionError, match=r"^gs:// paths need Google Cloud credentials, and none were found: run "
+                                              r"`gcloud auth application-default login`, or set "
+                                              r"GOOGLE_APPLICATION_CREDENTIALS"):
+        storage.list_sizes("gs://some-bucket/ds")
+    assert main(["inspect", "gs://some-bucket/ds"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: gs:// paths need Google Cloud "
+                                                                       "credentials")
