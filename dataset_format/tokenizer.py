@@ -18,6 +18,7 @@ installs have them, the base install (what the rest of dataset_format needs) doe
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -200,6 +201,9 @@ def load(path: str, add_bos: bool | None = None, add_eos: bool | None = None) ->
     return kind(path, add_bos, add_eos)
 
 
+BPE_LEAST = 259  # a byte-level BPE's tokens before any merge: the 256 bytes, <pad>, <s> and </s>
+
+
 def train_bpe(texts: Iterable[bytes | str], vocab_size: int, path: str) -> str:
     """A byte-level BPE (GPT-2 style) trained on `texts`, saved as tokenizer.json: `<pad>` 0, `<s>` 1 (BOS, which its
     post-processor puts before each text) and `</s>` 2 (EOS, for add_eos=True), as train_sentencepiece numbers them."""
@@ -277,8 +281,20 @@ def check_training_arguments(args) -> None:
     if not args.output.endswith(suffix):
         raise ValueError(f"--output {args.output} must end in {suffix} for --kind {args.kind} (the trainer and the "
                          f"converter tell a tokenizer's kind by its suffix: .json for bpe, .model for sentencepiece)")
-    if args.max_bytes < 0:
-        raise ValueError(f"--max_bytes {args.max_bytes:g} must be >= 0 (0: all the text)")
+    if not (math.isfinite(args.max_bytes) and args.max_bytes >= 0):
+        raise ValueError(f"--max_bytes {args.max_bytes:g} must be a number of bytes >= 0 (0: all the text)")
+    least = BPE_LEAST if args.kind == "bpe" else 1
+    if args.vocab_size < least:
+        why = f" (a bpe tokenizer holds the 256 bytes and {BPE_LEAST - 256} special tokens)" if least > 1 else ""
+        raise ValueError(f"--vocab_size {args.vocab_size} must be >= {least}{why}")
+    directory = os.path.dirname(os.path.abspath(args.output))
+    if os.path.isdir(args.output):
+        raise ValueError(f"--output {args.output} is a directory: name the tokenizer's file, e.g. "
+                         f"{os.path.join(args.output, 'tokenizer' + suffix)}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:  # (a file where a directory should be)
+        raise ValueError(f"--output {args.output}: its directory cannot be made ({e.strerror}: {e.filename})") from None
 
 
 def train_and_report(args, texts: list[bytes], sampled: str = "") -> int:

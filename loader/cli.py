@@ -54,7 +54,12 @@ def inspect_main(args) -> int:
                            lists=list_features(source.feature_stats))
     print(f"record 0: {len(raw)} bytes")
     if decoder is not None:
-        example = decoder(raw)
+        try:
+            example = decoder(raw)
+        except Exception as e:  # noqa: BLE001 - any decoder's error on bytes it was not made for (protobuf's)
+            raise ValueError(f"record 0 of {args.source} does not decode as --decode {args.decode} "
+                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}): records that "
+                             "are not tf.train.Examples are shown with --decode none") from None
         print("features:" if isinstance(example, dict) else f"decoded: {_describe(example)}")
         for key, value in sorted(example.items()) if isinstance(example, dict) else ():
             sample = np.array2string(np.asarray(value).ravel()[:8], threshold=8) if isinstance(

@@ -22,6 +22,7 @@ import argparse
 import collections
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -269,6 +270,11 @@ def make_demo_main(argv: list[str]) -> int:
     p.add_argument("--max_mb", "--max-mb", dest="max_mb", type=float, default=4.0,
                    help="text: how many MB of sources to take (default 4)")
     args = p.parse_args(argv)
+    for flag, value, ok in (("--count", args.count, args.count >= 1), ("--num_shards", args.num_shards,
+                                                                        args.num_shards >= 1),
+                            ("--max_mb", args.max_mb, math.isfinite(args.max_mb) and args.max_mb > 0)):
+        if not ok:
+            raise ValueError(f"{flag} {value:g} must be above 0")
     try:
         return _make_demo(args)
     except ModuleNotFoundError as e:
@@ -307,6 +313,8 @@ def status_main(argv: list[str]) -> int:
     from dataset_format import storage
     from pipelines.progress import status
 
+    if not storage.is_remote(args.output) and os.path.isfile(args.output):
+        raise ValueError(f"--output {args.output} is a file: name a conversion's output directory")
     if not storage.is_remote(args.output) and not os.path.isdir(args.output):
         raise FileNotFoundError(f"--output {args.output} does not exist: no conversion has written there (check the "
                                 "path)")
@@ -343,16 +351,19 @@ def main(argv: list[str] | None = None, *, process: bool = False) -> int:
     """The command's exit status. `process`: the command is this process (`python -m pipelines`), which ends at once
     after a stop (pipelines/__main__.py)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     if not argv or argv[0] not in _COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
-        if argv and argv[0] not in ("-h", "--help"):
+        if argv:
             print(f"error: {argv[0]!r} is not a command; the commands are {', '.join(_COMMANDS)}", file=sys.stderr)
         return 2
     logs.setup()
     sigterm = _SigTerm.install()
     try:
         return _COMMANDS[argv[0]](argv[1:])
-    except (FileNotFoundError, PermissionError, ValueError, LeaseHeld) as e:
+    except (OSError, ValueError, LeaseHeld) as e:  # (a missing or unreadable path, a file where a directory goes)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, RuntimeError) as e:  # after Beam's own lines from its workers: what was kept, what to do

@@ -131,7 +131,13 @@ def status(output: str) -> str:
     if lease is None:
         lines.append("running: no local run holds the lease (a Dataflow job may: see its console)")
     else:
-        holder = json.loads(lease)
+        try:
+            holder = json.loads(lease)
+            if not isinstance(holder, dict):
+                raise ValueError(f"a {type(holder).__name__}, not a holder's record")
+        except ValueError as e:
+            raise ValueError(f"{storage.join(output, LEASE_NAME)} is damaged ({e}): when no conversion runs, delete "
+                             "it (the next run writes its own)") from None
         why = dead(holder, TTL_S)
         lines.append(f"stopped: the last run ({describe(holder)}) is dead ({why}); the next run takes over"
                      if why else f"running: {describe(holder)}")

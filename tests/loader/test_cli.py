@@ -155,6 +155,16 @@ def test_a_stage_onto_its_source_is_one_line_and_ctrl_c_says_how_to_resume(conve
         "interrupted: the same command resumes the staging, skipping what was copied")
 
 
+def test_inspect_of_records_that_are_not_examples_says_to_pass_decode_none(converted, capsys):
+    """A protobuf DecodeError traceback: the records of `converted` are plain bytes."""
+    from loader.cli import main
+
+    assert main(["inspect", str(converted), "--decode", "example"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"error: record 0 of {converted} does not decode as --decode example (DecodeError: ")
+    assert main(["inspect", str(converted), "--decode", "none"]) == 0
+
+
 def test_help_describes_every_command(capsys):
     from loader.cli import main
 

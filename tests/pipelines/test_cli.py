@@ -289,3 +289,32 @@ def test_ctrl_c_of_a_dataflow_launch_says_the_job_goes_on(monkeypatch, capsys):
         "output again")
     assert pipelines_cli.main(["convert", "--input", "a", "--output", "b"]) == 130  # local: the rerun finishes it
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("interrupted: the shards committed so far")
+
+
+def test_help_is_exit_0_on_stdout_and_file_errors_are_one_line(tmp_path, capsys):
+    """--help was exit 2 on stderr; an OSError other than a missing file or a permission (a file where a directory
+    goes) was a traceback; make-demo took sizes of 0; a damaged lease stopped `status` with a bare JSON error."""
+    from pipelines.cli import main
+
+    assert main(["--help"]) == 0
+    out, err = capsys.readouterr()
+    assert "convert" in out and not err
+    assert main(["conver"]) == 2 and "error: 'conver' is not a command" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for argv, last in (
+            (["make-demo", "--output", str(afile)], f"error: [Errno 17] File exists: '{afile}'"),
+            (["make-demo", "--output", str(tmp_path / "d"), "--kind", "photos", "--count", "0"],
+             "error: --count 0 must be above 0"),
+            (["make-demo", "--output", str(tmp_path / "d"), "--kind", "text", "--max-mb", "-1"],
+             "error: --max_mb -1 must be above 0"),
+            (["status", "--output", str(afile)], f"error: --output {afile} is a file: name a conversion's output "
+                                                  "directory")):
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.strip().splitlines()[-1] == last
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".lease.json").write_text("[1, 2]")
+    assert main(["status", "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'out' / '.lease.json'} is damaged (a list, not a holder's record): when no conversion "
+        "runs, delete it (the next run writes its own)")

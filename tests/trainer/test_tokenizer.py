@@ -44,6 +44,23 @@ def test_training_a_tokenizer_on_a_missing_feature_is_one_line(stdlib_text, tmp_
     assert not (tmp_path / "t.json").exists()
 
 
+@pytest.mark.parametrize("args, last", [
+    (["--vocab_size", "-5"], "error: --vocab_size -5 must be >= 259 (a bpe tokenizer holds the 256 bytes and 3 special "
+                             "tokens)"),  # (an OverflowError traceback)
+    (["--vocab_size", "10"], "error: --vocab_size 10 must be >= 259"),  # (259 tokens written without a word)
+    (["--kind", "sentencepiece", "--vocab_size", "0", "--output", "t.model"], "error: --vocab_size 0 must be >= 1"),
+    (["--max_bytes", "inf"], "error: --max_bytes inf must be a number of bytes >= 0 (0: all the text)"),
+    (["--max_bytes", "nan"], "error: --max_bytes nan must be a number of bytes >= 0 (0: all the text)"),
+    (["--output", "afile/t.json"], "error: --output afile/t.json: its directory cannot be made (File exists: "),
+])
+def test_bad_tokenizer_arguments_are_one_line_before_the_text_is_read(args, last, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("a file, not a directory")
+    argv = ["no-such-source", "--output", "t.json", *args]
+    assert tokenizer.main(argv) == 2  # (the source, read after the checks, does not exist)
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(last)
+
+
 def test_the_tokenizer_command_says_what_it_wrote_and_refuses_what_cannot_work(stdlib_text, tmp_path, capsys):  # noqa: F811
     """The size written is the tokenizer's own (a small text gives fewer tokens than asked); an --output whose suffix
     names the other kind, and a SentencePiece vocabulary the text cannot give, are one line each."""
