@@ -9,7 +9,7 @@ import time
 import pytest
 
 import loader
-from tests.trainer.conftest import run_trainer, trainer_here
+from tests.trainer.conftest import train_here, trainer_here
 
 ONE_BASED = "error: label_key='label' holds 1..10 over the 1,292 records of {data} ({how}), outside 0..9 " \
             "(num_classes=10): 1-based labels: pass label_offset=-1"
@@ -131,7 +131,7 @@ def test_label_offset_trains_auto_workers_log_their_choice_and_a_finished_run_st
     args = (f"data={one_based['train']}", f"eval_data={one_based['validation']}", f"workdir={tmp_path}",
             "model=cnn", "num_classes=10", "label_offset=-1", "data_workers=auto", "steps=300", "batch_size=32",
             "log_every=100", "eval_every=300", "checkpoint_every=300", "learning_rate=0.003")
-    proc = run_trainer(*args)
+    proc = train_here(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)["summary"]
     assert summary["final_step"] == 300 and summary["eval_accuracy"] > 0.85, summary
@@ -139,7 +139,7 @@ def test_label_offset_trains_auto_workers_log_their_choice_and_a_finished_run_st
     assert tuned and ("keeping threads here: the caller took " in tuned[0] or " -> " in tuned[0]), proc.stderr
 
     started = time.monotonic()
-    again = run_trainer(*args)
+    again = train_here(*args)
     elapsed = time.monotonic() - started
     # (the one line below shows nothing was built; the bound only catches a wait, e.g. for the loader, under load)
     assert again.returncode == 0 and elapsed < 30, (elapsed, again.stderr)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.trainer.conftest import run_trainer, trainer_here
+from tests.trainer.conftest import run_trainer, train_here, trainer_here
 
 
 def _common(digits, workdir):
@@ -49,7 +49,7 @@ def test_evaluator_beside_training_records_each_checkpoint_it_saw_and_exits(digi
     # cut short at the end of its records (it stopped at a bare JSON error, at every restart)
     with open(tmp_path / "eval" / "metrics.jsonl", "a") as f:
         f.write('{"step": 80, "eval_lo')
-    again = run_trainer(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
+    again = train_here(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
                         "num_classes=10", "steps=60", "batch_size=32", "eval_timeout=5")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "step 60 is already evaluated" in again.stderr
@@ -87,7 +87,7 @@ except Exception as e:
 
 
 def test_a_checkpoint_deleted_before_or_while_it_is_read_is_skipped(digits, tmp_path):
-    training = run_trainer(*_common(digits, tmp_path))
+    training = train_here(*_common(digits, tmp_path))
     assert training.returncode == 0, training.stderr[-3000:]
     checkpoints = tmp_path / "checkpoints"
     shutil.rmtree(checkpoints / "20")  # as max_to_keep does while the evaluator lists the steps
@@ -118,7 +118,7 @@ def test_mode_evaluate_needs_eval_data(tmp_path):
 
 
 def test_evaluator_without_new_checkpoints_stops_after_its_timeout(digits, tmp_path):
-    proc = run_trainer(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
+    proc = train_here(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
                        "num_classes=10", "steps=60", "eval_timeout=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "no new checkpoint for 2s; stopping after step 0" in proc.stderr

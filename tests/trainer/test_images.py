@@ -9,7 +9,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from pipelines.demo import write_digits_jpeg_tfrecords
-from tests.trainer.conftest import convert_splits, run_trainer, trainer_here
+from tests.trainer.conftest import convert_splits, run_trainer, train_here, trainer_here
 
 IMAGENET_KEYS = ("image_key=image/encoded", "label_key=image/class/label", "num_classes=10")
 
@@ -110,7 +110,7 @@ def test_the_loaders_limits_are_keys_of_the_trainer(digits_jpeg, tmp_path):
     assert record.returncode == 1 and re.search(r"record 0 is \d+ bytes, over max_record_bytes=10; if the records are "
                                                 r"genuine, pass a larger max_record_bytes= \(to loader.load, or python "
                                                 r"-m trainer;", last), last
-    ran = run_trainer(*common, f"workdir={tmp_path / 'ran'}", "max_pixels=1024", "check_hashes=false")
+    ran = train_here(*common, f"workdir={tmp_path / 'ran'}", "max_pixels=1024", "check_hashes=false")
     assert ran.returncode == 0, ran.stderr[-3000:]
     # the defaults are the loader's own
     import dataclasses

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.trainer.conftest import run_trainer, trainer_here
+from tests.trainer.conftest import run_trainer, train_here, trainer_here
 
 
 @pytest.mark.timeout(300)
@@ -47,6 +47,6 @@ def test_a_second_run_on_a_workdir_in_use_stops_in_one_line_and_the_first_trains
     assert first.returncode == 143, out[-3000:]
     assert not (workdir / ".lease.json").exists()
     stopped_at = int(re.search(r'"final_step": (\d+)', out)[1])
-    resumed = run_trainer(*args, f"steps={stopped_at + 2}")
+    resumed = train_here(*args, f"steps={stopped_at + 2}")
     assert resumed.returncode == 0 and "resumed from step" in resumed.stderr, resumed.stderr[-3000:]
     assert "taking over the lease" not in resumed.stderr

@@ -11,7 +11,7 @@ import loader
 from pipelines.demo import stdlib_passages, unigram_bits_per_byte, write_text_tfrecords
 from trainer import TrainConfig
 from trainer.tasks import BOS, BYTE_OFFSET, LanguageModel
-from tests.trainer.conftest import convert_splits, run_trainer, trainer_here
+from tests.trainer.conftest import convert_splits, run_trainer, train_here, trainer_here
 
 
 @pytest.fixture(scope="session")
@@ -132,7 +132,7 @@ def test_the_lm_on_whole_passages_beats_the_unigram_entropy_by_far(stdlib_text, 
 def test_lm_mirrored_over_8_devices_matches_one_device(stdlib_text, tmp_path):
     common = (f"data={stdlib_text['train']}", "task=lm", "model=transformer_lm", "seq_len=64", "batch_size=16",
               "steps=8", "log_every=1", "eval_every=100", "checkpoint_every=100", "learning_rate=0.003")
-    one = run_trainer(*common, f"workdir={tmp_path / 'one'}", "strategy=default")
+    one = train_here(*common, f"workdir={tmp_path / 'one'}", "strategy=default")
     many = run_trainer(*common, f"workdir={tmp_path / 'many'}", "strategy=mirrored", devices=8)
     assert one.returncode == 0 and many.returncode == 0, (one.stderr[-2000:], many.stderr[-2000:])
     a, b = [r["loss"] for r in _metrics(tmp_path / "one")], [r["loss"] for r in _metrics(tmp_path / "many")]
@@ -141,7 +141,7 @@ def test_lm_mirrored_over_8_devices_matches_one_device(stdlib_text, tmp_path):
 
 
 def test_lm_over_an_int64_sequence_feature_trains(rich_tfds, tmp_path):
-    proc = run_trainer(f"data={rich_tfds}", f"workdir={tmp_path}", "task=lm", "text_key=tokens", "vocab_size=256",
+    proc = train_here(f"data={rich_tfds}", f"workdir={tmp_path}", "task=lm", "text_key=tokens", "vocab_size=256",
                        "model=transformer_lm", "seq_len=16", "batch_size=16", "steps=5", "log_every=5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "task=lm features=['tokens'] model=transformer_lm" in proc.stderr
@@ -153,7 +153,7 @@ def test_llamas_layout_trains_from_the_command_line_and_a_resume_without_it_name
     common = (f"data={stdlib_text['train']}", f"workdir={tmp_path}", "task=lm", "seq_len=64", "packing=true",
               "batch_size=8", "log_every=1", "learning_rate=0.003", "width=64", "heads=4", "position_embedding=rope",
               "normalization=rmsnorm", "mlp_activations=silu,linear", "mlp_dim=160")
-    proc = run_trainer(*common, "num_kv_heads=2", "steps=4")
+    proc = train_here(*common, "num_kv_heads=2", "steps=4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "attention: blockwise for queries 8x64x4x16 (2 key/value heads) float32" in proc.stderr
     assert ("model=transformer_lm parameters=120,770 (width=64 num_kv_heads=2 mlp_dim=160 mlp_activations=silu,linear "
@@ -226,9 +226,9 @@ def test_packed_training_resumes_exactly(stdlib_text, tmp_path):
     """A packed run stopped at step 6 and resumed matches a straight run of 10 steps."""
     common = (f"data={stdlib_text['train']}", "task=lm", "model=transformer_lm", "seq_len=128", "packing=true",
               "batch_size=8", "log_every=1", "checkpoint_every=6", "learning_rate=0.003")
-    straight = run_trainer(*common, "steps=10", f"workdir={tmp_path / 'straight'}")
-    first = run_trainer(*common, "steps=6", f"workdir={tmp_path / 'resumed'}")
-    second = run_trainer(*common, "steps=10", f"workdir={tmp_path / 'resumed'}")
+    straight = train_here(*common, "steps=10", f"workdir={tmp_path / 'straight'}")
+    first = train_here(*common, "steps=6", f"workdir={tmp_path / 'resumed'}")
+    second = train_here(*common, "steps=10", f"workdir={tmp_path / 'resumed'}")
     for proc in (straight, first, second):
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert "resumed from step 6 (loader at batch 6)" in second.stderr
@@ -250,7 +250,7 @@ def test_packed_training_on_a_pretokenized_dataset_takes_its_vocabulary_and_coun
     tok = tokenizer.train_bpe(passages, 300, str(tmp_path / "tokenizer.json"))
     run_conversion(ConvertConfig(input=str(tmp_path / "raw" / "text-train.tfrecord-*"), output=str(tmp_path / "tok"),
                                  tokenizer=tok, add_eos=True), ["--direct_num_workers=1"])
-    proc = run_trainer(f"data={tmp_path / 'tok'}", "task=lm", "model=transformer_lm", "seq_len=64", "packing=true",
+    proc = train_here(f"data={tmp_path / 'tok'}", "task=lm", "model=transformer_lm", "seq_len=64", "packing=true",
                        "batch_size=4", "steps=3", "log_every=1", f"workdir={tmp_path / 'run'}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "packing " in proc.stderr and "real tokens" in proc.stderr and "counted" not in proc.stderr

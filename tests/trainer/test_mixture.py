@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.trainer.conftest import run_trainer, trainer_here
+from tests.trainer.conftest import train_here, trainer_here
 from tests.trainer.test_lm import stdlib_text  # noqa: F401 - the fixture
 
 
@@ -18,7 +18,7 @@ def test_a_mixture_trains_reports_rows_per_component_and_takes_new_weights_on_re
     common = (f"data=a={digits['train']},b={digits['test']}", f"eval_data=a={digits['test']},b={digits['train']}",
               f"workdir={tmp_path}", "model=mlp", "num_classes=10", "batch_size=32", "log_every=10",
               "eval_every=20", "checkpoint_every=20")
-    first = run_trainer(*common, "weights=a=0.75,b=0.25", "steps=20")
+    first = train_here(*common, "weights=a=0.75,b=0.25", "steps=20")
     assert first.returncode == 0, first.stderr[-3000:]
     summary = json.loads(first.stdout)["summary"]
     assert {k for k in summary if k.startswith("eval_") and k.endswith("loss")} == \
@@ -30,7 +30,7 @@ def test_a_mixture_trains_reports_rows_per_component_and_takes_new_weights_on_re
     assert summary["eval_examples"] == n_a + n_b
     assert summary["eval_loss"] == pytest.approx((summary["eval_a_loss"] * n_a + summary["eval_b_loss"] * n_b)
                                                  / (n_a + n_b), rel=1e-4)
-    second = run_trainer(*common, "weights=a=0.5,b=0.5", "steps=30")  # resumes at step 20 under new weights
+    second = train_here(*common, "weights=a=0.5,b=0.5", "steps=30")  # resumes at step 20 under new weights
     assert second.returncode == 0, second.stderr[-3000:]
     rows = [(r["step"], r["rows_a"], r["rows_b"]) for r in _metrics(tmp_path) if "rows_a" in r]
     assert rows == [(10, 240, 80), (20, 480, 160), (30, 640, 320)]
@@ -71,7 +71,7 @@ def test_an_empty_component_is_one_line(digits, tmp_path):
 
 
 def test_an_lm_trains_on_a_packed_mixture(stdlib_text, tmp_path):  # noqa: F811
-    proc = run_trainer(f"data=a={stdlib_text['train']},b={stdlib_text['test']}", "weights=a=0.75,b=0.25",
+    proc = train_here(f"data=a={stdlib_text['train']},b={stdlib_text['test']}", "weights=a=0.75,b=0.25",
                        f"workdir={tmp_path}", "task=lm", "model=transformer_lm", "packing=true", "seq_len=64",
                        "batch_size=16", "steps=10", "log_every=5", "checkpoint_every=10", "learning_rate=0.003")
     assert proc.returncode == 0, proc.stderr[-3000:]

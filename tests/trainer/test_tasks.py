@@ -9,7 +9,7 @@ import pytest
 import loader
 from dataset_format import tfds_info
 from tests.conftest import REPO
-from tests.trainer.conftest import run_trainer, trainer_here
+from tests.trainer.conftest import run_trainer, train_here, trainer_here
 
 
 def _losses(workdir):
@@ -55,7 +55,7 @@ def test_a_tfds_dataset_with_text_tensor_and_sequence_features_trains(rich_tfds,
     """num_classes comes from the ClassLabel; mirrored over 8 devices matches one device."""
     common = (f"data={rich_tfds}", f"eval_data={rich_tfds}", "task=classification", "model=mlp", "steps=20",
               "batch_size=32", "log_every=1", "eval_every=20", "checkpoint_every=100", "learning_rate=0.003")
-    one = run_trainer(*common, f"workdir={tmp_path / 'one'}", "strategy=default")
+    one = train_here(*common, f"workdir={tmp_path / 'one'}", "strategy=default")
     many = run_trainer(*common, f"workdir={tmp_path / 'many'}", "strategy=mirrored", devices=8)
     assert one.returncode == 0, one.stderr[-3000:]
     assert many.returncode == 0, many.stderr[-3000:]

@@ -14,7 +14,7 @@ from pipelines.demo import stdlib_passages
 from trainer import TrainConfig, tokenizer
 from trainer.tasks import LanguageModel
 from tests.conftest import REPO
-from tests.trainer.conftest import run_trainer, trainer_here
+from tests.trainer.conftest import run_trainer, train_here, trainer_here
 from tests.trainer.test_lm import stdlib_text  # noqa: F401 - the fixture
 
 VOCAB = 512
@@ -108,10 +108,10 @@ def test_a_trained_tokenizer_round_trips_the_text_and_starts_with_bos(tokenizers
 @pytest.mark.parametrize("kind, packing", [("bpe", "true"),
                                            pytest.param("sentencepiece", "false", marks=pytest.mark.slow)])
 def test_the_lm_trains_with_a_tokenizer(stdlib_text, tokenizers, tmp_path, kind, packing):  # noqa: F811
-    proc = run_trainer(f"data={stdlib_text['train']}", f"eval_data={stdlib_text['test']}", f"workdir={tmp_path}",
-                       "task=lm", "model=transformer_lm", f"tokenizer={tokenizers[kind]}", f"packing={packing}",
-                       "seq_len=64", "batch_size=16", "steps=60", "log_every=20", "eval_every=60",
-                       "checkpoint_every=60", "learning_rate=0.003", timeout=600)
+    proc = train_here(f"data={stdlib_text['train']}", f"eval_data={stdlib_text['test']}", f"workdir={tmp_path}",
+                      "task=lm", "model=transformer_lm", f"tokenizer={tokenizers[kind]}", f"packing={packing}",
+                      "seq_len=64", "batch_size=16", "steps=60", "log_every=20", "eval_every=60",
+                      "checkpoint_every=60", "learning_rate=0.003")
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
@@ -363,4 +363,4 @@ def test_a_large_corpus_is_sampled_uniformly_and_the_same_for_the_same_seed(numb
     assert ("trained on 50 texts (5,000 bytes: a uniform sample of the 400 documents, --max_bytes 5000), to "
             in capsys.readouterr().out)
     assert tokenizer.main([str(source), "--max_bytes", "-1", "--output", str(tmp_path / "t.json")]) == 2
-    assert capsys.readouterr().err.strip() == "error: --max_bytes -1 must be >= 0 (0: all the text)"
+    assert capsys.readouterr().err.strip() == "error: --max_bytes -1 must be a number of bytes >= 0 (0: all the text)"

@@ -11,7 +11,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from tests.trainer.conftest import run_trainer, trainer_here
+from tests.trainer.conftest import run_trainer, train_here, trainer_here
 
 
 def _metrics(workdir):
@@ -39,7 +39,7 @@ def _common(digits, workdir, *extra):
 
 def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
     # (eval_every not a multiple of log_every: an eval step is a row of its own; evaluations came only at steps of both)
-    proc = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=30", "log_every=10", "eval_every=15",
+    proc = train_here(*_common(digits, tmp_path, "model=mlp", "steps=30", "log_every=10", "eval_every=15",
                                 "checkpoint_every=30"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "strategy=default num_replicas_in_sync=1" in proc.stderr
@@ -68,7 +68,7 @@ def test_smoke_trains_logs_and_checkpoints(digits, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["mirrored", "fsdp"])
 def test_eight_devices_match_one_device(digits, tmp_path, strategy):
-    one = run_trainer(*_common(digits, tmp_path / "one", "model=mlp", "steps=20", "log_every=1", "strategy=default"))
+    one = train_here(*_common(digits, tmp_path / "one", "model=mlp", "steps=20", "log_every=1", "strategy=default"))
     many = run_trainer(*_common(digits, tmp_path / "many", "model=mlp", "steps=20", "log_every=1",
                                 f"strategy={strategy}"), devices=8)
     assert one.returncode == 0 and many.returncode == 0, (one.stderr[-2000:], many.stderr[-2000:])
@@ -104,10 +104,10 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(digits, tmp_path):
     assert stopped_at >= 10 and "SIGTERM: saved a checkpoint" in output
     end = stopped_at + 10
 
-    resumed = run_trainer(*_common(digits, tmp_path / "stopped", *args, f"steps={end}"))
+    resumed = train_here(*_common(digits, tmp_path / "stopped", *args, f"steps={end}"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from step {stopped_at}" in resumed.stderr
-    straight = run_trainer(*_common(digits, tmp_path / "straight", *args, f"steps={end}"))
+    straight = train_here(*_common(digits, tmp_path / "straight", *args, f"steps={end}"))
     assert straight.returncode == 0, straight.stderr[-2000:]
     want = {r["step"]: r["loss"] for r in _metrics(tmp_path / "straight")}
     got = {r["step"]: r["loss"] for r in _metrics(tmp_path / "stopped")}
@@ -123,15 +123,15 @@ def test_resumes_between_log_steps_write_the_rows_of_a_run_without_stops(digits,
     metrics.jsonl was rows 2, 4, 4, 5, 6, 7, 8, each loss the mean of the steps since the restart; it is now the
     uninterrupted run's: rows 2, 4, 6, 8 (and the evaluation at the last step), each loss the mean of its two steps."""
     args = ("model=mlp", "log_every=2", "checkpoint_every=3", "eval_every=1000")
-    straight = run_trainer(*_common(digits, tmp_path / "straight", *args, "steps=8"))
+    straight = train_here(*_common(digits, tmp_path / "straight", *args, "steps=8"))
     assert straight.returncode == 0, straight.stderr[-2000:]
     workdir = tmp_path / "stopped"
-    first = run_trainer(*_common(digits, workdir, *args, "steps=5"))
+    first = train_here(*_common(digits, workdir, *args, "steps=5"))
     assert first.returncode == 0, first.stderr[-2000:]
     assert [r["step"] for r in _metrics(workdir)] == [2, 4, 5]
     shutil.rmtree(workdir / "checkpoints" / "5")
     for steps, start in ((7, 3), (8, 7)):
-        again = run_trainer(*_common(digits, workdir, *args, f"steps={steps}"))
+        again = train_here(*_common(digits, workdir, *args, f"steps={steps}"))
         assert again.returncode == 0 and f"resumed from step {start}" in again.stderr, again.stderr[-2000:]
     want, got = _metrics(tmp_path / "straight"), _metrics(workdir)
     assert [r["step"] for r in want] == [2, 4, 6, 8]
@@ -224,10 +224,10 @@ def test_resume_after_a_crash_between_log_and_checkpoint_logs_each_step_once(dig
 def test_a_resume_with_a_larger_batch_size_reads_on_from_where_the_batches_stopped(digits, tmp_path):
     """A batch-size ramp by restarts: 4 steps of 32 examples, then steps 5-8 of 48 from the same workdir. The loader
     continues its stream at example 128 (its state says where batch 4 of 48 begins), neither repeating nor skipping."""
-    first = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4", "checkpoint_every=4"))
+    first = train_here(*_common(digits, tmp_path, "model=mlp", "steps=4", "checkpoint_every=4"))
     assert first.returncode == 0, first.stderr[-2000:]
     args = [a for a in _common(digits, tmp_path, "model=mlp", "steps=8", "checkpoint_every=4") if a != "batch_size=32"]
-    second = run_trainer(*args, "batch_size=48")
+    second = train_here(*args, "batch_size=48")
     assert second.returncode == 0, second.stderr[-2000:]
     assert "restoring a state saved with batch_size=32 with batch_size=48: batch 4 and after continue" in second.stderr
     assert "resumed from step 4" in second.stderr
@@ -244,15 +244,15 @@ def test_a_batch_size_ramp_up_grows_the_batch_and_resumes_inside_it_exactly(digi
     ramp = ("model=mlp", "batch_size=64", "batch_size_start=32", "batch_size_increment=16", "rampup_samples=192",
             "log_every=1", "checkpoint_every=4", "eval_every=1000")
     args = lambda workdir, steps: [a for a in _common(digits, workdir, *ramp, f"steps={steps}") if a != "batch_size=32"]
-    through = run_trainer(*args(tmp_path / "through", 8))
+    through = train_here(*args(tmp_path / "through", 8))
     assert through.returncode == 0, through.stderr[-2000:]
     assert "batch-size ramp-up over 192 examples: 32 for steps 1-3, 48 for steps 4-5, 64 from step 6" in through.stderr
     assert re.search(r"step 4: batch_size=48 from here \(the ramp-up\), its step ready in [\d.]+ s", through.stderr)
     want = _metrics(tmp_path / "through")
     assert [r["batch_size"] for r in want] == [32, 32, 32, 48, 48, 64, 64, 64]
-    stopped = run_trainer(*args(tmp_path / "resumed", 4))
+    stopped = train_here(*args(tmp_path / "resumed", 4))
     assert stopped.returncode == 0, stopped.stderr[-2000:]
-    resumed = run_trainer(*args(tmp_path / "resumed", 8))
+    resumed = train_here(*args(tmp_path / "resumed", 8))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "restoring a state saved with batch_size=48 with batch_size=48" not in resumed.stderr  # (the same size)
     got = _metrics(tmp_path / "resumed")
@@ -283,9 +283,9 @@ def test_the_last_steps_evaluation_is_the_summarys_not_run_again(digits, tmp_pat
 def test_resuming_with_settings_that_reshape_the_model_is_one_line_naming_them(digits, tmp_path):
     """A workdir resumed with another num_classes: one line before any restore, naming the array and the setting the
     checkpoint was written with (orbax's own error, hundreds of lines long, advised an orbax API change)."""
-    first = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=2", "checkpoint_every=2"))
+    first = train_here(*_common(digits, tmp_path, "model=mlp", "steps=2", "checkpoint_every=2"))
     assert first.returncode == 0, first.stderr[-2000:]
-    again = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "num_classes=12")
+    again = train_here(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "num_classes=12")
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert again.stderr.splitlines()[-1] == (
         f"error: {tmp_path / 'checkpoints'} holds step 2 of a model other than this one (params['Dense_2']['bias'] "
@@ -293,33 +293,33 @@ def test_resuming_with_settings_that_reshape_the_model_is_one_line_naming_them(d
         "with), or pass another workdir= to start afresh")
     assert "initialising its parameters" not in again.stderr  # said from the shapes alone, before the model's init
     shutil.rmtree(tmp_path / "checkpoints" / "2" / "config")  # a checkpoint written before the settings were kept
-    older = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "num_classes=12")
+    older = train_here(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "num_classes=12")
     assert older.returncode == 2 and older.stderr.splitlines()[-1].endswith(
         "resume with the settings it was written with (model=, width=, depth=, heads=, seq_len=, vocab_size=, "
         "num_classes=, ...), or pass another workdir= to start afresh")
     assert (tmp_path / "checkpoints" / "2" / "state").is_dir()  # nothing written over
     # another optimizer: the parameters fit, its state does not (orbax advised partial_restore=True, no setting here)
-    other = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "optimizer=sgd")
+    other = train_here(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "optimizer=sgd")
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert other.stderr.splitlines()[-1].startswith(
         f"error: {tmp_path / 'checkpoints'} holds step 2 of a training state other than this run's (its optimizer "
         "state holds other arrays): resume with "), other.stderr[-2000:]
     # a constant schedule resumed as a cosine one (an optimizer state with a step count): the error alone, no advice
     # on keeping the schedule before it
-    cosine = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "schedule=cosine")
+    cosine = train_here(*_common(digits, tmp_path, "model=mlp", "steps=4")[:-1], "schedule=cosine")
     assert cosine.returncode == 2 and "holds step 2 of a training state other than this run's" in cosine.stderr
     assert "learning rate there is now" not in cosine.stderr, cosine.stderr[-2000:]
 
 
 def test_transformer_learns_rows_as_a_sequence(digits, tmp_path):
-    proc = run_trainer(*_common(digits, tmp_path, "model=transformer", "steps=120", "log_every=40", "eval_every=120"))
+    proc = train_here(*_common(digits, tmp_path, "model=transformer", "steps=120", "log_every=40", "eval_every=120"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = _metrics(tmp_path)
     assert records[-1]["loss"] < records[0]["loss"] and records[-1]["eval_accuracy"] > 0.6
 
 
 def test_non_finite_loss_stops_with_the_step(digits, tmp_path):
-    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "steps=50", "log_every=50",
+    proc = train_here(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "steps=50", "log_every=50",
                        "learning_rate=1e30", "batch_size=32", "num_classes=10")
     assert proc.returncode != 0
     assert "NonFiniteLoss: loss is" in proc.stderr and " at step " in proc.stderr
@@ -329,7 +329,7 @@ def test_strategy_without_its_hardware_says_what_was_found(digits, tmp_path):
     proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "strategy=tpu", "steps=1", devices=2)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "strategy='tpu' needs TPU devices, but found 2 device(s) of platform cpu" in proc.stderr
-    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "strategy=one_device", "device=gpu:0",
+    proc = train_here(f"data={digits['train']}", f"workdir={tmp_path}", "strategy=one_device", "device=gpu:0",
                        "steps=1")
     assert proc.returncode != 0 and "device='gpu:0' not found; the devices are ['cpu:0']" in proc.stderr
 
@@ -422,13 +422,13 @@ def test_an_incomplete_conversion_is_refused_unless_allow_incomplete(digits, tmp
     manifest["complete"] = False
     (data / "manifest.json").write_text(json.dumps(manifest))
     args = (f"data={data}", f"workdir={tmp_path / 'run'}", "model=mlp", "num_classes=10", "steps=2", "log_every=1")
-    refused = run_trainer(*args)
+    refused = train_here(*args)
     last = refused.stderr.strip().splitlines()[-1]
     assert refused.returncode == 2 and "the conversion is incomplete (1 shard(s) failed, e.g. /data/digits-train-" \
         "00003-of-00004.tfrecord)" in last and last.endswith("(python -m trainer: allow_incomplete=true; python -m "
                                                              "loader bench: --allow-incomplete) to load the shards "
                                                              "that converted"), last
-    allowed = run_trainer(*args, "allow_incomplete=true")
+    allowed = train_here(*args, "allow_incomplete=true")
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert [r["step"] for r in _metrics(tmp_path / "run")] == [1, 2]
 
@@ -444,7 +444,7 @@ def test_a_shard_damaged_during_training_ends_the_run_with_the_shard_as_the_last
     raw = bytearray(open(shard, "rb").read())
     raw[len(raw) // 2] ^= 0xFF  # in a chunk's data, far from the first records
     open(shard, "wb").write(bytes(raw))
-    proc = run_trainer(f"data={data}", f"workdir={tmp_path / 'run'}", "model=mlp", "num_classes=10", "steps=200",
+    proc = train_here(f"data={data}", f"workdir={tmp_path / 'run'}", "model=mlp", "num_classes=10", "steps=200",
                        "batch_size=32", "log_every=100")
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and last.startswith(f"error: OSError: {shard}: record ") and \
@@ -453,7 +453,7 @@ def test_a_shard_damaged_during_training_ends_the_run_with_the_shard_as_the_last
 
 def test_labels_outside_num_classes_are_one_line_before_step_1(digits, tmp_path):
     """Digits' labels are 0..9: num_classes=9 would train with the 9s' one-hot all zeros, silently."""
-    proc = run_trainer(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "num_classes=9", "steps=5")
+    proc = train_here(f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "num_classes=9", "steps=5")
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and last == (f"error: label_key='label' holds 0..9 over the 1,438 records of "
                                              f"{digits['train']} (its manifest), outside 0..8 (num_classes=9): set "
@@ -537,8 +537,8 @@ def test_in_memory_batches_train_on_the_loaders_first_batches_cycled(digits, tmp
     """in_memory_batches=2 (the benchmark's input-bound limit): steps 1-2 see the loader's batches 1-2,
     exactly as a streaming run does; step 3 sees batch 1 again, where a streaming run sees batch 3."""
     args = ("model=mlp", "steps=3", "log_every=1", "eval_every=100", "checkpoint_every=100")
-    streamed = run_trainer(*_common(digits, tmp_path / "streamed", *args))
-    cached = run_trainer(*_common(digits, tmp_path / "cached", *args, "in_memory_batches=2"))
+    streamed = train_here(*_common(digits, tmp_path / "streamed", *args))
+    cached = train_here(*_common(digits, tmp_path / "cached", *args, "in_memory_batches=2"))
     assert streamed.returncode == 0 and cached.returncode == 0, (streamed.stderr[-2000:], cached.stderr[-2000:])
     assert "in_memory_batches=2: cycling batches held on the devices" in cached.stderr
     a, b = [r["loss"] for r in _metrics(tmp_path / "streamed")], [r["loss"] for r in _metrics(tmp_path / "cached")]
@@ -546,8 +546,8 @@ def test_in_memory_batches_train_on_the_loaders_first_batches_cycled(digits, tmp
     assert _metrics(tmp_path / "cached")[-1]["data_wait_fraction"] < 0.05  # no input on the step path
     # Stopped at step 2 and resumed: the same two batches cached again, the cycle going on where it was (the
     # checkpoint held the loader's state after them, and the resumed run cached the next two)
-    first = run_trainer(*_common(digits, tmp_path / "resumed", *args[:1], "steps=2", *args[2:], "in_memory_batches=2"))
-    again = run_trainer(*_common(digits, tmp_path / "resumed", *args, "in_memory_batches=2"))
+    first = train_here(*_common(digits, tmp_path / "resumed", *args[:1], "steps=2", *args[2:], "in_memory_batches=2"))
+    again = train_here(*_common(digits, tmp_path / "resumed", *args, "in_memory_batches=2"))
     assert first.returncode == 0 and again.returncode == 0, (first.stderr[-2000:], again.stderr[-2000:])
     assert "resumed from step 2 (loader at batch 0)" in again.stderr
     assert [r["loss"] for r in _metrics(tmp_path / "resumed")] == b
@@ -708,7 +708,7 @@ def _top_level_calls(trace: Path, name: str) -> int:
 def test_profile_steps_trace_those_steps_and_the_report_reads_the_trace(digits, tmp_path):
     from trainer import profile_report
 
-    proc = run_trainer(*_common(digits, tmp_path, "model=mlp", "steps=8", "log_every=8", "eval_every=100",
+    proc = train_here(*_common(digits, tmp_path, "model=mlp", "steps=8", "log_every=8", "eval_every=100",
                                 "checkpoint_every=100", "profile_steps=3", "profile_skip=2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"profile of steps 3 to 5 written to {tmp_path / 'profile'}" in proc.stderr
