@@ -15,9 +15,6 @@ import os
 import re
 import zlib
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from dataset_format import sniff, storage
 from dataset_format.manifest import MANIFEST_NAME
 from dataset_format.naming import is_tfrecord_name, output_name
@@ -29,6 +26,27 @@ log = logging.getLogger(__name__)
 
 _READ_BUFFER = 1 << 20
 
+
+class Compression:
+    """Beam's CompressionTypes (the same strings, which Beam's FileSystems takes), without importing Beam (~3 s)
+    where no pipeline runs: `verify`, `status`, `plan`, a local listing."""
+    AUTO, BZIP2, DEFLATE, GZIP, LZMA, UNCOMPRESSED, ZSTD = ("auto", "bzip2", "deflate", "gzip", "lzma", "uncompressed",
+                                                           "zstd")
+    _SUFFIXES = {".bz2": BZIP2, ".deflate": DEFLATE, ".gz": GZIP, ".zst": ZSTD, ".zstd": ZSTD, ".xz": LZMA,
+                 ".lzma": LZMA}
+
+    @classmethod
+    def detect_compression_type(cls, path: str) -> str:
+        """The compression a file's suffix names, as Beam's CompressionTypes.detect_compression_type."""
+        lowered = path.lower()
+        return next((kind for suffix, kind in cls._SUFFIXES.items() if lowered.endswith(suffix)), cls.UNCOMPRESSED)
+
+
+def _filesystems():
+    """Beam's FileSystems (gs:// listings and reads through Beam's client), imported when first needed."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
 
 @dataclasses.dataclass(frozen=True)
 class InputFile:
@@ -57,7 +75,7 @@ class InputFile:
 
     @property
     def compression(self) -> str:
-        return CompressionTypes.detect_compression_type(self.path)
+        return Compression.detect_compression_type(self.path)
 
 
 def list_inputs(pattern: str) -> list[InputFile]:
@@ -68,7 +86,7 @@ def list_inputs(pattern: str) -> list[InputFile]:
         in_directory = _directory_inputs(pattern)
         if in_directory is not None:
             return in_directory
-        if not FileSystems.exists(pattern):
+        if not (_filesystems().exists(pattern) if is_remote(pattern) else os.path.exists(pattern)):
             _check_listable(_fixed_prefix(pattern))  # a file in a directory this user may not enter
             raise FileNotFoundError(f"input {pattern!r} does not exist; check the path (a file, a glob "
                                     "such as 'data/train-*', a directory, or a TFDS dataset directory)")
@@ -176,7 +194,7 @@ def _match(pattern: str) -> list:
 
         storage._client()  # no credentials: one line at once (Beam's client retries ~20 s, then lists anonymously)
     try:
-        return FileSystems.match([pattern])[0].metadata_list
+        return _filesystems().match([pattern])[0].metadata_list
     except BeamIOError as e:
         if is_remote(pattern):
             from dataset_format import storage
@@ -364,25 +382,25 @@ def source_compression(path: str) -> str:
     """How `path` is read: by its suffix (.gz, .deflate, .bz2, .xz/.lzma, .zst/.zstd), as Beam names it; a file
     named as uncompressed whose first bytes are a GZIP or zlib header and not a TFRecord frame's (tf.io's
     TFRecordWriter with "GZIP" or "ZLIB" adds no suffix) is read as such, with a log line."""
-    named = CompressionTypes.detect_compression_type(path)
-    if named != CompressionTypes.UNCOMPRESSED:
+    named = Compression.detect_compression_type(path)
+    if named != Compression.UNCOMPRESSED:
         return named
     head = storage.read_range(path, 0, 12, exact=False)  # gs://: 12 bytes, where a reader's first chunk is 16 MB
     if len(head) < 2 or sniff.is_tfrecord_header(head):
         return named
     if head[:3] == b"\x1f\x8b\x08":
-        sniffed = CompressionTypes.GZIP
+        sniffed = Compression.GZIP
     elif head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:  # a zlib header: deflate, its check bits
-        sniffed = CompressionTypes.DEFLATE
+        sniffed = Compression.DEFLATE
     else:
         return named
     log.warning("%s: its bytes are %s-compressed though its name says uncompressed: read as %s (name such files "
-                "*%s)", path, _KIND[sniffed], _KIND[sniffed], ".gz" if sniffed == CompressionTypes.GZIP else ".deflate")
+                "*%s)", path, _KIND[sniffed], _KIND[sniffed], ".gz" if sniffed == Compression.GZIP else ".deflate")
     return sniffed
 
 
-_KIND = {CompressionTypes.GZIP: "GZIP", CompressionTypes.DEFLATE: "zlib", CompressionTypes.BZIP2: "BZIP2",
-         CompressionTypes.LZMA: "LZMA", CompressionTypes.ZSTD: "Zstandard"}
+_KIND = {Compression.GZIP: "GZIP", Compression.DEFLATE: "zlib", Compression.BZIP2: "BZIP2",
+         Compression.LZMA: "LZMA", Compression.ZSTD: "Zstandard"}
 # what a damaged, cut or mislabelled stream raises while it is read (gzip.BadGzipFile is an OSError: named alone)
 _STREAM_ERRORS = (zlib.error, EOFError, gzip.BadGzipFile, lzma.LZMAError)
 
@@ -392,7 +410,7 @@ def _raw(path: str, read_buffer: int | None = None):
         return open(path, "rb", buffering=_READ_BUFFER)
     if read_buffer is not None:  # a read of the file's first part: ranges of this size, not Beam's 16 MB ones
         return storage.open_read(path, chunk_size=read_buffer)
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return _filesystems().open(path, compression_type=Compression.UNCOMPRESSED)
 
 
 def open_source(path: str, compression: str | None = None, *, read_buffer: int | None = None):
@@ -403,16 +421,16 @@ def open_source(path: str, compression: str | None = None, *, read_buffer: int |
     (GZIP, BZIP2 and LZMA are read by Python's own readers, which check the stream's end and its checksum: Beam's gzip
     reader ends a cut stream silently)."""
     compression = compression or source_compression(path)
-    if compression == CompressionTypes.UNCOMPRESSED:
+    if compression == Compression.UNCOMPRESSED:
         return _raw(path, read_buffer)
-    if compression == CompressionTypes.GZIP:
+    if compression == Compression.GZIP:
         stream = gzip.GzipFile(fileobj=_raw(path, read_buffer), mode="rb")
-    elif compression == CompressionTypes.BZIP2:
+    elif compression == Compression.BZIP2:
         stream = bz2.BZ2File(_raw(path, read_buffer), mode="rb")
-    elif compression == CompressionTypes.LZMA:
+    elif compression == Compression.LZMA:
         stream = lzma.LZMAFile(_raw(path, read_buffer), mode="rb")
     else:
-        stream = FileSystems.open(path, compression_type=compression)
+        stream = _filesystems().open(path, compression_type=compression)
     return _CheckedStream(stream, path, _KIND.get(compression, compression))
 
 
