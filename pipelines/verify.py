@@ -225,9 +225,9 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
                 return (f"{path}: {entry.source} has more records than the {entry.records} converted; "
                         f"{_rerun(path, entry)}")
         if tokens is not None:
-            counts = storage.read_bytes(path + COUNTS_SUFFIX)
-            if counts != tokens.counts_bytes():
-                return f"{path}{COUNTS_SUFFIX}: the token counts differ from the records' ids; re-run with --force"
+            counts, wanted = storage.read_bytes(path + COUNTS_SUFFIX), tokens.counts_bytes()
+            if counts != wanted:
+                return _counts_differ(path, counts or b"", wanted)
             if entry.token_count is not None and entry.token_count != tokens.total():
                 return (f"{path}: {MANIFEST_NAME} says {entry.token_count:,} tokens, and its records hold "
                         f"{tokens.total():,}; re-run with --force")
@@ -236,6 +236,21 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
     finally:
         reader.close()
     return None
+
+
+def _counts_differ(path: str, counts: bytes, wanted: bytes) -> str:
+    """A shard's token counts file that is not its records' ids counted: the first record it is wrong for."""
+    import numpy as np
+
+    have = np.frombuffer(counts[:len(counts) // 4 * 4], "<u4")
+    want = np.frombuffer(wanted, "<u4")
+    differ = np.flatnonzero(have[:len(want)] != want[:len(have)])
+    if len(differ):
+        i = int(differ[0])
+        where = f"record {i} has {want[i]:,} token ids but its count says {have[i]:,}"
+    else:
+        where = f"it holds {len(counts):,} bytes, {len(wanted):,} for the {len(want):,} records' counts"
+    return f"{path}{COUNTS_SUFFIX}: {where}; {redo(path)}"
 
 
 def _first_unreadable(reader: ArrayRecordReader, start: int, end: int) -> int | None:

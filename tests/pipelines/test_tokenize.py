@@ -172,11 +172,13 @@ def test_verify_deep_tokenises_the_sources_again_and_checks_the_counts(corpus, t
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     counts = tmp_path / "out" / (manifest["shards"][1]["path"] + ".counts")
     damaged = bytearray(counts.read_bytes())
+    first = int.from_bytes(damaged[:4], "little")
     damaged[0] ^= 1
     counts.write_bytes(bytes(damaged))
-    assert verify(str(tmp_path / "out"), deep=True).problems == [
-        f"{tmp_path / 'out' / manifest['shards'][1]['path']}.counts: the token counts differ from the records' ids; "
-        "re-run with --force"]
+    shard = tmp_path / "out" / manifest["shards"][1]["path"]
+    assert verify(str(tmp_path / "out"), deep=True).problems == [  # (it named no record, and advised --force)
+        f"{shard}.counts: record 0 has {first:,} token ids but its count says {first ^ 1:,}; delete {shard} and "
+        "re-run the conversion, which converts it again"]
     counts.write_bytes(bytes(damaged[:-4]))
     assert verify(str(tmp_path / "out")).problems[0].endswith("bytes for 40 records (4 a record); the file is "
                                                               "damaged, re-run the conversion with --force")
