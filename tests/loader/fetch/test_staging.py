@@ -240,7 +240,7 @@ def test_an_interrupted_stage_stops_after_the_copies_under_way_and_records_them(
     monkeypatch.setattr(storage, "download", slow)
     with pytest.raises(KeyboardInterrupt):
         staging.stage(str(local_dataset), str(tmp_path / "copy"), parallelism=2)
-    assert len(started) <= 4  # the queued copies (12 in all) were dropped
+    assert len(started) <= 6  # the queued copies (12 in all) were dropped (those the 2 threads took meanwhile ran)
     monkeypatch.setattr(storage, "download", download)
     again = loader.stage(str(local_dataset), str(tmp_path / "copy"))
     assert again.copied + again.skipped == 12 and again.skipped == len(started) - 1 >= 2
