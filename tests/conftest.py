@@ -66,13 +66,13 @@ def _tfds_build_digits(data_dir: Path, file_format: str) -> Path:
 @pytest.fixture(scope="session")
 def tfds_digits(tmp_path_factory) -> Path:
     """The digits TFDS dataset built with `tfds build --file_format=tfrecord --num_shards 3`."""
-    return _tfds_build_digits(tmp_path_factory.mktemp("tfds"), "tfrecord")
+    return built_once(tmp_path_factory, "tfds", lambda d: _tfds_build_digits(d, "tfrecord"))
 
 
 @pytest.fixture(scope="session")
 def tfds_digits_array_record(tmp_path_factory) -> Path:
     """The digits TFDS dataset as TFDS itself writes ArrayRecord (`--file_format=array_record`)."""
-    return _tfds_build_digits(tmp_path_factory.mktemp("tfds-ar"), "array_record")
+    return built_once(tmp_path_factory, "tfds-ar", lambda d: _tfds_build_digits(d, "array_record"))
 
 
 @pytest.fixture(scope="session")
@@ -104,6 +104,46 @@ def gcs_bucket(gcs_emulator):
     name = f"bucket-{time.monotonic_ns()}"
     client.create_bucket(name)
     return name, client
+
+
+def built_once(tmp_path_factory, name: str, build):
+    """build(directory), a fixture's data, once for the whole run: under pytest-xdist the first worker to ask builds
+    it in the run's directory that every worker shares, and the others wait and take what it returned (paths, or a
+    dict of them), instead of each converting the same data again. Tests read such data, never change it (one that
+    changes it works on a copy)."""
+    import json
+
+    from filelock import FileLock
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / "built-once"
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(shared / f"{name}.lock")):
+        done = shared / f"{name}.json"
+        if done.exists():
+            return _from_json(json.loads(done.read_text()))
+        directory = shared / name
+        shutil.rmtree(directory, ignore_errors=True)  # (a build that failed in another worker)
+        directory.mkdir()
+        value = build(directory)
+        done.write_text(json.dumps(_to_json(value)))
+        return value
+
+
+def _to_json(value):
+    if isinstance(value, Path):
+        return {"path": str(value)}
+    if isinstance(value, dict):
+        return {"dict": {k: _to_json(v) for k, v in value.items()}}
+    assert isinstance(value, str), value
+    return value
+
+
+def _from_json(value):
+    if isinstance(value, dict):
+        return Path(value["path"]) if "path" in value else {k: _from_json(v) for k, v in value["dict"].items()}
+    return value
 
 
 COMPILATION_CACHE_ENV = "TESTS_JAX_COMPILATION_CACHE"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, built_once
 
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md")),
          REPO / "dataflow" / "README.md"]
@@ -150,10 +150,22 @@ def doc_world(tmp_path_factory, tfds_digits, gcs_emulator):
     and `gs://bucket/digits/train`). (`/mnt/` is the scratch directory's `mnt/`.)"""
     from google.cloud import storage as gcs
 
+    root = built_once(tmp_path_factory, "docs_world", lambda directory: _doc_files(directory, tfds_digits))
+    client = gcs.Client()  # (the emulator is this worker's own)
+    for name in ("my-bucket", "bucket"):
+        bucket = client.create_bucket(name)
+    for prefix in ("ds", "digits/train"):
+        for path in (root / "out" / "train").iterdir():
+            if path.is_file():
+                bucket.blob(f"{prefix}/{path.name}").upload_from_filename(str(path))
+    return root
+
+
+def _doc_files(root: Path, tfds_digits: Path) -> Path:
+    """The doc world's files (doc_world)."""
     from pipelines import ConvertConfig, run_conversion
     from pipelines.demo import write_digits_jpeg_tfrecords, write_digits_tfrecords
 
-    root = tmp_path_factory.mktemp("docs_world")
     write_digits_tfrecords(str(root / "raw"), num_shards=2)
     (root / "data" / "exported").mkdir(parents=True)
     for i, shard in enumerate(sorted((root / "raw").glob("digits-train.tfrecord-*"))):
@@ -170,16 +182,9 @@ def doc_world(tmp_path_factory, tfds_digits, gcs_emulator):
                                             output=str(root / "mnt" / "imagenet-ar" / split)),
                               ["--direct_num_workers=1"]).ok
     (root / "demo_out" / "array_record").mkdir(parents=True)
-    (root / "demo_out" / "array_record" / "custom").symlink_to(root / "out")
+    (root / "demo_out" / "array_record" / "custom").symlink_to(Path("..", "..", "out"))  # (a sandbox's own out/)
     (root / "tensorflow_datasets" / "mnist").mkdir(parents=True)
     (root / "tensorflow_datasets" / "mnist" / "3.0.1").symlink_to(tfds_digits)
-    client = gcs.Client()
-    for name in ("my-bucket", "bucket"):
-        bucket = client.create_bucket(name)
-    for prefix in ("ds", "digits/train"):
-        for path in (root / "out" / "train").iterdir():
-            if path.is_file():
-                bucket.blob(f"{prefix}/{path.name}").upload_from_filename(str(path))
     return root
 
 

@@ -4,7 +4,7 @@ import shutil
 import pytest
 
 from pipelines import ConvertConfig, run_conversion
-from tests.conftest import write_tfrecord_shards
+from tests.conftest import built_once, write_tfrecord_shards
 
 SHARD_SIZES = [37, 0, 101, 64, 55]  # uneven, with an empty shard: 257 records
 
@@ -16,12 +16,13 @@ def record(shard: int, i: int) -> bytes:
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory):
     """A dataset converted by the real pipeline: records b'<shard>:<i>' in 5 uneven shards."""
-    root = tmp_path_factory.mktemp("loader-data")
-    write_tfrecord_shards(root / "in", [[record(s, i) for i in range(n)] for s, n in enumerate(SHARD_SIZES)])
-    outcome = run_conversion(ConvertConfig(input=str(root / "in" / "*"), output=str(root / "out")),
-                             ["--direct_num_workers=1"])
-    assert outcome.ok
-    return root / "out"
+    def build(root):
+        write_tfrecord_shards(root / "in", [[record(s, i) for i in range(n)] for s, n in enumerate(SHARD_SIZES)])
+        assert run_conversion(ConvertConfig(input=str(root / "in" / "*"), output=str(root / "out")),
+                              ["--direct_num_workers=1"]).ok
+        return root / "out"
+
+    return built_once(tmp_path_factory, "loader-data", build)
 
 
 @pytest.fixture(scope="session")
@@ -47,11 +48,13 @@ def photos(tmp_path_factory):
     from pipelines import ConvertConfig, run_conversion
     from pipelines.demo import write_photo_tfrecords
 
-    root = tmp_path_factory.mktemp("photos")
-    write_photo_tfrecords(str(root / "in"), 48, num_shards=3)
-    assert run_conversion(ConvertConfig(input=str(root / "in" / "*"), output=str(root / "out")),
-                          ["--direct_num_workers=1"]).ok
-    return root / "out"
+    def build(root):
+        write_photo_tfrecords(str(root / "in"), 48, num_shards=3)
+        assert run_conversion(ConvertConfig(input=str(root / "in" / "*"), output=str(root / "out")),
+                              ["--direct_num_workers=1"]).ok
+        return root / "out"
+
+    return built_once(tmp_path_factory, "photos", build)
 
 
 LENGTHS = [5, 3, 9, 2, 4, 7, 1, 6, 8, 2, 3, 5]  # targets per example; example i's ids are 100*i + 0..n
@@ -82,18 +85,20 @@ def pretokenized(tmp_path_factory):
     --tokenizer`): token ids and .counts files. {name: directory}."""
     from dataset_format import example_proto, tokenizer
 
-    root = tmp_path_factory.mktemp("pretokenized")
-    texts = {name: [f"{name} document {i} says {'word ' * (i % 9)}".encode() for i in range(40)]
-             for name in ("web", "code", "books")}
-    tok = tokenizer.train_bpe([t for ts in texts.values() for t in ts], 300, str(root / "tokenizer.json"))
-    out = {}
-    for name, ts in texts.items():
-        records = [example_proto.encode_example({"text": t}) for t in ts]
-        write_tfrecord_shards(root / "raw" / name, [records[:25], records[25:]])
-        out[name] = str(root / name)
-        assert run_conversion(ConvertConfig(input=str(root / "raw" / name / "*"), output=out[name], tokenizer=tok),
-                              ["--direct_num_workers=1"]).ok
-    return out
+    def build(root):
+        texts = {name: [f"{name} document {i} says {'word ' * (i % 9)}".encode() for i in range(40)]
+                 for name in ("web", "code", "books")}
+        tok = tokenizer.train_bpe([t for ts in texts.values() for t in ts], 300, str(root / "tokenizer.json"))
+        out = {}
+        for name, ts in texts.items():
+            records = [example_proto.encode_example({"text": t}) for t in ts]
+            write_tfrecord_shards(root / "raw" / name, [records[:25], records[25:]])
+            out[name] = str(root / name)
+            assert run_conversion(ConvertConfig(input=str(root / "raw" / name / "*"), output=out[name],
+                                                tokenizer=tok), ["--direct_num_workers=1"]).ok
+        return out
+
+    return built_once(tmp_path_factory, "pretokenized", build)
 
 
 @pytest.fixture(scope="session")

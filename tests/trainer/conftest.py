@@ -9,7 +9,7 @@ import pytest
 
 from pipelines import ConvertConfig, run_conversion
 from pipelines.demo import write_digits_tfrecords
-from tests.conftest import COMPILATION_CACHE_ENV, REPO
+from tests.conftest import COMPILATION_CACHE_ENV, REPO, built_once
 
 
 def convert_splits(root: Path, name: str) -> dict[str, Path]:
@@ -25,9 +25,11 @@ def convert_splits(root: Path, name: str) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory):
     """The digits demo converted by the real pipeline: {'train': dir, 'test': dir}."""
-    root = tmp_path_factory.mktemp("digits")
-    write_digits_tfrecords(str(root / "tfrecord"), num_shards=2)
-    return convert_splits(root, "digits")
+    def build(root):
+        write_digits_tfrecords(str(root / "tfrecord"), num_shards=2)
+        return convert_splits(root, "digits")
+
+    return built_once(tmp_path_factory, "digits", build)
 
 
 @pytest.fixture(scope="session")
@@ -35,13 +37,16 @@ def one_based(tmp_path_factory):
     """The digits as ImageNet ships its labels: 1-based (1..10) in shards named `train-00000-of-00002` and
     `validation-00000-of-00001`, the top label rare (one training record, the last), converted by the real
     pipeline: {'train': dir, 'validation': dir}."""
+    return built_once(tmp_path_factory, "one_based", _one_based)
+
+
+def _one_based(root: Path) -> dict[str, Path]:
     import numpy as np
 
     from dataset_format.example_proto import encode_example
     from pipelines.demo import digits_splits
     from tests.conftest import write_tfrecord_shards
 
-    root = tmp_path_factory.mktemp("one_based")
     out = {}
     for split, (images, labels) in digits_splits().items():
         name = "train" if split == "train" else "validation"
@@ -133,7 +138,10 @@ def trainer_here(*overrides: str, path: Path | None = None) -> subprocess.Comple
 def rich_tfds(tmp_path_factory):
     """A TFDS dataset built by TFDS with Image, ClassLabel, Text, Tensor and Sequence features
     (tests/fixtures/rich_digits), converted by the real pipeline: the converted directory."""
-    root = tmp_path_factory.mktemp("rich")
+    return built_once(tmp_path_factory, "rich", _rich_tfds)
+
+
+def _rich_tfds(root: Path) -> Path:
     subprocess.run([str(Path(sys.executable).with_name("tfds")), "build", "tests/fixtures/rich_digits", "--data_dir",
                     str(root / "tfds"), "--file_format=tfrecord", "--num_shards", "2"],
                    cwd=REPO, check=True, capture_output=True, timeout=300)

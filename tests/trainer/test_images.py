@@ -9,6 +9,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from pipelines.demo import write_digits_jpeg_tfrecords
+from tests.conftest import built_once
 from tests.trainer.conftest import convert_splits, run_trainer, train_here, trainer_here
 
 IMAGENET_KEYS = ("image_key=image/encoded", "label_key=image/class/label", "num_classes=10")
@@ -17,9 +18,11 @@ IMAGENET_KEYS = ("image_key=image/encoded", "label_key=image/class/label", "num_
 @pytest.fixture(scope="session")
 def digits_jpeg(tmp_path_factory):
     """The digits as 32x32 JPEGs in the ImageNet TFRecord layout, converted: {'train': dir, 'test': dir}."""
-    root = tmp_path_factory.mktemp("digits-jpeg")
-    write_digits_jpeg_tfrecords(str(root / "tfrecord"), num_shards=2)
-    return convert_splits(root, "digits-jpeg")
+    def build(root):
+        write_digits_jpeg_tfrecords(str(root / "tfrecord"), num_shards=2)
+        return convert_splits(root, "digits-jpeg")
+
+    return built_once(tmp_path_factory, "digits-jpeg", build)
 
 
 def _metrics(workdir):

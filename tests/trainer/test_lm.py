@@ -11,15 +11,18 @@ import loader
 from pipelines.demo import stdlib_passages, unigram_bits_per_byte, write_text_tfrecords
 from trainer import TrainConfig
 from trainer.tasks import BOS, BYTE_OFFSET, LanguageModel
+from tests.conftest import built_once
 from tests.trainer.conftest import convert_splits, run_trainer, train_here, trainer_here
 
 
 @pytest.fixture(scope="session")
 def stdlib_text(tmp_path_factory):
     """1 MB of stdlib sources as text Examples, converted: {'train': dir, 'test': dir}."""
-    root = tmp_path_factory.mktemp("text")
-    write_text_tfrecords(str(root / "tfrecord"), num_shards=2, max_bytes=1 << 20)
-    return convert_splits(root, "text")
+    def build(root):
+        write_text_tfrecords(str(root / "tfrecord"), num_shards=2, max_bytes=1 << 20)
+        return convert_splits(root, "text")
+
+    return built_once(tmp_path_factory, "text", build)
 
 
 def _metrics(workdir):

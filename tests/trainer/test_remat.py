@@ -95,7 +95,7 @@ def test_the_trainer_trains_with_the_policy_auto_chose(stdlib_text, tmp_path, mo
 
     monkeypatch.setattr(remat, "free_bytes", lambda: free)
     config = TrainConfig(data=str(stdlib_text["train"]), workdir=str(tmp_path), task="lm", seq_len=64, packing=True,
-                         batch_size=8, steps=2, log_every=1, width=32, heads=2, model="transformer_lm")
+                         batch_size=8, steps=2, log_every=1, width=32, depth=1, heads=2, model="transformer_lm")
     with caplog.at_level(logging.INFO):
         train.train_and_evaluate(config)
     chosen = [r for r in caplog.records if r.name == "trainer.remat"]
