@@ -155,7 +155,8 @@ def _copy_records(task, local, writer_options, on_corrupt, on_records, tokens=No
                 if written & 0x3FF == 0:  # check the clock every 1024 records
                     now = time.monotonic()
                     if now - last_log >= _PROGRESS_EVERY_S:
-                        done = f.tell() / source.size if source.size and compression == paths.Compression.UNCOMPRESSED else None
+                        plain = compression == paths.Compression.UNCOMPRESSED
+                        done = f.tell() / source.size if source.size and plain else None
                         log.info("%s: %d records, %.1f MB%s, %.0f records/s", os.path.basename(source.path),
                                  written, raw_bytes / 1e6, f" ({done:.0%})" if done is not None else "",
                                  written / (now - started))

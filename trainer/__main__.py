@@ -124,7 +124,8 @@ def main(argv=None, *, process: bool = False) -> int:
                                                        "(command-line key=value pairs override it)")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=out/train steps=500 strategy=mirrored")
     argv = sys.argv[1:] if argv is None else list(argv)
-    dashed = [a for a in argv if a.startswith("-") and a.lstrip("-").partition("=")[0] not in ("h", "help", "config", "")]
+    options = ("h", "help", "config", "")
+    dashed = [a for a in argv if a.startswith("-") and a.lstrip("-").partition("=")[0] not in options]
     if dashed:  # `--steps=5` or `-steps=5` for `steps=5`: say the form, not argparse's "unrecognized arguments"
         key, _, value = dashed[0].lstrip("-").partition("=")
         print(f"error: {dashed[0]}: keys are written key=value without dashes: {key}={value or 'VALUE'} "
