@@ -301,7 +301,7 @@ def test_every_remat_policy_gives_the_loss_and_gradients_of_none():
     batch = _lm_batch()
 
     def make(remat, kind="blockwise"):
-        return TransformerLM(vocab_size=61, max_len=40, width=16, depth=2, heads=2, attention=kind, remat=remat)
+        return TransformerLM(vocab_size=61, max_len=40, width=16, depth=1, heads=2, attention=kind, remat=remat)
 
     params = run_unoptimised(make("none").init, jax.random.key(0), batch)  # (the same parameters under any remat)
 
@@ -315,7 +315,7 @@ def test_every_remat_policy_gives_the_loss_and_gradients_of_none():
         return run_unoptimised(jax.value_and_grad(loss), params)
 
     base_loss, base_grads = loss_and_grads("none")
-    assert float(base_loss) == pytest.approx(3.50046, abs=1e-4)  # pinned: a change of the model shows here
+    assert float(base_loss) == pytest.approx(3.14845, abs=1e-4)  # pinned: a change of the model shows here
     assert float(loss_and_grads("none", "dense")[0]) == pytest.approx(float(base_loss), abs=1e-5)
     for remat in REMATS[1:]:
         loss, grads = loss_and_grads(remat)
@@ -326,6 +326,7 @@ def test_every_remat_policy_gives_the_loss_and_gradients_of_none():
         remat_policy("sometimes")
 
 
+@pytest.mark.slow  # ~25 s; each policy (test_every_remat_policy...), attention and the layout have default tests
 def test_llamas_layout_gives_the_same_loss_and_gradients_under_remat_and_with_each_attention():
     """Grouped keys and values, rope, RMSNorm and a gated MLP through the remat policies (the projections' names
     after the rotary embedding, both of the MLP's input layers under mlpwi) and the attention kinds."""

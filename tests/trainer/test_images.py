@@ -42,9 +42,11 @@ def _state(workdir):
 
 
 def _run(data, workdir, *extra, devices=1):
-    return run_trainer(f"data={data['train']}", f"eval_data={data['test']}", f"workdir={workdir}", *IMAGENET_KEYS,
-                       "image_size=16", "batch_size=32", "learning_rate=0.01", "model=tests.trainer.bn_model:TinyBN",
-                       *extra, devices=devices)
+    """The trainer on `data` with a small BatchNorm model: in this process on one device, else in a process of its
+    own with `devices` CPU devices."""
+    args = (f"data={data['train']}", f"eval_data={data['test']}", f"workdir={workdir}", *IMAGENET_KEYS, "image_size=16",
+            "batch_size=32", "learning_rate=0.01", "model=tests.trainer.bn_model:TinyBN", *extra)
+    return train_here(*args) if devices == 1 else run_trainer(*args, devices=devices)
 
 
 def test_resnets_have_the_reference_parameter_counts():

@@ -86,7 +86,9 @@ def test_auto_where_devices_report_no_memory_compiles_elementwise_once(compiles,
     assert "remat=auto: elementwise (this backend's devices do not report their memory" in caplog.text
 
 
-@pytest.mark.parametrize("free, policy, compiled", [(1 << 40, "none", 1), (1, "full", 3)], ids=["ample", "none"])
+@pytest.mark.parametrize("free, policy, compiled", [(1 << 40, "none", 1),
+                                                    pytest.param(1, "full", 3, marks=pytest.mark.slow)],
+                         ids=["ample", "none"])  # (none: the order of compiles is the chooser's own tests')
 def test_the_trainer_trains_with_the_policy_auto_chose(stdlib_text, tmp_path, monkeypatch, caplog,  # noqa: F811
                                                        free, policy, compiled):
     """The trainer's own compiles (its state and the first batch it trains on), told of devices with this much free
