@@ -96,7 +96,8 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
 
 def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_dataflow: bool, plan: Plan) -> Outcome:
     log.info("plan: %s", plan.describe())
-    options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks), tokenize=config.tokenizer is not None)
+    options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks), tokenize=config.tokenizer is not None,
+                               input_bytes=sum(_work(t.source) for t in plan.tasks))
     template = dataflow.template_location(options)
     record_bytes = 0
     # A job description is always written when asked for (a Flex Template launcher waits for one),
@@ -176,14 +177,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def pipeline_options(beam_args: list[str], *, num_tasks: int, tokenize: bool = False) -> PipelineOptions:
+def pipeline_options(beam_args: list[str], *, num_tasks: int, tokenize: bool = False,
+                     input_bytes: int | None = None) -> PipelineOptions:
     """Beam options as given; on Dataflow, our package shipped to the workers (`pipelines.dataflow`);
-    on the DirectRunner, one worker process per core by default, one when tokenising.
+    on the DirectRunner, one worker process per core by default (at most one per BYTES_PER_WORKER of input), one when
+    tokenising.
 
     The ArrayRecord writer holds the GIL, so threads do not convert two shards at once;
-    processes do (see docs/benchmarks.md for the measurements behind this default). A tokenising conversion is
-    bound by the tokenizer, whose batch call already runs on every core: a second process only contends with it
-    (0.59x a bare loop of the tokenizer with two, 0.81x with one: benchmarks/tokenize_bench.py).
+    processes do (see docs/benchmarks.md for the measurements behind this default). A worker process costs ~2 s to
+    start (it imports Beam), what one process converts ~70 MB in: below BYTES_PER_WORKER a second one costs more
+    than it saves, and a small conversion runs in this process (0.4 s for 4 shards of 0.1 MB, against 6 s with two
+    worker processes). A tokenising conversion is bound by the tokenizer, whose batch call already runs on every
+    core: a second process only contends with it (0.59x a bare loop of the tokenizer with two, 0.81x with one:
+    benchmarks/tokenize_bench.py).
     """
     options = PipelineOptions(beam_args)
     if dataflow.is_dataflow(options):
@@ -192,11 +198,21 @@ def pipeline_options(beam_args: list[str], *, num_tasks: int, tokenize: bool = F
     direct = options.view_as(DirectOptions)
     chosen = any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in beam_args)
     if runner in (None, "DirectRunner", "direct") and not chosen:
-        workers = 1 if tokenize else min(num_tasks, os.cpu_count() or 1)
+        by_size = num_tasks if input_bytes is None else max(1, input_bytes // BYTES_PER_WORKER)
+        workers = 1 if tokenize else min(num_tasks, os.cpu_count() or 1, by_size)
         if workers > 1:
             direct.direct_num_workers = workers
             direct.direct_running_mode = "multi_processing"
     return options
+
+
+BYTES_PER_WORKER = 96 << 20
+
+
+def _work(source) -> int:
+    """A source's share of the work, in bytes as read: a compressed file's size counts 4 times (its bytes
+    decompress to several, and decompressing is work too)."""
+    return source.size * (1 if source.compression == "uncompressed" else 4)
 
 
 def _runner(options: PipelineOptions):
