@@ -111,7 +111,20 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
 def trainer_here(*overrides: str, path: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m trainer key=value ...` in this process (trainer/__main__.py's main), for runs that end before
     training starts (a bad setting or bad data: exit 2): the same status and output in a fraction of a second, where
-    a fresh process pays ~8 s of imports. `path`: prepended to sys.path while it runs (a user's own modules)."""
+    a fresh process pays ~8 s of imports; its log goes to pytest's capture (caplog). `path`: prepended to sys.path
+    while it runs (a user's own modules)."""
+    return _main_here(overrides, path, logged=False)
+
+
+def train_here(*overrides: str, path: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m trainer key=value ...` run to its end in this process (one device), its log at INFO in `stderr` as
+    the command writes it: the same status and output as run_trainer(...) without a process's ~5 s of imports and
+    compiles. For runs whose test does not need a process of their own (a signal, a kill, several devices, a clean
+    environment). `path`: as trainer_here's."""
+    return _main_here(overrides, path, logged=True)
+
+
+def _main_here(overrides: tuple[str, ...], path: Path | None, logged: bool) -> subprocess.CompletedProcess:
     import contextlib
     import io
     from unittest import mock
@@ -120,17 +133,25 @@ def trainer_here(*overrides: str, path: Path | None = None) -> subprocess.Comple
     from trainer.__main__ import main
 
     out, err = io.StringIO(), io.StringIO()
+    loggers = [logging.getLogger(name) for name in ("", "dataset_format", "pipelines", "loader", "trainer")]
+    levels = [logger.level for logger in loggers]
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(logs, "setup", lambda *a, **k: None))  # keeps pytest's log capture
-        # No root handlers while it runs: an earlier test's in-process CLI may have left one on a stream that is
-        # closed now ("--- Logging error ---"); warnings go to logging's last resort, this stderr, as in a process.
+        if not logged:
+            stack.enter_context(mock.patch.object(logs, "setup", lambda *a, **k: None))  # keeps pytest's log capture
+        # No root handlers while it runs (logs.setup puts its own there, on this stderr): an earlier test's in-process
+        # CLI may have left one on a stream that is closed now ("--- Logging error ---"); without logs.setup, warnings
+        # go to logging's last resort, this stderr, as in a process.
         stack.enter_context(mock.patch.object(logging.getLogger(), "handlers", []))
         stack.enter_context(mock.patch.dict(os.environ, {"TF_CONFIG": ""}))
         if path is not None:
             stack.enter_context(mock.patch.object(sys, "path", [str(path), *sys.path]))
         stack.enter_context(contextlib.redirect_stdout(out))
         stack.enter_context(contextlib.redirect_stderr(err))
-        code = main(list(overrides))
+        try:
+            code = main(list(overrides))
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
     return subprocess.CompletedProcess(["python", "-m", "trainer", *overrides], code, out.getvalue(), err.getvalue())
 
 
@@ -149,36 +170,6 @@ def _rich_tfds(root: Path) -> Path:
     run_conversion(ConvertConfig(input=str(root / "tfds" / "rich_digits" / "1.0.0"), output=str(out)),
                    ["--direct_num_workers=1"])
     return out
-
-
-def train_here(*overrides: str, path: Path | None = None) -> subprocess.CompletedProcess:
-    """`python -m trainer key=value ...` run to its end in this process (one device), its log at INFO in `stderr` as
-    the command writes it: the same status and output as run_trainer(...) without a process's ~5 s of imports and
-    compiles. For runs whose test does not need a process of their own (a signal, a kill, several devices, a clean
-    environment). `path`: prepended to sys.path while it runs (a user's own modules)."""
-    import contextlib
-    import io
-    from unittest import mock
-
-    from trainer.__main__ import main
-
-    out, err = io.StringIO(), io.StringIO()
-    loggers = [logging.getLogger(name) for name in ("", "dataset_format", "pipelines", "loader", "trainer")]
-    levels = [logger.level for logger in loggers]
-    with contextlib.ExitStack() as stack:
-        # logs.setup puts its handler on the root logger's handlers of the moment: these, put back after the run
-        stack.enter_context(mock.patch.object(logging.getLogger(), "handlers", []))
-        stack.enter_context(mock.patch.dict(os.environ, {"TF_CONFIG": ""}))
-        if path is not None:
-            stack.enter_context(mock.patch.object(sys, "path", [str(path), *sys.path]))
-        stack.enter_context(contextlib.redirect_stdout(out))
-        stack.enter_context(contextlib.redirect_stderr(err))
-        try:
-            code = main(list(overrides))
-        finally:
-            for logger, level in zip(loggers, levels):
-                logger.setLevel(level)
-    return subprocess.CompletedProcess(["python", "-m", "trainer", *overrides], code, out.getvalue(), err.getvalue())
 
 
 def run_unoptimised(fn, *args):
