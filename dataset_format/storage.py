@@ -133,7 +133,6 @@ def _retry():
 def _gcs_errors(path: str) -> Iterator[None]:
     """Turns a 403, or a 404 of the bucket, into one line naming the bucket and the object."""
     from google.api_core import exceptions
-
     from google.auth import exceptions as auth_errors
 
     try:
