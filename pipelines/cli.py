@@ -135,7 +135,7 @@ def convert_main(argv: list[str]) -> int:
     _flag(p, "no_wait", "on Dataflow, return once the job is submitted (the job writes the manifest last)")
     _flag(p, "break_lock", "take over the output's lease from a run known to be dead (OUT/.lease.json)")
     args, beam_args = p.parse_known_args(argv)
-    unknown = unknown_beam_flags(beam_args)
+    unknown = unknown_beam_flags(beam_args) if beam_args else []  # (none given: no Beam imported to say so)
     flags = [a for a in unknown if a.startswith("-")]
     if flags:  # Beam would drop them with a warning: a misspelled --tokenizer would convert untokenised
         p.error(f"unrecognized arguments: {' '.join(flags)} (neither a flag of convert, listed by --help, nor a Beam "

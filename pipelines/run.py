@@ -12,15 +12,11 @@ import logging
 import os
 import time
 
-import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
-
 from dataset_format import storage
 from dataset_format.lease import LEASE_NAME, Lease
 from dataset_format.manifest import Manifest
 from pipelines import commits, dataflow, report, tokens, tasks as shard_tasks
 from pipelines.config import ConvertConfig
-from pipelines.convert import ConvertToArrayRecord, finalize
 from pipelines.plan import Plan, make_plan, read_manifest
 from pipelines.progress import Progress
 from pipelines.shard import LOCAL_TEMP_PREFIX
@@ -76,7 +72,7 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
     `wait` is False or the options ask for a job description (`--template_location`), once the
     job is launched. A local run holds the output's lease throughout (dataset_format/lease.py)."""
     started = time.monotonic()
-    on_dataflow = dataflow.is_dataflow(PipelineOptions(beam_args or []))
+    on_dataflow = bool(beam_args) and dataflow.is_dataflow(_options(beam_args))
     if on_dataflow:
         dataflow.check_remote_paths(config.input, config.output, config.tokenizer)
     # reads only: bad input fails here, before anything is written (a local run plans again, as the lease holder)
@@ -96,6 +92,10 @@ def run_conversion(config: ConvertConfig, beam_args: list[str] | None = None, *,
 
 def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_dataflow: bool, plan: Plan) -> Outcome:
     log.info("plan: %s", plan.describe())
+    import apache_beam as beam  # (here: a conversion that stops at its plan, a bad input, imports no Beam)
+
+    from pipelines.convert import ConvertToArrayRecord, finalize
+
     options = pipeline_options(beam_args or [], num_tasks=len(plan.tasks), tokenize=config.tokenizer is not None,
                                input_bytes=sum(_work(t.source) for t in plan.tasks))
     template = dataflow.template_location(options)
@@ -191,7 +191,9 @@ def pipeline_options(beam_args: list[str], *, num_tasks: int, tokenize: bool = F
     core: a second process only contends with it (0.59x a bare loop of the tokenizer with two, 0.81x with one:
     benchmarks/tokenize_bench.py).
     """
-    options = PipelineOptions(beam_args)
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    options = _options(beam_args)
     if dataflow.is_dataflow(options):
         dataflow.ship_package(options)
     runner = options.view_as(StandardOptions).runner
@@ -215,9 +217,17 @@ def _work(source) -> int:
     return source.size * (1 if source.compression == "uncompressed" else 4)
 
 
+def _options(beam_args: list[str]) -> PipelineOptions:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return PipelineOptions(beam_args)
+
+
 def _runner(options: PipelineOptions):
     """The FnApiRunner for local runs (what the DirectRunner picks for batch after trying to
     download Prism); otherwise None, so that Beam builds the runner that --runner names."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
     if options.view_as(StandardOptions).runner in (None, "DirectRunner", "direct"):
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
@@ -226,6 +236,8 @@ def _runner(options: PipelineOptions):
 
 
 def _counter(result, name: str) -> int:
+    import apache_beam as beam
+
     try:
         counters = result.metrics().query(beam.metrics.MetricsFilter().with_name(name))["counters"]
     except Exception:  # noqa: BLE001 - some runners do not report metrics; the summary then omits them
