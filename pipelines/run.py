@@ -15,7 +15,7 @@ import time
 from dataset_format import storage
 from dataset_format.lease import LEASE_NAME, Lease
 from dataset_format.manifest import Manifest
-from pipelines import commits, dataflow, report, tokens, tasks as shard_tasks
+from pipelines import commits, dataflow, paths, report, tokens, tasks as shard_tasks
 from pipelines.config import ConvertConfig
 from pipelines.plan import Plan, make_plan, read_manifest
 from pipelines.progress import Progress
@@ -214,7 +214,7 @@ BYTES_PER_WORKER = 96 << 20
 def _work(source) -> int:
     """A source's share of the work, in bytes as read: a compressed file's size counts 4 times (its bytes
     decompress to several, and decompressing is work too)."""
-    return source.size * (1 if source.compression == "uncompressed" else 4)
+    return source.size * (1 if source.compression == paths.Compression.UNCOMPRESSED else 4)
 
 
 def _options(beam_args: list[str]) -> PipelineOptions:
