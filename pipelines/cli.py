@@ -144,11 +144,25 @@ def convert_main(argv: list[str]) -> int:
         p.error(f"{len(unknown)} argument(s) that no flag takes: {' '.join(unknown[:3])}"
                 f"{' ...' if len(unknown) > 3 else ''}; if the shell expanded an --input glob, quote it "
                 f"(--input '{os.path.dirname(args.input) or '.'}/...*'), so that every file it matches is converted")
+    _needs_beam()
     from pipelines.run import run_conversion
 
     outcome = run_conversion(_config(args), beam_args, wait=not args.no_wait, break_lock=args.break_lock)
     print(outcome.summary())
     return 0 if outcome.ok else 1
+
+
+def _needs_beam() -> None:
+    """A conversion imports Beam once its plan is made: an install without it is said before the plan, by the
+    extras' one line (pipelines/__main__.py), without importing it."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("apache_beam") is not None
+    except ValueError:  # (in sys.modules as None: made unimportable)
+        found = False
+    if not found:
+        raise ModuleNotFoundError("No module named 'apache_beam'", name="apache_beam")
 
 
 def _beam_parser():
