@@ -143,7 +143,7 @@ def bench_main(args) -> int:
     setting = it.worker_setting()
     report = it.stage_times().report(elapsed, compute_cores=loader_cores(), setting=setting,
                                      tuned=args.workers == "auto", idle=_idle_share(idle, elapsed),
-                                     tokens=_tokens(args))
+                                     **_facts(args))
     it.close()  # also ends the worker processes, whose peak RSS is then counted below
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -161,14 +161,19 @@ def bench_main(args) -> int:
     return 0
 
 
-def _tokens(args) -> bool:
-    """Whether the benched records are token ids (a pre-tokenized dataset decoded by default)."""
+def _facts(args) -> dict:
+    """What the report's advice needs of the benched data: whether its records are token ids (a pre-tokenized dataset
+    decoded by default), and its first shard's compression."""
     import loader
+    from loader.executors.stages import codec_of
+    from loader.format.arrayrecord import read_footer
 
-    if args.decode != "auto":
-        return False
     source = loader.resolve(args.source, split=args.split, allow_incomplete=args.allow_incomplete)
-    return source.tokens_dtype is not None
+    try:
+        codec = codec_of(read_footer(source.paths[0], source.shard_bytes[0]).writer_options)
+    except (OSError, ValueError, TypeError):  # (sizes not known, a file our reader does not read: general advice)
+        codec = None
+    return {"tokens": args.decode == "auto" and source.tokens_dtype is not None, "codec": codec}
 
 
 LONG_WAIT = 0.1  # seconds: the paced bench lists every wait longer than this
@@ -212,7 +217,7 @@ def _paced(it, args, first: float, unit: str) -> int:
     after = waits[args.start + 1:]
     report = it.stage_times().report(end - steady, compute_cores=loader_cores(), setting=setting,
                                      tuned=args.workers == "auto", waited=after.sum() / (end - steady),
-                                     idle=_idle_share(idle, end - steady), tokens=_tokens(args))
+                                     idle=_idle_share(idle, end - steady), **_facts(args))
     it.close()
     asked = args.batch_size / step
 
@@ -371,8 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         args.decode = None
     try:
         return args.fn(args)
-    except (FileNotFoundError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, OSError) as e:  # (loader.load's advice, said in this command's flags)
+        print(f"error: {str(e).replace('decode=None', '--decode none').replace('another decode=', 'another --decode')}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # (a stage records what it copied: the same command resumes it)
         print("interrupted" + (": the same command resumes the staging, skipping what was copied"

@@ -241,9 +241,7 @@ def verify_main(argv: list[str]) -> int:
     result = verify(args.output, deep=args.deep)
     for problem in result.problems:
         print(f"PROBLEM: {problem}")
-    gone = [s for s in result.stale if s.endswith(" (gone)")]
-    unlisted = [s for s in result.stale if " (cannot be listed: " in s]
-    behind = [s for s in result.stale if s not in gone and s not in unlisted]
+    gone, unlisted, behind = ([s for s in result.stale if s.kind == kind] for kind in ("gone", "unlisted", "changed"))
     if unlisted:
         print(f"note: {len(unlisted)} source directory(ies) cannot be listed from this host (e.g. {unlisted[0]}): "
               "whether their sources changed since the conversion is not known")

@@ -26,13 +26,25 @@ log = logging.getLogger(__name__)
 _BATCH = 1024
 
 
+@dataclasses.dataclass(frozen=True)
+class Stale:
+    """A source behind its shard: `kind` is "changed" (another fingerprint), "gone", or "unlisted" (its directory
+    cannot be listed from this host, `why`)."""
+    path: str
+    kind: str
+    why: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.path} (cannot be listed: {self.why})" if self.kind == "unlisted" else f"{self.path} ({self.kind})"
+
+
 @dataclasses.dataclass
 class VerifyResult:
     shards: int = 0
     records: int = 0
     problems: list[str] = dataclasses.field(default_factory=list)
     # sources changed or gone since their shard was converted: the output is whole, but behind its input
-    stale: list[str] = dataclasses.field(default_factory=list)
+    stale: list[Stale] = dataclasses.field(default_factory=list)
     # a staged copy (`loader stage`): where it was staged from, and its shards that changed there since
     staged_from: str | None = None
     restage: list[str] = dataclasses.field(default_factory=list)
@@ -90,7 +102,7 @@ def _restage(output: str, entries) -> tuple[str | None, list[str]]:
     return source, [e.path for e in entries if e.path in now and copied.get(e.path) != now[e.path][1]]
 
 
-def stale_sources(entries) -> list[str]:
+def stale_sources(entries) -> list[Stale]:
     """The sources of `entries` that changed (another fingerprint) or are gone since they were converted: one listing
     of each source directory (one request a directory on gs://), no file read. A directory that cannot be listed is
     said as such, not as its sources gone."""
@@ -103,9 +115,9 @@ def stale_sources(entries) -> list[str]:
         try:
             found = {f.path: f for f in paths.list_files(directory)}
         except (OSError, ValueError) as e:
-            stale.append(f"{directory} (cannot be listed: {str(e).splitlines()[0][:200]})")
+            stale.append(Stale(directory, "unlisted", str(e).splitlines()[0][:200]))
             continue
-        stale += [f"{source} ({'gone' if source not in found else 'changed'})" for source, e in group
+        stale += [Stale(source, "gone" if source not in found else "changed") for source, e in group
                   if source not in found or not found[source].matches(e.source_fingerprint)]
     return stale
 

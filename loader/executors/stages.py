@@ -82,13 +82,28 @@ class StageTimes:
 
     def report(self, elapsed: float | None = None, compute_cores: float | None = None,
                setting: str | None = None, tuned: bool = False, waited: float | None = None,
-               idle: float | None = None, tokens: bool = False) -> Report:
+               idle: float | None = None, tokens: bool = False, codec: str | None = None) -> Report:
         elapsed = time.perf_counter() - self.started if elapsed is None else elapsed
-        return Report(self, elapsed, compute_cores, setting, tuned, waited, idle, tokens)
+        return Report(self, elapsed, compute_cores, setting, tuned, waited, idle, tokens, codec)
 
 
 GROW_WAIT = 0.03  # the caller waiting more than this share of the time asks worker_count="auto" for more workers
 STEADY_SECONDS = 1.0  # a timed window shorter than this has no steady rate (the read-ahead served much of it)
+
+
+def codec_of(writer_options: str) -> str:
+    """The compression named in an ArrayRecord file's writer options ("group_size:1,...,snappy,..."): "snappy",
+    "zstd", "brotli" or "uncompressed" (riegeli's default, brotli, where none is named)."""
+    names = {option.split(":", 1)[0] for option in writer_options.split(",")}
+    return next((codec for codec in ("uncompressed", "snappy", "zstd", "brotli") if codec in names), "brotli")
+
+
+def _cheaper_read(codec: str | None) -> str:
+    if codec == "uncompressed":
+        return "nothing cheaper to read: the shards are uncompressed already"
+    if codec == "snappy":
+        return "uncompressed shards (convert --compression uncompressed: nothing to decompress, larger files)"
+    return "a faster codec at conversion (convert --compression snappy: it decompresses faster than zstd)"
 
 
 @dataclasses.dataclass
@@ -106,6 +121,7 @@ class Report:
     # measured; None: taken as what the loader's own CPU time leaves
     idle: float | None = None
     tokens: bool = False  # the records are token ids (a pre-tokenized dataset): one feature, nothing to select
+    codec: str | None = None  # the shards' compression (codec_of: "snappy", "zstd", ...); None: not known
 
     def per_record_ms(self) -> dict[str, float]:
         n = max(1, self.times.records)
@@ -140,7 +156,7 @@ class Report:
         if busy is not None and self.idle is not None:  # the host's: what other processes use is not idle
             busy = max(busy, 1 - self.idle)
         share = t.cpu[largest] / max(work, 1e-12)
-        cheaper = {"read": "a faster codec at conversion (snappy decompresses faster than zstd)",
+        cheaper = {"read": _cheaper_read(self.codec),
                    "decode": "decode only the features you need (features=)",
                    "map": "a cheaper map function",
                    "collate": "fewer or smaller features (features=)",

@@ -28,16 +28,18 @@ def test_inspect_and_bench(converted):
 
 
 def test_bench_knows_token_records_from_the_manifest(pretokenized, converted):
-    """Its advice for token ids names no features= (they are one feature, in the narrowest integer type)."""
+    """Its advice for token ids names no features= (they are one feature, in the narrowest integer type); for reads,
+    a codec cheaper than the shards' own (from the first shard's footer)."""
     import argparse
 
-    from loader.cli import _tokens
+    from loader.cli import _facts
 
     def args(source, decode="auto"):
         return argparse.Namespace(source=source, decode=decode, split=None, allow_incomplete=False)
 
-    assert [_tokens(args(pretokenized["web"])), _tokens(args(pretokenized["web"], "none")),
-            _tokens(args(str(converted)))] == [True, False, False]
+    assert [_facts(args(pretokenized["web"])), _facts(args(pretokenized["web"], None)),
+            _facts(args(str(converted)))] == [{"tokens": True, "codec": "snappy"}, {"tokens": False, "codec": "snappy"},
+                                              {"tokens": False, "codec": "snappy"}]
 
 
 def test_inspect_prints_each_features_range(photos, converted, capsys):
@@ -163,6 +165,10 @@ def test_inspect_of_records_that_are_not_examples_says_to_pass_decode_none(conve
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         f"error: record 0 of {converted} does not decode as --decode example (DecodeError: ")
     assert main(["inspect", str(converted), "--decode", "none"]) == 0
+    # bench: loader.load's advice in the command's own flags (it said `decode=None`)
+    assert main(["bench", str(converted), "--decode", "example", "--start", "0", "--batches", "1"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and error.endswith("; pass --decode none for raw bytes, or another --decode"), error
 
 
 def test_help_describes_every_command(capsys):

@@ -40,8 +40,8 @@ def test_convert_then_verify(tmp_path):
 
     manifest = json.loads((out / "manifest.json").read_text())
     entries = [ShardEntry.from_json({**e, "source": os.path.relpath(e["source"])}) for e in manifest["shards"]]
-    assert stale_sources(entries) == [f"{source} (changed)", f"{tmp_path / 'in' / 'train-00002-of-00003.tfrecord'} "
-                                                             "(gone)"]
+    assert [str(s) for s in stale_sources(entries)] == [
+        f"{source} (changed)", f"{tmp_path / 'in' / 'train-00002-of-00003.tfrecord'} (gone)"]
 
     (out / "train-00001-of-00003.array_record").write_bytes(b"")
     bad = run_cli("verify", "--output", str(out))

@@ -131,6 +131,26 @@ def test_transfer_is_named_only_where_workers_hand_groups_over_and_auto_is_not_t
         "timed over 0.20 s only: too short for a steady figure (take more batches)"
 
 
+def test_read_bound_advice_follows_the_shards_codec():
+    """A read-bound report advises a cheaper codec than the shards': snappy for zstd (or unknown), uncompressed for
+    snappy, and nothing for uncompressed shards (it advised snappy on snappy data)."""
+    from loader.executors.stages import StageTimes, codec_of
+
+    assert [codec_of(o) for o in ("group_size:1,transpose:false,pad_to_block_boundary:false,snappy,max_parallelism:1",
+                                  "group_size:1,zstd:3", "uncompressed,group_size:1", "group_size:1",
+                                  "brotli:6,window_log:20")] == ["snappy", "zstd", "uncompressed", "brotli", "brotli"]
+    times = StageTimes(groups=10, records=1000, take=0.01, wait=0.5)
+    times.cpu.update(read=0.3, decode=0.1)
+    advice = {codec: times.report(elapsed=1.0, compute_cores=4, setting="threads here", codec=codec).bound()[1]
+              for codec in (None, "zstd", "snappy", "uncompressed")}
+    assert advice[None] == advice["zstd"] == (
+        "read is 75% of the work; 90% of the cores idle: more workers (worker_count=, or \"auto\"), or a faster codec "
+        "at conversion (convert --compression snappy: it decompresses faster than zstd)")
+    assert advice["snappy"].endswith(", or uncompressed shards (convert --compression uncompressed: nothing to "
+                                     "decompress, larger files)")
+    assert advice["uncompressed"].endswith(", or nothing cheaper to read: the shards are uncompressed already")
+
+
 def test_a_caller_slower_than_the_loader_is_what_bounds_it(converted):
     it = iter(loader.load(str(converted), **{**OPTIONS, "num_epochs": 1}))
     next(it)
