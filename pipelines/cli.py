@@ -346,9 +346,15 @@ def tokenizer_main(argv: list[str]) -> int:
     add_training_arguments(p)
     args = p.parse_args(argv)
     check_training_arguments(args)
+    from pipelines.paths import ConvertedInput
     from pipelines.text_sample import sample_texts
 
-    sample = sample_texts(args.input, args.text_key, int(args.max_bytes), args.seed)
+    try:
+        sample = sample_texts(args.input, args.text_key, int(args.max_bytes), args.seed)
+    except ConvertedInput as e:  # (its text is there, in ArrayRecord: trainer.tokenizer reads converted datasets)
+        raise ValueError(f"--input {e.path} is a converted dataset (it holds a manifest), and this command reads "
+                         f"TFRecords: `python -m trainer.tokenizer {e.path}` with the same options trains one on its "
+                         "text") from None
     if not sample.texts:
         raise ValueError(f"--input {' '.join(args.input)}: its {sample.shards:,} shard(s) hold no records, so there is "
                          "no text to train a tokenizer on")

@@ -27,6 +27,14 @@ log = logging.getLogger(__name__)
 _READ_BUFFER = 1 << 20
 
 
+class ConvertedInput(FileNotFoundError):
+    """An input that is a converted output (it holds a manifest), not TFRecord shards: `path`."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(message)
+        self.path = path
+
+
 class Compression:
     """Beam's CompressionTypes (the same strings, which Beam's FileSystems takes), without importing Beam (~3 s)
     where no pipeline runs: `verify`, `status`, `plan`, a local listing."""
@@ -301,9 +309,9 @@ def _directory_inputs(path: str) -> list[InputFile] | None:
     if not tfrecords:
         names = [basename(f.path) for f in found]
         if MANIFEST_NAME in names:
-            raise FileNotFoundError(f"input directory {path!r} is a converted output (it holds {MANIFEST_NAME}): it "
-                                    f"needs no conversion; load it as it is (loader.load({path!r}), python -m trainer "
-                                    f"data={path}), or pass the TFRecords it was converted from as --input")
+            raise ConvertedInput(path, f"input directory {path!r} is a converted output (it holds {MANIFEST_NAME}): "
+                                       f"it needs no conversion; load it as it is (loader.load({path!r}), python -m "
+                                       f"trainer data={path}), or pass the TFRecords it was converted from as --input")
         hint = _tfds_hint(path)
         if hint is not None:
             raise FileNotFoundError(hint)

@@ -89,6 +89,17 @@ def test_a_bad_flag_is_one_line(shards, tmp_path, capsys, argv, message):
     assert err.startswith("error: ") and message in err, err
 
 
+def test_a_converted_input_is_sent_to_the_tokenizer_that_reads_it(tmp_path, capsys):
+    """A converted directory's text is in ArrayRecord: trainer.tokenizer reads it (the error said to load it, or to
+    pass the TFRecords)."""
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "manifest.json").write_text("{}")
+    assert cli.main(["tokenizer", "--input", str(tmp_path / "ds"), "--output", str(tmp_path / "t.json")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --input {tmp_path / 'ds'} is a converted dataset (it holds a manifest), and this command reads "
+        f"TFRecords: `python -m trainer.tokenizer {tmp_path / 'ds'}` with the same options trains one on its text")
+
+
 def test_empty_shards_train_no_tokenizer(tmp_path, capsys):
     for s in range(2):
         (tmp_path / f"text.tfrecord-{s:05d}-of-00002").write_bytes(b"")
