@@ -117,13 +117,18 @@ def _client_for(pid: int, emulator: str | None):  # one per process (forked work
     return client
 
 
-@functools.cache
 def _retry():
+    """A Retry for one call (its errors are said once a kind; the later ones of that call at debug level)."""
     from google.api_core.retry import Retry
     from google.cloud.storage.retry import _should_retry  # 408, 429, 5xx, connection resets and timeouts
 
+    said: set[str] = set()
+
     def on_error(exc: Exception) -> None:
-        log.warning("Cloud Storage: %s; retrying", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        kind = type(exc).__name__
+        log.log(logging.DEBUG if kind in said else logging.WARNING, "Cloud Storage: %s; retrying for up to %.0f s "
+                "(not said again for this request)", str(exc).splitlines()[0] if str(exc) else kind, RETRY_SECONDS)
+        said.add(kind)
 
     return Retry(predicate=_should_retry, initial=0.25, maximum=16.0, multiplier=2.0, timeout=RETRY_SECONDS,
                  on_error=on_error)
