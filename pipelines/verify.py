@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import logging
 
+import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from dataset_format import staged, storage, tfds_info
@@ -65,22 +66,31 @@ def verify(output: str, *, deep: bool = False) -> VerifyResult:
     for failure in manifest.failed:
         result.problems.append(f"{failure['source']}: failed to convert: {failure['error']}")
     sizes = storage.list_sizes(output)  # one listing for all shards (one request on gs://)
-    spec = None
+    spec, unloadable = None, None  # the conversion's tokenizer, or why it does not load (then nothing is compared)
     if manifest.tokens is not None and deep:
-        spec, problem = _tokenize_spec(manifest.tokens)
-        if problem:
-            result.problems.append(problem)
-            deep = False
+        spec, unloadable = _tokenize_spec(manifest.tokens)
+    itemsize = np.dtype(manifest.tokens["dtype"]).itemsize if manifest.tokens is not None else None
+    blocked = False  # a source in reach, not compared for want of the tokenizer
     for i, entry in enumerate(manifest.shards):
         path = storage.join(output, entry.path)
         problem = _check_shard(path, entry, sizes.get(entry.path)) or (
-            _check_counts(path, entry, sizes.get(entry.path + COUNTS_SUFFIX)) if manifest.tokens else None) or (
-            _deep_check(path, entry, spec, result) if deep else None)
+            _check_counts(path, entry, sizes.get(entry.path + COUNTS_SUFFIX)) if manifest.tokens else None)
+        if deep and not problem:
+            reachable = _reachable(entry.source)
+            if reachable and unloadable is None:
+                problem = _compare_records(path, entry, spec)
+            else:
+                blocked |= reachable
+                result.uncompared.append(f"{path} (its tokenizer {manifest.tokens['tokenizer']} does not load)"
+                                         if reachable else f"{path} (its source {entry.source} is gone or out of reach)")
+                problem = _read_all(path, entry, itemsize)
         if problem:
             result.problems.append(problem)
         result.shards += 1
         result.records += entry.records
         log.info("[%d/%d] %s: %s", i + 1, len(manifest.shards), entry.path, problem or "ok")
+    if blocked:
+        result.problems.append(unloadable)
     if manifest.kind == "tfds":
         result.problems.extend(_check_tfds_info(output, manifest.shards))
     result.stale = stale_sources(manifest.shards)
@@ -179,30 +189,41 @@ def _rerun(path: str, entry: ShardEntry) -> str:
     return "re-run the conversion with --force"
 
 
-def _deep_check(path: str, entry: ShardEntry, spec: TokenizeSpec | None, result: VerifyResult) -> str | None:
-    """Every record compared with its source's; where the source is gone or out of reach (a staged copy on a
-    training host), every record read, which checks its chunk's hash: a damaged shard is found either way."""
+def _reachable(source: str) -> bool:
     try:
-        reachable = storage.exists(entry.source)
+        return storage.exists(source)
     except (OSError, ValueError):  # (no credentials for a gs:// source, no network)
-        reachable = False
-    if reachable:
-        return _compare_records(path, entry, spec)
-    result.uncompared.append(f"{path} (its source {entry.source})")
+        return False
+
+
+def _read_all(path: str, entry: ShardEntry, itemsize: int | None) -> str | None:
+    """Every record read, which checks its chunk's hash (a damaged shard is found without its source: a staged copy
+    on a training host); a pre-tokenized shard's (`itemsize`: its token ids') counts checked against its records."""
     try:
         reader = ArrayRecordReader(path, "readahead_buffer_size:16M")
     except RuntimeError as e:  # riegeli's errors: a damaged footer or index
         return _corrupt(path, e)
+    lengths = []
     try:
         for start in range(0, entry.records, _BATCH):
             end = min(start + _BATCH, entry.records)
             try:
-                reader.read(start, end)
+                records = reader.read(start, end)
             except RuntimeError as e:
                 return _corrupt(path, e, _first_unreadable(reader, start, end))
+            lengths += map(len, records)
     finally:
         reader.close()
-    return None
+    if itemsize is None:
+        return None
+    lengths = np.asarray(lengths, np.int64)
+    odd = np.flatnonzero(lengths % itemsize)
+    if len(odd):
+        return (f"{path}: record {int(odd[0])} holds {int(lengths[odd[0]])} bytes, not a whole number of "
+                f"{itemsize}-byte token ids; {redo(path)}")
+    wanted = (lengths // itemsize).astype("<u4").tobytes()
+    counts = storage.read_bytes(path + COUNTS_SUFFIX) or b""
+    return _counts_differ(path, counts, wanted) if counts != wanted else None
 
 
 def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = None) -> str | None:
@@ -252,8 +273,6 @@ def _compare_records(path: str, entry: ShardEntry, spec: TokenizeSpec | None = N
 
 def _counts_differ(path: str, counts: bytes, wanted: bytes) -> str:
     """A shard's token counts file that is not its records' ids counted: the first record it is wrong for."""
-    import numpy as np
-
     have = np.frombuffer(counts[:len(counts) // 4 * 4], "<u4")
     want = np.frombuffer(wanted, "<u4")
     differ = np.flatnonzero(have[:len(want)] != want[:len(have)])

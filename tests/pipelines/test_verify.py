@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 
+from dataset_format.manifest import redo
 from pipelines import ConvertConfig, run_conversion
 from tests.conftest import synthetic_records, write_tfrecord_shards
 
@@ -26,8 +27,9 @@ def test_deep_reads_every_shard_whose_source_is_gone_and_finds_the_damaged_one(s
 
     assert verify_main(["--output", str(sourceless), "--deep"]) == 0
     out = capsys.readouterr().out
-    assert "note: 3 shard(s) were read whole, each chunk's hash checked, but not compared with their sources, which " \
-           "are gone or out of reach (e.g. " in out and "PROBLEM" not in out, out
+    assert ("note: 3 shard(s) were read whole, each chunk's hash checked (and a pre-tokenized shard's token counts), but "
+            f"not compared with their sources (e.g. {sourceless / 'train-00000-of-00003.array_record'} (its source ") \
+        in out and " is gone or out of reach))" in out and "PROBLEM" not in out, out
     assert "0 problem(s)" in out
     shard = sourceless / "train-00001-of-00003.array_record"
     data = bytearray(shard.read_bytes())
@@ -70,6 +72,44 @@ def test_sources_on_gcs_without_credentials_are_said_and_not_waited_for(sourcele
             "listed: gs:// paths need Google Cloud credentials, and none were found: run `gcloud auth "
             "application-default login`") in out, out
     assert "note: 3 shard(s) were read whole" in out
+
+
+def test_deep_checks_a_pretokenized_shards_counts_without_its_sources_or_tokenizer(tmp_path, capsys):
+    """A staged pre-tokenized copy on a training host has neither its sources nor its tokenizer: --deep stopped at
+    "the tokenizer does not load" (a PROBLEM, exit 1) and read nothing. Its records are read and each shard's counts
+    checked against them (their ids counted), which finds a wrong count of the right size."""
+    import numpy as np
+
+    from dataset_format import example_proto
+    from dataset_format import tokenizer as tokenizers
+    from pipelines.cli import verify_main
+
+    texts = [f"document {i} says {'word ' * (i % 7)}".encode() for i in range(60)]
+    write_tfrecord_shards(tmp_path / "in", [[example_proto.encode_example({"text": t}) for t in texts[:30]],
+                                            [example_proto.encode_example({"text": t}) for t in texts[30:]]])
+    tok = tokenizers.train_bpe(texts, 300, str(tmp_path / "tokenizer.json"))
+    out = tmp_path / "out"
+    assert run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(out), tokenizer=tok),
+                          ["--direct_num_workers=1"]).ok
+    (tmp_path / "tokenizer.json").rename(tmp_path / "moved.json")
+    assert verify_main(["--output", str(out), "--deep"]) == 1  # its sources are here: not comparing them is a problem
+    said = capsys.readouterr().out
+    assert f"PROBLEM: cannot compare tokenised records: the tokenizer {tok} does not load" in said, said
+    assert f"(e.g. {out / 'train-00000-of-00002.array_record'} (its tokenizer {tok} does not load))" in said, said
+
+    shutil.rmtree(tmp_path / "in")
+    assert verify_main(["--output", str(out), "--deep"]) == 0
+    assert "note: 2 shard(s) were read whole" in capsys.readouterr().out
+    counts_path = out / "train-00001-of-00002.array_record.counts"
+    counts = np.fromfile(counts_path, "<u4")
+    right = int(counts[4])
+    counts[4] += 1
+    counts.tofile(counts_path)
+    assert verify_main(["--output", str(out)]) == 0  # the right size: only the records tell
+    assert verify_main(["--output", str(out), "--deep"]) == 1
+    problems = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PROBLEM")]
+    assert problems == [f"PROBLEM: {counts_path}: record 4 has {right:,} token ids but its count says {right + 1:,}; "
+                        f"{redo(str(out / 'train-00001-of-00002.array_record'))}"], problems
 
 
 def _without_credentials(monkeypatch, tmp_path):
