@@ -22,7 +22,7 @@ from loader.executors.handout import End, HostBatches, WorkerControls, close_at_
 from loader.executors.padding import handed_out
 from loader.executors.stages import Group, Stopwatch
 from loader.planning.batches import FOREVER
-from loader.planning.state import check, said_new_batch_size
+from loader.planning.state import check, check_kind, said_new_batch_size
 from loader.planning.packing import (KEY_PRESETS, ROW_KEYS, START, WINDOW, Job, Layout, PackedPlan, Packing, Position,
                                       row_keys)
 
@@ -317,6 +317,7 @@ class PackedIterator(WorkerControls, Iterator):
         key = self._loader.state_key()
         if state.get("counts") is not None and state.get("counts") == self._loader.counts.legacy:
             key["counts"] = state["counts"]  # (saved by an earlier release, which named the counts by their paths)
+        check_kind(state, "a packed loader of one source", "this packed loader")
         check(state, key, "the packed loader's state")  # (another batch_size: rows read on)
         said_new_batch_size(state, self._loader.plan.batch_size)
         position = state.get("position")

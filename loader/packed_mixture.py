@@ -24,7 +24,7 @@ import numpy as np
 from loader.packed import Inputs, Jobs, PackedIterator, PackedLoader
 from loader.planning.mixture import MixturePlan, component_seed, COMPONENT_KEY
 from loader.planning.packing import Job, Layout, BLOCK, START, WINDOW
-from loader.planning.state import check, said_new_batch_size
+from loader.planning.state import check, check_kind, said_new_batch_size
 
 
 class RowStream:
@@ -140,9 +140,9 @@ class PackedMixtureIterator(PackedIterator):
                 "anchors": anchors}
 
     def set_state(self, state: dict) -> None:
-        if "mixture" not in state or not isinstance(state.get("packing"), dict):
-            raise ValueError("cannot restore this packed mixture from a state saved by another loader (not a packed "
-                             f"mixture's: it has {sorted(state) if isinstance(state, dict) else type(state).__name__})")
+        check_kind(state, "a packed mixture", "this packed mixture")
+        if not isinstance(state.get("packing"), dict):
+            raise ValueError(f"this packed mixture's state is damaged: its 'packing' is {state.get('packing')!r}")
         saved = dict(state["packing"])
         if str(saved.get("counts", "")).startswith("files:"):  # (a state saved when it named the components' files)
             saved["counts"] = "files"

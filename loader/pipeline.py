@@ -45,7 +45,7 @@ from loader.planning import mixture
 from loader.planning.batches import FOREVER, BatchPlan
 from loader.planning.counts import tokenization
 from loader.planning.packing import Packing
-from loader.planning.state import check, said_new_batch_size
+from loader.planning.state import check, check_kind, said_new_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,14 @@ class LoaderConfig:
                              "drop_remainder=False too")
         if (self.shard_index is None) != (self.shard_count is None):
             raise ValueError("pass both shard_index and shard_count, or neither (to use JAX's process index/count)")
+        if self.shard_count is not None:  # (each plan checks it too; a mixture's and a packed one's did not)
+            whole = [isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                     for v in (self.shard_index, self.shard_count)]
+            if not whole[1] or self.shard_count < 1:
+                raise ValueError(f"shard_count must be the number of hosts, >= 1 (got shard_count={self.shard_count!r})")
+            if not whole[0] or not 0 <= self.shard_index < self.shard_count:
+                raise ValueError(f"shard_index must be in [0, shard_count) (got shard_index={self.shard_index!r}, "
+                                 f"shard_count={self.shard_count}): hosts are numbered from 0, as jax.process_index()")
         for name, fn, arguments, other in (("map_fn", self.map_fn, 1, "random_map_fn"),
                                            ("random_map_fn", self.random_map_fn, 2, "map_fn")):
             if fn is not None and _takes(fn, arguments) is False and _takes(fn, 3 - arguments):
@@ -470,7 +478,12 @@ class Loader:
         self.config = config
         shard_index, shard_count = _host_shard(config)
         if isinstance(source, Mapping):
-            self.components, self.source, self.plan = _mixture(source, config, shard_index, shard_count)
+            self.components, self.source, self.plan, parts = _mixture(source, config, shard_index, shard_count)
+            if self.plan.num_batches == 0:  # (as _check_batch_fits says of one source)
+                raise ValueError(f"batch_size={config.batch_size} is more than the {self.plan.end_row:,} rows the "
+                                 f"mixture gives before component {self.plan.ending!r} ends it (num_epochs="
+                                 f"{_said_epochs(config.num_epochs)}): no batch would be made; lower batch_size, raise "
+                                 "num_epochs, or pass drop_remainder=False")
         else:
             if config.weights is not None:
                 raise ValueError("weights= is for a mixture: pass the sources as {name: source} (one source takes no "
@@ -478,12 +491,17 @@ class Loader:
             if isinstance(config.num_epochs, Mapping):
                 raise ValueError(f"num_epochs={dict(config.num_epochs)} names components, but the source is not a "
                                  "mixture; pass one number")
-            self.components = None
+            self.components, parts = None, {}
             self.source = _resolved(source, config)
             self.plan = BatchPlan(len(self.source), config.batch_size, config.seed, config.shuffle, config.num_epochs,
                                   config.drop_remainder, shard_index, shard_count)
             _check_batch_fits(len(self.source), config, self.source.location)
         map_fn = config.map_fn or config.random_map_fn
+        for name, part in parts.items():  # (the mixture's records hold the union of its components' features)
+            try:
+                _check_features(config, part, None)
+            except ValueError as e:
+                raise ValueError(f"mixture component {name!r}: {e}") from None
         _check_features(config, self.source, map_fn)
         epochs = config.num_epochs
         check_sharding(config, shard_count, len(self.source) * epochs if self.components is None and epochs else None)
@@ -604,17 +622,12 @@ class LoaderIterator(WorkerControls, Iterator):
         return state
 
     def set_state(self, state: dict) -> None:
-        if not isinstance(state, dict) or "version" not in state or "next_batch" not in state:
-            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"set_state() takes what get_state() returned (a dict with 'version' and 'next_batch'); "
-                             f"this is not a loader state ({keys})")
+        mixed = self._loader.components is not None
+        check_kind(state, "a mixture" if mixed else "a loader of one source",
+                   "this mixture" if mixed else "this loader of one source")
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by "
                              "another version of the loader")
-        if (self._loader.components is None) != ("mixture" not in state):
-            raise ValueError("cannot restore loader state: it was saved by a "
-                             f"{'mixture' if 'mixture' in state else 'single-source loader'} and this loader "
-                             f"{'is a mixture' if self._loader.components is not None else 'has one source'}")
         check(state, self._loader.state_key(), "loader state")
         self._next = int(state["next_batch"])
         if "mixture" in state:
@@ -637,6 +650,10 @@ def load(source: str | ShardedSource | Mapping[str, str | ShardedSource], *, bat
                         + f"; the options are {sorted(known)}")
     config = LoaderConfig(batch_size=batch_size, **options)
     return _packed(source, config) if config.packing is not None else Loader(source, config)
+
+
+def _said_epochs(num_epochs) -> str:
+    return repr(dict(num_epochs)) if isinstance(num_epochs, Mapping) else str(num_epochs)
 
 
 def _check_batch_fits(records: int, config: LoaderConfig, where: str) -> None:
@@ -668,8 +685,8 @@ def _resolved(source: str | ShardedSource, config: LoaderConfig) -> ShardedSourc
 
 
 def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_count: int, packed: bool = False):
-    """(names, the components' shards end to end, the MixturePlan) for a mapping of name -> source; `packed`: the plan
-    also holds how each pre-tokenized component was tokenised (its rows' layout depends on it)."""
+    """(names, the components' shards end to end, the MixturePlan, {name: its source}) for a mapping of name -> source;
+    `packed`: the plan also holds how each pre-tokenized component was tokenised (its rows' layout depends on it)."""
     names = tuple(sources)
     if not names:
         raise ValueError("the mixture has no components; pass {name: source, ...}")
@@ -695,7 +712,7 @@ def _mixture(sources: Mapping, config: LoaderConfig, shard_index: int, shard_cou
                                config.batch_size, config.seed, config.shuffle, epochs, config.drop_remainder,
                                shard_index, shard_count, datasets=tuple(s.identity for s in resolved.values()),
                                tokens=tuple(tokenization(s) for s in resolved.values()) if packed else None)
-    return names, mixture.concatenate(resolved), plan
+    return names, mixture.concatenate(resolved), plan, resolved
 
 
 def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
@@ -717,7 +734,7 @@ def _packed(source: str | ShardedSource, config: LoaderConfig) -> PackedLoader:
         if not config.drop_remainder:
             raise ValueError("a packed mixture is endless (each component repeats its epochs), so it has no last, "
                              "short batch to keep: leave drop_remainder=True")
-        names, src, plan = _mixture(source, config, shard_index, shard_count, packed=True)
+        names, src, plan, _ = _mixture(source, config, shard_index, shard_count, packed=True)
         return PackedMixtureLoader(names, _packing_inputs(src, config), config, plan)
     src = _resolved(source, config)
     return PackedLoader(_packing_inputs(src, config), config, shard_index, shard_count)

@@ -54,6 +54,7 @@ def integer_weights(weights: Mapping[str, float]) -> dict[str, int]:
             raise ValueError(f"weights[{name!r}] = {w!r} is not a number; give each component a weight >= 0")
         if w < 0:
             raise ValueError(f"weights[{name!r}] = {w} is negative; weights must be >= 0")
+    weights = {name: float(w) for name, w in weights.items()}  # (numpy's float32: Fraction takes no such number)
     total = sum(weights.values())
     if total <= 0:
         raise ValueError(f"all weights are 0 ({dict(weights)}); give at least one component a positive weight")
@@ -140,6 +141,9 @@ class MixturePlan:
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (got batch_size={self.batch_size})")
+        if not 0 <= self.shard_index < self.shard_count:
+            raise ValueError(f"shard_index must be in [0, shard_count) (got shard_index={self.shard_index}, "
+                             f"shard_count={self.shard_count})")
         if self.batch_size % self.shard_count:
             raise ValueError(f"the global batch_size={self.batch_size} does not split evenly over "
                              f"shard_count={self.shard_count} hosts; use a multiple of {self.shard_count}")
@@ -180,16 +184,26 @@ class MixturePlan:
         return int(sum(self.sizes))
 
     @functools.cached_property
-    def end_row(self) -> int | None:
-        """The first row the mix cannot give (a component past its num_epochs), or None when it is endless."""
-        ends = []
+    def _ends(self) -> dict[int, int]:
+        """Per component bounded by its num_epochs (and drawn from), the first of its rows the mix cannot give."""
+        ends = {}
         for c, epochs in enumerate(self.num_epochs):
             if epochs is None or not self.weights[c]:
                 continue
             remaining = epochs * self.sizes[c] - self.base[c]  # rows of c still allowed
             full, r = divmod(max(0, remaining), self.weights[c])  # the first row not allowed: c's next occurrence
-            ends.append(full * self.period + int(np.flatnonzero(self._schedule == c)[r]))
-        return self.start_batch * self.batch_size + min(ends) if ends else None
+            ends[c] = full * self.period + int(np.flatnonzero(self._schedule == c)[r])
+        return ends
+
+    @property
+    def end_row(self) -> int | None:
+        """The first row the mix cannot give (a component past its num_epochs), or None when it is endless."""
+        return self.start_batch * self.batch_size + min(self._ends.values()) if self._ends else None
+
+    @property
+    def ending(self) -> str | None:
+        """The component whose num_epochs ends the mix (None: endless)."""
+        return self.names[min(self._ends, key=self._ends.get)] if self._ends else None
 
     @property
     def num_batches(self) -> int:
@@ -283,6 +297,9 @@ class MixturePlan:
                 if name in components and key in components[name] and now is not None:
                     mine[f"{key} of component {name!r}"], given[f"{key} of component {name!r}"] = \
                         now, components[name][key]
+            if mine.get(f"dataset of component {name!r}") != given.get(f"dataset of component {name!r}"):
+                mine.pop(f"records of component {name!r}", None)  # (its dataset's identity names its records)
+                given.pop(f"records of component {name!r}", None)
         check(given, mine, "the mixture's state",
               "restore with the same datasets and options (weights and components may change)")
         rows = {**saved.get("dormant", {}), **{name: c["rows"] for name, c in components.items()}}
@@ -310,6 +327,7 @@ class MixturePlan:
                      next_batch, ", ".join(f"{n} {rows.get(n, 0):,}" for n in self.names))
         return dataclasses.replace(self, start_batch=next_batch, dormant=dormant,
                                    base=tuple(rows.get(n, 0) for n in self.names))
+
 
 def concatenate(sources: Mapping[str, ShardedSource]) -> ShardedSource:
     """The components' shards end to end, in the mapping's order: one source for the reader and its index."""

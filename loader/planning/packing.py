@@ -235,6 +235,9 @@ class PackedPlan:
     drop_remainder: bool = True  # False: an epoch's rows that fill no batch are its last, short batch
 
     def __post_init__(self):
+        if not 0 <= self.shard_index < self.shard_count:
+            raise ValueError(f"shard_index must be in [0, shard_count) (got shard_index={self.shard_index}, "
+                             f"shard_count={self.shard_count})")
         if self.batch_size % self.shard_count:
             raise ValueError(f"the global batch_size={self.batch_size} does not split evenly over "
                              f"shard_count={self.shard_count} hosts; use a multiple of {self.shard_count}")

@@ -15,6 +15,30 @@ LATER_KEYS = frozenset({"dataset", "drop_remainder", "feature"})
 RESIZABLE_KEYS = frozenset({"batch_size"})
 
 
+def saved_by(state) -> str | None:
+    """The kind of loader that saved `state` (what its get_state() returned), None when it is no loader's state."""
+    if not isinstance(state, dict) or "next_batch" not in state:
+        return None
+    if "mixture" in state:
+        return "a packed mixture" if "packing" in state else "a mixture"
+    if "seq_len" in state:
+        return "a packed loader of one source"
+    return "a loader of one source" if "version" in state else None
+
+
+def check_kind(state, kind: str, this: str) -> None:
+    """Raises when `state` is not one `kind` of loader saved ("a mixture", ...): one line saying which saved it (a
+    field by field comparison said "saved None" of every key)."""
+    by = saved_by(state)
+    if by == kind:
+        return
+    if by is None:
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"set_state() takes what get_state() returned; this is not a loader state ({keys})")
+    raise ValueError(f"cannot restore {this} from a state saved by {by}: restore it into the loader that saved it "
+                     "(the same sources, as a mixture or not, and packing= or not)")
+
+
 def unmatched(saved: dict, key: dict) -> dict:
     """{name: (saved, now)} for each entry of the state key `key` that the saved state contradicts."""
     return {k: (saved.get(k), v) for k, v in key.items()

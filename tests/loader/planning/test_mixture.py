@@ -295,13 +295,63 @@ def test_bad_mixtures_are_one_line_each(corpora, tmp_path):
                     weights={"web": 1, "gone": 1})
 
 
+@pytest.mark.parametrize("index, count, message", [
+    (2, 2, r"^shard_index must be in \[0, shard_count\) \(got shard_index=2, shard_count=2\): hosts are numbered from 0"),
+    (-1, 2, r"^shard_index must be in \[0, shard_count\) \(got shard_index=-1, shard_count=2\)"),
+    (0, 0, r"^shard_count must be the number of hosts, >= 1 \(got shard_count=0\)$"),
+    (0, -1, r"^shard_count must be the number of hosts, >= 1 \(got shard_count=-1\)$"),
+    (0.0, 2, r"^shard_index must be in \[0, shard_count\) \(got shard_index=0\.0, "),
+])
+def test_a_host_outside_the_host_count_is_refused(corpora, packed_corpora, index, count, message):
+    """A mixture's or a packed loader's host 2 of 2 read host 0's rows of the next batch (hosts overlapping, a share
+    of every batch never read); shard_count=-1 gave empty batches for ever, 0 a ZeroDivisionError."""
+    two = {"web": corpora["web"], "code": corpora["code"]}
+    for load in (lambda: loader.load(two, weights={"web": 1, "code": 1}, batch_size=4, shard_index=index,
+                                     shard_count=count),
+                 lambda: packed(packed_corpora, list(PACKED), [1, 1, 1], shard_index=index, shard_count=count),
+                 lambda: loader.load(packed_corpora["long"], batch_size=8, shard_index=index, shard_count=count,
+                                     packing=loader.Packing("text", SEQ, key_tokens))):
+        with pytest.raises(ValueError, match=message):
+            load()
+
+
+def test_a_mixture_that_would_make_no_batch_is_refused(corpora):
+    """It yielded nothing without a word (len() 0) where one source is refused."""
+    with pytest.raises(ValueError, match=r"^batch_size=64 is more than the 40 rows the mixture gives before component "
+                                         r"'tiny' ends it \(num_epochs=\{'tiny': 2\}\): no batch would be made; lower "
+                                         r"batch_size, raise num_epochs, or pass drop_remainder=False$"):
+        mix(corpora, ["tiny", "web"], [0.5, 0.5], batch_size=64, num_epochs={"tiny": 2})
+    with pytest.raises(ValueError, match=r"rows the mixture gives before component 'tiny' ends it \(num_epochs=1\)"):
+        mix(corpora, ["tiny", "web"], [0.5, 0.5], batch_size=64, num_epochs=1)
+    assert len(mix(corpora, ["tiny", "web"], [0.5, 0.5], batch_size=64, num_epochs=1, drop_remainder=False)) == 1
+
+
+def test_numpy_weights_of_any_float_type_are_weights(corpora):
+    """np.float32 weights failed in Fraction with "argument should be a string or a Rational instance"."""
+    for dtype in (np.float16, np.float32, np.float64, np.int32):
+        weights = dict(zip(["web", "code"], np.array([3, 1], dtype)))
+        assert integer_weights(weights) == {"web": 3, "code": 1}
+    assert integer_weights(dict(zip(["web", "code"], np.array([0.7, 0.3], np.float32)))) == {"web": 7, "code": 3}
+
+
+def test_features_a_component_lacks_are_refused_at_load(token_data, photos):
+    """They passed load() (the mixture's records hold the union of its components' features) and failed at the first
+    batch, naming a record but not the component."""
+    with pytest.raises(ValueError, match=r"^mixture component 'photos': features=\['ids'\]: .*'s records have no "
+                                         r"'ids'; they have \['image/class/label', "):
+        loader.load({"tokens": token_data, "photos": str(photos)}, weights={"tokens": 1, "photos": 1}, batch_size=4,
+                    features=["ids"])
+
+
 def test_a_state_of_another_kind_is_refused(corpora):
     it = iter(loader.load(corpora["web"], batch_size=4))
     next(it)
     state = it.get_state()
     it.close()
     mixed = iter(mix(corpora, ["web", "code"], [1, 1], batch_size=4))
-    with pytest.raises(ValueError, match="saved by a single-source loader and this loader is a mixture"):
+    with pytest.raises(ValueError, match="^cannot restore this mixture from a state saved by a loader of one source: "
+                                         r"restore it into the loader that saved it \(the same sources, as a mixture "
+                                         r"or not, and packing= or not\)$"):
         mixed.set_state(state)
     mixed.close()
     it = iter(mix(corpora, ["web", "code"], [1, 1], batch_size=4, seed=1))
@@ -620,3 +670,27 @@ def test_a_mixture_whose_components_name_features_differently_is_one_line(tmp_pa
                                          r"that 'b' has not, and 'b' has \['pixels'\] that 'a' has not; rows of one "
                                          r"batch need the same features"):
         next(iter(mixed))
+
+
+def test_a_state_goes_only_to_the_kind_of_loader_that_saved_it(corpora, packed_corpora):
+    """A packed mixture's state given to a packed loader of one source listed eight keys "saved None" and said the
+    data was tokenised again; given to a mixture, "this is not a loader state"."""
+    it = iter(packed(packed_corpora, list(PACKED), [1, 1, 1]))
+    next(it)
+    state = it.get_state()
+    it.close()
+    single = iter(loader.load(packed_corpora["long"], batch_size=8, seed=7,
+                              packing=loader.Packing("text", SEQ, key_tokens)))
+    next(single)
+    single_state = single.get_state()
+    plain = iter(mix(corpora, ["web", "code"], [1, 1], batch_size=4))
+    for target, saved, message in (
+            (single, state, "cannot restore this packed loader from a state saved by a packed mixture: "),
+            (plain, state, "cannot restore this mixture from a state saved by a packed mixture: "),
+            (iter(packed(packed_corpora, list(PACKED), [1, 1, 1])), single_state,
+             "cannot restore this packed mixture from a state saved by a packed loader of one source: ")):
+        with pytest.raises(ValueError, match="^" + re.escape(message + "restore it into the loader that saved it (the "
+                                                             "same sources, as a mixture or not, and packing= or not)")
+                           + "$"):
+            target.set_state(saved)
+        target.close()
