@@ -158,7 +158,8 @@ class LoaderConfig:
             whole = [isinstance(v, (int, np.integer)) and not isinstance(v, bool)
                      for v in (self.shard_index, self.shard_count)]
             if not whole[1] or self.shard_count < 1:
-                raise ValueError(f"shard_count must be the number of hosts, >= 1 (got shard_count={self.shard_count!r})")
+                raise ValueError(f"shard_count must be the number of hosts, >= 1 (got shard_count="
+                                 f"{self.shard_count!r})")
             if not whole[0] or not 0 <= self.shard_index < self.shard_count:
                 raise ValueError(f"shard_index must be in [0, shard_count) (got shard_index={self.shard_index!r}, "
                                  f"shard_count={self.shard_count}): hosts are numbered from 0, as jax.process_index()")

@@ -257,8 +257,9 @@ def verify_main(argv: list[str]) -> int:
               "in the dataset; `python -m pipelines convert` with the same --input and --output and --prune deletes "
               "them")
     if result.uncompared:
-        print(f"note: {len(result.uncompared)} shard(s) were read whole, each chunk's hash checked (and a pre-tokenized "
-              f"shard's token counts), but not compared with their sources (e.g. {result.uncompared[0]})")
+        print(f"note: {len(result.uncompared)} shard(s) were read whole, each chunk's hash checked (and a "
+              "pre-tokenized shard's token counts), but not compared with their sources (e.g. "
+              f"{result.uncompared[0]})")
     if result.restage:
         print(f"note: this is a staged copy of {result.staged_from}, and {len(result.restage)} of its shards changed "
               f"there since they were staged (e.g. {result.restage[0]}): `python -m loader stage "

@@ -36,7 +36,9 @@ class Stale:
     why: str = ""
 
     def __str__(self) -> str:
-        return f"{self.path} (cannot be listed: {self.why})" if self.kind == "unlisted" else f"{self.path} ({self.kind})"
+        if self.kind == "unlisted":
+            return f"{self.path} (cannot be listed: {self.why})"
+        return f"{self.path} ({self.kind})"
 
 
 @dataclasses.dataclass
@@ -81,8 +83,9 @@ def verify(output: str, *, deep: bool = False) -> VerifyResult:
                 problem = _compare_records(path, entry, spec)
             else:
                 blocked |= reachable
-                result.uncompared.append(f"{path} (its tokenizer {manifest.tokens['tokenizer']} does not load)"
-                                         if reachable else f"{path} (its source {entry.source} is gone or out of reach)")
+                result.uncompared.append(
+                    f"{path} (its tokenizer {manifest.tokens['tokenizer']} does not load)" if reachable
+                    else f"{path} (its source {entry.source} is gone or out of reach)")
                 problem = _read_all(path, entry, itemsize)
         if problem:
             result.problems.append(problem)

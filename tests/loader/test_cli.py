@@ -168,7 +168,8 @@ def test_inspect_of_records_that_are_not_examples_says_to_pass_decode_none(conve
     # bench: loader.load's advice in the command's own flags (it said `decode=None`)
     assert main(["bench", str(converted), "--decode", "example", "--start", "0", "--batches", "1"]) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("error: ") and error.endswith("; pass --decode none for raw bytes, or another --decode"), error
+    assert error.startswith("error: ") and error.endswith(
+        "; pass --decode none for raw bytes, or another --decode"), error
 
 
 def test_help_describes_every_command(capsys):

@@ -27,8 +27,9 @@ def test_deep_reads_every_shard_whose_source_is_gone_and_finds_the_damaged_one(s
 
     assert verify_main(["--output", str(sourceless), "--deep"]) == 0
     out = capsys.readouterr().out
-    assert ("note: 3 shard(s) were read whole, each chunk's hash checked (and a pre-tokenized shard's token counts), but "
-            f"not compared with their sources (e.g. {sourceless / 'train-00000-of-00003.array_record'} (its source ") \
+    assert ("note: 3 shard(s) were read whole, each chunk's hash checked (and a pre-tokenized shard's token counts), "
+            f"but not compared with their sources (e.g. {sourceless / 'train-00000-of-00003.array_record'} "
+            "(its source ") \
         in out and " is gone or out of reach))" in out and "PROBLEM" not in out, out
     assert "0 problem(s)" in out
     shard = sourceless / "train-00001-of-00003.array_record"

@@ -296,7 +296,8 @@ def test_bad_mixtures_are_one_line_each(corpora, tmp_path):
 
 
 @pytest.mark.parametrize("index, count, message", [
-    (2, 2, r"^shard_index must be in \[0, shard_count\) \(got shard_index=2, shard_count=2\): hosts are numbered from 0"),
+    (2, 2, r"^shard_index must be in \[0, shard_count\) \(got shard_index=2, shard_count=2\): hosts are numbered "
+           r"from 0"),
     (-1, 2, r"^shard_index must be in \[0, shard_count\) \(got shard_index=-1, shard_count=2\)"),
     (0, 0, r"^shard_count must be the number of hosts, >= 1 \(got shard_count=0\)$"),
     (0, -1, r"^shard_count must be the number of hosts, >= 1 \(got shard_count=-1\)$"),
