@@ -31,6 +31,15 @@ class _WorkerRecords(logging.Filter):
         return True
 
 
+class _NotInterrupts(logging.Filter):
+    """Drops Beam's ERROR record (and its traceback) of a DoFn stopped by Ctrl-C or SIGTERM: the command says in one
+    line what was kept and how to go on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, KeyboardInterrupt) or record.getMessage().startswith("KeyboardInterrupt"))
+
+
 def setup(level: str | None = None) -> None:
     """Our packages log at `level` (default $LOGLEVEL or INFO); everything else at WARNING."""
     level = level or os.environ.get("LOGLEVEL", "INFO")
@@ -38,6 +47,9 @@ def setup(level: str | None = None) -> None:
                         datefmt="%H:%M:%S", force=True)  # force: absl/JAX may have configured logging already
     for name in ("dataset_format", "pipelines", "loader", "trainer"):
         logging.getLogger(name).setLevel(level)
+    common = logging.getLogger("apache_beam.runners.common")
+    if not any(isinstance(f, _NotInterrupts) for f in common.filters):
+        common.addFilter(_NotInterrupts())
     forwarded = logging.getLogger("apache_beam.runners.portability.local_job_service")
     forwarded.setLevel(level)
     forwarded.addFilter(_WorkerRecords())

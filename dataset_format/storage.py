@@ -279,12 +279,13 @@ def glob(pattern: str) -> list[str]:
     if not has_glob(name):
         return [pattern] if exists(pattern) else []
     prefix = name[: _GLOB_CHARS.search(name).start()]
-    regex = re.compile(_translate(name))
+    regex = re.compile(translate(name))
     return sorted(f"{GCS}{bucket}/{b.name}" for b in _list(f"{GCS}{bucket}/{prefix}", delimiter=None)
                   if regex.fullmatch(b.name) and not b.name.endswith("/"))
 
 
-def _translate(pattern: str) -> str:
+def translate(pattern: str) -> str:
+    """A regular expression of the paths `pattern` matches: `*` and `?` within a path segment, `**` across them."""
     out = []
     for part in re.split(r"(\*\*|\*|\?)", pattern):
         out.append({"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part) or fnmatch.translate(part)[4:-3])

@@ -120,7 +120,10 @@ class HuggingFace(_Tokenizer):
         except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
             raise TokenizerError(f"tokenizer={path} is not a Hugging Face tokenizer.json ({str(e).splitlines()[0]}); "
                                  "pass a tokenizer.json or a SentencePiece .model file") from None
-        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        # ids below vocab_size: the count of its tokens, or past it where its ids leave gaps (a WordLevel vocabulary
+        # may number its tokens as it likes; counted, its largest id was refused mid-conversion)
+        ids = self._tok.get_vocab(with_added_tokens=True).values()
+        self.vocab_size = max(int(self._tok.get_vocab_size(with_added_tokens=True)), max(ids, default=-1) + 1)
         named = _tokenizer_config(path)
         missing = {}
         for name, candidates in (("bos", BOS_NAMES), ("eos", EOS_NAMES)):

@@ -353,7 +353,7 @@ def tokenizer_main(argv: list[str]) -> int:
     try:
         sample = sample_texts(args.input, args.text_key, int(args.max_bytes), args.seed)
     except ConvertedInput as e:  # (its text is there, in ArrayRecord: trainer.tokenizer reads converted datasets)
-        raise ValueError(f"--input {e.path} is a converted dataset (it holds a manifest), and this command reads "
+        raise ValueError(f"--input {e.path} is a converted dataset (ArrayRecord), and this command reads "
                          f"TFRecords: `python -m trainer.tokenizer {e.path}` with the same options trains one on its "
                          "text") from None
     if not sample.texts:

@@ -53,6 +53,10 @@ class ConvertConfig:
             raise ValueError("output is empty; pass --output DIR")
         if not storage.is_remote(self.input):  # a local input is recorded whole: a rerun from elsewhere, or with the path
             object.__setattr__(self, "input", os.path.abspath(self.input))  # spelt another way, finds its shards
+        for name, value in (("writer_options", self.writer_options), ("tokenizer", self.tokenizer)):
+            if value is not None and not value.strip():  # ("" kept no options, or read the working directory)
+                raise ValueError(f"{name} is empty; leave --{name} out to keep the output's (its manifest's), or give "
+                                 f"one{' (none: copy the records as they are)' if name == 'tokenizer' else ''}")
         if not COMPRESSION_NAME.match(self.compression):
             raise ValueError(f"compression={self.compression!r} is not one of zstd:N (N in -131072..22), brotli:N "
                              "(0..11), snappy, uncompressed")

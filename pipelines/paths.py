@@ -99,11 +99,19 @@ def list_inputs(pattern: str) -> list[InputFile]:
             raise FileNotFoundError(f"input {pattern!r} does not exist; check the path (a file, a glob "
                                     "such as 'data/train-*', a directory, or a TFDS dataset directory)")
     files = _unhidden(_files(_match(pattern)) if is_remote(pattern) else _local_glob(pattern), pattern)
+    if not files and not is_remote(pattern) and os.path.isfile(pattern):  # a name holding `[`: the file it names
+        import glob as globlib
+
+        files = _local_glob(globlib.escape(pattern))
     if not files:
         directory = _fixed_prefix(pattern)
         _check_listable(directory)  # a glob cannot see into a directory it may not read
         raise FileNotFoundError(f"no files match {pattern!r}; check the directory and the glob"
                                 f"{_holds(directory, sorted(_names_in(directory)))}")
+    if all(".array_record" in basename(f.path) for f in files):  # (each shard failed on it, one by one)
+        raise ConvertedInput(pattern, f"input {pattern!r} names ArrayRecord files (e.g. {files[0].path!r}), converted "
+                                      "already: load them as they are (loader.load), or pass the TFRecords they were "
+                                      "converted from as --input")
     if has_glob(pattern):
         _warn_if_splits_mix(pattern, files[0].path.rsplit("/", 1)[0], files)
     return files
@@ -368,6 +376,10 @@ def check_output_outside(inputs: list[InputFile], pattern: str, output: str) -> 
     if not inside and not storage.is_remote(output):  # the same directory through a symbolic link
         real = os.path.realpath(where)
         inside = [f.path for f in inputs if not storage.is_remote(f.path) and within(os.path.realpath(f.path), real)]
+    if not inside and has_glob(pattern):  # (a first run: the output's files are not there yet, the glob's reach is)
+        regex = re.compile(storage.translate(absolute(pattern)))  # (local globs too read `**` recursively)
+        future = [storage.join(where, name) for name in [MANIFEST_NAME, *(output_name(f.path) for f in inputs)]]
+        inside = [path for path in future if regex.fullmatch(path)]
     if inside:
         raise ValueError(f"--output {output!r} is inside --input {pattern!r} (it matches {inside[0]!r}); the "
                          "converted shards would be read as inputs next time: choose an --output outside the input")
@@ -437,9 +449,87 @@ def open_source(path: str, compression: str | None = None, *, read_buffer: int |
         stream = bz2.BZ2File(_raw(path, read_buffer), mode="rb")
     elif compression == Compression.LZMA:
         stream = lzma.LZMAFile(_raw(path, read_buffer), mode="rb")
+    elif compression in (Compression.DEFLATE, Compression.ZSTD):
+        stream = _Decompressed(_raw(path, read_buffer), compression)
     else:
-        stream = _filesystems().open(path, compression_type=compression)
+        raise ValueError(f"{path}: compression {compression!r} is not one of {sorted(_KIND)}")
     return _CheckedStream(stream, path, _KIND.get(compression, compression))
+
+
+class _Decompressed:
+    """A zlib or Zstandard stream (streams or frames one after another) decompressed from the file under it. A file
+    that ends inside a stream raises EOFError, as Python's gzip, bz2 and lzma readers do: Beam's reader ended a cut
+    stream silently, so a shard cut short converted to fewer records, or none, without a word."""
+
+    _READ = 1 << 20
+
+    def __init__(self, raw, compression: str):
+        self.fileobj, self._compression = raw, compression
+        self._decompressor = self._new()
+        self._buffer, self._offset = b"", 0  # decompressed bytes, and how many of them were handed out
+        self._position = 0  # decompressed bytes handed out in all
+        self._within = False  # whether a stream has begun and not ended
+
+    def _new(self):
+        if self._compression == Compression.DEFLATE:
+            return zlib.decompressobj()
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj()
+
+    def read(self, size: int = -1) -> bytes:
+        parts, wanted = [], size
+        while size < 0 or wanted > 0:
+            available = len(self._buffer) - self._offset
+            if not available:
+                if not self._fill():
+                    break
+                continue
+            take = available if size < 0 else min(wanted, available)
+            parts.append(self._buffer[self._offset:self._offset + take])
+            self._offset += take
+            wanted -= take
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._position += len(out)
+        return out
+
+    def _fill(self) -> bool:
+        """The file's next bytes decompressed into the buffer (perhaps none yet); False at the end of the file, where a
+        stream must have ended."""
+        data = self.fileobj.read(self._READ)
+        if not data:
+            if self._within:
+                raise EOFError(f"the file ends inside its {_KIND[self._compression]} stream (cut short: an unfinished "
+                               "copy or upload?)")
+            return False
+        out = []
+        while data:
+            self._within = True
+            out.append(self._decompress(data))
+            if not self._decompressor.eof:
+                break
+            self._within = False  # a stream ended: what follows is another stream's (concatenated), or nothing
+            data = self._decompressor.unused_data
+            self._decompressor = self._new()
+        self._buffer, self._offset = b"".join(out), 0
+        return True
+
+    def _decompress(self, data: bytes) -> bytes:
+        try:
+            return self._decompressor.decompress(data)
+        except zlib.error:
+            raise
+        except Exception as e:  # noqa: BLE001 - zstandard.ZstdError (not imported unless read)
+            raise zlib.error(f"{type(e).__name__}: {e}") from e
+
+    def tell(self) -> int:
+        return self._position
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.fileobj.close()
 
 
 class _CheckedStream(io.RawIOBase):
@@ -459,7 +549,7 @@ class _CheckedStream(io.RawIOBase):
             return self._stream.read(size)
         except _STREAM_ERRORS as e:
             raise tfrecord.CompressedStreamError(self._path, self._position(), str(e) or type(e).__name__,
-                                                 self._kind) from e
+                                                 self._kind, cut=isinstance(e, EOFError)) from e
 
     def _position(self) -> int:
         try:

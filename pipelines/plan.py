@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import re
 
 from dataset_format import storage
 from dataset_format.manifest import MANIFEST_NAME, Manifest, ShardEntry
@@ -133,7 +134,7 @@ def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
                     "out of the manifest", len(missing), missing[0].path)
     gone = [e for e in gone if e.path in existing]
     if gone and not config.prune:
-        _check_orphans(gone, kind, tokenized, config)
+        _check_orphans(gone, kind, tokenized, config, sorted(sources - old.keys()))
     orphaned, pruned = ((), tuple(gone) + tuple(leftover)) if config.prune else (tuple(gone), ())
     if orphaned and not quiet:
         log.warning("%d output shard(s) have no source matched by this --input any more (e.g. %s); keeping them. "
@@ -142,11 +143,29 @@ def make_plan(config: ConvertConfig, *, quiet: bool = False) -> Plan:
                 tuple(dict.fromkeys(split for _, split, _ in inputs)))
 
 
-def _check_orphans(gone: list[ShardEntry], kind: str, tokenized: str | None, config: ConvertConfig) -> None:
+_SHARDED = re.compile(r"^(.*)-(\d{5})-of-(\d{5})(.*)$")  # name-00003-of-00016.suffix: one shard of 16
+
+
+def _check_orphans(gone: list[ShardEntry], kind: str, tokenized: str | None, config: ConvertConfig,
+                   new: list[str]) -> None:
     """Raises where keeping the outputs without a source (`gone`) would leave a dataset that is not one: a TFDS
-    directory's twin holds its shards alone (TFDS finds them by their names and counts), and shards of another
-    tokenisation would be read as this one's ids."""
+    directory's twin holds its shards alone (TFDS finds them by their names and counts), shards of another
+    tokenisation would be read as this one's ids, and the shards of an input written again in another number of
+    shards (the same name, another `-of-N`: `new` sources) would hold its records twice."""
     example = f"{gone[0].path} (from {gone[0].source})"
+    counts: dict[tuple[str, str], set[str]] = {}
+    for source in new:
+        named = _SHARDED.match(storage.basename(source))
+        if named:
+            counts.setdefault((source.rsplit("/", 1)[0] + "/" + named[1], named[4]), set()).add(named[3])
+    for entry in gone:
+        named = _SHARDED.match(storage.basename(same_path(entry.source)))
+        now = counts.get((same_path(entry.source).rsplit("/", 1)[0] + "/" + named[1], named[4])) if named else None
+        if now and named[3] not in now:
+            raise ValueError(
+                f"the input was written again in another number of shards: {storage.basename(entry.source)} is gone "
+                f"and shards of the same name -of-{sorted(now)[0]} are new; kept, the old shards (e.g. {entry.path}) "
+                "would hold its records a second time: pass --prune to replace them, or convert into a new --output")
     if kind == "tfds":
         raise ValueError(f"{len(gone)} output shard(s) of {config.output} have no source in the TFDS directory "
                          f"{config.input} any more, e.g. {example}: it was built again (another shard count or "

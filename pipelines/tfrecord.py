@@ -64,10 +64,10 @@ class CompressedStreamError(CorruptRecordError):
     compressed the way its name says. Fails the shard even with --skip-corrupt: nothing after the damage can be
     found again in a compressed stream."""
 
-    def __init__(self, path: str, offset: int, reason: str, compression: str):
-        # (a stream that gave data is compressed as named: damaged or cut short, not misnamed)
-        misnamed = "" if offset else (f"; a file that is not {compression}-compressed needs a name without its "
-                                      "suffix (the suffix says how it is read)")
+    def __init__(self, path: str, offset: int, reason: str, compression: str, cut: bool = False):
+        # (a stream that gave data, or ended early, is compressed as named: damaged or cut short, not misnamed)
+        misnamed = "" if offset or cut else (f"; a file that is not {compression}-compressed needs a name without "
+                                             "its suffix (the suffix says how it is read)")
         super().__init__(path, offset, reason, message=(
             f"{path}: its {compression} stream does not decompress after {offset:,} bytes of TFRecord data: {reason}. "
             f"Re-create or re-copy this shard{misnamed}"))

@@ -97,8 +97,11 @@ def read_footer(path: str, size: int, generation: int | None = None) -> Footer:
         footer_offset = postscript[1]
         # a footer record per chunk (and the metadata): each chunk takes at least MIN_CHUNK bytes before the footer
         most = (footer_offset - FIRST_CHUNK) // MIN_CHUNK + 1
-        sizes, values = _riegeli.decode_chunk(storage.read_range(path, footer_offset, last, generation=generation),
-                                             footer_offset, True, most)
+        try:
+            sizes, values = _riegeli.decode_chunk(storage.read_range(path, footer_offset, last, generation=generation),
+                                                 footer_offset, True, most)
+        except _riegeli.UnsupportedError as e:  # the footer compressed as the records are (brotli; zstd, no libzstd)
+            return _theirs(path, footer_offset, _reason(e))
         first = int(np.frombuffer(sizes, dtype="<u8", count=1)[0]) if sizes else 0
         metadata = _fields(_fields(values[:first]).get(1, b""))
         options = metadata.get(4, b"").decode("utf-8", "replace") if isinstance(metadata.get(4), bytes) else ""
@@ -134,6 +137,26 @@ def _head(path: str, size: int) -> bytes:
         return b""
 
 
+
+
+def _theirs(path: str, footer_offset: int, why: str) -> Footer:
+    """A file whose footer our reader does not decode: its record count and options from ArrayRecord's reader, which
+    reads it (Footer.fallback_reason says why; it has no chunk offsets of ours)."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    try:
+        reader = ArrayRecordReader(path, "readahead_buffer_size:0,max_parallelism:0")
+        try:
+            records, options = reader.num_records(), reader.writer_options_string()
+        finally:
+            reader.close()
+    except RuntimeError as e:  # (riegeli's errors)
+        lines = str(e).strip().splitlines()
+        raise ValueError(f"{path} is not a whole ArrayRecord file ({lines[0] if lines else why}); it is truncated or "
+                         "damaged: re-run the conversion or restage the data") from None
+    settings = _settings(options)
+    return Footer(np.zeros(0, "<u8"), np.array([records], "<u8"), footer_offset, options,
+                  _fallback_reason(settings, settings.get("group_size") == "1") or why)
 
 
 def _settings(options: str) -> dict[str, str]:

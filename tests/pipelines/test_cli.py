@@ -93,6 +93,11 @@ def test_bad_arguments_fail_before_any_work(tmp_path):
     (["--writer-options", "group_size:64,zstd:1"],
      "error: writer_options='group_size:64,zstd:1' sets group_size:64: converted files hold one record a chunk "
      "(group_size:1), which random access needs; put group_size:1 in it"),
+    # "" kept no options: a zstd output went back to snappy, every shard converted again
+    (["--writer-options", ""], "error: writer_options is empty; leave --writer_options out to keep the output's (its "
+                               "manifest's), or give one"),
+    (["--tokenizer", " "], "error: tokenizer is empty; leave --tokenizer out to keep the output's (its manifest's), or "
+                           "give one (none: copy the records as they are)"),  # ([Errno 21] Is a directory: '.')
 ])
 def test_writer_options_the_writer_refuses_are_one_line_before_any_work(tmp_path, capsys, flags, line):
     """Each shard's conversion failed inside Beam (~460 lines of tracebacks, exit 1), and group_size:64 was written

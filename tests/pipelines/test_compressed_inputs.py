@@ -97,3 +97,42 @@ def test_a_damaged_stream_fails_its_shard_and_the_others_convert_even_with_skip_
     manifest = json.loads((out / "manifest.json").read_text())
     assert [(s["path"], s["records"]) for s in manifest["shards"]] == [("good.array_record", len(records))]
     assert not (out / "cut.array_record").exists()
+
+
+@pytest.mark.parametrize("suffix, compress, kind", [
+    (".zst", lambda raw: __import__("zstandard").ZstdCompressor().compress(raw), "Zstandard"),
+    (".deflate", zlib.compress, "zlib"),
+])
+@pytest.mark.parametrize("cut", [3, "half"])
+def test_a_zstd_or_zlib_stream_cut_short_fails_its_shard(tmp_path, suffix, compress, kind, cut):
+    """Beam's reader ended a cut Zstandard or zlib stream silently: a shard missing its last 3 bytes converted to 0
+    records, exit 0, and verify --deep passed; cut in half, --skip-corrupt kept half and called it one bad record."""
+    records = _records(3000)
+    whole = compress(_frames(records))
+    path = tmp_path / f"cut.tfrecord{suffix}"
+    path.write_bytes(whole[:-3] if cut == 3 else whole[: len(whole) // 2])
+    with pytest.raises(tfrecord.CompressedStreamError,
+                       match=rf"^{path}: its {kind} stream does not decompress after [\d,]+ bytes of TFRecord data: the "
+                             rf"file ends inside its {kind} stream \(cut short: an unfinished copy or upload\?\)\. "
+                             r"Re-create or re-copy this shard$"):
+        _read(path)
+    (tmp_path / f"two.tfrecord{suffix}").write_bytes(whole + whole)  # streams one after another: both read
+    assert _read(tmp_path / f"two.tfrecord{suffix}") == records + records
+
+
+def test_a_cut_zstd_shard_fails_even_with_skip_corrupt(tmp_path):
+    import zstandard
+
+    records = _records()
+    zst = zstandard.ZstdCompressor().compress(_frames(records))
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "good.tfrecord.zst").write_bytes(zst)
+    (src / "cut.tfrecord.zst").write_bytes(zst[:-3])
+    out = tmp_path / "out"
+    proc = run_cli("convert", "--input", str(src), "--output", str(out), "--skip-corrupt")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].startswith(f"FAILED: {src}/cut.tfrecord.zst: its Zstandard stream "
+                                                           "does not decompress after"), proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(s["path"], s["records"]) for s in manifest["shards"]] == [("good.array_record", len(records))]

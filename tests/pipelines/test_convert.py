@@ -1,5 +1,6 @@
 """End to end through the Beam runner and real files, read back with independent readers."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -9,6 +10,7 @@ import grain
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
+import loader
 from dataset_format.manifest import Manifest
 from pipelines import ConvertConfig, run_conversion, tfrecord
 from tests.conftest import run_cli, synthetic_records, write_tfrecord_shards
@@ -182,8 +184,28 @@ def test_a_tfds_twin_keeps_no_shard_of_an_earlier_build(tmp_path):
                                          r"more, e\.g\. digits-train\.array_record-00000-of-00003 \(from "
                                          r"/d/digits-train\.tfrecord-00000-of-00003\): it was built again .* pass "
                                          r"--prune to delete them$"):
-        _check_orphans([old], "tfds", None, config)
-    _check_orphans([old], "tfrecord", None, config)  # a glob's orphans are kept, with a warning
+        _check_orphans([old], "tfds", None, config, [])
+    _check_orphans([old], "tfrecord", None, config, [])  # a glob's orphans are kept, with a warning
+
+
+def test_an_input_written_again_in_another_number_of_shards_is_not_kept_twice(tmp_path):
+    """4 shards re-exported as 2 of the same records: the old 4 were kept beside the new 2 (every record twice), with
+    one warning and exit 0."""
+    records = [synthetic_records(i, 10) for i in range(4)]
+    write_tfrecord_shards(tmp_path / "in", records)
+    config = ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(tmp_path / "out"))
+    assert run_conversion(config, ["--direct_num_workers=1"]).ok
+    for path in (tmp_path / "in").iterdir():
+        path.unlink()
+    write_tfrecord_shards(tmp_path / "in", [records[0] + records[1], records[2] + records[3]])
+    with pytest.raises(ValueError, match=r"^the input was written again in another number of shards: "
+                                         r"train-00000-of-00004\.tfrecord is gone and shards of the same name "
+                                         r"-of-00002 are new; kept, the old shards \(e\.g\. "
+                                         r"train-00000-of-00004\.array_record\) would hold its records a second time: "
+                                         r"pass --prune to replace them"):
+        run_conversion(config, ["--direct_num_workers=1"])
+    pruned = run_conversion(dataclasses.replace(config, prune=True), ["--direct_num_workers=1"])
+    assert pruned.ok and loader.resolve(str(tmp_path / "out")).lengths == (20, 20)
 
 
 def test_inputs_moved_elsewhere_replace_their_shards_once(tmp_path):

@@ -121,6 +121,13 @@ def test_a_relative_output_inside_the_input_is_refused(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match=rf"^--output '{re.escape(output)}' is inside --input "):
             run_conversion(ConvertConfig(input=given, output=output), ["--direct_num_workers=1"])
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["train-00000-of-00001.tfrecord"]
+    # A glob that reaches into a subdirectory the output makes: accepted on the first run (no output files yet to
+    # match), refused on the second. A glob one level up leaves the output's files out: fine.
+    for given in ("data/**", "d*/**"):
+        with pytest.raises(ValueError, match=rf"^--output 'data/out' is inside --input '.*{re.escape(given)}' \(it "
+                                             rf"matches '{re.escape(str(tmp_path / 'data' / 'out'))}/manifest\.json'"):
+            run_conversion(ConvertConfig(input=given, output="data/out"), ["--direct_num_workers=1"])
+    assert run_conversion(ConvertConfig(input="data/*", output="data/out"), ["--direct_num_workers=1"]).ok
 
 
 @pytest.mark.gcs
@@ -291,3 +298,26 @@ def test_a_glob_skips_hidden_and_marker_files_unless_it_names_them(tmp_path, cap
     assert got == ["part-r-00000", "part-r-00001"]
     assert [f.path.rsplit("/", 2)[1] for f in paths.list_inputs(str(tmp_path / "sp" / "out" / ".shards" / "*"))] == [
         ".shards"]  # named: taken
+
+
+def test_a_file_whose_name_holds_glob_characters_is_that_file(tmp_path):
+    """`--input 'br[1]/part.tfrecord'` said "no files match" (`[1]` is a glob's character class) though it exists."""
+    from pipelines import paths
+
+    write_tfrecord_shards(tmp_path / "br[1]", [synthetic_records(0, 5)])
+    path = str(tmp_path / "br[1]" / "train-00000-of-00001.tfrecord")
+    assert [f.path for f in paths.list_inputs(path)] == [path]
+
+
+def test_arrayrecord_files_as_input_are_refused_up_front(tmp_path):
+    """Each shard failed on its own ("is an ArrayRecord file"), exit 1, leaving an output of failures only."""
+    from pipelines import ConvertConfig, run_conversion
+
+    write_tfrecord_shards(tmp_path / "in", [synthetic_records(0, 5)])
+    assert run_conversion(ConvertConfig(input=str(tmp_path / "in" / "*"), output=str(tmp_path / "out")),
+                          ["--direct_num_workers=1"]).ok
+    again = str(tmp_path / "out" / "*.array_record")
+    with pytest.raises(FileNotFoundError, match=rf"^input '{re.escape(again)}' names ArrayRecord files \(e\.g\. .*"
+                                                r"\), converted already: load them as they are"):
+        run_conversion(ConvertConfig(input=again, output=str(tmp_path / "twice")), ["--direct_num_workers=1"])
+    assert not (tmp_path / "twice").exists()

@@ -126,6 +126,7 @@ def test_ctrl_c_ends_with_what_was_kept_and_a_rerun_finishes(job):
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == ("interrupted: the shards committed so far are kept; run the same "
                                                     "command again to finish (it converts only what is left)")
+    assert "Traceback" not in proc.stderr and " ERROR " not in proc.stderr, proc.stderr  # (Beam's record of the DoFn)
     assert len(commits.listing(str(job / "out"))) == 3
     again = run_cli(*argv, check=True)
     assert "converted 5 shard(s)" in again.stdout and "3 converted earlier" in again.stdout, again.stdout

@@ -96,7 +96,7 @@ def test_a_converted_input_is_sent_to_the_tokenizer_that_reads_it(tmp_path, caps
     (tmp_path / "ds" / "manifest.json").write_text("{}")
     assert cli.main(["tokenizer", "--input", str(tmp_path / "ds"), "--output", str(tmp_path / "t.json")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: --input {tmp_path / 'ds'} is a converted dataset (it holds a manifest), and this command reads "
+        f"error: --input {tmp_path / 'ds'} is a converted dataset (ArrayRecord), and this command reads "
         f"TFRecords: `python -m trainer.tokenizer {tmp_path / 'ds'}` with the same options trains one on its text")
 
 

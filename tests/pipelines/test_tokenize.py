@@ -369,3 +369,24 @@ def test_text_that_is_not_utf8_is_tokenised_with_replacement_characters_and_said
     ids = [r.tolist() for b in loader.load(str(tmp_path / "out"), batch_size=1, shuffle=False, num_epochs=1)
            for r in b["tokens"]]
     assert ids[2] == tokenizers.load(tok).encode_batch(["bad \ufffd\ufffd bytes"])[0].tolist()
+
+
+def test_a_vocabulary_whose_ids_leave_gaps_is_sized_by_its_largest_id(tmp_path):
+    """A WordLevel vocabulary numbering its tokens 0, 1, 70000 was 3 tokens (uint16 ids): the conversion met id 70000
+    mid-pipeline and failed in a Beam traceback."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    tok = Tokenizer(WordLevel({"[UNK]": 0, "hello": 1, "far": 70000}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(tmp_path / "sparse.json"))
+    assert tokenizers.load(str(tmp_path / "sparse.json")).vocab_size == 70001
+    records = [example_proto.encode_example({"text": t}) for t in (b"hello far", b"far far hello")]
+    write_tfrecord_shards(tmp_path / "raw", [records])
+    out = tmp_path / "out"
+    assert run_conversion(ConvertConfig(input=str(tmp_path / "raw" / "*"), output=str(out),
+                                        tokenizer=str(tmp_path / "sparse.json")), ["--direct_num_workers=1"]).ok
+    assert json.loads((out / "manifest.json").read_text())["tokens"]["dtype"] == "<u4"
+    got = [b["tokens"][0].tolist() for b in loader.load(str(out), batch_size=1, shuffle=False, num_epochs=1)]
+    assert got == [[1, 70000], [70000, 70000, 1]]
