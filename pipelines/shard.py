@@ -23,7 +23,7 @@ from dataset_format.storage import is_remote
 from pipelines import commits, paths, tfrecord
 from pipelines.paths import InputFile
 from pipelines.stats import ShardStats
-from pipelines.tokens import Tokenize, TokenizeSpec
+from pipelines.tokens import TextKeyError, Tokenize, TokenizeSpec
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,15 @@ def convert_shard(
     counts_local = local + COUNTS_SUFFIX
     try:
         stats = ShardStats() if tokens is None else None
-        written, raw_bytes = _copy_records(task, local, writer_options, on_corrupt if skip_corrupt else None,
-                                           on_records, tokens, stats)
+        try:
+            written, raw_bytes = _copy_records(task, local, writer_options, on_corrupt if skip_corrupt else None,
+                                               on_records, tokens, stats)
+        except TextKeyError as e:
+            before = sum(1 for c in corruptions if c["records_before"] <= (e.index or 0))
+            if not before:
+                raise
+            raise TextKeyError(f"{e} (counting the records read: {before} corrupt region(s) before it were skipped "
+                               "by --skip-corrupt, so it lies further into the file)", e.index) from e
         _check_count(task, local, written, skip_corrupt)
         if tokens is not None and tokens.not_utf8:  # (kept: a web crawl's texts have some; said, not silent)
             log.warning("%s: %d record(s) hold text that is not UTF-8 (record %s%s); each invalid byte was tokenised "

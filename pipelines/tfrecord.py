@@ -98,6 +98,7 @@ class Corruption:
     offset: int  # byte offset where the bad frame starts
     length: int  # bytes skipped (the whole frame, or up to the next valid frame / EOF)
     reason: str
+    records_before: int = 0  # the records read (yielded) before it: a later record's place among those read
 
 
 def iter_records(
@@ -114,14 +115,15 @@ def iter_records(
     passed to `on_corrupt` and reading goes on.
     """
     offset = index = 0  # index: the frame's place in the file (what an error names; not kept past a resync)
+    good = 0  # the records yielded
     while True:
         header = f.read(_HEADER.size)
         if not header:
             return
         if len(header) < _HEADER.size:
             _report(path, Corruption(offset, len(header),
-                                     f"truncated header: {len(header)} of 12 bytes before end of file"), on_corrupt,
-                    index)
+                                     f"truncated header: {len(header)} of 12 bytes before end of file", good),
+                    on_corrupt, index)
             return
         length, length_crc = _HEADER.unpack(header)
         length_ok = length_crc == masked_crc32c(header[:8])
@@ -132,7 +134,7 @@ def iter_records(
             if on_corrupt is None:
                 raise CorruptRecordError(path, offset, reason, index)
             skipped = _resync(f, offset)
-            on_corrupt(Corruption(offset, skipped, f"{reason}; skipped {skipped} bytes to the next valid record"))
+            on_corrupt(Corruption(offset, skipped, f"{reason}; skipped {skipped} bytes to the next valid record", good))
             offset += skipped
             continue
         data = f.read(length)
@@ -140,13 +142,14 @@ def iter_records(
         if len(data) < length or len(footer) < _FOOTER.size:
             got = len(header) + len(data) + len(footer)
             _report(path, Corruption(offset, got,
-                                     f"truncated record: frame needs {length + 16} bytes, file ends after {got}"),
+                                     f"truncated record: frame needs {length + 16} bytes, file ends after {got}", good),
                     on_corrupt, index)
             return
         if _FOOTER.unpack(footer)[0] == masked_crc32c(data):
             yield data
+            good += 1
         else:
-            _report(path, Corruption(offset, length + 16, f"data CRC mismatch in a {length}-byte record"),
+            _report(path, Corruption(offset, length + 16, f"data CRC mismatch in a {length}-byte record", good),
                     on_corrupt, index)
         offset += length + 16
         index += 1

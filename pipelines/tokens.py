@@ -32,7 +32,12 @@ BATCH = 2048  # texts per batch call of the tokenizer
 
 
 class TextKeyError(ValueError):
-    """A record without the text feature to tokenise: names the shard, the record and the keys it has."""
+    """A record without the text feature to tokenise: names the shard, the record (`index`, among the records read)
+    and the keys it has."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,18 +153,18 @@ def record_text(example, record: bytes, text_key: str, source: str, index: int) 
         parsed = example.FromString(record)
     except Exception as e:  # noqa: BLE001 - named with the record
         raise TextKeyError(f"{source}: record {index} is not a tf.Example ({type(e).__name__}: {e}); the tokenizer "
-                           "reads the text of tf.Example records") from e
+                           "reads the text of tf.Example records", index) from e
     features = parsed.features.feature
     if text_key not in features:
         raise TextKeyError(f"{source}: record {index} has no feature {text_key!r} (it has {sorted(features)}); pass "
-                           "its text feature as --text-key")
+                           "its text feature as --text-key", index)
     feature = features[text_key]
     kind = feature.WhichOneof("kind")
     values = feature.bytes_list.value if kind == "bytes_list" else ()
     if len(values) != 1:
         what = f"{len(values)} texts" if kind == "bytes_list" else (kind or "no values").replace("_list", "s")
         raise TextKeyError(f"{source}: record {index}'s {text_key!r} holds {what}, not one text; pass a feature "
-                           "holding one string as --text-key")
+                           "holding one string as --text-key", index)
     return values[0]
 
 

@@ -315,8 +315,8 @@ def test_skip_corrupt_reports_each_record_and_reconciles_counts(tmp_path):
     assert _read_array_record(out / "train-00000-of-00001.array_record") == expected
     report = json.loads((out / "report.json").read_text())
     assert report["corrupt_records"] == [
-        {"source": str(path), "offset": i * frame, "length": frame, "reason": "data CRC mismatch in a 100-byte record"}
-        for i in (3, 17)]
+        {"source": str(path), "offset": i * frame, "length": frame, "reason": "data CRC mismatch in a 100-byte record",
+         "records_before": before} for i, before in ((3, 3), (17, 16))]  # (its place among the records read)
     (shard,) = report["shards"]
     assert shard["records_written"] + shard["corrupt_frames_skipped"] == len(records)
     assert outcome.manifest.shards[0].skipped_corrupt == 2

@@ -53,7 +53,7 @@ def test_skip_mode_reports_bad_data_and_keeps_the_rest():
     data[18 + 12] ^= 0xFF  # payload of r1 (frames are 12 + 2 + 4 = 18 bytes)
     seen = []
     assert _read(bytes(data), on_corrupt=seen.append) == [b"r0", b"r2", b"r3"]
-    assert seen == [tfrecord.Corruption(18, 18, "data CRC mismatch in a 2-byte record")]
+    assert seen == [tfrecord.Corruption(18, 18, "data CRC mismatch in a 2-byte record", records_before=1)]
 
 
 def test_skip_mode_resyncs_after_a_broken_length():

@@ -1,6 +1,7 @@
 """Tokenising at conversion time (pipelines/tokens.py): records become token ids, with a count column beside each
 shard, and the loader packs them with no tokenize function."""
 
+import dataclasses
 import json
 import os
 import re
@@ -151,6 +152,16 @@ def test_a_record_without_the_text_key_fails_its_shard_naming_the_record_and_the
     assert errors == [f"{tmp_path / 'raw' / 'train-00000-of-00002.tfrecord'}: record 7 has no feature 'text' (it has ['id']); "
                       "pass its text feature as --text-key"]
     assert [s["records"] for s in manifest["shards"]] == [10]  # the other shard converted
+    # --skip-corrupt: record 7 of those read is further into the file when a corrupt frame before it was skipped
+    first = tmp_path / "raw" / "train-00000-of-00002.tfrecord"
+    data = bytearray(first.read_bytes())
+    data[12 + 5] ^= 0xFF  # inside record 0's data: its data CRC fails
+    first.write_bytes(bytes(data))
+    outcome = run_conversion(dataclasses.replace(config, skip_corrupt=True, force=True), ["--direct_num_workers=1"])
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [f["error"] for f in manifest["failed"]] == [
+        f"{first}: record 6 has no feature 'text' (it has ['id']); pass its text feature as --text-key (counting the "
+        "records read: 1 corrupt region(s) before it were skipped by --skip-corrupt, so it lies further into the file)"]
 
 
 def test_packing_text_without_tokens_says_how_to_convert(corpus, tmp_path):
