@@ -459,13 +459,18 @@ def open_source(path: str, compression: str | None = None, *, read_buffer: int |
 class _Decompressed:
     """A zlib or Zstandard stream (streams or frames one after another) decompressed from the file under it. A file
     that ends inside a stream raises EOFError, as Python's gzip, bz2 and lzma readers do: Beam's reader ended a cut
-    stream silently, so a shard cut short converted to fewer records, or none, without a word."""
+    stream silently, so a shard cut short converted to fewer records, or none, without a word. What one step
+    decompresses is bounded (zlib: _MOST bytes; Zstandard: _PIECE bytes of input, at most ~32,768 times as many
+    out): a small file that decompresses to gigabytes (a bomb) is never held whole."""
 
-    _READ = 1 << 20
+    _READ = 1 << 20  # bytes read from the file at a time
+    _MOST = 4 << 20  # zlib: bytes decompressed at a step
+    _PIECE = 512  # Zstandard: input bytes decompressed at a step (its 4-byte RLE blocks decode to 128 KiB each)
 
     def __init__(self, raw, compression: str):
         self.fileobj, self._compression = raw, compression
         self._decompressor = self._new()
+        self._input, self._at = memoryview(b""), 0  # the file's bytes read, and how many were decompressed
         self._buffer, self._offset = b"", 0  # decompressed bytes, and how many of them were handed out
         self._position = 0  # decompressed bytes handed out in all
         self._within = False  # whether a stream has begun and not ended
@@ -494,29 +499,36 @@ class _Decompressed:
         return out
 
     def _fill(self) -> bool:
-        """The file's next bytes decompressed into the buffer (perhaps none yet); False at the end of the file, where a
+        """One step's decompressed bytes into the buffer (perhaps none yet); False at the end of the file, where a
         stream must have ended."""
-        data = self.fileobj.read(self._READ)
-        if not data:
-            if self._within:
-                raise EOFError(f"the file ends inside its {_KIND[self._compression]} stream (cut short: an unfinished "
-                               "copy or upload?)")
-            return False
-        out = []
-        while data:
-            self._within = True
-            out.append(self._decompress(data))
-            if not self._decompressor.eof:
-                break
-            self._within = False  # a stream ended: what follows is another stream's (concatenated), or nothing
-            data = self._decompressor.unused_data
-            self._decompressor = self._new()
-        self._buffer, self._offset = b"".join(out), 0
+        if self._at >= len(self._input):
+            data = self.fileobj.read(self._READ)
+            if not data:
+                if self._within:
+                    raise EOFError(f"the file ends inside its {_KIND[self._compression]} stream (cut short: an "
+                                   "unfinished copy or upload?)")
+                return False
+            self._input, self._at = memoryview(data), 0
+        self._within = True
+        decompressor = self._decompressor
+        if self._compression == Compression.DEFLATE:
+            chunk = self._input[self._at:]
+            out = self._decompress(chunk, self._MOST)
+        else:
+            chunk = self._input[self._at:self._at + self._PIECE]
+            out = self._decompress(chunk)
+        if decompressor.eof:  # a stream ended: what follows is another stream's (concatenated), or nothing
+            consumed = len(chunk) - len(decompressor.unused_data)  # (zlib's unconsumed_tail may hold them too)
+            self._decompressor, self._within = self._new(), False
+        else:
+            consumed = len(chunk) - len(getattr(decompressor, "unconsumed_tail", b""))
+        self._at += consumed
+        self._buffer, self._offset = out, 0
         return True
 
-    def _decompress(self, data: bytes) -> bytes:
+    def _decompress(self, data, *most: int) -> bytes:
         try:
-            return self._decompressor.decompress(data)
+            return self._decompressor.decompress(data, *most)
         except zlib.error:
             raise
         except Exception as e:  # noqa: BLE001 - zstandard.ZstdError (not imported unless read)

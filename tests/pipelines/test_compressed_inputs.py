@@ -136,3 +136,36 @@ def test_a_cut_zstd_shard_fails_even_with_skip_corrupt(tmp_path):
                                                            "does not decompress after"), proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert [(s["path"], s["records"]) for s in manifest["shards"]] == [("good.array_record", len(records))]
+
+
+@pytest.mark.parametrize("suffix", [".zst", ".deflate"])
+def test_a_small_file_that_decompresses_to_gigabytes_is_never_held_whole(tmp_path, suffix):
+    """A decompression bomb: 64 streams of 16 MiB of zeros (1 GiB, a few hundred KB on disk). Read 1 MB of it at a
+    time, the reader held each read's whole output (~1 GiB for the Zstandard file); a step's output is bounded now,
+    and the zeros are no TFRecord frame (a length CRC mismatch), said at once."""
+    import tracemalloc
+
+    import zstandard
+
+    zeros = bytes(16 << 20)
+    stream = zstandard.ZstdCompressor().compress(zeros) if suffix == ".zst" else zlib.compress(zeros, 9)
+    path = tmp_path / f"bomb.tfrecord{suffix}"
+    path.write_bytes(stream * 64)
+    del zeros
+    assert path.stat().st_size < 2 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(tfrecord.CorruptRecordError, match="length CRC mismatch"):
+            _read(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 << 20, f"{peak:,} bytes held"
+    with paths.open_source(str(path)) as f:  # read to its end in steps: 1 GiB out, bounded memory
+        tracemalloc.start()
+        try:
+            total = sum(len(f.read(1 << 20)) for _ in range(1024))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert total == 64 * (16 << 20) and peak < 48 << 20, f"{peak:,} bytes held"
