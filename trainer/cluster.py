@@ -101,11 +101,17 @@ def parse(text: str) -> ClusterSpec:
     task_type = spec["task"].get("type")
     if task_type not in ROLES:
         raise ValueError(f"TF_CONFIG task type {task_type!r} is not one of {', '.join(ROLES)}")
+    index = spec["task"].get("index", 0)
     try:
-        task_index = int(spec["task"].get("index", 0))
+        task_index = int(index)
+        if isinstance(index, bool) or task_index != float(index):  # (1.7 was taken as 1)
+            raise ValueError(index)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"TF_CONFIG task index {spec['task'].get('index')!r} is not an integer") from e
+        raise ValueError(f"TF_CONFIG task index {index!r} is not an integer") from e
     known = cluster.get(task_type, [])
+    if task_type != "evaluator" and not known:  # (it said "set task.index to 0..0", which was given)
+        raise ValueError(f'TF_CONFIG task type {task_type!r} has no tasks in the cluster ({", ".join(cluster)}): '
+                         f'add "{task_type}": ["host:port"] to "cluster", or give this process another task type')
     if task_type != "evaluator" and not 0 <= task_index < len(known):
         raise ValueError(f"TF_CONFIG task {task_type}:{task_index} is not in the cluster, which has {len(known)} "
                          f"{task_type} task(s); set task.index to 0..{max(len(known) - 1, 0)} or add the address")

@@ -100,21 +100,35 @@ def check_settings(config) -> None:
         more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
         raise JobMismatch(f"the job's processes were started with different settings: {said}{more}; start every "
                           "process with the same settings (only process_id differs)")
+    devices = exchange("devices", str(jax.local_device_count()))
+    if len(set(devices)) > 1:  # (orbax's first all-gather said "cannot reshape array of size 3 into shape (2,2)")
+        raise JobMismatch("the job's processes have different numbers of devices: " + ", ".join(
+            f"{n} on process {i}" for i, n in enumerate(devices)) + "; every host needs as many (the same machine "
+            "type, and CUDA_VISIBLE_DEVICES or XLA_FLAGS alike on each)")
 
 
 def check_shared(workdir: str) -> None:
-    """Every process sees the file process 0 writes in `workdir` (checkpoints are written by all of them into one
-    directory, and finished only when all have written); else JobMismatch naming the processes that do not."""
+    """`workdir` made on every process, and every process sees the file process 0 writes there (checkpoints are
+    written by all of them into one directory, and finished only when all have written); else one line, the same on
+    every process (a process that could not make it left the others waiting ~100 s, then JAX's C++ abort)."""
+    path, token = storage.join(workdir, ".job"), ""
+    with together("workdir"):
+        try:
+            storage.makedirs(workdir)
+            if _multi() and jax.process_index() == 0:
+                token = uuid.uuid4().hex
+                storage.write_text(path, token)
+        except (NotADirectoryError, FileExistsError, PermissionError) as e:
+            raise ValueError(f"workdir={workdir} cannot be made or written here ({type(e).__name__}: "
+                             f"{e.strerror or e}); give a directory this process can write (a path under a file, or "
+                             "a read-only mount, cannot hold the run)") from None
     if not _multi():
         return
-    path = storage.join(workdir, ".job")
-    if jax.process_index() == 0:
-        token = uuid.uuid4().hex
-        storage.write_text(path, token)
-    else:
-        token = ""
     token = exchange("workdir_token", token)[0]
-    seen = storage.read_text(path)
+    try:
+        seen = storage.read_text(path)
+    except OSError:  # (said as not seen)
+        seen = None
     blind = [i for i, ok in enumerate(exchange("workdir_seen", "1" if (seen or "").strip() == token else "0"))
              if ok != "1"]
     if blind:

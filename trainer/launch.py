@@ -35,6 +35,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
     if spec is not None and spec.cluster.get("ps"):
         raise ValueError(f"TF_CONFIG lists ps tasks, but strategy={config.strategy!r}; use strategy=parameter_server "
                          "(or drop the ps tasks)")
+    members = len(spec.cluster.get("chief", [])) + len(spec.cluster.get("worker", [])) if spec is not None else 0
+    if members > 1 and config.strategy != "multi_worker":  # (each host trained alone, on all the data)
+        raise ValueError(f"TF_CONFIG describes a job of {members} processes (chief and workers), and strategy="
+                         f"{config.strategy!r} trains in one: pass strategy=multi_worker, or unset TF_CONFIG")
     from trainer.train import train_and_evaluate
 
     return train_and_evaluate(config)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -230,6 +231,9 @@ def initialize_multi_worker(coordinator_address: str | None = None, num_processe
     from trainer import cluster
 
     spec = cluster.from_env() if coordinator_address is None else None
+    if coordinator_address is not None and os.environ.get("TF_CONFIG", "").strip():
+        logging.getLogger(__name__).warning("coordinator_address=%s given: the job is the one it names, and TF_CONFIG "
+                                            "is not read", coordinator_address)
     if spec is not None:
         coordinator_address, num_processes, process_id = spec.multi_worker()
     if coordinator_address is not None and (num_processes is None or process_id is None):

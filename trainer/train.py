@@ -33,7 +33,6 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from dataset_format import storage
 from trainer import accelerators, checkpoints, compile_cache, job, optim, remat, sources, tasks
 from trainer.rampup import Ramp
 from trainer.checkpoints import checkpoint_manager, config_record, finished_run
@@ -81,8 +80,7 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
         strategies.join(config.join_timeout)  # a multi-host TPU slice: JAX finds the cluster from the TPU metadata
     accelerators.warn_if_unused()  # (after jax.distributed.initialize: it must come before JAX picks a backend)
     job.check_settings(config)  # several processes: one job's, or one line naming what differs (trainer/job.py)
-    storage.makedirs(config.workdir)
-    job.check_shared(config.workdir)
+    job.check_shared(config.workdir)  # (made here, on every process)
     held.enter_context(job.alone_in(config.workdir))  # one run a workdir
     writing: collections.deque = collections.deque()  # (step, time) of each checkpoint being written in the background
 

@@ -51,6 +51,10 @@ def test_multi_worker_mapping_puts_the_chief_first():
     (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "x"}}), "index 'x' is not an integer"),
     (json.dumps({"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief"}}), "2 chief tasks; there is at most one"),
     (json.dumps({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}}), 'neither "chief" nor "worker" tasks'),
+    (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1.7}}),
+     "index 1.7 is not an integer"),  # (taken as 1)
+    (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}),
+     "task type 'chief' has no tasks in the cluster (worker): add \"chief\": [\"host:port\"] to \"cluster\""),
 ])
 def test_bad_specs_say_what_is_wrong(text, message):
     with pytest.raises(ValueError, match="TF_CONFIG") as e:
@@ -65,3 +69,18 @@ def test_roles_in_the_wrong_strategy_are_refused():
         _spec("evaluator", 0, {"worker": ["w:1"]}).multi_worker()
     with pytest.raises(ValueError, match="needs a chief task in TF_CONFIG"):
         _spec("worker", 0, {"worker": ["w:1"], "ps": ["p:1"]}).parameter_server()
+
+
+def test_a_job_of_several_processes_under_a_one_process_strategy_is_refused(monkeypatch, tmp_path):
+    """TF_CONFIG of two workers without strategy=multi_worker: each worker trained alone on all the data, exit 0."""
+    from trainer import TrainConfig
+    from trainer.launch import run
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
+                                                "task": {"type": "worker", "index": 1}}))
+    for strategy in ("default", "mirrored"):
+        with pytest.raises(ValueError, match=rf"^TF_CONFIG describes a job of 2 processes \(chief and workers\), and "
+                                             rf"strategy='{strategy}' trains in one: pass strategy=multi_worker, or "
+                                             r"unset TF_CONFIG$"):
+            run(TrainConfig(data=str(tmp_path / "none"), workdir=str(tmp_path / "w"), strategy=strategy))
+    assert not (tmp_path / "w").exists()

@@ -240,6 +240,32 @@ def test_a_workdir_each_host_has_alone_is_one_line_on_every_process(digits, tmp_
 
 
 @pytest.mark.timeout(300)
+def test_a_workdir_one_host_cannot_make_or_other_devices_stop_every_process_in_one_line(digits, tmp_path):
+    """A workdir under a file on one host: that process ended in a traceback, the other waited ~100 s for it and
+    ended in JAX's C++ abort. Hosts of different device counts: orbax's "cannot reshape array of size 3"."""
+    common = (f"data={digits['train']}", "model=mlp", "steps=4", "num_classes=10", "workdir=blk/run")
+    cwds = [tmp_path / "host0", tmp_path / "host1"]
+    for cwd in cwds:
+        cwd.mkdir()
+    (cwds[1] / "blk").write_text("a file where a directory goes")
+    (code0, _, err0), (code1, _, err1) = _job(_two(common, port=_port()), cwds=cwds)
+    assert (code0, code1) == (2, 2), err0[-2000:] + err1[-2000:]
+    mine = err1.strip().splitlines()[-1]
+    assert mine == ("error: workdir=blk/run cannot be made or written here (NotADirectoryError: Not a directory); give "
+                    "a directory this process can write (a path under a file, or a read-only mount, cannot hold the "
+                    "run)"), err1[-2000:]
+    assert err0.strip().splitlines()[-1] == f"error: process 1 stopped in its workdir: ValueError: {mine[7:]}"
+
+    common = (f"data={digits['train']}", "model=mlp", "steps=4", "num_classes=10", f"workdir={tmp_path / 'run'}")
+    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    for code, _, err in _job(_two(common, port=_port()), envs=[two, {}]):
+        assert code == 2, err[-3000:]
+        assert err.strip().splitlines()[-1] == (
+            "error: the job's processes have different numbers of devices: 2 on process 0, 1 on process 1; every host "
+            "needs as many (the same machine type, and CUDA_VISIBLE_DEVICES or XLA_FLAGS alike on each)")
+
+
+@pytest.mark.timeout(300)
 def test_data_missing_on_one_host_stops_every_process_in_one_line(digits, tmp_path):
     """The same relative data= from two directories, present under one only: the process without it said so and
     waited, the other waited in a collective, and JAX aborted both minutes later; now both stop at once, exit 2, the
