@@ -18,10 +18,12 @@ the last step a SIGTERM is logged and the run ends as it was ending, its last ch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,37 @@ class _UntilTheSteps:
 
     def __init__(self):
         self.state = "setup"  # -> "stopping" (Terminated raised), or "steps" (PreemptionNotice took over)
+        self.holding = False  # in C++ that calls back into Python (held_during): the notice waits for it to return
+        self.held = False  # a notice came meanwhile
 
     def __call__(self, *_) -> None:
+        if self.state == "setup" and self.holding:
+            self.held = True
+            return
         if self.state == "setup":
             self.state = "stopping"  # a second SIGTERM while the setup unwinds is the same notice
             raise Terminated()
         if self.state == "steps":  # restored by PreemptionNotice.close(): the run is ending
             log.warning("SIGTERM: the run is ending; it stops once its last checkpoint is written")
+
+
+@contextlib.contextmanager
+def held_during() -> Iterator[None]:
+    """Around C++ code that calls back into Python (XLA's compile, its logging and cache lookups): a SIGTERM there
+    raised Terminated inside the callback, and the process died of a segmentation fault (exit 139, not 143: a
+    scheduler's requeue-on-143 did not restart it). The notice is raised once that code returns."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if not isinstance(handler, _UntilTheSteps) or handler.state != "setup" or handler.holding:
+        yield
+        return
+    handler.holding = True
+    try:
+        yield
+    finally:
+        handler.holding = False
+    if handler.held:
+        handler.held = False
+        handler("held")
 
 
 def stop_on_sigterm_before_the_steps() -> None:

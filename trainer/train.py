@@ -40,6 +40,7 @@ from trainer import strategy as strategies
 from trainer.config import SIZED_MODELS, TrainConfig
 from trainer.metrics import MetricsWriter
 from trainer.program import Program
+from trainer import preemption as preemptions
 from trainer.preemption import PreemptionNotice
 from trainer.profiling import StepProfile
 from trainer.throughput import Throughput
@@ -401,7 +402,7 @@ def compile_step(step, state, host_batch: dict, sharding) -> jax.stages.Compiled
                                     jax.dtypes.canonicalize_dtype(x.dtype), sharding=sharding)
 
     t = time.perf_counter()
-    with compile_cache.Lookups() as lookups:
+    with preemptions.held_during(), compile_cache.Lookups() as lookups:  # (a SIGTERM raised in it: a segfault)
         compiled = step.lower(state, jax.tree.map(global_shape, host_batch)).compile()
     memory = compiled.memory_analysis()
     if memory is not None:

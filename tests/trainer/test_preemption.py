@@ -35,3 +35,48 @@ def test_a_sigterm_unwinds_the_setup_once_then_is_the_notices_then_the_ends(capl
             "SIGTERM: the run is ending; it stops once its last checkpoint is written"]
     finally:
         signal.signal(signal.SIGTERM, kept)
+
+
+def test_a_sigterm_during_the_compile_is_raised_once_it_returns():
+    """A SIGTERM while XLA compiled the step raised Terminated inside C++'s callback into Python, and the process died
+    of a segmentation fault (exit 139, not the 143 a scheduler requeues)."""
+    kept = signal.getsignal(signal.SIGTERM)
+    try:
+        preemption.stop_on_sigterm_before_the_steps()
+        went_on = []
+        with pytest.raises(preemption.Terminated):
+            with preemption.held_during():
+                _sigterm()
+                went_on.append("the compile returned")
+        assert went_on == ["the compile returned"]
+        _sigterm()  # the same notice: not raised again
+        preemption.stop_on_sigterm_before_the_steps()
+        with preemption.held_during():  # none came: nothing raised
+            pass
+    finally:
+        signal.signal(signal.SIGTERM, kept)
+
+
+def test_a_run_sent_sigterm_while_its_step_compiles_exits_143(digits, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    log = tmp_path / "err.txt"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+           "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "trainer", f"data={digits['train']}", "model=mlp",
+                                 "num_classes=10", "batch_size=32", "steps=100000", f"workdir={tmp_path / 'run'}"],
+                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while "optimizer=" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the step compiles
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    assert log.read_text().strip().splitlines()[-1].startswith("stopped by SIGTERM")
