@@ -257,33 +257,61 @@ def initialize_multi_worker(coordinator_address: str | None = None, num_processe
 def join(timeout: float, **cluster) -> None:
     """jax.distributed.initialize(**cluster), saying every JOIN_PROGRESS_S seconds that it still waits for the job's
     other processes. A job that has not formed after `timeout` seconds ends this process (exit 1) with a last line
-    saying why: JAX's own timeout, given a little more, aborts it with a C++ stack and no cause."""
+    saying why: JAX's own timeout, given a little more, aborts it with a C++ stack and no cause. A SIGTERM or Ctrl-C
+    meanwhile ends it at once (143, 130): the main thread waits in C++, where no Python handler runs, so the watching
+    thread reads them from the signal module's wakeup file descriptor (written by whichever thread takes them)."""
     import os
+    import select
+    import signal
     import sys
     import time
 
     joined = threading.Event()
     begun = time.monotonic()
     log = logging.getLogger(__name__)
+    stops = {int(signal.SIGTERM): ("stopped by SIGTERM", 143), int(signal.SIGINT): ("interrupted", 130)}
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    kept = signal.set_wakeup_fd(wake) if threading.current_thread() is threading.main_thread() else None
+
+    def end(line: str, code: int) -> None:
+        logging.shutdown()
+        print(line, file=sys.stderr, flush=True)
+        os._exit(code)
 
     def watch():
-        while not joined.wait(max(0.0, min(JOIN_PROGRESS_S, begun + timeout - time.monotonic()))):
-            waited = time.monotonic() - begun
-            if waited < timeout:
-                log.info("still waiting for the job's other processes to join (%.0f s of %.0f)", waited, timeout)
-                continue
-            logging.shutdown()
-            print(f"error: the job's processes did not all join within {timeout:.0f} s (join_timeout=): one was not "
-                  "started, cannot reach process 0's coordinator_address, or has another coordinator_address or "
-                  "num_processes; start every process, process_id 0 to num_processes - 1 once each, with the same "
-                  "coordinator_address and num_processes", file=sys.stderr, flush=True)
-            os._exit(1)
+        try:
+            waiting()
+        finally:
+            os.close(woken)
+
+    def waiting():
+        said = begun
+        while not joined.is_set():
+            left = begun + timeout - time.monotonic()
+            if left <= 0:
+                end(f"error: the job's processes did not all join within {timeout:.0f} s (join_timeout=): one was not "
+                    "started, cannot reach process 0's coordinator_address, or has another coordinator_address or "
+                    "num_processes; start every process, process_id 0 to num_processes - 1 once each, with the same "
+                    "coordinator_address and num_processes", 1)
+            if select.select([woken], [], [], min(0.5, left))[0] and not joined.is_set():
+                for number in os.read(woken, 64):
+                    if number in stops:
+                        what, code = stops[number]
+                        end(f"{what} while joining the job, before anything ran (nothing saved; the same command "
+                            "starts it again)", code)
+            if time.monotonic() - said >= JOIN_PROGRESS_S and not joined.is_set():
+                said = time.monotonic()
+                log.info("still waiting for the job's other processes to join (%.0f s of %.0f)", said - begun, timeout)
 
     threading.Thread(target=watch, daemon=True, name="join-watch").start()
     try:
         jax.distributed.initialize(**cluster, initialization_timeout=int(timeout) + 60)
     finally:
         joined.set()
+        if kept is not None:
+            signal.set_wakeup_fd(kept)
+        os.close(wake)  # (the watching thread ends within 0.5 s; its end of the pipe with it)
 
 
 def _find_device(spec: str | None, devices: list) -> Any:

@@ -202,6 +202,38 @@ def test_a_process_that_never_joins_ends_the_other_after_join_timeout_with_the_c
     assert "Check failure stack trace" not in err and time.monotonic() - begun < 90
 
 
+@pytest.mark.parametrize("sent, code, said", [(signal.SIGTERM, 143, "stopped by SIGTERM"),
+                                              (signal.SIGINT, 130, "interrupted")])
+def test_a_sigterm_or_ctrl_c_while_joining_ends_the_process_at_once(tmp_path, sent, code, said):
+    """The main thread waits in jax.distributed.initialize (C++), where no Python handler runs: a SIGTERM or Ctrl-C
+    did nothing until join_timeout (300 s by default), then exit 1."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    log = tmp_path / "err.txt"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "trainer", *_two(("data=unused", f"workdir={tmp_path / 'w'}",
+                                                                         "join_timeout=200"), port=_port())[0]],
+                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while "joining a job of 2" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(1.0)  # inside jax.distributed.initialize
+        begun = time.monotonic()
+        proc.send_signal(sent)
+        assert proc.wait(timeout=60) == code, log.read_text()[-3000:]
+        assert time.monotonic() - begun < 10
+    finally:
+        proc.kill()
+    assert log.read_text().strip().splitlines()[-1] == (
+        f"{said} while joining the job, before anything ran (nothing saved; the same command starts it again)")
+
+
 def _two(common, *, port, each=((), ())):
     return [(*common, "strategy=multi_worker", f"coordinator_address=127.0.0.1:{port}", "num_processes=2",
              f"process_id={i}", *each[i]) for i in range(2)]
