@@ -118,7 +118,7 @@ def check_shared(workdir: str) -> None:
             if _multi() and jax.process_index() == 0:
                 token = uuid.uuid4().hex
                 storage.write_text(path, token)
-        except (NotADirectoryError, FileExistsError, PermissionError) as e:
+        except OSError as e:  # (a path under a file, no permission, a read-only mount: EROFS is a plain OSError)
             raise ValueError(f"workdir={workdir} cannot be made or written here ({type(e).__name__}: "
                              f"{e.strerror or e}); give a directory this process can write (a path under a file, or "
                              "a read-only mount, cannot hold the run)") from None
