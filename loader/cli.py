@@ -126,12 +126,14 @@ def bench_main(args) -> int:
     if args.threads:
         options["num_threads"] = args.threads
     started = time.perf_counter()
-    it = iter(loader.load(args.source, batch_size=args.batch_size, split=args.split, seed=0, decode=args.decode,
-                          worker_count=args.workers, allow_incomplete=args.allow_incomplete, **options))
+    batches = loader.load(args.source, batch_size=args.batch_size, split=args.split, seed=0, decode=args.decode,
+                          worker_count=args.workers, allow_incomplete=args.allow_incomplete, **options)
+    it = iter(batches)
     next(it)
     first = time.perf_counter() - started
+    facts = _facts(args, batches.source)
     if args.step_time is not None:
-        return _paced(it, args, first, unit)
+        return _paced(it, args, first, unit, facts)
     rates = []
     for batches in (args.start, args.batches):
         it.stage_times(reset=True)
@@ -142,8 +144,7 @@ def bench_main(args) -> int:
     elapsed = time.perf_counter() - t
     setting = it.worker_setting()
     report = it.stage_times().report(elapsed, compute_cores=loader_cores(), setting=setting,
-                                     tuned=args.workers == "auto", idle=_idle_share(idle, elapsed),
-                                     **_facts(args))
+                                     tuned=args.workers == "auto", idle=_idle_share(idle, elapsed), **facts)
     it.close()  # also ends the worker processes, whose peak RSS is then counted below
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -161,14 +162,16 @@ def bench_main(args) -> int:
     return 0
 
 
-def _facts(args) -> dict:
-    """What the report's advice needs of the benched data: whether its records are token ids (a pre-tokenized dataset
-    decoded by default), and its first shard's compression."""
+def _facts(args, source=None) -> dict:
+    """What the report's advice needs of the benched data (`source`: its ShardedSource, resolved here when not given):
+    whether its records are token ids (a pre-tokenized dataset decoded by default), and its first shard's
+    compression."""
     import loader
     from loader.executors.stages import codec_of
     from loader.format.arrayrecord import read_footer
 
-    source = loader.resolve(args.source, split=args.split, allow_incomplete=args.allow_incomplete)
+    if source is None:
+        source = loader.resolve(args.source, split=args.split, allow_incomplete=args.allow_incomplete)
     try:
         codec = codec_of(read_footer(source.paths[0], source.shard_bytes[0]).writer_options)
     except (OSError, ValueError, TypeError):  # (sizes not known, a file our reader does not read: general advice)
@@ -190,7 +193,7 @@ def _idle_share(since: float | None, seconds: float) -> float | None:
     return min(1.0, max(0.0, (now - since) / (seconds * len(os.sched_getaffinity(0)))))
 
 
-def _paced(it, args, first: float, unit: str) -> int:
+def _paced(it, args, first: float, unit: str, facts: dict) -> int:
     """Takes --start + --batches batches, each followed by --step-time seconds of "compute" (a sleep, as an
     accelerator's step leaves the host's cores to the loader): the rate delivered against the rate asked and the time spent waiting,
     over the batches after the start window (the first groups are all computed at once), and every wait over
@@ -217,7 +220,7 @@ def _paced(it, args, first: float, unit: str) -> int:
     after = waits[args.start + 1:]
     report = it.stage_times().report(end - steady, compute_cores=loader_cores(), setting=setting,
                                      tuned=args.workers == "auto", waited=after.sum() / (end - steady),
-                                     idle=_idle_share(idle, end - steady), **_facts(args))
+                                     idle=_idle_share(idle, end - steady), **facts)
     it.close()
     asked = args.batch_size / step
 

@@ -260,7 +260,6 @@ def join(timeout: float, **cluster) -> None:
     saying why: JAX's own timeout, given a little more, aborts it with a C++ stack and no cause. A SIGTERM or Ctrl-C
     meanwhile ends it at once (143, 130): the main thread waits in C++, where no Python handler runs, so the watching
     thread reads them from the signal module's wakeup file descriptor (written by whichever thread takes them)."""
-    import os
     import select
     import signal
     import sys

@@ -25,6 +25,16 @@ FOREVER = 1 << 62  # batches in an endless run: an index grain can hold, never r
 NEVER = np.iinfo(np.int64).max  # next_reads: not read again on this host within the horizon
 
 
+def check_hosts(batch_size: int, shard_index: int, shard_count: int) -> None:
+    """A plan's host `shard_index` of `shard_count`, each taking an equal part of a global batch of `batch_size`."""
+    if not 0 <= shard_index < shard_count:
+        raise ValueError(f"shard_index must be in [0, shard_count) (got shard_index={shard_index}, "
+                         f"shard_count={shard_count})")
+    if batch_size % shard_count:
+        raise ValueError(f"the global batch_size={batch_size} does not split evenly over shard_count={shard_count} "
+                         f"hosts; use a multiple of {shard_count}")
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchPlan:
     num_records: int
@@ -41,12 +51,7 @@ class BatchPlan:
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (got batch_size={self.batch_size})")
-        if not 0 <= self.shard_index < self.shard_count:
-            raise ValueError(f"shard_index must be in [0, shard_count) (got shard_index={self.shard_index}, "
-                             f"shard_count={self.shard_count})")
-        if self.batch_size % self.shard_count:
-            raise ValueError(f"the global batch_size={self.batch_size} does not split evenly over "
-                             f"shard_count={self.shard_count} hosts; use a multiple of {self.shard_count}")
+        check_hosts(self.batch_size, self.shard_index, self.shard_count)
         if self.num_epochs is not None and self.num_epochs < 1:
             raise ValueError(f"num_epochs must be >= 1 or None for forever (got num_epochs={self.num_epochs})")
         if self.seed < 0:

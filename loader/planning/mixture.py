@@ -34,7 +34,7 @@ import numpy as np
 from dataset_format import storage
 from dataset_format.tfds_info import FEATURES_NAME
 from loader.format.source import ShardedSource, joined
-from loader.planning.batches import host_rows, record_rng, FOREVER
+from loader.planning.batches import check_hosts, host_rows, record_rng, FOREVER
 from loader.planning.permutation import Permutation
 from loader.planning.state import check
 
@@ -141,12 +141,7 @@ class MixturePlan:
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (got batch_size={self.batch_size})")
-        if not 0 <= self.shard_index < self.shard_count:
-            raise ValueError(f"shard_index must be in [0, shard_count) (got shard_index={self.shard_index}, "
-                             f"shard_count={self.shard_count})")
-        if self.batch_size % self.shard_count:
-            raise ValueError(f"the global batch_size={self.batch_size} does not split evenly over "
-                             f"shard_count={self.shard_count} hosts; use a multiple of {self.shard_count}")
+        check_hosts(self.batch_size, self.shard_index, self.shard_count)
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0 (got seed={self.seed})")
         if self.base is None:

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from loader.planning import _pack
+from loader.planning.batches import check_hosts
 from loader.planning.permutation import Permutation
 
 log = logging.getLogger(__name__)
@@ -235,12 +236,7 @@ class PackedPlan:
     drop_remainder: bool = True  # False: an epoch's rows that fill no batch are its last, short batch
 
     def __post_init__(self):
-        if not 0 <= self.shard_index < self.shard_count:
-            raise ValueError(f"shard_index must be in [0, shard_count) (got shard_index={self.shard_index}, "
-                             f"shard_count={self.shard_count})")
-        if self.batch_size % self.shard_count:
-            raise ValueError(f"the global batch_size={self.batch_size} does not split evenly over "
-                             f"shard_count={self.shard_count} hosts; use a multiple of {self.shard_count}")
+        check_hosts(self.batch_size, self.shard_index, self.shard_count)
         if not self.drop_remainder and self.num_epochs is None:
             raise ValueError("drop_remainder=False keeps each epoch's last, short batch, and an endless loader "
                              "(num_epochs=None) has no last batch: set num_epochs, or keep drop_remainder=True")
