@@ -50,6 +50,19 @@ def absolute(path: str) -> str:
     return path if is_remote(path) else os.path.abspath(path)
 
 
+def resolved(path: str) -> str:
+    """A local path as one name whatever way it is reached: absolute, its directories' symbolic links resolved (a
+    rerun through a link to the same files finds them recorded). A file's own name is kept (a link may name a file
+    better than its target does); a directory, or a glob's directory part, is resolved whole. Remote: as it is."""
+    if is_remote(path):
+        return path
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return os.path.realpath(path)
+    head, tail = os.path.split(path)
+    return os.path.join(os.path.realpath(head), tail)
+
+
 def basename(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path.rstrip("/"))
 

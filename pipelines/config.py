@@ -51,8 +51,8 @@ class ConvertConfig:
             raise ValueError("input is empty; pass --input PATH_OR_GLOB_OR_TFDS_DIR")
         if not self.output:
             raise ValueError("output is empty; pass --output DIR")
-        if not storage.is_remote(self.input):  # a local input is recorded whole: a rerun from elsewhere, or with the path
-            object.__setattr__(self, "input", os.path.abspath(self.input))  # spelt another way, finds its shards
+        # A local input is recorded whole: a rerun from elsewhere, with the path spelt another way or through a symbolic
+        object.__setattr__(self, "input", storage.resolved(self.input))  # link, finds its shards
         for name, value in (("writer_options", self.writer_options), ("tokenizer", self.tokenizer)):
             if value is not None and not value.strip():  # ("" kept no options, or read the working directory)
                 raise ValueError(f"{name} is empty; leave --{name} out to keep the output's (its manifest's), or give "

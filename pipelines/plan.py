@@ -226,9 +226,9 @@ def _same_file(a: ShardEntry, b: ShardEntry) -> bool:
 
 
 def same_path(source: str) -> str:
-    """A recorded source as this run's inputs spell it: local paths absolute (a manifest may hold one as it was
-    typed, relative to the directory the command ran in)."""
-    return storage.absolute(source)
+    """A recorded source as this run's inputs spell it: local paths absolute, directories' links resolved (a manifest
+    may hold one as it was typed, relative to the directory the command ran in, or through a link)."""
+    return storage.resolved(source)
 
 
 def _recover(output: str, tasks: list[ShardTask], recorded: dict[str, str | None], existing: dict[str, int],

@@ -96,10 +96,9 @@ def stage(source: str, local_dir: str, *, parallelism: int = 8) -> StageResult:
 
 
 def _normalised(source: str) -> str:
-    """The source as the staged record keeps it: without a trailing slash, a local one absolute (`v1/`, `./v1` and
-    `/data/v1` are one source, whose copies a resumed stage skips)."""
-    source = source.rstrip("/") or "/"
-    return source if storage.is_remote(source) else os.path.abspath(source)
+    """The source as the staged record keeps it: without a trailing slash, a local one absolute and its links resolved
+    (`v1/`, `./v1`, `/data/v1` and a link to it are one source, whose copies a resumed stage skips)."""
+    return storage.resolved(source.rstrip("/") or "/")
 
 
 def _check_apart(source: str, local_dir: str) -> None:

@@ -224,8 +224,9 @@ def test_inputs_moved_elsewhere_replace_their_shards_once(tmp_path):
 
 def test_a_local_input_is_recorded_whole_so_any_spelling_of_it_finds_its_shards(tmp_path, monkeypatch):
     """Converted as `raw/*` from one directory, then planned as `/abs/raw/*` (a cron job running from /) and verified
-    from another directory: nothing to convert, no source missing. A manifest that holds a relative source (as
-    written by hand or by an older converter) still matches from the directory it was written in."""
+    from another directory, or through a symbolic link to its directory: nothing to convert, no source missing. A
+    manifest that holds a relative source (as written by hand or by an older converter) still matches from the
+    directory it was written in."""
     from pipelines.plan import make_plan
     from pipelines.verify import verify
 
@@ -238,6 +239,10 @@ def test_a_local_input_is_recorded_whole_so_any_spelling_of_it_finds_its_shards(
     again = make_plan(ConvertConfig(input=str(tmp_path / "raw" / "*"), output=str(tmp_path / "out")))
     assert (len(again.tasks), len(again.kept), again.orphaned) == (0, 2, ())
     assert verify(str(tmp_path / "out"), deep=True).problems == []
+    os.symlink(tmp_path / "raw", tmp_path / "link")  # the same files through a link: converted again, every shard
+    for spelling in ("link/*", "link", "link/train-*"):
+        through = make_plan(ConvertConfig(input=str(tmp_path / spelling), output=str(tmp_path / "out")))
+        assert (len(through.tasks), len(through.kept), through.orphaned) == (0, 2, ()), spelling
 
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     for shard in manifest["shards"]:

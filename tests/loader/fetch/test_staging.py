@@ -211,10 +211,12 @@ def test_a_stage_onto_its_source_or_inside_it_is_refused_and_the_source_is_kept(
 
 
 def test_a_source_spelt_otherwise_resumes_the_same_copy(local_dataset, tmp_path, monkeypatch):
-    """The staged record compared the source as typed: `ds/` or `./ds` after `ds` copied every shard again."""
+    """The staged record compared the source as typed: `ds/`, `./ds` or a link to it after `ds` copied every shard
+    again."""
     monkeypatch.chdir(tmp_path)
     assert loader.stage(str(local_dataset), "copy").copied == 12
-    for spelling in ("ds/", "./ds", str(local_dataset) + "/"):
+    os.symlink(local_dataset, tmp_path / "link")
+    for spelling in ("ds/", "./ds", str(local_dataset) + "/", "link"):
         again = loader.stage(spelling, "copy")
         assert (again.copied, again.skipped) == (0, 12), spelling
 
