@@ -19,7 +19,7 @@ from apache_beam.metrics import Metrics
 
 from dataset_format import storage
 from dataset_format.manifest import COUNTS_SUFFIX, MANIFEST_NAME, Manifest
-from pipelines import commits, report, tasks as shard_tasks, tfds_dir
+from pipelines import commits, local_workers, report, tasks as shard_tasks, tfds_dir
 from pipelines.config import ConvertConfig
 from pipelines.plan import Plan
 from pipelines.shard import ShardCountMismatch, ShardResult, ShardTask, convert_shard
@@ -53,6 +53,7 @@ class _ConvertShardFn(beam.DoFn):
         self._tokenize = tokenize
 
     def setup(self):
+        local_workers.take_ctrl_c_silently()  # (in a local worker process: the command handles a Ctrl-C)
         self._records = Metrics.counter(_NAMESPACE, "records_written")
         self._bytes_read = Metrics.counter(_NAMESPACE, "record_bytes")
         self._bytes_written = Metrics.counter(_NAMESPACE, "bytes_written")

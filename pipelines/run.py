@@ -15,7 +15,7 @@ import time
 from dataset_format import storage
 from dataset_format.lease import LEASE_NAME, Lease
 from dataset_format.manifest import Manifest
-from pipelines import commits, dataflow, paths, report, tokens, tasks as shard_tasks
+from pipelines import commits, dataflow, local_workers, paths, report, tokens, tasks as shard_tasks
 from pipelines.config import ConvertConfig
 from pipelines.plan import Plan, make_plan, read_manifest
 from pipelines.progress import Progress
@@ -107,7 +107,8 @@ def _run(config: ConvertConfig, beam_args, wait: bool, started: float, on_datafl
         tasks_dir = shard_tasks.dataflow_dir(dataflow.temp_location(options)) if on_dataflow else None
         _ = pipeline | "ConvertToArrayRecord" >> ConvertToArrayRecord(config, plan, tasks_dir)
         local = not (template or on_dataflow)
-        with Progress(config.output, plan.tasks) if local else contextlib.nullcontext():  # from the commit records
+        with (Progress(config.output, plan.tasks) if local else contextlib.nullcontext(),  # from the commit records
+              local_workers.stopped_with_this_process(local and _worker_processes(options))):
             result = pipeline.run()
             if local:
                 result.wait_until_finish()
@@ -209,6 +210,13 @@ def pipeline_options(beam_args: list[str], *, num_tasks: int, tokenize: bool = F
 
 
 BYTES_PER_WORKER = 96 << 20
+
+
+def _worker_processes(options: PipelineOptions) -> bool:
+    """Whether the DirectRunner runs this pipeline in worker processes of its own."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    return options.view_as(DirectOptions).direct_running_mode == "multi_processing"
 
 
 def _work(source) -> int:

@@ -37,8 +37,8 @@ if _point.startswith(("commit:", "interrupt:", "terminate:")):  # killed, Ctrl-C
         if count == int(_point.split(":")[1]):
             if _point.startswith("commit:"):
                 _die()
-            elif _point.startswith("interrupt:"):
-                os.kill(os.getpid(), signal.SIGINT)
+            elif _point.startswith("interrupt:"):  # a terminal's Ctrl-C: to the command's process group (the test
+                os.killpg(os.getpgrp(), signal.SIGINT)  # starts it in one of its own), worker processes and all
             else:  # to the launcher, as a stopped pod's: Beam's worker processes write the commits of `workers` > 1
                 os.kill(int(os.environ["ARCONV_LAUNCHER"]), signal.SIGTERM)
         elif count > int(_point.split(":")[1]):  # the shards after it, slower than these small ones convert: the

@@ -108,21 +108,23 @@ def _stopped(job, point: str, workers: int = 1):
     from tests.conftest import REPO
 
     argv = ["convert", "--input", str(job / "in" / "*.tfrecord"), "--output", str(job / "out"),
-            f"--direct_num_workers={workers}"]
+            f"--direct_num_workers={workers}", *(["--direct_running_mode=multi_processing"] if workers > 1 else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(job / "site"), str(REPO)]),
            "ARCONV_KILL_AT": point, "ARCONV_KILL_COUNTER": str(job / "counter")}
     proc = subprocess.run([sys.executable, "-m", "pipelines", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=120, start_new_session=True)
     return proc, argv
 
 
-def test_ctrl_c_ends_with_what_was_kept_and_a_rerun_finishes(job):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_ends_with_what_was_kept_and_a_rerun_finishes(job, workers):
     """Ctrl-C ended in KeyboardInterrupt (in-process: a RuntimeError Beam re-raised from the DoFn) and, on a terminal,
     pages of worker tracebacks: the last line now says the committed shards are kept and to run the command again,
-    which converts only the rest."""
+    which converts only the rest. With worker processes, each printed its own KeyboardInterrupt and grpc tracebacks,
+    and the runner's threads their workers' ends."""
     from pipelines import commits
 
-    proc, argv = _stopped(job, "interrupt:3")
+    proc, argv = _stopped(job, "interrupt:3", workers)
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == ("interrupted: the shards committed so far are kept; run the same "
                                                     "command again to finish (it converts only what is left)")
@@ -136,7 +138,8 @@ def test_ctrl_c_ends_with_what_was_kept_and_a_rerun_finishes(job):
 def test_a_sigterm_gives_the_lease_back_and_says_what_was_kept(job, workers):
     """A SIGTERM (a stopped pod or VM) ended the conversion at once: no line, Beam's workers left, and the output's
     lease held off the restart ("being converted by another run") until it lapsed, 2 minutes later. It now ends as
-    Ctrl-C does, exit 143: the lease is given back and the same command, run at once, converts the rest."""
+    Ctrl-C does, exit 143: the lease is given back and the same command, run at once, converts the rest. With worker
+    processes, the command then hung until killed: Beam's cleanup waited for workers in the middle of a bundle."""
     from dataset_format.lease import LEASE_NAME
     from pipelines import commits
 
