@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from dataset_format import storage
 from trainer import optim
 from trainer.config import LAYOUT_KEYS, TrainConfig, setting_text
 
@@ -77,6 +79,19 @@ def close(mngr: ocp.CheckpointManager) -> None:
 # The settings that give the parameters their shapes: named when a checkpoint's shapes differ from this run's.
 SHAPING_KEYS = ("task", "model", "width", "depth", "heads", "mlp_ratio", *LAYOUT_KEYS, "seq_len", "vocab_size",
                 "tokenizer", "text_key", "num_classes", "image_size", "optimizer")
+
+
+COMMIT_MARKER = "commit_success.txt"  # (orbax's: a gs:// checkpoint is finished once this object is in it)
+
+
+def finished_steps(directory: str) -> list[int]:
+    """The steps of the finished checkpoints in `directory`, listed afresh at each call. On gs:// from Cloud Storage
+    itself: the file-system layer orbax lists through keeps the listings it has made, so an evaluator beside a running
+    trainer saw only the checkpoints that were there at its first look."""
+    if not storage.is_remote(directory):
+        return sorted(ocp.utils.checkpoint_steps(directory)) if os.path.isdir(directory) else []
+    named = sorted(int(n) for n in storage.entries(directory) if n.isdigit())
+    return [s for s in named if storage.exists(storage.join(storage.join(directory, str(s)), COMMIT_MARKER))]
 
 
 def config_record(config: TrainConfig) -> ocp.args.JsonSave:

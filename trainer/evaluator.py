@@ -126,7 +126,7 @@ def new_checkpoints(directory: str, after: int, timeout: float, poll: float = 1.
     evaluator may only read, fills the trainer's storage, and was not read from anyway."""
     last, since = after, time.monotonic()
     while True:
-        listed = ocp.utils.checkpoint_steps(directory) if storage.names_something(directory) else []
+        listed = checkpoints_lib.finished_steps(directory)
         steps = [s for s in listed if s > last]
         if steps:
             last = max(steps)
@@ -173,7 +173,7 @@ def _being_deleted(checkpoints: str, step: int) -> bool:
     """Whether the trainer is deleting checkpoint `step`: MAX_TO_KEEP newer ones are finished (a deletion removes
     the files inside a checkpoint before its directory, object by object on gs://)."""
     try:
-        newer = [s for s in ocp.utils.checkpoint_steps(checkpoints) if s > step]
+        newer = [s for s in checkpoints_lib.finished_steps(checkpoints) if s > step]
     except Exception:  # noqa: BLE001 - the listing failed too: the read's own error is the one to see
         return False
     return len(newer) >= checkpoints_lib.MAX_TO_KEEP

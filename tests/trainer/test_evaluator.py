@@ -111,6 +111,28 @@ def test_a_checkpoint_deleted_before_or_while_it_is_read_is_skipped(digits, tmp_
     assert out == "None" and "checkpoint 40 was deleted (max_to_keep) before it could be read; skipped" in err
 
 
+@pytest.mark.gcs
+def test_the_evaluator_sees_each_new_checkpoint_of_a_gs_workdir(gcs_bucket, gcs_emulator):
+    """On gs://, the listing went through the file-system layer orbax uses, which keeps the listings it made: an
+    evaluator beside a running trainer evaluated the checkpoints there at its start, then no other (eval_timeout,
+    exit 0). A checkpoint without orbax's commit marker is not finished yet."""
+    from trainer.evaluator import new_checkpoints
+
+    bucket, client = gcs_bucket
+    put = lambda name: client.bucket(bucket).blob(f"run/checkpoints/{name}").upload_from_string(b"x")  # noqa: E731
+    put("1/state/_METADATA")
+    put("1/commit_success.txt")
+    found = new_checkpoints(f"gs://{bucket}/run/checkpoints", 0, timeout=5, poll=0.1)
+    assert next(found) == 1
+    put("2/state/_METADATA")  # being written
+    put("3/state/_METADATA")
+    put("3/commit_success.txt")
+    assert next(found) == 3
+    put("2/commit_success.txt")  # older than the last one seen: passed over, as tf's checkpoints_iterator does
+    put("4/commit_success.txt")
+    assert next(found) == 4
+
+
 def test_mode_evaluate_needs_eval_data(tmp_path):
     proc = trainer_here(f"data={tmp_path}", f"workdir={tmp_path}", "mode=evaluate")
     assert proc.returncode == 2
