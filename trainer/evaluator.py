@@ -5,8 +5,8 @@ It watches WORKDIR/checkpoints (as tf's checkpoints_iterator: the newest finishe
 newer one; orbax's copies each checkpoint into the trainer's directory first, which a read-only mount refuses),
 restores each new checkpoint's parameters only, runs the task's evaluation over `eval_data` and appends `{"step",
 "eval_loss", "eval_<metric>", "eval_examples"}` to WORKDIR/eval/metrics.jsonl and TensorBoard (WORKDIR/eval). It
-stops after evaluating step `steps` or the last step of the training run that wrote the checkpoint (its `steps`,
-saved beside it), or after `eval_timeout` seconds without a new checkpoint. It never joins the training cluster: it
+stops after evaluating step `steps` where it is given, else the last step of the training run that wrote the
+checkpoint (its `steps`, saved beside it), or after `eval_timeout` seconds without a new checkpoint. It never joins the training cluster: it
 only reads files, so it can run anywhere the checkpoints are visible, and a restarted evaluator goes on after the
 last step it recorded. One evaluator a workdir: it holds WORKDIR/eval's lease (trainer/job.py), and a second one
 stops with a line naming it.
@@ -36,6 +36,7 @@ from trainer.program import Program
 log = logging.getLogger(__name__)
 
 _LOCAL_STRATEGIES = ("default", "one_device", "mirrored", "central_storage")
+_DEFAULT_STEPS = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "steps")
 
 
 def evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
@@ -60,15 +61,19 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
     eval_dir = storage.join(config.workdir, "eval")
     done = [r["step"] for r in metrics_lib.read(eval_dir)]
     last = max(done, default=0)
-    if last >= config.steps:
+    # steps= given: the last step to wait for; left at its default, the training run's own last step (its steps=,
+    # saved beside each checkpoint): the default stopped an evaluator at step 1000 of a longer run, exit 0
+    limit = None if config.steps == _DEFAULT_STEPS else config.steps
+    if limit is not None and last >= limit:
         log.info("evaluator: step %d is already evaluated (%s); nothing to do", last, eval_dir)
         return {"checkpoints_evaluated": 0, "checkpoints_skipped": 0, "final_step": last}
     on_devices = lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=strategy.replicated)  # noqa: E731
     abstract = {"params": jax.tree.map(on_devices, program.abstract_params())}
     if program.has_state:
         abstract["model_state"] = jax.tree.map(on_devices, program.abstract_model_state())
-    log.info("evaluator: watching %s for checkpoints after step %d, until step %d (eval_timeout=%gs); results in %s",
-             checkpoints, last, config.steps, config.eval_timeout, eval_dir)
+    log.info("evaluator: watching %s for checkpoints after step %d, until %s (eval_timeout=%gs); results in %s",
+             checkpoints, last, f"step {limit}" if limit is not None else "the training run's last step",
+             config.eval_timeout, eval_dir)
     writer = metrics_lib.MetricsWriter(eval_dir, last, tensorboard_dir=eval_dir)
     record: dict[str, Any] = {}
     evaluated = skipped = 0
@@ -86,10 +91,10 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
             log.info("evaluator: step %d %s", step,
                      " ".join(f"{k} {v:.4f}" for k, v in record.items()
                               if k.startswith("eval_") and not k.endswith("_examples")))
-            if step >= config.steps:
+            if limit is not None and step >= limit:
                 break
             final = _run_steps(checkpoints, step)
-            if final is not None and step >= final:  # (an evaluator started without the trainer's steps=)
+            if final is not None and step >= final:
                 log.info("evaluator: step %d is the last of the training run that wrote it (its steps=%d); stopping",
                          step, final)
                 break

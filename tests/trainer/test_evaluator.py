@@ -147,6 +147,25 @@ def test_evaluator_without_new_checkpoints_stops_after_its_timeout(digits, tmp_p
     assert json.loads(proc.stdout)["summary"]["checkpoints_evaluated"] == 0
 
 
+def test_without_steps_the_evaluator_waits_for_the_training_runs_last_step(digits, tmp_path):
+    """Without steps=, the default 1000 stopped the evaluator at the first checkpoint past step 1000 of a longer run,
+    exit 0: the run's later checkpoints were never evaluated. Here the run that wrote step 1020 goes on to 1040 (its
+    steps=, saved beside the checkpoint), whose checkpoint is not there yet: the evaluator waits for it."""
+    trained = train_here(*_common(digits, tmp_path)[:4], "batch_size=8", "num_classes=10", "steps=1040",
+                         "log_every=1040", "eval_every=1040", "checkpoint_every=1020")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    shutil.rmtree(tmp_path / "checkpoints" / "1040")  # (not written yet)
+    evaluate = (f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp", "num_classes=10",
+                "eval_timeout=2")
+    proc = train_here(*evaluate)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "until the training run's last step" in proc.stderr
+    assert "evaluator: step 1020 eval_accuracy" in proc.stderr
+    assert "no new checkpoint for 2s; stopping after step 1020" in proc.stderr
+    given = train_here(*evaluate, "steps=1020")  # steps= given: the last step to wait for
+    assert given.returncode == 0 and "step 1020 is already evaluated" in given.stderr, given.stderr[-3000:]
+
+
 def test_a_second_evaluator_of_a_workdir_stops_in_one_line(tmp_path):
     """Two evaluators of one workdir both appended each step's results to eval/metrics.jsonl; the second now stops
     at once, naming the first."""
