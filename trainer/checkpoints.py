@@ -199,10 +199,10 @@ def _written(mngr: ocp.CheckpointManager, step: int) -> dict:
 
 def _written_otherwise(mngr: ocp.CheckpointManager, step: int, config: TrainConfig, keys: tuple[str, ...]) -> list[str]:
     """`KEY=VALUE` for each of `keys` that the run which wrote the checkpoint at `step` had otherwise."""
-    return _otherwise(_written(mngr, step), config, keys)
+    return settings_otherwise(_written(mngr, step), config, keys)
 
 
-def _otherwise(written: dict, config: TrainConfig, keys: tuple[str, ...]) -> list[str]:
+def settings_otherwise(written: dict, config: TrainConfig, keys: tuple[str, ...]) -> list[str]:
     """`KEY=VALUE` for each of `keys` that the settings `written` have otherwise than `config`."""
     now = json.loads(json.dumps(dataclasses.asdict(config), default=str))
     return [f"{k}={setting_text(written[k])}" for k in keys if k in written and written[k] != now.get(k)]
@@ -220,14 +220,14 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
     except ValueError as e:
         if "tree structures do not match" not in str(e):
             raise
-        changed = _otherwise(written, config, tuple(dict.fromkeys(SHAPING_KEYS + OPTIMIZER_KEYS)))
+        changed = settings_otherwise(written, config, tuple(dict.fromkeys(SHAPING_KEYS + OPTIMIZER_KEYS)))
         fix = (f"resume with {' '.join(changed)} (what it was written with)" if changed else
                "resume with the settings it was written with (optimizer=, grad_clip=, ...)")
         raise ValueError(f"{config.checkpoint_dir} holds step {step} of a training state other than this run's (its "
                          f"optimizer state holds other arrays): {fix}, or pass another workdir= to start afresh") from None
     # (said once the state has restored: a resume that cannot restore gets its error alone, not advice before it)
     check_schedule(written, step, config)
-    layout = _otherwise(written, config, LAYOUT_KEYS)
+    layout = settings_otherwise(written, config, LAYOUT_KEYS)
     if layout:  # the same shapes, another function: allowed (a longer rope wavelength to extend the context), said
         log.warning("resuming step %d, written with %s: the model computes otherwise from here on (resume with those "
                     "to continue the same model)", step, " ".join(layout))

@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 from dataset_format import storage
 from trainer import accelerators, checkpoints as checkpoints_lib, compile_cache, job, metrics as metrics_lib
 from trainer import preemption, strategy as strategies
-from trainer.config import TrainConfig
+from trainer.config import LAYOUT_KEYS, TrainConfig
 from trainer.program import Program
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,8 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
         for step in new_checkpoints(checkpoints, last, config.eval_timeout):
             if step <= last:
                 continue
+            written = _written(checkpoints, step)
+            _check_model(written, step, config)
             restored = restore_params(checkpoints, step, abstract)
             if restored is None:
                 skipped += 1
@@ -93,7 +95,7 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
                               if k.startswith("eval_") and not k.endswith("_examples")))
             if limit is not None and step >= limit:
                 break
-            final = _run_steps(checkpoints, step)
+            final = written.get("steps") if isinstance(written.get("steps"), int) else None
             if final is not None and step >= final:
                 log.info("evaluator: step %d is the last of the training run that wrote it (its steps=%d); stopping",
                          step, final)
@@ -162,16 +164,29 @@ def restore_params(checkpoints: str, step: int, abstract: dict) -> dict | None:
         return None
 
 
-def _run_steps(checkpoints: str, step: int) -> int | None:
-    """The `steps` of the training run that wrote checkpoint `step` (its settings are saved beside it), or None."""
+def _written(checkpoints: str, step: int) -> dict:
+    """The settings of the training run that wrote checkpoint `step` (saved beside it), or {}."""
     import json
 
     try:
         text = storage.read_text(storage.join(storage.join(storage.join(checkpoints, str(step)), "config"), "metadata"))
-        steps = json.loads(text).get("steps") if text else None
+        written = json.loads(text) if text else {}
     except Exception:  # noqa: BLE001 - deleted meanwhile, or not ours: `steps=` and eval_timeout stop the evaluator
-        return None
-    return steps if isinstance(steps, int) else None
+        return {}
+    return written if isinstance(written, dict) else {}
+
+
+# The settings that make the model's function: a checkpoint evaluated under others (a partial restore loads the arrays
+# both models have) gave wrong numbers without a word, or orbax's advice on shapes, which is not the fix.
+MODEL_KEYS = ("task", "model", "width", "depth", "heads", "mlp_ratio", *LAYOUT_KEYS, "vocab_size", "num_classes",
+              "image_size")
+
+
+def _check_model(written: dict, step: int, config: TrainConfig) -> None:
+    changed = checkpoints_lib.settings_otherwise(written, config, MODEL_KEYS)
+    if changed:
+        raise ValueError(f"checkpoint {step} in {config.checkpoint_dir} is of a model with {' '.join(changed)} (the "
+                         f"training run's settings): evaluate with those, as this command computes another model")
 
 
 def _being_deleted(checkpoints: str, step: int) -> bool:

@@ -165,6 +165,15 @@ def test_without_steps_the_evaluator_waits_for_the_training_runs_last_step(digit
     given = train_here(*evaluate, "steps=1020")  # steps= given: the last step to wait for
     assert given.returncode == 0 and "step 1020 is already evaluated" in given.stderr, given.stderr[-3000:]
 
+    # A model of other settings than the training run's: a partial restore loaded the arrays both have and the numbers
+    # were wrong without a word (a same-shaped function), or orbax's advice on shapes was the error
+    shutil.rmtree(tmp_path / "eval")
+    for setting, message in (("model=cnn", "model=mlp"), ("num_classes=12", "num_classes=10")):
+        other = train_here(*evaluate, setting)
+        assert other.returncode == 2 and other.stderr.strip().splitlines()[-1] == (
+            f"error: checkpoint 1020 in {tmp_path / 'checkpoints'} is of a model with {message} (the training run's "
+            "settings): evaluate with those, as this command computes another model"), other.stderr[-3000:]
+
 
 def test_a_second_evaluator_of_a_workdir_stops_in_one_line(tmp_path):
     """Two evaluators of one workdir both appended each step's results to eval/metrics.jsonl; the second now stops
