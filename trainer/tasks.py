@@ -309,6 +309,10 @@ class LanguageModel:
                                  "tokenizer's")
             return cls(config.text_key, config.seq_len, config.vocab_size or tok.vocab_size, False, tok)
         vocab_size = BYTE_VOCAB if byte_level and config.vocab_size is None else config.vocab_size
+        if byte_level and vocab_size < BYTE_VOCAB:  # (a byte past it was a NaN loss at the step that met it)
+            raise ValueError(f"vocab_size={vocab_size} is below byte-level text's {BYTE_VOCAB} ids (PAD, BOS and a "
+                             f"byte each: {config.text_key!r} holds text, read as bytes); drop vocab_size=, or pass "
+                             "tokenizer=")
         if vocab_size is None:
             raise ValueError(f"{config.text_key!r} holds token ids: pass vocab_size=N (ids must be < N)")
         return cls(config.text_key, config.seq_len, vocab_size, byte_level)

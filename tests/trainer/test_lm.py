@@ -181,6 +181,10 @@ def test_llamas_layout_trains_from_the_command_line_and_a_resume_without_it_name
     (("text_key=tokens",), "error: 'tokens' holds token ids: pass vocab_size=N (ids must be < N)"),
     (("text_key=caption",), "error: task reads feature 'caption', which the data does not have; its features are "
                             "['image', 'label', 'meta', 'text', 'tokens', 'vec'] (set text_key=)"),
+    # (a byte past the vocabulary was a NaN loss at the step that met it, "lower learning_rate")
+    (("text_key=text", "vocab_size=130"), "error: vocab_size=130 is below byte-level text's 258 ids (PAD, BOS and a "
+                                          "byte each: 'text' holds text, read as bytes); drop vocab_size=, or pass "
+                                          "tokenizer="),
 ])
 def test_lm_over_the_wrong_feature_is_one_line(rich_tfds, tmp_path, overrides, message):
     proc = trainer_here(f"data={rich_tfds}", f"workdir={tmp_path}", "task=lm", "model=transformer_lm", "steps=1",
