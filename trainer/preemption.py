@@ -118,6 +118,11 @@ class PreemptionNotice:
             return multihost_utils.reached_preemption_sync_point(step)
         return self._flag
 
+    def requested(self) -> bool:
+        """Whether this process has been asked to stop, between steps (an evaluation leaves off for it). Several
+        processes: False (they stop at one agreed step, and evaluate together until then)."""
+        return not self._multi and self._flag
+
     def close(self) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)

@@ -13,6 +13,7 @@ import functools
 import inspect
 import itertools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -230,18 +231,19 @@ class Program:
 
         return eval_step
 
-    def evaluate(self, strategy, params, model_state=None) -> dict[str, float]:
+    def evaluate(self, strategy, params, model_state=None, stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """The task's metrics and loss over one pass of eval_data (each process its rows; short batches padded
         and masked): {"eval_<metric>": mean, "eval_loss": mean, "eval_examples": count}. For a mixture of eval
-        components, each one's too ("eval_<name>_loss", ...), and the overall means over all their examples."""
+        components, each one's too ("eval_<name>_loss", ...), and the overall means over all their examples.
+        `stop`: asked before each batch; True leaves the evaluation off (EvaluationStopped)."""
         params = strategy.on_devices(params)
         model_state = strategy.on_devices(model_state) if model_state else {}
         evaluation = self.data.eval
         if evaluation[0].name is None:
-            return _means(*self._eval_sums(strategy, params, model_state, evaluation[0]))
+            return _means(*self._eval_sums(strategy, params, model_state, evaluation[0], stop))
         out, totals, weight, examples = {}, {}, 0.0, 0.0
         for source in evaluation:
-            sums, w, n = self._eval_sums(strategy, params, model_state, source)
+            sums, w, n = self._eval_sums(strategy, params, model_state, source, stop)
             out.update({f"eval_{source.name}_{k[len('eval_'):]}": v for k, v in _means(sums, w, n).items()})
             totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
             weight, examples = weight + w, examples + n
@@ -263,7 +265,8 @@ class Program:
                                                   num_epochs=1, drop_remainder=False, pad_remainder=True, **task_args)
         return self._eval_loaders[key]
 
-    def _eval_sums(self, strategy, params, model_state, source: Source) -> tuple[dict[str, float], float, float]:
+    def _eval_sums(self, strategy, params, model_state, source: Source,
+                   stop: Callable[[], bool] | None = None) -> tuple[dict[str, float], float, float]:
         """(summed metrics, summed weights, examples) over one pass of `source` (its first eval_steps batches; the
         last one short, padded with rows of weight 0). With packing, its rows packed as training's are, so every token
         of every document is scored, and the examples are rows."""
@@ -271,6 +274,9 @@ class Program:
         weight = examples = 0.0
         it = iter(self._eval_loader(source))
         for batch in itertools.islice(it, self.config.eval_steps):
+            if stop is not None and stop():
+                it.close()
+                raise EvaluationStopped
             weights = batch.pop(MASK_KEY).astype(np.float32)  # (the loader pads the last batch: pad_remainder)
             batch = {k: np.asarray(v) for k, v in batch.items()}
             sums, w, n = self.eval_step(params, model_state, strategy.distribute(batch), strategy.distribute(weights))
@@ -279,6 +285,10 @@ class Program:
             weight, examples = weight + float(w), examples + float(n)
         it.close()  # (eval_steps may stop it early: its read-ahead stops now)
         return totals, weight, examples
+
+
+class EvaluationStopped(Exception):
+    """An evaluation left off because its `stop` said so (a SIGTERM: the checkpoint comes first)."""
 
 
 def _means(totals: dict[str, float], weight: float, examples: float) -> dict[str, float]:

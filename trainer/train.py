@@ -39,7 +39,7 @@ from trainer.checkpoints import checkpoint_manager, config_record, finished_run
 from trainer import strategy as strategies
 from trainer.config import SIZED_MODELS, TrainConfig
 from trainer.metrics import MetricsWriter
-from trainer.program import Program
+from trainer.program import EvaluationStopped, Program
 from trainer import preemption as preemptions
 from trainer.preemption import PreemptionNotice
 from trainer.profiling import StepProfile
@@ -319,8 +319,14 @@ def _train_and_evaluate(config: TrainConfig, held: contextlib.ExitStack) -> dict
                         "learning_rate": optim.rate_at(config, step - 1),  # the step's own
                         **throughput.rates(examples, jax.device_get(tokens), elapsed), **_component_rows(it),
                         **({"batch_size": batch_size} if ramp is not None else {})}
-                if evaluating:
-                    last.update(program.evaluate(strategy, state["params"], state.get("model_state")))
+                if evaluating and not stop:  # (stopping: the checkpoint first; a preemption's grace is ~30 s)
+                    try:
+                        last.update(program.evaluate(strategy, state["params"], state.get("model_state"),
+                                                     stop=preemption.requested))
+                    except EvaluationStopped:
+                        log.warning("%s during the evaluation at step %d: left off, the checkpoint first",
+                                    preemption.reason, step)
+                        stop = True
                 if metrics:
                     metrics.write(last)
                 evals = "".join(f"{k} {v:.4f} " for k, v in last.items()

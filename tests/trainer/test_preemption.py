@@ -80,3 +80,37 @@ def test_a_run_sent_sigterm_while_its_step_compiles_exits_143(digits, tmp_path):
     finally:
         proc.kill()
     assert log.read_text().strip().splitlines()[-1].startswith("stopped by SIGTERM")
+
+
+def test_a_sigterm_during_an_evaluation_leaves_it_off_and_saves_at_once(digits, tmp_path, monkeypatch):
+    """The notice was read only after each training step: a SIGTERM early in an in-loop evaluation waited for all of
+    it (44 s of a 265-batch one), past a preemption's ~30 s of grace. The evaluation now leaves off at its next batch,
+    and the checkpoint is written."""
+    import json
+
+    from tests.trainer.conftest import train_here
+    from trainer.program import Program
+
+    step, calls = Program.eval_step, []
+
+    def counted(self):
+        inner = step.__get__(self)
+
+        def eval_step(*args):
+            calls.append(1)
+            if len(calls) == 3:  # the third batch of the evaluation at step 4
+                _sigterm()
+            return inner(*args)
+        return eval_step
+
+    monkeypatch.setattr(Program, "eval_step", property(counted))
+    proc = train_here(f"data={digits['train']}", f"eval_data={digits['test']}", f"workdir={tmp_path}", "model=mlp",
+                      "num_classes=10", "batch_size=8", "steps=20", "log_every=4", "eval_every=4",
+                      "checkpoint_every=100")
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert len(calls) == 3  # (of the evaluation's 45 batches)
+    assert "SIGTERM during the evaluation at step 4: left off, the checkpoint first" in proc.stderr
+    assert "SIGTERM: saved a checkpoint at step 4" in proc.stderr
+    assert os.listdir(tmp_path / "checkpoints") == ["4"]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [4] and "eval_loss" not in rows[0]
