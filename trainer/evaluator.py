@@ -101,6 +101,9 @@ def _evaluate_checkpoints(config: TrainConfig) -> dict[str, Any]:
                          step, final)
                 break
         else:
+            if not evaluated and not done and not storage.names_something(checkpoints):  # (a workdir= misspelt: it
+                raise ValueError(f"no checkpoint in {checkpoints} after eval_timeout={config.eval_timeout:g}s: the "
+                                 "directory does not exist; check workdir= (the training run's)")  # exited 0)
             log.warning("evaluator: no new checkpoint for %gs; stopping after step %d", config.eval_timeout, last)
     finally:
         writer.close()

@@ -140,10 +140,18 @@ def test_mode_evaluate_needs_eval_data(tmp_path):
 
 
 def test_evaluator_without_new_checkpoints_stops_after_its_timeout(digits, tmp_path):
-    proc = train_here(f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp",
-                       "num_classes=10", "steps=60", "eval_timeout=2")
+    """Where no checkpoints directory ever appeared (a misspelt workdir=), it is an error: it exited 0, evaluating
+    nothing."""
+    evaluate = (f"eval_data={digits['test']}", f"workdir={tmp_path}", "mode=evaluate", "model=mlp", "num_classes=10",
+                "steps=60", "eval_timeout=1")
+    proc = train_here(*evaluate)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"error: no checkpoint in {tmp_path / 'checkpoints'} after eval_timeout=1s: the directory does not exist; "
+        "check workdir= (the training run's)"), proc.stderr[-3000:]
+    (tmp_path / "checkpoints").mkdir()  # a training run's, before its first checkpoint
+    proc = train_here(*evaluate)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "no new checkpoint for 2s; stopping after step 0" in proc.stderr
+    assert "no new checkpoint for 1s; stopping after step 0" in proc.stderr
     assert json.loads(proc.stdout)["summary"]["checkpoints_evaluated"] == 0
 
 
