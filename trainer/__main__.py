@@ -151,6 +151,7 @@ def main(argv=None, *, process: bool = False) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from trainer.checkpoints import UnreadableCheckpoint
     from trainer.launch import run
 
     try:
@@ -161,6 +162,9 @@ def main(argv=None, *, process: bool = False) -> int:
         print(f"error: {e}" + (f" (in {where.filename}:{where.lineno}, {where.name})" if where else ""),
               file=sys.stderr)
         return _leaving_the_job(2, process)
+    except UnreadableCheckpoint as e:  # (what to do is in it: orbax's pages of detail are not)
+        print(f"error: {e}", file=sys.stderr)
+        return _leaving_the_job(1, process)
     except preemption.Terminated as e:  # before the steps: what ran has been cleaned up, as for a Ctrl-C
         print(str(e) or "stopped by SIGTERM before a step of this run ran (nothing saved; the same command resumes "
               "from the latest checkpoint, if any)", file=sys.stderr)

@@ -217,9 +217,9 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
     try:
         restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                                data=ocp.args.JsonRestore()))
-    except ValueError as e:
-        if "tree structures do not match" not in str(e):
-            raise
+    except Exception as e:  # noqa: BLE001 - orbax's, tensorstore's, json's, the storage's: any, named below
+        if not (isinstance(e, ValueError) and "tree structures do not match" in str(e)):
+            raise unreadable(config.checkpoint_dir, step, e, mngr.all_steps()) from e
         changed = settings_otherwise(written, config, tuple(dict.fromkeys(SHAPING_KEYS + OPTIMIZER_KEYS)))
         fix = (f"resume with {' '.join(changed)} (what it was written with)" if changed else
                "resume with the settings it was written with (optimizer=, grad_clip=, ...)")
@@ -232,6 +232,24 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
         log.warning("resuming step %d, written with %s: the model computes otherwise from here on (resume with those "
                     "to continue the same model)", step, " ".join(layout))
     return restored
+
+
+class UnreadableCheckpoint(RuntimeError):
+    """A checkpoint that could not be read: damaged, partly written, or its storage failing."""
+
+
+def unreadable(directory: str, step: int, error: BaseException, steps: Any = None) -> UnreadableCheckpoint:
+    """The error for checkpoint `step` in `directory` that could not be read: what failed, and the way on (its files
+    and orbax's error named neither: a JSON error at exit 2, or pages of tensorstore's spec). `steps`: the
+    checkpoints there, for a resume (None: an evaluator's, which goes on with the next one)."""
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    before = [s for s in steps or () if s < step]
+    then = ("the evaluator goes on with the next one" if steps is None else
+            f"the run resumes from step {max(before)}" if before else "the run starts afresh")
+    target = storage.join(directory, str(step))
+    return UnreadableCheckpoint(f"checkpoint {step} in {directory} cannot be read ({type(error).__name__}: {first}); "
+                                f"if it is damaged or partly written, move it aside (e.g. to {target}.unreadable) and "
+                                f"{then}; if its storage failed, run again")
 
 
 def finished_run(config: TrainConfig, mngr: ocp.CheckpointManager) -> dict[str, Any] | None:

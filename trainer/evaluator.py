@@ -159,10 +159,10 @@ def restore_params(checkpoints: str, step: int, abstract: dict) -> dict | None:
                 item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                 partial_restore=True))
         return restored
-    except Exception:  # noqa: BLE001 - whatever the storage layer raised, it only matters if the files are still there
+    except Exception as e:  # noqa: BLE001 - whatever the storage layer raised, it only matters if the files are there
         there = storage.exists(storage.join(path, "_METADATA")) if storage.is_remote(path) else os.path.exists(path)
         if there and not _being_deleted(checkpoints, step):
-            raise
+            raise checkpoints_lib.unreadable(checkpoints, step, e) from e
         log.warning("evaluator: checkpoint %d was deleted (max_to_keep) before it could be read; skipped", step)
         return None
 

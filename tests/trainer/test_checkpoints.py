@@ -82,3 +82,39 @@ def test_a_checkpoint_that_cannot_be_written_ends_the_run_with_its_cause(digits,
                         r"resumes from the last checkpoint written", last), last
     with ocp.CheckpointManager(str(workdir / "checkpoints")) as mngr:
         assert mngr.all_steps() == []
+
+
+def test_a_checkpoint_that_cannot_be_read_is_one_line_naming_it_and_the_way_on(digits, tmp_path):
+    """A damaged checkpoint was `error: Expecting value: line 1 column 1 (char 0)` (exit 2, as for a bad setting),
+    or pages of tensorstore's spec after the error line, or orbax's KeyError: none named the checkpoint or what to do.
+    Moved aside as the line says, the run resumes from the one before."""
+    import shutil
+
+    from tests.trainer.conftest import train_here
+
+    common = (f"data={digits['train']}", f"workdir={tmp_path}", "model=mlp", "num_classes=10", "batch_size=8",
+              "log_every=2", "checkpoint_every=2")
+    assert train_here(*common, "steps=4").returncode == 0
+    kept = tmp_path / "kept"
+    shutil.copytree(tmp_path / "checkpoints" / "4", kept)
+    store = tmp_path / "checkpoints" / "4"
+    damage = {
+        "a loader state that is not JSON": lambda: (store / "data" / "metadata").write_text("garbage"),
+        "the array store cut short": lambda: [f.write_bytes(f.read_bytes()[:7]) for f in
+                                             (store / "state").rglob("*") if f.is_file() and "ocdbt" in str(f)
+                                             and f.stat().st_size > 64],
+        "the state gone": lambda: shutil.rmtree(store / "state"),
+    }
+    for what, do in damage.items():
+        shutil.rmtree(store)
+        shutil.copytree(kept, store)
+        do()
+        proc = train_here(*common, "steps=6")
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 1 and re.fullmatch(
+            rf"error: checkpoint 4 in {re.escape(str(tmp_path / 'checkpoints'))} cannot be read \(\w+: .*\); if it is "
+            rf"damaged or partly written, move it aside \(e\.g\. to {re.escape(str(store))}\.unreadable\) and the run "
+            r"resumes from step 2; if its storage failed, run again", last), (what, proc.stderr[-3000:])
+    store.rename(tmp_path / "checkpoints" / "4.unreadable")
+    resumed = train_here(*common, "steps=6")
+    assert resumed.returncode == 0 and "resumed from step 2" in resumed.stderr, resumed.stderr[-3000:]
