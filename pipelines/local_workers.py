@@ -1,8 +1,9 @@
 """Beam's worker processes on this machine (the DirectRunner's `multi_processing` mode) stop with the command.
 
-Two things went wrong without this. A SIGTERM to the command (`kill PID`, a pod or VM stopping) left Beam's runner
-waiting for its workers forever: its cleanup joins each worker's thread, and a worker in the middle of a bundle never
-ends on its own (the command hung until a SIGKILL, its lease held). A terminal's Ctrl-C reached the workers as well
+Two things went wrong without this. A SIGTERM to the command (`kill PID`, a pod or VM stopping) could leave Beam's
+runner waiting on its workers: its cleanup joins each worker's thread, which waits for the worker process to end, and
+workers stopped in the middle of their bundles were seen not to (the command waited over ten minutes, until killed,
+its lease held). A terminal's Ctrl-C reached the workers as well
 (they share its process group): each printed its KeyboardInterrupt and grpc tracebacks, a hundred lines around the
 command's last one.
 

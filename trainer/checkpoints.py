@@ -244,7 +244,7 @@ def unreadable(directory: str, step: int, error: BaseException, steps: Any = Non
     checkpoints there, for a resume (None: an evaluator's, which goes on with the next one)."""
     first = (str(error).strip().splitlines() or [""])[0][:300]
     before = [s for s in steps or () if s < step]
-    then = ("the evaluator goes on with the next one" if steps is None else
+    then = ("run the evaluator again: it goes on with the next one" if steps is None else
             f"the run resumes from step {max(before)}" if before else "the run starts afresh")
     target = storage.join(directory, str(step))
     return UnreadableCheckpoint(f"checkpoint {step} in {directory} cannot be read ({type(error).__name__}: {first}); "

@@ -6,10 +6,11 @@ newer one; orbax's copies each checkpoint into the trainer's directory first, wh
 restores each new checkpoint's parameters only, runs the task's evaluation over `eval_data` and appends `{"step",
 "eval_loss", "eval_<metric>", "eval_examples"}` to WORKDIR/eval/metrics.jsonl and TensorBoard (WORKDIR/eval). It
 stops after evaluating step `steps` where it is given, else the last step of the training run that wrote the
-checkpoint (its `steps`, saved beside it), or after `eval_timeout` seconds without a new checkpoint. It never joins the training cluster: it
-only reads files, so it can run anywhere the checkpoints are visible, and a restarted evaluator goes on after the
-last step it recorded. One evaluator a workdir: it holds WORKDIR/eval's lease (trainer/job.py), and a second one
-stops with a line naming it.
+checkpoint (its `steps`, saved beside it), or after `eval_timeout` seconds without a new checkpoint. It never joins
+the training cluster: it only reads files, so it can run anywhere the checkpoints are visible, and a restarted
+evaluator goes on after the last step it recorded. One evaluator a workdir: it holds WORKDIR/eval's lease
+(trainer/job.py), and a second one stops with a line naming it. A checkpoint of a model with other settings than
+its own (the training run's are saved beside each checkpoint) stops it with one line naming them.
 
 The trainer keeps max_to_keep checkpoints: one deleted between being listed and being read (or while it is read) is
 skipped with a log line, not fatal (the next one is evaluated).
