@@ -44,17 +44,17 @@ def _losses(workdir):
     return [json.loads(line)["loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_trains_like_mirrored_on_eight_devices_and_resumes(digits, tmp_path):
+def test_trains_like_mirrored_on_four_devices_and_resumes(digits, tmp_path):
     common = (f"data={digits['train']}", f"eval_data={digits['test']}", "model=mlp", "batch_size=32",
               "learning_rate=0.003", "num_classes=10", "log_every=1", "eval_every=20", "checkpoint_every=10")
-    mirrored = run_trainer(*common, "steps=20", f"workdir={tmp_path / 'mirrored'}", "strategy=mirrored", devices=8)
+    mirrored = run_trainer(*common, "steps=20", f"workdir={tmp_path / 'mirrored'}", "strategy=mirrored", devices=4)
     assert mirrored.returncode == 0, mirrored.stderr[-3000:]
     # central_storage in two runs: 10 steps, then a resume from the step-10 checkpoint to 20
     for steps in (10, 20):
         central = run_trainer(*common, f"steps={steps}", f"workdir={tmp_path / 'central'}",
-                              "strategy=central_storage", devices=8)
+                              "strategy=central_storage", devices=4)
         assert central.returncode == 0, central.stderr[-3000:]
-    assert "strategy=central_storage num_replicas_in_sync=8" in central.stderr
+    assert "strategy=central_storage num_replicas_in_sync=4" in central.stderr
     assert "resumed from step 10" in central.stderr
     assert len(_losses(tmp_path / "central")) == 20
     np.testing.assert_allclose(_losses(tmp_path / "central"), _losses(tmp_path / "mirrored"), atol=1e-3)
