@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -75,19 +76,20 @@ class WorkerControls:
         the batch not handed out), never skipped: the executors move past a group that raised (grain's threads) or stop
         (worker processes), so a caller that catches an error and asks again would otherwise get later batches, or
         none, and a state that no longer says which it had."""
-        if self._failed:
-            self._failed = False
-            restart()
-        elif getattr(self._host, "groups", None) is None:
-            return take()  # closed by the caller: says so until set_state()
-        try:
-            return take()
-        except StopIteration:
-            raise
-        except BaseException:  # (a Ctrl-C caught by the caller too, as a notebook does: the executor closed on it)
-            self._failed = True
-            self.close()
-            raise
+        with self.__dict__.setdefault("_taking", threading.Lock()):  # one batch at a time: two threads' calls
+            if self._failed:                                      # interleaved on the workers' pipes, and hung
+                self._failed = False
+                restart()
+            elif getattr(self._host, "groups", None) is None:
+                return take()  # closed by the caller: says so until set_state()
+            try:
+                return take()
+            except StopIteration:
+                raise
+            except BaseException:  # (a Ctrl-C caught by the caller too, as a notebook does: the executor closed on it)
+                self._failed = True
+                self.close()
+                raise
 
     def stage_times(self, reset: bool = False) -> StageTimes:
         """What the groups handed out so far cost, stage by stage (loader/executors/stages.py); `.report()` says which

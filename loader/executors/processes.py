@@ -131,7 +131,10 @@ READY = "ready"  # a worker's first message: it started and holds the group func
 
 
 def _serve(conn, payload: bytes, owner: int, threads: int, prefix: str) -> None:
-    """A worker: computes the groups it is sent, `threads` at once, and sends back (group, ok, result or error)."""
+    """A worker: computes the groups it is sent, `threads` at once, and sends back (group, ok, result or error).
+    A terminal's Ctrl-C, which reaches the workers too, is its owner's to handle (the owner stops them): each worker
+    printed a KeyboardInterrupt traceback of its own beside the owner's."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_owner(owner, before_exit=functools.partial(_sweep, f"{prefix}-*"))
     fn = pickle.loads(payload)
     conn.send(READY)

@@ -150,6 +150,9 @@ class Scheduled(abc.ABC):
 
     def _take(self, events: list) -> None:
         """Books what happened (answers, workers' ends), then sends groups to the workers with room."""
+        if self._closed:  # close() from another thread while this one waited: its workers ended, none is restarted
+            raise ValueError("this loader iterator was closed while a batch was awaited (close() from another "
+                             "thread); set_state() (or a new iter()) starts reading again")
         for event in events:
             if isinstance(event, Died):
                 self._replace(event.worker, event.how, event.with_node)

@@ -55,6 +55,43 @@ def test_a_worker_killed_mid_epoch_is_replaced_and_the_batches_are_the_same(conv
     assert _workers() == []
 
 
+def _hangs_in_a_worker(record: bytes) -> bytes:
+    if multiprocessing.parent_process() is not None:
+        time.sleep(3600)  # a map function that never returns
+    return record
+
+
+@pytest.mark.timeout(120)
+def test_the_iterator_is_one_batch_at_a_time_from_any_thread_and_a_close_from_another_ends_a_wait(converted):
+    """Two threads' next() interleaved on the workers' pipes: the loader killed healthy workers, hung, or both. A
+    close() from another thread (a caller's own timeout) left a waiting next() waiting for ever, and the loader
+    started workers in place of those close() had stopped, which lived as long as the process."""
+    import threading
+
+    expected = _rows(loader.load(str(converted), map_fn=_slow, **OPTIONS))
+    it = iter(loader.load(str(converted), map_fn=_slow, worker_count=2, **OPTIONS))
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.extend((i, _rows([b])[0]) for i, b in zip(range(32), it)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(rows for _, rows in got) == sorted(expected)  # each batch once
+    it.close()
+
+    it = iter(loader.load(str(converted), map_fn=_hangs_in_a_worker, worker_count=1, **OPTIONS))
+    threading.Timer(1.0, it.close).start()
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"^this loader iterator was closed while a batch was awaited \(close\(\) "
+                                         r"from another thread\)"):
+        next(it)
+    assert time.monotonic() - started < 30
+    time.sleep(0.5)
+    assert _workers() == []
+
+
 @pytest.mark.timeout(120)
 def test_a_record_that_kills_every_worker_is_one_error_naming_its_group(converted):
     it = iter(loader.load(str(converted), map_fn=_poisoned, worker_count=2, **{**OPTIONS, "shuffle": False}))
@@ -148,6 +185,39 @@ def test_result_files_of_an_owner_killed_with_its_workers_are_removed_by_the_nex
         for path in (orphan, mine):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+INTERRUPTED = """
+import sys, time
+import loader
+
+def slow(record):
+    time.sleep(0.01)
+    return record
+
+if __name__ == "__main__":
+    it = iter(loader.load(sys.argv[1], batch_size=8, seed=3, decode=None, num_epochs=100, worker_count=2, map_fn=slow))
+    next(it)
+    print("reading", flush=True)
+    for _ in it:
+        pass
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_terminals_ctrl_c_is_the_owners_alone(converted, tmp_path):
+    """A Ctrl-C reaches the whole process group: each worker printed a KeyboardInterrupt traceback of its own."""
+    script = tmp_path / "read.py"
+    script.write_text(INTERRUPTED)
+    proc = subprocess.Popen([sys.executable, str(script), str(converted)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline() == "reading\n"
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT and err.count("Traceback") == 1, err  # (the owner's KeyboardInterrupt)
+    assert "loader-worker" not in err, err
 
 
 UNGUARDED = """
