@@ -135,15 +135,39 @@ def _serve(conn, payload: bytes, owner: int, threads: int, prefix: str) -> None:
     A terminal's Ctrl-C, which reaches the workers too, is its owner's to handle (the owner stops them): each worker
     printed a KeyboardInterrupt traceback of its own beside the owner's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_with_owner(owner, before_exit=functools.partial(_sweep, f"{prefix}-*"))
+    lock, making = threading.Lock(), threading.Condition()
+    serials = itertools.count()
+    files = {"making": 0, "stopped": False}  # results being written to /dev/shm; whether no more may be
+
+    def stop_making_files() -> None:
+        """No result file is made from now on, and those being made are finished: then a sweep removes them all (a
+        group thread inside _pack made its file after the sweep, and the owner that would have taken it was gone:
+        up to 200 MB a file stayed in /dev/shm, which is memory)."""
+        with making:
+            files["stopped"] = True
+            making.wait_for(lambda: not files["making"], timeout=10)
+
+    def owner_gone() -> None:
+        stop_making_files()
+        _sweep(f"{prefix}-*")
+
+    exit_with_owner(owner, before_exit=owner_gone)
     fn = pickle.loads(payload)
     conn.send(READY)
-    lock = threading.Lock()
-    serials = itertools.count()
 
     def run(g: int, arg: Any) -> None:
         try:
-            message = (g, True, _pack(transport.compact(fn(arg)), prefix, next(serials)))
+            value = transport.compact(fn(arg))
+            with making:
+                if files["stopped"]:
+                    return
+                files["making"] += 1
+            try:
+                message = (g, True, _pack(value, prefix, next(serials)))
+            finally:
+                with making:
+                    files["making"] -= 1
+                    making.notify_all()
         except BaseException as e:  # noqa: BLE001 - handed to the owner, which raises it where the batch is taken
             message = (g, False, _portable(e))
         with lock:
@@ -153,7 +177,8 @@ def _serve(conn, payload: bytes, owner: int, threads: int, prefix: str) -> None:
     while True:
         try:
             job = conn.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError):  # the owner's end of the pipe closed: it died (its stop() kills this process)
+            owner_gone()
             break
         if job is None:
             break
