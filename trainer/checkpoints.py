@@ -219,7 +219,7 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
                                                                data=ocp.args.JsonRestore()))
     except Exception as e:  # noqa: BLE001 - orbax's, tensorstore's, json's, the storage's: any, named below
         if not (isinstance(e, ValueError) and "tree structures do not match" in str(e)):
-            raise unreadable(config.checkpoint_dir, step, e, mngr.all_steps()) from e
+            raise unreadable(config.checkpoint_dir, step, e, _steps(mngr)) from e
         changed = settings_otherwise(written, config, tuple(dict.fromkeys(SHAPING_KEYS + OPTIMIZER_KEYS)))
         fix = (f"resume with {' '.join(changed)} (what it was written with)" if changed else
                "resume with the settings it was written with (optimizer=, grad_clip=, ...)")
@@ -232,6 +232,13 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
         log.warning("resuming step %d, written with %s: the model computes otherwise from here on (resume with those "
                     "to continue the same model)", step, " ".join(layout))
     return restored
+
+
+def _steps(mngr: ocp.CheckpointManager) -> list[int]:
+    try:
+        return list(mngr.all_steps())
+    except Exception:  # noqa: BLE001 - the storage failing again: the line says less, not another error
+        return []
 
 
 class UnreadableCheckpoint(RuntimeError):
