@@ -455,10 +455,14 @@ class _ReadGroup:
 
     def _mapped(self, fn, index: int, *args):
         try:
-            return fn(*args)
+            value = fn(*args)
         except Exception as e:  # noqa: BLE001 - re-raised with the shard and record named
             raise ValueError(f"{self._where(index)}: {getattr(fn, '__name__', type(fn).__name__)} failed "
                              f"({type(e).__name__}: {e})") from e
+        if value is None:  # (collated, it was an AttributeError naming neither the function nor the record)
+            raise ValueError(f"{self._where(index)}: {getattr(fn, '__name__', type(fn).__name__)} returned None; "
+                             "it must return the mapped record (a dict of features, or one value)")
+        return value
 
 
 def _form(value) -> tuple[str, int] | None:

@@ -577,3 +577,14 @@ def test_a_batch_that_raised_comes_next_when_the_caller_asks_again(converted, tm
     assert re.search(r"record \d+: FailOnce failed \(OSError: transient error", errors[0][0])
     assert got == expected and it.get_state()["next_batch"] == 20
     it.close()
+
+
+def _none_for_one(record):
+    return None if record == b"2:7" else {"r": np.frombuffer(record.ljust(8), np.uint8)}
+
+
+def test_a_map_fn_that_returns_none_is_named_with_the_record(converted):
+    """It was an AttributeError from the collation ('NoneType' object has no attribute ...), naming neither the
+    function nor the record."""
+    with pytest.raises(ValueError, match=r"record \d+: _none_for_one returned None; it must return the mapped record"):
+        list(loader.load(str(converted), batch_size=4, seed=0, decode=None, num_epochs=1, map_fn=_none_for_one))
