@@ -27,6 +27,15 @@
 
 #include <jpeglib.h>
 
+/* The smallest vertical DCT scale of any component: one field before libjpeg 7's API (libjpeg-turbo's default build),
+ * a horizontal and a vertical one from it on (libjpeg-turbo built --with-jpeg7/8, as some distributions and CUDA
+ * images ship it). */
+#if JPEG_LIB_VERSION >= 70
+#define MIN_DCT_V_SCALED_SIZE(cinfo) ((cinfo).min_DCT_v_scaled_size)
+#else
+#define MIN_DCT_V_SCALED_SIZE(cinfo) ((cinfo).min_DCT_scaled_size)
+#endif
+
 /* The most libjpeg holds for an image of n pixels: a progressive decode's coefficients, 2 bytes each, 64 a block of
  * 8x8 pixels, for up to 3 components (libjpeg converts no more to RGB) = 6 bytes a pixel, rounded up to 8 for blocks
  * padded to whole MCUs; plus rows and tables (a row buffer of a 65,535-pixel-wide image is a few MB). */
@@ -129,7 +138,7 @@ static PyObject *py_crop(PyObject *self, PyObject *args) {
          * the end returns without reading), and the decode finished, so that libjpeg reaches the end marker: data
          * corrupted mid-scan shows there ("N extraneous bytes before marker 0xd9"); a decode stopped at the crop's
          * last row returned its wrong pixels without a word. No inverse transform is spent on the skipped rows. */
-        unsigned imcu = (unsigned)(cinfo.max_v_samp_factor * cinfo.min_DCT_scaled_size); /* output rows an iMCU row */
+        unsigned imcu = (unsigned)(cinfo.max_v_samp_factor * MIN_DCT_V_SCALED_SIZE(cinfo)); /* output rows an iMCU row */
         if (cinfo.output_scanline < cinfo.output_height) {
           last = malloc((size_t)cols * 3);
           if (!last) {

@@ -31,6 +31,8 @@ count, worker count and after a resume.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import math
 import struct
 
@@ -270,6 +272,18 @@ def _crop_decoder():
     return _jpeg
 
 
+@functools.cache
+def _say_if_crops_decode_whole() -> None:
+    """Once a process, where a crop op is made: a log line when _jpeg.c was not built, since crops then decode whole
+    JPEGs (the loader runs, a little slower), and a user would otherwise never learn why."""
+    if _crop_decoder() is None:
+        logging.getLogger(__name__).warning(
+            "loader.decoding._jpeg is not built (libjpeg's headers were missing when the package was built): random "
+            "crops decode whole JPEGs through simplejpeg, ~1.2x the CPU of a crop decode. For the crop decode, install "
+            "libjpeg-turbo's headers (apt install libjpeg-turbo8-dev or libjpeg-dev; dnf install libjpeg-turbo-devel) "
+            "and build again (pip install -e ., or python setup.py build_ext --inplace)")
+
+
 def decode_crop(data, box: tuple[int, int, int, int], min_size: tuple[int, int], *,
                 max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
     """The `box` (top, left, h, w) of an encoded image (or of a decoded array) as uint8 [h', w', 3] RGB, at the
@@ -396,6 +410,7 @@ class RandomResizedCrop:
         if not 0 < self.aspect_range[0] <= self.aspect_range[1]:
             raise ValueError(f"aspect_range must satisfy 0 < low <= high (got aspect_range={self.aspect_range})")
         _check_max_pixels(self.max_pixels)
+        _say_if_crops_decode_whole()
 
     @property
     def encoded_features(self) -> tuple[str, ...]:

@@ -2,10 +2,12 @@
 
 import collections
 import contextlib
+import glob
 import io
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -770,3 +772,43 @@ if __name__ == "__main__":  # python -m tests.loader.decoding.test_images: write
     FUZZ_IMAGES.mkdir(parents=True, exist_ok=True)
     for file_name, file_bytes in make_fuzz_images().items():
         (FUZZ_IMAGES / file_name).write_bytes(file_bytes)
+
+
+@pytest.mark.parametrize("lib_version", [62, 80])
+def test_the_crop_decoder_compiles_against_both_libjpeg_apis(tmp_path, lib_version):
+    """libjpeg's API 7+ (libjpeg-turbo built --with-jpeg8, as CUDA images ship it) splits min_DCT_scaled_size in two:
+    _jpeg.c compiles against both (where it does not build, images decode whole, ~2x the CPU a crop). Compiled
+    against this machine's jpeglib.h with its jconfig.h's JPEG_LIB_VERSION set to 62 and to 80."""
+    import sysconfig
+    jpeglib = next((p for p in ("/usr/include/jpeglib.h", "/usr/local/include/jpeglib.h") if os.path.exists(p)), None)
+    if jpeglib is None or not shutil.which("gcc"):
+        pytest.skip("no jpeglib.h or gcc here: _jpeg.c is optional and not built")
+    include = os.path.dirname(jpeglib)
+    jconfig = next(p for p in [os.path.join(include, "jconfig.h"), *glob.glob(f"{include}/*/jconfig.h")]
+                   if os.path.exists(p))
+    text = re.sub(r"#define JPEG_LIB_VERSION\s+\d+", f"#define JPEG_LIB_VERSION {lib_version}", open(jconfig).read())
+    assert f"JPEG_LIB_VERSION {lib_version}" in text, jconfig
+    (tmp_path / "jconfig.h").write_text(text)
+    for name in ("jpeglib.h", "jmorecfg.h"):
+        shutil.copy(os.path.join(include, name), tmp_path / name)
+    done = subprocess.run(["gcc", "-fsyntax-only", "-std=gnu11", "-Werror=implicit-function-declaration",
+                           f"-I{tmp_path}", f"-I{sysconfig.get_paths()['include']}", str(REPO / "loader/decoding/_jpeg.c")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_crop_op_says_once_when_crops_decode_whole_jpegs(monkeypatch, caplog):
+    """Without _jpeg.c built, RandomResizedCrop still works (whole decodes) and says so once, with the fix."""
+    monkeypatch.setattr(images, "_crop_decoder", lambda: None)
+    images._say_if_crops_decode_whole.cache_clear()
+    with caplog.at_level("WARNING", logger=images.__name__):
+        images.RandomResizedCrop("image/encoded", size=32)
+        images.RandomResizedCrop("image/encoded", size=64)
+    lines = [r.getMessage() for r in caplog.records if r.name == images.__name__]
+    assert len(lines) == 1 and "not built" in lines[0] and "libjpeg-turbo8-dev" in lines[0], lines
+    monkeypatch.undo()
+    images._say_if_crops_decode_whole.cache_clear()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=images.__name__):
+        images.RandomResizedCrop("image/encoded", size=32)
+    assert [r for r in caplog.records if r.name == images.__name__] == [] or images._crop_decoder() is None
