@@ -276,6 +276,7 @@ class PackedIterator(WorkerControls, Iterator):
 
     def __init__(self, loader: PackedLoader):
         self._loader = loader
+        self._taking = threading.Lock()
         self._ray = loader.config.ray_address is not None
         self._host, self._device = None, None
         self._start(0, START)

@@ -25,6 +25,7 @@ import dataclasses
 import inspect
 import logging
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -581,6 +582,7 @@ class LoaderIterator(WorkerControls, Iterator):
 
     def __init__(self, loader: Loader, start: int = 0):
         self._loader = loader
+        self._taking = threading.Lock()
         self._ray = loader.config.ray_address is not None
         self._plan = loader.plan  # a restored mixture state may continue on a plan of its own
         self._next = start

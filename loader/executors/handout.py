@@ -65,6 +65,8 @@ class WorkerControls:
     _ray: bool = False  # its workers are Ray actors
     _failed: bool = False  # the last batch asked for raised
     _resized: int | None = None  # resize_workers()'s count: every (re)start after it starts this many
+    _taking: threading.Lock  # one batch at a time (made by the iterator's __init__): two threads' calls interleaved
+    #                          on the workers' pipes, and hung
 
     def _worker_count(self) -> int | str:
         """The workers a (re)start (set_state(), a batch that raised) makes: resize_workers()'s count once called,
@@ -76,8 +78,8 @@ class WorkerControls:
         the batch not handed out), never skipped: the executors move past a group that raised (grain's threads) or stop
         (worker processes), so a caller that catches an error and asks again would otherwise get later batches, or
         none, and a state that no longer says which it had."""
-        with self.__dict__.setdefault("_taking", threading.Lock()):  # one batch at a time: two threads' calls
-            if self._failed:                                      # interleaved on the workers' pipes, and hung
+        with self._taking:
+            if self._failed:
                 self._failed = False
                 restart()
             elif getattr(self._host, "groups", None) is None:
