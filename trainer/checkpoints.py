@@ -234,25 +234,32 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract: Any, config: Train
     return restored
 
 
-def _steps(mngr: ocp.CheckpointManager) -> list[int]:
+def _steps(mngr: ocp.CheckpointManager) -> list[int] | None:
+    """The checkpoints there, or None when listing them fails too (the storage failing again: the line says less, not
+    another error)."""
     try:
         return list(mngr.all_steps())
-    except Exception:  # noqa: BLE001 - the storage failing again: the line says less, not another error
-        return []
+    except Exception:  # noqa: BLE001
+        return None
 
 
 class UnreadableCheckpoint(RuntimeError):
     """A checkpoint that could not be read: damaged, partly written, or its storage failing."""
 
 
-def unreadable(directory: str, step: int, error: BaseException, steps: Any = None) -> UnreadableCheckpoint:
+def unreadable(directory: str, step: int, error: BaseException, steps: Any = "evaluator") -> UnreadableCheckpoint:
     """The error for checkpoint `step` in `directory` that could not be read: what failed, and the way on (its files
     and orbax's error named neither: a JSON error at exit 2, or pages of tensorstore's spec). `steps`: the
-    checkpoints there, for a resume (None: an evaluator's, which goes on with the next one)."""
+    checkpoints there, for a resume (None: a resume's whose listing failed too; "evaluator": an evaluator's, which goes
+    on with the next one)."""
     first = (str(error).strip().splitlines() or [""])[0][:300]
-    before = [s for s in steps or () if s < step]
-    then = ("run the evaluator again: it goes on with the next one" if steps is None else
-            f"the run resumes from step {max(before)}" if before else "the run starts afresh")
+    if steps == "evaluator":
+        then = "run the evaluator again: it goes on with the next one"
+    elif steps is None:
+        then = "the run resumes from the latest checkpoint before it (or starts afresh where there is none)"
+    else:
+        before = [s for s in steps if s < step]
+        then = f"the run resumes from step {max(before)}" if before else "the run starts afresh"
     target = storage.join(directory, str(step))
     return UnreadableCheckpoint(f"checkpoint {step} in {directory} cannot be read ({type(error).__name__}: {first}); "
                                 f"if it is damaged or partly written, move it aside (e.g. to {target}.unreadable) and "

@@ -118,3 +118,28 @@ def test_a_checkpoint_that_cannot_be_read_is_one_line_naming_it_and_the_way_on(d
     store.rename(tmp_path / "checkpoints" / "4.unreadable")
     resumed = train_here(*common, "steps=6")
     assert resumed.returncode == 0 and "resumed from step 2" in resumed.stderr, resumed.stderr[-3000:]
+
+
+def test_an_unreadable_checkpoint_says_the_way_on_for_each_listing():
+    """What follows moving the checkpoint aside: the step a resume takes, afresh only where nothing is before it, and
+    no claim of either when the listing failed too (it said "starts afresh" with checkpoints before it)."""
+    from trainer.checkpoints import unreadable
+    error = OSError("the storage said no\nmore")
+    said = {steps: str(unreadable("/w/checkpoints", 8, error, *([] if steps == "default" else [steps])))
+            for steps in ("default", None)}
+    said["[2, 4, 8]"] = str(unreadable("/w/checkpoints", 8, error, [2, 4, 8]))
+    said["[8]"] = str(unreadable("/w/checkpoints", 8, error, [8]))
+    assert said == {
+        "default": "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or "
+                   "partly written, move it aside (e.g. to /w/checkpoints/8.unreadable) and run the evaluator again: it "
+                   "goes on with the next one; if its storage failed, run again",
+        None: "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or partly "
+              "written, move it aside (e.g. to /w/checkpoints/8.unreadable) and the run resumes from the latest "
+              "checkpoint before it (or starts afresh where there is none); if its storage failed, run again",
+        "[2, 4, 8]": "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or "
+                     "partly written, move it aside (e.g. to /w/checkpoints/8.unreadable) and the run resumes from step "
+                     "4; if its storage failed, run again",
+        "[8]": "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or partly "
+               "written, move it aside (e.g. to /w/checkpoints/8.unreadable) and the run starts afresh; if its storage "
+               "failed, run again",
+    }
