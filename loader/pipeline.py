@@ -21,6 +21,7 @@ plan cuts the epochs into read groups of consecutive global batches, and an exec
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import inspect
 import logging
@@ -406,7 +407,37 @@ class _ReadGroup:
         clock.stage("collate")
         if isinstance(self._plan, mixture.MixturePlan) and items and isinstance(items[0], dict):
             self._check_components(items, positions)
+        if self._map_fn is not None or self._random_map_fn is not None:
+            self._check_mapped(items, indices)
         return collate(items)
+
+    def _check_mapped(self, items: list, indices: np.ndarray) -> None:
+        """A map function's records must stack: per feature one dtype and rank in every record. Otherwise one line
+        naming the feature, a record of the batch's most common form and one of another, and what each gave (a record
+        of another dtype promoted the whole batch without a word, float64 for a float32 among uint8 images; one of
+        another rank made the batch a list)."""
+        first = items[0]
+        for key in list(first) if isinstance(first, dict) else [None]:
+            values = [item.get(key) if isinstance(item, dict) else None for item in items] if key is not None else items
+            one = values[0]
+            if isinstance(one, (np.ndarray, np.generic)) and all(
+                    isinstance(v, (np.ndarray, np.generic)) and v.dtype == one.dtype and v.ndim == one.ndim
+                    for v in values):
+                continue  # (the usual case: ~0.4 us a record and feature; the forms below cost ~10)
+            forms = [_stack_form(v) for v in values]
+            seen = collections.Counter(f for f in forms if f is not None)
+            if len(seen) < 2:
+                continue
+            usual = seen.most_common(1)[0][0]
+            odd = next(k for k, f in enumerate(forms) if f is not None and f != usual)
+            fn = self._random_map_fn or self._map_fn
+            what = "its output" if key is None else f"feature {key!r}"
+            raise ValueError(
+                f"{self._where(int(indices[odd]))}: {getattr(fn, '__name__', type(fn).__name__)} gave {what} as "
+                f"{_said(forms[odd])}, where for {self._where(int(indices[forms.index(usual)]))} (and "
+                f"{seen[usual] - 1} more of this batch) it gave {_said(usual)}: a batch stacks its records, so a map "
+                f"function must give every record one dtype and rank; convert it (e.g. np.asarray(value, "
+                f"np.{usual[0]}))")
 
     def _check_components(self, items: list[dict], positions: np.ndarray) -> None:
         """A mixture's rows must stack: the same feature names, and per feature one dtype and rank, in every component
@@ -471,6 +502,12 @@ def _form(value) -> tuple[str, int] | None:
     if isinstance(value, (np.ndarray, np.generic)):
         return str(value.dtype), value.ndim
     return None
+
+
+def _stack_form(value) -> tuple[str, int] | None:
+    """_form, with strings of any width one form (they stack to the widest)."""
+    form = _form(value)
+    return (value.dtype.kind, form[1]) if form is not None and value.dtype.kind in "SU" else form
 
 
 def _said(form: tuple[str, int]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -172,20 +173,28 @@ class TfdsDecoder:
 
     def __call__(self, record: bytes) -> dict[str, Any]:
         if self._features is None:
-            from tensorflow_datasets.core.features import features_dict
-
-            features = features_dict.FeaturesDict.from_config(_local_metadata(self._features_dir))
-            if self._encoded:
-                from tensorflow_datasets.core.decode import base
-
-                missing = [name for name in self._encoded if name not in features]
-                if missing:
-                    raise KeyError(f"no feature {missing[0]!r} in this TFDS dataset; its features are "
-                                   f"{sorted(features.keys())}")
-                self._decoders = {name: base.SkipDecoding() for name in self._encoded}
-            self._features = features
+            with _TFDS_FIRST_USE:  # one thread imports TFDS (TensorFlow) and builds the features; the loader's threads
+                if self._features is None:  # importing it at once hung in a lock of the import, every thread waiting
+                    self._load_features()
         decoded = self._features.deserialize_example_np(record, decoders=self._decoders)
         return _select(decoded, self._keys) if self._keys else decoded
+
+    def _load_features(self) -> None:
+        from tensorflow_datasets.core.features import features_dict
+
+        features = features_dict.FeaturesDict.from_config(_local_metadata(self._features_dir))
+        if self._encoded:
+            from tensorflow_datasets.core.decode import base
+
+            missing = [name for name in self._encoded if name not in features]
+            if missing:
+                raise KeyError(f"no feature {missing[0]!r} in this TFDS dataset; its features are "
+                               f"{sorted(features.keys())}")
+            self._decoders = {name: base.SkipDecoding() for name in self._encoded}
+        self._features = features
+
+
+_TFDS_FIRST_USE = threading.Lock()
 
 
 def _local_metadata(features_dir: str) -> str:

@@ -588,3 +588,29 @@ def test_a_map_fn_that_returns_none_is_named_with_the_record(converted):
     function nor the record."""
     with pytest.raises(ValueError, match=r"record \d+: _none_for_one returned None; it must return the mapped record"):
         list(loader.load(str(converted), batch_size=4, seed=0, decode=None, num_epochs=1, map_fn=_none_for_one))
+
+
+def _float_for_one(record):
+    pixels = np.frombuffer(record.ljust(8), np.uint8)
+    return {"r": pixels.astype(np.float32) if record == b"2:7" else pixels, "n": np.int64(len(record))}
+
+
+def _rank_for_one(record):
+    return np.frombuffer(record.ljust(8), np.uint8).reshape((2, 4) if record == b"3:3" else (8,))
+
+
+def test_a_map_fn_giving_one_record_another_dtype_or_rank_is_named(converted):
+    """One float32 record among uint8 ones made the batch float64 without a word; one of another rank made it a list
+    of arrays. Either is one line naming the function, the feature and both records; strings of other widths and
+    same-rank arrays of other lengths (ragged lists) still batch as before."""
+    with pytest.raises(ValueError, match=r"train-00002-of-00005\.array_record: record 7: _float_for_one gave feature 'r' as float32 of rank 1, "
+                                         r"where for .*record \d+ \(and \d+ more of this batch\) it gave uint8 of rank 1: a batch stacks its records, "
+                                         r"so a map function must give every record one dtype and rank; convert it "
+                                         r"\(e\.g\. np\.asarray\(value, np\.uint8\)\)"):
+        list(loader.load(str(converted), batch_size=8, seed=0, decode=None, num_epochs=1, map_fn=_float_for_one))
+    with pytest.raises(ValueError, match=r"_rank_for_one gave its output as uint8 of rank 2, where for .* \(and 6 more of this batch\) it gave "
+                                         r"uint8 of rank 1"):
+        list(loader.load(str(converted), batch_size=8, seed=0, decode=None, num_epochs=1, map_fn=_rank_for_one))
+    batch = next(iter(loader.load(str(converted), batch_size=8, seed=0, decode=None, num_epochs=1,
+                                  map_fn=lambda r: {"s": np.array(r.rstrip()), "v": np.frombuffer(r.rstrip(), np.uint8)})))
+    assert batch["s"].dtype.kind == "S" and isinstance(batch["v"], list) and len(batch["v"]) == 8

@@ -812,3 +812,33 @@ def test_a_crop_op_says_once_when_crops_decode_whole_jpegs(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger=images.__name__):
         images.RandomResizedCrop("image/encoded", size=32)
     assert [r for r in caplog.records if r.name == images.__name__] == [] or images._crop_decoder() is None
+
+
+def test_a_tfds_decoder_builds_its_features_once_when_threads_start_together(tfds_digits_array_record, monkeypatch):
+    """The loader's threads decode a TFDS dataset's first records at once: one of them imports TFDS and builds the
+    features, the others wait for it (each importing at once hung the loader in a lock of the import)."""
+    import threading
+    from loader.decoding import decode
+
+    raw = next(iter(loader.load(str(tfds_digits_array_record), batch_size=8, seed=1, decode=None)))
+    decoder = decode.TfdsDecoder(str(tfds_digits_array_record), encoded=("image",))
+    builds, load = [], decode.TfdsDecoder._load_features
+
+    def slow_load(self):
+        builds.append(threading.get_ident())
+        time.sleep(0.2)  # (a window for the other threads to enter)
+        load(self)
+
+    monkeypatch.setattr(decode.TfdsDecoder, "_load_features", slow_load)
+    start, got = threading.Barrier(8), [None] * 8
+
+    def decode_one(k):
+        start.wait()
+        got[k] = decoder(raw[k])
+
+    threads = [threading.Thread(target=decode_one, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(builds) == 1 and all(g is not None and bytes(g["image"][:8]) == images.PNG_MAGIC for g in got), builds
