@@ -68,6 +68,23 @@ static void on_message(j_common_ptr cinfo, int level) {
   }
 }
 
+/* The most scans a JPEG may have. A progressive JPEG has ~10 (mozjpeg's under 20); each scan walks every block of
+ * its components, and libjpeg takes any number of them without a warning, so 4,000 scans of 40 bytes cost 12 s of CPU
+ * a decode of a 4096x4096 image. libjpeg-turbo's own advice for data one does not trust: a scan limit (djpeg
+ * -maxscans, TurboJPEG's TJPARAM_SCANLIMIT), checked by a progress monitor as djpeg does. loader/decoding/images.py's
+ * MAX_SCANS is the same. */
+#define MAX_SCANS 200
+
+static void on_progress(j_common_ptr cinfo) {
+  if (cinfo->is_decompressor && ((j_decompress_ptr)cinfo)->input_scan_number > MAX_SCANS) {
+    struct error_mgr *err = (struct error_mgr *)cinfo->err;
+    snprintf(err->message, sizeof err->message,
+             "more than %d scans (a progressive JPEG has ~10; each scan decodes every block again: a CPU bomb?)",
+             MAX_SCANS);
+    longjmp(err->jump, 1);
+  }
+}
+
 static unsigned scaled_floor(unsigned v, unsigned n) { return v * n / 8; }
 static unsigned scaled_ceil(unsigned v, unsigned n) { return (v * n + 7) / 8; }
 
@@ -88,6 +105,10 @@ static PyObject *py_crop(PyObject *self, PyObject *args) {
   unsigned rows = 0, cols = 0, x_offset = 0, n = 8, full_h = 0, full_w = 0;
   Py_BEGIN_ALLOW_THREADS
   jpeg_create_decompress(&cinfo);
+  struct jpeg_progress_mgr progress;
+  memset(&progress, 0, sizeof progress);
+  progress.progress_monitor = on_progress;
+  cinfo.progress = &progress;
   cinfo.mem->max_memory_to_use = memory_limit(max_pixels); /* beyond it: "Backing store not supported", an error */
   if (setjmp(err.jump)) {
     failed = 1;

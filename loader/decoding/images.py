@@ -46,8 +46,12 @@ PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC (it holds no data, 
 # photo" appends a video to its JPEG).
 EOI_WITHIN = 1024
 # The most pixels (height x width) an image may declare: Pillow's decompression-bomb error threshold (2 x 89,478,485),
-# above any camera's photos. At the cap, a progressive JPEG's coefficients take 1 GB (6 bytes a pixel), its RGB 0.5 GB.
+# above any camera's photos. At the cap, a progressive JPEG's coefficients take 1 GB (6 bytes a pixel; a CMYK one, 4
+# components, 1.4 GB), its RGB 0.5 GB.
 MAX_IMAGE_PIXELS = 2 * 89_478_485
+# The most scans a JPEG may have (loader/decoding/_jpeg.c's MAX_SCANS): a progressive JPEG has ~10, and each scan
+# decodes every block again, so a file of thousands of tiny scans is a CPU bomb (12 s a decode for 4,000 of them).
+MAX_SCANS = 200
 
 # The Inception crop as torchvision's RandomResizedCrop takes it: 8%-100% of the area, aspect 3:4 to 4:3 (log-uniform),
 # 10 tries, then a central crop. (big_vision's inception_crop samples 5%-100% through TF's
@@ -82,18 +86,50 @@ def _declared_size(data, max_pixels: int) -> tuple[int, int] | None:
     other formats (OpenCV reads their headers: its own limit, OPENCV_IO_MAX_IMAGE_PIXELS, 2^30, bounds their decode, and
     `max_pixels` is checked on what it decoded)."""
     if data[:2] == JPEG_MAGIC:
-        import simplejpeg
-
-        try:
-            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError as e:
-            raise ValueError(f"{_described(data)}: not a JPEG that decodes ({e})") from None
+        height, width = _jpeg_frame_size(data)
     elif data[:8] == PNG_MAGIC and data[12:16] == b"IHDR" and len(data) >= 24:
         width, height = struct.unpack(">II", data[16:24])  # IHDR: width, height (4 bytes each, big-endian), ...
     else:
         return None
     _check_pixels(height, width, max_pixels)
     return height, width
+
+
+# JPEG's frame headers (SOF0-SOF15 but DHT, JPG and DAC): the image's precision, height and width follow the length
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _jpeg_frame_size(data) -> tuple[int, int]:
+    """(height, width) from a JPEG's frame header (SOFn), read here: simplejpeg's header call refuses sampling
+    factors TurboJPEG does not name (4:4:1, what a lossless 90-degree turn of a 4:1:1 JPEG gives, raised KeyError: 6),
+    which libjpeg decodes."""
+    n, i = len(data), 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            break
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        if marker in (0xDA, 0xD9):  # a scan or the end before any frame header
+            break
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if marker in _SOF_MARKERS:
+            if length < 8 or i + 9 > n:
+                break
+            height, width = int.from_bytes(data[i + 5:i + 7], "big"), int.from_bytes(data[i + 7:i + 9], "big")
+            if height == 0 or width == 0:
+                raise ValueError(f"{_described(data)}: a JPEG declaring {height}x{width} pixels (a height defined "
+                                 "later by a DNL marker, which libjpeg does not support, or no width): not an image "
+                                 "that decodes")
+            return height, width
+        if length < 2:
+            break
+        i += 2 + length
+    raise ValueError(f"{_described(data)}: not a JPEG that decodes (no frame header (SOF) before its first scan)")
 
 
 def _check_whole(data) -> None:
@@ -113,35 +149,50 @@ def _check_whole(data) -> None:
 
 
 def _jpeg_reaches_its_end(data: bytes) -> bool:
-    """Whether a JPEG's markers lead to its end-of-image marker (FF D9) before the data ends: each segment skipped by
-    its length, each scan's entropy-coded data to the next marker that is not a stuffed FF 00, a restart marker or
-    fill. One pass, each step moving forward; what follows the marker (a trailer) is not read."""
-    n, i = len(data), 2
+    """Whether a JPEG's markers lead to its end-of-image marker (FF D9) before the data ends."""
+    return _jpeg_walk(data)[0]
+
+
+def _check_scans(data) -> None:
+    """Refuse a JPEG of more than MAX_SCANS scans before simplejpeg decodes it (_jpeg.c stops at the same count): a
+    quick count of the SOS marker's bytes first (they may also lie in other segments, or in a trailer), walked
+    exactly only where that count is over."""
+    if bytes(data).count(b"\xff\xda") > MAX_SCANS and _jpeg_walk(bytes(data))[1] > MAX_SCANS:
+        raise ValueError(f"{_described(data)}: not a JPEG that decodes (more than {MAX_SCANS} scans (a progressive "
+                         "JPEG has ~10; each scan decodes every block again: a CPU bomb?))")
+
+
+def _jpeg_walk(data: bytes) -> tuple[bool, int]:
+    """(whether a JPEG's markers lead to its end-of-image marker (FF D9) before the data ends, the scans on the way):
+    each segment skipped by its length, each scan's entropy-coded data to the next marker that is not a stuffed FF 00,
+    a restart marker or fill. One pass, each step moving forward; what follows the marker (a trailer) is not read."""
+    n, i, scans = len(data), 2, 0
     while i + 2 <= n:
         if data[i] != 0xFF:
-            return False  # no marker where one must be: damaged (libjpeg names it when it decodes)
+            return False, scans  # no marker where one must be: damaged (libjpeg names it when it decodes)
         marker = data[i + 1]
         if marker == 0xD9:
-            return True
+            return True, scans
         if marker == 0xFF or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # fill, a restart, TEM: no length
             i += 1 if marker == 0xFF else 2
             continue
         if i + 4 > n:
-            return False
+            return False, scans
         length = int.from_bytes(data[i + 2:i + 4], "big")
         if length < 2:
-            return False
+            return False, scans
         i += 2 + length
         if marker == 0xDA:  # a scan: its entropy-coded data runs to the next real marker
+            scans += 1
             while True:
                 i = data.find(b"\xff", i)
                 if i < 0 or i + 1 >= n:
-                    return False
+                    return False, scans
                 following = data[i + 1]
                 if following != 0x00 and not 0xD0 <= following <= 0xD7 and following != 0xFF:
                     break  # a marker: the outer loop reads it
                 i += 1 if following == 0xFF else 2
-    return False
+    return False, scans
 
 
 def _png_reaches_its_end(data) -> bool:
@@ -171,6 +222,9 @@ def decode(data: bytes, *, min_height: int = 0, min_width: int = 0,
     for an image that does not decode, declares more than `max_pixels` pixels, or is cut short."""
     size = _declared_size(data, max_pixels)
     _check_whole(data)
+    if size is not None and data[:2] == JPEG_MAGIC and (min_height or min_width):
+        n = _crop_scale(size[0], size[1], (min_height, min_width))
+        min_height, min_width = -(-size[0] * n // 8), -(-size[1] * n // 8)
     return _decoded(data, size, min_height, min_width, max_pixels)
 
 
@@ -179,11 +233,18 @@ def _decoded(data, size: tuple[int, int] | None, min_height: int, min_width: int
     if data[:2] == JPEG_MAGIC:
         import simplejpeg
 
+        _check_scans(data)
         try:  # simplejpeg converts CMYK/YCCK too; its strict mode makes libjpeg's warnings (corrupt data) errors
             return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
                                           min_height=min_height, min_width=min_width)
-        except ValueError as e:  # not on to OpenCV: it ignores those warnings and pads what it cannot read with grey
-            raise ValueError(f"{_described(data)}: not a JPEG that decodes ({e})") from None
+        except (ValueError, KeyError) as e:  # not on to OpenCV: it ignores those warnings and pads what it cannot read
+            said = f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e)  # with grey
+            if (isinstance(e, KeyError) or "subsampling" in said) and (jpeg := _crop_decoder()) is not None:
+                return _whole_through_libjpeg(jpeg, data, min_height, min_width, max_pixels)
+            if isinstance(e, KeyError) or "subsampling" in said:
+                said += ("; its chroma sampling is one TurboJPEG's whole decode does not take (4:4:1, 4:1:0, ...): "
+                         "libjpeg decodes it through loader/decoding/_jpeg.c, which is not built here")
+            raise ValueError(f"{_described(data)}: not a JPEG that decodes ({said})") from None
     cv2 = _cv2()
     # (as for JPEGs, and as TensorFlow decodes: an EXIF orientation is not applied; OpenCV applied it to a PNG, whose
     # crop box is measured on the unrotated size from its header, and the crop came out stretched)
@@ -196,6 +257,18 @@ def _decoded(data, size: tuple[int, int] | None, min_height: int, min_width: int
     if size is None:
         _check_pixels(image.shape[0], image.shape[1], max_pixels)
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def _whole_through_libjpeg(jpeg, data, min_height: int, min_width: int, max_pixels: int) -> np.ndarray:
+    """A whole JPEG decoded by _jpeg.c (a crop of the whole image), at the smallest n/8 keeping min_height x
+    min_width: for what TurboJPEG's whole decode refuses."""
+    if not min_height and not min_width:  # full size (0 x 0 would be the smallest scale)
+        min_height = min_width = 1 << 30
+    try:
+        pixels, rows, cols, _, _ = jpeg.crop(data, 0, 0, 0, 0, min_height, min_width, max_pixels)
+    except NotImplementedError as e:
+        raise ValueError(f"{_described(data)}: not a JPEG that decodes ({e})") from None
+    return np.frombuffer(pixels, np.uint8).reshape(rows, cols, 3).copy()
 
 
 def _png_damage(data) -> str:
@@ -247,15 +320,22 @@ def sample_crop(rng: np.random.Generator, height: int, width: int, *, area_range
 
 
 def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    if image.shape[:2] == (height, width):
-        return np.ascontiguousarray(image)
+    if image.shape[:2] == (height, width):  # a copy: never a read-only view of the decoder's bytes, nor of the
+        return np.array(image)               # caller's array (as every resized crop is its own)
     cv2 = _cv2()
     return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
 def _rgb(image: np.ndarray) -> np.ndarray:
     """A decoded uint8 image as [H, W, 3], as decoding its PNG would give: grey ([H, W], [H, W, 1]) repeated, an alpha
-    channel ([H, W, 2] grey and alpha, [H, W, 4] RGBA) dropped."""
+    channel ([H, W, 2] grey and alpha, [H, W, 4] RGBA) dropped; uint16 as 8 bits (the high byte, as a 16-bit PNG
+    decodes)."""
+    if image.dtype == np.uint16:
+        image = (image >> 8).astype(np.uint8)
+    elif image.dtype != np.uint8:
+        raise ValueError(f"a decoded image of dtype {image.dtype}: the image ops take uint8 pixels (or uint16, taken "
+                         "to 8 bits); convert it first, e.g. np.clip(image * 255, 0, 255).astype(np.uint8) for floats "
+                         "in [0, 1]")
     if image.ndim == 3 and image.shape[2] in (3, 4):
         return image[:, :, :3]
     if image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 2)):
@@ -275,13 +355,13 @@ def _crop_decoder():
 @functools.cache
 def _say_if_crops_decode_whole() -> None:
     """Once a process, where a crop op is made: a log line when _jpeg.c was not built, since crops then decode whole
-    JPEGs (the loader runs, a little slower), and a user would otherwise never learn why."""
+    JPEGs (the same pixels, at about the same CPU on ~50 KB photos), and a user would otherwise never learn why."""
     if _crop_decoder() is None:
-        logging.getLogger(__name__).warning(
-            "loader.decoding._jpeg is not built (libjpeg's headers were missing when the package was built): random "
-            "crops decode whole JPEGs through simplejpeg, ~1.2x the CPU of a crop decode. For the crop decode, install "
-            "libjpeg-turbo's headers (apt install libjpeg-turbo8-dev or libjpeg-dev; dnf install libjpeg-turbo-devel) "
-            "and build again (pip install -e ., or python setup.py build_ext --inplace)")
+        logging.getLogger(__name__).info(
+            "loader.decoding._jpeg is not built (libjpeg's headers were missing when the package was built): crops "
+            "decode whole JPEGs through simplejpeg, at the same scale, with the same pixels. For the crop decode, "
+            "install libjpeg-turbo's headers (apt install libjpeg-turbo8-dev or libjpeg-dev; dnf install "
+            "libjpeg-turbo-devel) and build again (pip install -e ., or python setup.py build_ext --inplace)")
 
 
 def decode_crop(data, box: tuple[int, int, int, int], min_size: tuple[int, int], *,
@@ -292,7 +372,7 @@ def decode_crop(data, box: tuple[int, int, int, int], min_size: tuple[int, int],
     DCT; other formats decode whole, then the box is cut out. The errors of `decode`."""
     top, left, h, w = box
     if isinstance(data, np.ndarray):
-        image, sy, sx = _rgb(data), 1.0, 1.0
+        image = _rgb(data)
     else:
         _check_whole(data)
         if data[:2] == JPEG_MAGIC and (jpeg := _crop_decoder()) is not None:
@@ -304,16 +384,24 @@ def decode_crop(data, box: tuple[int, int, int, int], min_size: tuple[int, int],
                 width = max(1, -(-(left + w) * n // 8) - left * n // 8)
                 return np.frombuffer(pixels, np.uint8).reshape(rows, cols, 3)[:, x_offset:x_offset + width]
         size = _declared_size(data, max_pixels)
-        if size is None:  # neither JPEG nor PNG: OpenCV decodes it whole, once
-            image = _decoded(data, None, 0, 0, max_pixels)
-            height, width = image.shape[:2]
-        else:
-            height, width = size
-            image = _decoded(data, size, -(-min_size[0] * height // h), -(-min_size[1] * width // w), max_pixels)
-        sy, sx = image.shape[0] / height, image.shape[1] / width
-    y0, x0 = int(top * sy), int(left * sx)
-    y1, x1 = max(y0 + 1, int(round((top + h) * sy))), max(x0 + 1, int(round((left + w) * sx)))
-    return image[y0:y1, x0:x1]
+        if size is not None and data[:2] == JPEG_MAGIC:
+            # simplejpeg (CMYK/YCCK, or _jpeg.c not built): the scale and the rounding of _jpeg.c, so that a crop has
+            # the same pixels on either path (a host without the extension augments alike)
+            n = _crop_scale(h, w, min_size)
+            image = _decoded(data, size, -(-size[0] * n // 8), -(-size[1] * n // 8), max_pixels)
+            y0, x0 = top * n // 8, left * n // 8
+            return image[y0:max(y0 + 1, -(-(top + h) * n // 8)), x0:max(x0 + 1, -(-(left + w) * n // 8))]
+        image = _decoded(data, size, 0, 0, max_pixels)  # PNG, and formats OpenCV reads: whole, once
+    return image[top:top + max(h, 1), left:left + max(w, 1)]
+
+
+def _crop_scale(h: int, w: int, min_size: tuple[int, int]) -> int:
+    """n of the n/8 a JPEG crop decodes at: the smallest of 8, 4, 2, 1 whose h x w box keeps min_size, as _jpeg.c
+    picks it (libjpeg-turbo's other scales, 3/8, 5/8 ..., take a slow IDCT, slower than a whole one)."""
+    n = 8
+    while n > 1 and h * (n // 2) // 8 >= min_size[0] and w * (n // 2) // 8 >= min_size[1]:
+        n //= 2
+    return n
 
 
 def _sized(data, max_pixels: int) -> tuple:

@@ -801,7 +801,7 @@ def test_a_crop_op_says_once_when_crops_decode_whole_jpegs(monkeypatch, caplog):
     """Without _jpeg.c built, RandomResizedCrop still works (whole decodes) and says so once, with the fix."""
     monkeypatch.setattr(images, "_crop_decoder", lambda: None)
     images._say_if_crops_decode_whole.cache_clear()
-    with caplog.at_level("WARNING", logger=images.__name__):
+    with caplog.at_level("INFO", logger=images.__name__):
         images.RandomResizedCrop("image/encoded", size=32)
         images.RandomResizedCrop("image/encoded", size=64)
     lines = [r.getMessage() for r in caplog.records if r.name == images.__name__]
@@ -809,7 +809,7 @@ def test_a_crop_op_says_once_when_crops_decode_whole_jpegs(monkeypatch, caplog):
     monkeypatch.undo()
     images._say_if_crops_decode_whole.cache_clear()
     caplog.clear()
-    with caplog.at_level("WARNING", logger=images.__name__):
+    with caplog.at_level("INFO", logger=images.__name__):
         images.RandomResizedCrop("image/encoded", size=32)
     assert [r for r in caplog.records if r.name == images.__name__] == [] or images._crop_decoder() is None
 
@@ -842,3 +842,108 @@ def test_a_tfds_decoder_builds_its_features_once_when_threads_start_together(tfd
     for t in threads:
         t.join(60)
     assert len(builds) == 1 and all(g is not None and bytes(g["image"][:8]) == images.PNG_MAGIC for g in got), builds
+
+
+def _without_crop_decoder(op, *args):
+    keep = images._crop_decoder
+    images._crop_decoder = lambda: None
+    try:
+        return op(*args)
+    finally:
+        images._crop_decoder = keep
+
+
+def test_crops_have_the_same_pixels_with_and_without_the_crop_decoder():
+    """A host without _jpeg.c built augments alike: simplejpeg decodes at the scale _jpeg.c picks (1/2, 1/4, 1/8 only,
+    not 3/8 .. 7/8) and cuts the box rounded as it does. 56% of these crops differed (up to 175 levels) before."""
+    if images._crop_decoder() is None:
+        pytest.skip("loader/decoding/_jpeg.c was not built: one path only")
+    from pipelines.demo import photo_jpegs
+
+    photos = [p for p, _ in photo_jpegs(12, seed=3)]
+    compared = 0
+    for size in (224, 96, 32):
+        op = images.RandomResizedCrop("image", size=size)
+        for k, photo in enumerate(photos):
+            built = op({"image": photo}, np.random.default_rng(k))["image"]
+            other = _without_crop_decoder(op, {"image": photo}, np.random.default_rng(k))["image"]
+            assert built.shape == other.shape == (size, size, 3) and np.array_equal(built, other), (size, k)
+            compared += 1
+    assert compared == 36
+    height, width = images.image_size(photos[0])
+    assert images.decode(photos[0], min_height=height * 5 // 8, min_width=width * 5 // 8).shape == (height, width, 3)
+    assert images.decode(photos[0], min_height=height // 3, min_width=width // 3).shape == (-(-height // 2),
+                                                                                         -(-width // 2), 3)
+
+
+def _jpeg_441(size=64):
+    """A valid JPEG with luma sampled 1x4 (4:4:1: what a lossless 90-degree turn of a 4:1:1 JPEG gives)."""
+    import simplejpeg
+
+    data = bytearray(simplejpeg.encode_jpeg(np.random.default_rng(0).integers(0, 256, (size, size, 3), np.uint8),
+                                            colorsubsampling="411"))
+    data[data.index(b"\xff\xc0") + 11] = 0x14
+    return bytes(data)
+
+
+def test_a_jpeg_of_a_sampling_turbojpeg_does_not_name_decodes_through_libjpeg():
+    """4:4:1 was `KeyError: 6` from simplejpeg's header call on every op (the feature unnamed); its size now comes from
+    the frame header, and what TurboJPEG's whole decode refuses goes to _jpeg.c (or says why, where it is not built)."""
+    data = _jpeg_441()
+    assert images.image_size(data) == (64, 64)
+    if images._crop_decoder() is None:
+        with pytest.raises(ValueError, match=r"chroma sampling .* _jpeg\.c, which is not built here"):
+            images.decode(data)
+        return
+    assert images.decode(data).shape == (64, 64, 3) and images.decode(data, min_height=16, min_width=16).shape == (
+        16, 16, 3)
+    assert images.RandomResizedCrop("image", size=32)({"image": data}, np.random.default_rng(0))["image"].shape == (
+        32, 32, 3)
+    assert images.CenterCrop("image", size=32)({"image": data})["image"].shape == (32, 32, 3)
+    whole = images.decode(data)
+    assert np.array_equal(images.decode_crop(data, (0, 0, 64, 64), (64, 64)), whole)
+    with pytest.raises(ValueError, match=r"a JPEG declaring 0x64 pixels \(a height defined later by a DNL marker"):
+        sof = data.index(b"\xff\xc0")
+        images.decode(data[:sof + 5] + b"\x00\x00" + data[sof + 7:])
+
+
+def _scans(count: int) -> bytes:
+    """A progressive 1024x1024 JPEG and `count` more AC scans of 12 bytes, each ending every block's band at once (an
+    EOB run of 16,384 blocks): libjpeg takes them without a warning, and each walks every block again."""
+    import cv2
+
+    base = cv2.imencode(".jpg", np.full((1024, 1024, 3), 128, np.uint8), [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1]
+    table = b"\xff\xc4\x00\x14\x11" + bytes([1] + [0] * 15) + b"\xe0"  # AC table 1: one code, EOB14
+    scan = b"\xff\xda\x00\x08\x01\x01\x01\x01\x3f\x00\x00\x01"
+    return base.tobytes()[:-2] + table + scan * count + b"\xff\xd9"
+
+
+def test_a_jpeg_of_too_many_scans_is_refused_on_both_paths():
+    """4,000 scans of 40 bytes cost 12 s of CPU a crop (each scan decodes every block again); over MAX_SCANS (200) a
+    JPEG is an error at once on both paths, and 150 extra scans still decode."""
+    op = images.RandomResizedCrop("image", size=64)
+    for run in (lambda r: r(), lambda r: _without_crop_decoder(r)):
+        assert run(lambda: op({"image": _scans(150)}, np.random.default_rng(0)))["image"].shape == (64, 64, 3)
+        started = time.process_time()
+        with pytest.raises(ValueError, match=r"feature 'image': .*not a JPEG that decodes.*more than 200 scans \(a "
+                                             r"progressive JPEG has ~10"):
+            run(lambda: op({"image": _scans(400)}, np.random.default_rng(0)))
+        assert time.process_time() - started < 2
+
+
+def test_crops_are_writeable_copies_and_arrays_come_to_uint8():
+    """A crop at the output size was a read-only view of the decoder's bytes (CenterCrop(224) of a 256x256 JPEG), or
+    of the caller's array; uint16 pixels came out uint16, other dtypes failed inside OpenCV."""
+    import cv2
+
+    data = cv2.imencode(".jpg", np.random.default_rng(0).integers(0, 256, (256, 256, 3), np.uint8))[1].tobytes()
+    out = images.CenterCrop("image", size=224)({"image": data})["image"]
+    assert out.flags.writeable and out.shape == (224, 224, 3)
+    pixels = np.random.default_rng(1).integers(0, 256, (40, 40, 3), np.uint8)
+    out = images.CenterCrop("image", size=35)({"image": pixels})["image"]
+    assert out.flags.writeable and not np.shares_memory(out, pixels)
+    wide = pixels.astype(np.uint16) << 8 | 0xAB
+    assert np.array_equal(images.CenterCrop("image", size=35)({"image": wide})["image"], out)
+    with pytest.raises(ValueError, match=r"feature 'image': a decoded image of dtype float32: the image ops take uint8 "
+                                         r"pixels \(or uint16, taken to 8 bits\); convert it first"):
+        images.CenterCrop("image", size=35)({"image": pixels.astype(np.float32)})
