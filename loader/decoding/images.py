@@ -529,6 +529,7 @@ class CenterCrop:
         if not 0 < self.crop_fraction <= 1:
             raise ValueError(f"crop_fraction must be in (0, 1] (got crop_fraction={self.crop_fraction})")
         _check_max_pixels(self.max_pixels)
+        _say_if_crops_decode_whole()
 
     @property
     def encoded_features(self) -> tuple[str, ...]:
