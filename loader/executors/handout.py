@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import logging
+import os
 import threading
 import time
 import weakref
@@ -13,6 +15,49 @@ from collections.abc import Iterator
 import numpy as np
 
 from loader.executors.stages import StageTimes
+
+
+log = logging.getLogger(__name__)
+
+# A batch the caller has waited this long for gets a log line, and again at each doubling: a map function that does not
+# return, a read that hangs, workers without CPU would otherwise leave a run silent. One thread a process looks at the
+# waiting iterators every STALL_POLL seconds.
+STALL_SECONDS = 60.0
+STALL_POLL = 5.0
+_WAITING: weakref.WeakSet = weakref.WeakSet()
+_watcher: tuple[int, threading.Thread] | None = None  # (its process, the thread)
+_watcher_lock = threading.Lock()
+
+
+def _watch(iterator) -> None:
+    """Has the stall watcher look at `iterator` (while its `_waiting_since` is set), started once a process."""
+    global _watcher
+    _WAITING.add(iterator)
+    if _watcher is None or _watcher[0] != os.getpid():
+        with _watcher_lock:
+            if _watcher is None or _watcher[0] != os.getpid():
+                thread = threading.Thread(target=_watch_stalls, name="loader-stall-watch", daemon=True)
+                thread.start()
+                _watcher = (os.getpid(), thread)
+
+
+def _watch_stalls() -> None:
+    while True:
+        time.sleep(STALL_POLL)
+        now = time.monotonic()
+        for iterator in list(_WAITING):
+            since = iterator.__dict__.get("_waiting_since")
+            if since is None:
+                continue
+            told_since, next_at = iterator.__dict__.get("_stall_told", (None, 0.0))
+            if told_since != since:
+                next_at = STALL_SECONDS
+            if now - since >= next_at:
+                iterator.__dict__["_stall_told"] = (since, 2 * next_at)
+                batch = iterator.__dict__.get("_next", iterator.__dict__.get("_consumed", "?"))
+                log.warning("waiting %.0f s for batch %s: no batch came. A map function that does not return, a read "
+                            "that hangs (a gs:// link), or workers without CPU; `py-spy dump --pid %d` (and its worker "
+                            "processes') shows where", now - since, batch, os.getpid())
 
 
 class End:
@@ -65,6 +110,7 @@ class WorkerControls:
     _ray: bool = False  # its workers are Ray actors
     _failed: bool = False  # the last batch asked for raised
     _resized: int | None = None  # resize_workers()'s count: every (re)start after it starts this many
+    _waiting_since: float | None = None  # when the caller asked for the batch it waits for (the stall watcher's)
     _taking: threading.Lock  # one batch at a time (made by the iterator's __init__): two threads' calls interleaved
     #                          on the workers' pipes, and hung
 
@@ -84,6 +130,8 @@ class WorkerControls:
                 restart()
             elif getattr(self._host, "groups", None) is None:
                 return take()  # closed by the caller: says so until set_state()
+            self._waiting_since = time.monotonic()
+            _watch(self)
             try:
                 return take()
             except StopIteration:
@@ -92,6 +140,8 @@ class WorkerControls:
                 self._failed = True
                 self.close()
                 raise
+            finally:
+                self._waiting_since = None
 
     def stage_times(self, reset: bool = False) -> StageTimes:
         """What the groups handed out so far cost, stage by stage (loader/executors/stages.py); `.report()` says which

@@ -614,3 +614,27 @@ def test_a_map_fn_giving_one_record_another_dtype_or_rank_is_named(converted):
     batch = next(iter(loader.load(str(converted), batch_size=8, seed=0, decode=None, num_epochs=1,
                                   map_fn=lambda r: {"s": np.array(r.rstrip()), "v": np.frombuffer(r.rstrip(), np.uint8)})))
     assert batch["s"].dtype.kind == "S" and isinstance(batch["v"], list) and len(batch["v"]) == 8
+
+
+def test_a_batch_waited_for_too_long_is_logged_with_where_to_look(converted, monkeypatch, caplog):
+    """A map function that does not return left the run silent: after STALL_SECONDS of waiting for one batch a line
+    says so, and what to look at; again at each doubling, never for a batch that came."""
+    from loader.executors import handout
+
+    monkeypatch.setattr(handout, "STALL_SECONDS", 0.3)
+    monkeypatch.setattr(handout, "STALL_POLL", 0.05)
+    said = lambda: [r.getMessage() for r in caplog.records if r.name == handout.__name__]  # noqa: E731
+    started = time.monotonic()
+
+    def hangs_once(record):
+        while record == b"3:5" and not said() and time.monotonic() - started < 15:
+            time.sleep(0.02)
+        return {"r": np.frombuffer(record.ljust(8), np.uint8)}
+
+    with caplog.at_level("WARNING", logger=handout.__name__):
+        batches = list(loader.load(str(converted), batch_size=8, seed=0, decode=None, num_epochs=1, worker_count=0,
+                                   map_fn=hangs_once))
+    assert len(batches) == 32 and len(said()) == 1, said()
+    assert re.fullmatch(r"waiting \d+ s for batch \d+: no batch came\. A map function that does not return, a read "
+                        r"that hangs \(a gs:// link\), or workers without CPU; `py-spy dump --pid \d+` \(and its worker "
+                        r"processes'\) shows where", said()[0]), said()
