@@ -7,8 +7,8 @@
 # and the loader alone, paced like that step (37.6 ms a batch of 256 on an H200), with auto and with 15 workers.
 # Goal: streamed >= 0.97x held, data-wait < 2% in every 50-step period after the first.
 # Two steps:
-#   here (needs Beam): bash scripts/gpu/feed.sh prepare   -> .gpu/ (wheels, 500 photos converted; add .gpu/ to
-#                      .git/info/exclude and carry it)
+#   here (needs Beam): bash scripts/gpu/feed.sh prepare   -> .gpu/ (wheels, 500 photos converted: git ignores
+#                      .gpu/; carry it)
 #   there:             bash scripts/gpu/feed.sh           -> $OUT/feed.tgz after each run (~6 min)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -9,8 +9,8 @@
 #   blockwise  attention=blockwise, streamed (the fallback where cuDNN does not run)
 #   b256       attention=auto, streamed, batch_size=256
 # Two steps:
-#   here (needs Beam): bash scripts/gpu/lm_attention.sh prepare   -> .gpu/ (wheels, the corpus; add .gpu/ to
-#                      .git/info/exclude and carry it)
+#   here (needs Beam): bash scripts/gpu/lm_attention.sh prepare   -> .gpu/ (wheels, the corpus: git ignores
+#                      .gpu/; carry it)
 #   there:             bash scripts/gpu/lm_attention.sh            -> $OUT/lm_attention.tgz after each run (~8 min)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
