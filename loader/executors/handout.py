@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 # return, a read that hangs, workers without CPU would otherwise leave a run silent. One thread a process looks at the
 # waiting iterators every STALL_POLL seconds.
 STALL_SECONDS = 60.0
-STALL_POLL = 5.0
+STALL_POLL = 1.0
 _WAITING: weakref.WeakSet = weakref.WeakSet()
 _watcher: tuple[int, threading.Thread] | None = None  # (its process, the thread)
 _watcher_lock = threading.Lock()

@@ -240,6 +240,8 @@ class PackedPlan:
         if not self.drop_remainder and self.num_epochs is None:
             raise ValueError("drop_remainder=False keeps each epoch's last, short batch, and an endless loader "
                              "(num_epochs=None) has no last batch: set num_epochs, or keep drop_remainder=True")
+        if self.drop_remainder and self.layout.blocks == 1:  # a small corpus (one block: its layout costs little),
+            self.batches_in(0)                              # where a batch_size over its rows is likely: said now
 
     @property
     def seq_len(self) -> int:
@@ -264,14 +266,22 @@ class PackedPlan:
                 per_host = size // self.shard_count
                 return rows[self.shard_index * per_host:(self.shard_index + 1) * per_host], Position(epoch, b, r)
             if at == Position(epoch, 0, 0) and self.drop_remainder:
-                raise ValueError(f"epoch {epoch} packs into {len(rows)} rows of {self.seq_len} tokens, fewer than "
-                                 f"batch_size={size}: lower batch_size or seq_len, or add data")
+                raise self._short(epoch, len(rows))
             epoch, b, r = epoch + 1, 0, 0
             at = Position(epoch, 0, 0)
         return None
 
+    def _short(self, epoch: int, rows: int) -> ValueError:
+        return ValueError(f"epoch {epoch} packs into {rows} rows of {self.seq_len} tokens, fewer than "
+                          f"batch_size={self.batch_size}: lower batch_size or seq_len, or add data")
+
     def batches_in(self, epoch: int) -> int:
+        """The batches of `epoch`; an epoch whose rows fill no batch (drop_remainder) is the error iterating gives, so
+        that len() never counts batches iterating does not reach. (Epochs of a shuffled corpus pack into rows a few
+        apart: a batch_size close to them may fit one epoch and not the next.)"""
         rows = self.layout.epoch_rows(epoch)  # (the layout keeps each block's row count)
+        if self.drop_remainder and rows < self.batch_size:
+            raise self._short(epoch, rows)
         return rows // self.batch_size if self.drop_remainder else -(-rows // self.batch_size)
 
     @property

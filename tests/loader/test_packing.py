@@ -552,3 +552,20 @@ def test_a_packed_state_restores_onto_a_copy_elsewhere_and_not_onto_the_corpus_t
     restored.set_state(older)
     np.testing.assert_array_equal(next(restored)["tokens"], want["tokens"])
     restored.close()
+
+
+def test_a_batch_size_an_epoch_cannot_fill_is_the_same_error_for_len_iteration_and_load():
+    """Epochs of a shuffled corpus pack into rows a few apart (seed 4: 72, 71, 72 rows): batch_size=72 fits epoch 0
+    and not epoch 1. len() counted epoch 1 as no batches while iterating raised there, mid-run; now len() raises as
+    iterating does, and a one-block corpus that cannot fill epoch 0 is refused when the plan is made."""
+    counts = np.random.default_rng(0).integers(0, 40, 60)
+    short = r"epoch 1 packs into 71 rows of 16 tokens, fewer than batch_size=72: lower batch_size or seq_len, or add data"
+    plan = _plan(counts, batch_size=72, seq_len=16, seed=4, num_epochs=3)
+    with pytest.raises(ValueError, match=short):
+        plan.num_batches
+    assert len(_batches(plan, 1)) == 1
+    with pytest.raises(ValueError, match=short):
+        _batches(plan, 2)
+    assert _plan(counts, batch_size=71, seq_len=16, seed=4, num_epochs=3).num_batches == 3
+    with pytest.raises(ValueError, match=r"epoch 0 packs into 72 rows of 16 tokens, fewer than batch_size=73"):
+        _plan(counts, batch_size=73, seq_len=16, seed=4, num_epochs=None)
