@@ -159,7 +159,8 @@ static PyObject *py_crop(PyObject *self, PyObject *args) {
          * the end returns without reading), and the decode finished, so that libjpeg reaches the end marker: data
          * corrupted mid-scan shows there ("N extraneous bytes before marker 0xd9"); a decode stopped at the crop's
          * last row returned its wrong pixels without a word. No inverse transform is spent on the skipped rows. */
-        unsigned imcu = (unsigned)(cinfo.max_v_samp_factor * MIN_DCT_V_SCALED_SIZE(cinfo)); /* output rows an iMCU row */
+        /* output rows an iMCU row */
+        unsigned imcu = (unsigned)(cinfo.max_v_samp_factor * MIN_DCT_V_SCALED_SIZE(cinfo));
         if (cinfo.output_scanline < cinfo.output_height) {
           last = malloc((size_t)cols * 3);
           if (!last) {

@@ -603,16 +603,18 @@ def test_a_map_fn_giving_one_record_another_dtype_or_rank_is_named(converted):
     """One float32 record among uint8 ones made the batch float64 without a word; one of another rank made it a list
     of arrays. Either is one line naming the function, the feature and both records; strings of other widths and
     same-rank arrays of other lengths (ragged lists) still batch as before."""
-    with pytest.raises(ValueError, match=r"train-00002-of-00005\.array_record: record 7: _float_for_one gave feature 'r' as float32 of rank 1, "
-                                         r"where for .*record \d+ \(and \d+ more of this batch\) it gave uint8 of rank 1: a batch stacks its records, "
-                                         r"so a map function must give every record one dtype and rank; convert it "
-                                         r"\(e\.g\. np\.asarray\(value, np\.uint8\)\)"):
+    float_for_one = (r"train-00002-of-00005\.array_record: record 7: _float_for_one gave feature 'r' as float32 of "
+                     r"rank 1, where for .*record \d+ \(and \d+ more of this batch\) it gave uint8 of rank 1: a batch "
+                     r"stacks its records, so a map function must give every record one dtype and rank; convert it "
+                     r"\(e\.g\. np\.asarray\(value, np\.uint8\)\)")
+    with pytest.raises(ValueError, match=float_for_one):
         list(loader.load(str(converted), batch_size=8, seed=0, decode=None, num_epochs=1, map_fn=_float_for_one))
-    with pytest.raises(ValueError, match=r"_rank_for_one gave its output as uint8 of rank 2, where for .* \(and 6 more of this batch\) it gave "
-                                         r"uint8 of rank 1"):
+    with pytest.raises(ValueError, match=r"_rank_for_one gave its output as uint8 of rank 2, where for .* \(and 6 more "
+                                         r"of this batch\) it gave uint8 of rank 1"):
         list(loader.load(str(converted), batch_size=8, seed=0, decode=None, num_epochs=1, map_fn=_rank_for_one))
+    strings_and_ragged = lambda r: {"s": np.array(r.rstrip()), "v": np.frombuffer(r.rstrip(), np.uint8)}  # noqa: E731
     batch = next(iter(loader.load(str(converted), batch_size=8, seed=0, decode=None, num_epochs=1,
-                                  map_fn=lambda r: {"s": np.array(r.rstrip()), "v": np.frombuffer(r.rstrip(), np.uint8)})))
+                                  map_fn=strings_and_ragged)))
     assert batch["s"].dtype.kind == "S" and isinstance(batch["v"], list) and len(batch["v"]) == 8
 
 
@@ -636,5 +638,5 @@ def test_a_batch_waited_for_too_long_is_logged_with_where_to_look(converted, mon
                                    map_fn=hangs_once))
     assert len(batches) == 32 and len(said()) == 1, said()
     assert re.fullmatch(r"waiting \d+ s for batch \d+: no batch came\. A map function that does not return, a read "
-                        r"that hangs \(a gs:// link\), or workers without CPU; `py-spy dump --pid \d+` \(and its worker "
-                        r"processes'\) shows where", said()[0]), said()
+                        r"that hangs \(a gs:// link\), or workers without CPU; `py-spy dump --pid \d+` \(and its "
+                        r"worker processes'\) shows where", said()[0]), said()

@@ -559,7 +559,8 @@ def test_a_batch_size_an_epoch_cannot_fill_is_the_same_error_for_len_iteration_a
     and not epoch 1. len() counted epoch 1 as no batches while iterating raised there, mid-run; now len() raises as
     iterating does, and a one-block corpus that cannot fill epoch 0 is refused when the plan is made."""
     counts = np.random.default_rng(0).integers(0, 40, 60)
-    short = r"epoch 1 packs into 71 rows of 16 tokens, fewer than batch_size=72: lower batch_size or seq_len, or add data"
+    short = (r"epoch 1 packs into 71 rows of 16 tokens, fewer than batch_size=72: lower batch_size or seq_len, or add "
+             r"data")
     plan = _plan(counts, batch_size=72, seq_len=16, seed=4, num_epochs=3)
     with pytest.raises(ValueError, match=short):
         plan.num_batches

@@ -130,16 +130,16 @@ def test_an_unreadable_checkpoint_says_the_way_on_for_each_listing():
     said["[2, 4, 8]"] = str(unreadable("/w/checkpoints", 8, error, [2, 4, 8]))
     said["[8]"] = str(unreadable("/w/checkpoints", 8, error, [8]))
     assert said == {
-        "default": "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or "
-                   "partly written, move it aside (e.g. to /w/checkpoints/8.unreadable) and run the evaluator again: it "
-                   "goes on with the next one; if its storage failed, run again",
-        None: "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or partly "
-              "written, move it aside (e.g. to /w/checkpoints/8.unreadable) and the run resumes from the latest "
-              "checkpoint before it (or starts afresh where there is none); if its storage failed, run again",
-        "[2, 4, 8]": "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or "
-                     "partly written, move it aside (e.g. to /w/checkpoints/8.unreadable) and the run resumes from step "
-                     "4; if its storage failed, run again",
-        "[8]": "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or partly "
-               "written, move it aside (e.g. to /w/checkpoints/8.unreadable) and the run starts afresh; if its storage "
-               "failed, run again",
+        "default": "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged "
+                   "or partly written, move it aside (e.g. to /w/checkpoints/8.unreadable) and run the evaluator "
+                   "again: it goes on with the next one; if its storage failed, run again",
+        None: "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or "
+              "partly written, move it aside (e.g. to /w/checkpoints/8.unreadable) and the run resumes from the "
+              "latest checkpoint before it (or starts afresh where there is none); if its storage failed, run again",
+        "[2, 4, 8]": "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is "
+                     "damaged or partly written, move it aside (e.g. to /w/checkpoints/8.unreadable) and the run "
+                     "resumes from step 4; if its storage failed, run again",
+        "[8]": "checkpoint 8 in /w/checkpoints cannot be read (OSError: the storage said no); if it is damaged or "
+               "partly written, move it aside (e.g. to /w/checkpoints/8.unreadable) and the run starts afresh; if its "
+               "storage failed, run again",
     }

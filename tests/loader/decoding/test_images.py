@@ -792,8 +792,8 @@ def test_the_crop_decoder_compiles_against_both_libjpeg_apis(tmp_path, lib_versi
     for name in ("jpeglib.h", "jmorecfg.h"):
         shutil.copy(os.path.join(include, name), tmp_path / name)
     done = subprocess.run(["gcc", "-fsyntax-only", "-std=gnu11", "-Werror=implicit-function-declaration",
-                           f"-I{tmp_path}", f"-I{sysconfig.get_paths()['include']}", str(REPO / "loader/decoding/_jpeg.c")],
-                          capture_output=True, text=True)
+                           f"-I{tmp_path}", f"-I{sysconfig.get_paths()['include']}",
+                           str(REPO / "loader/decoding/_jpeg.c")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
