@@ -49,6 +49,9 @@ def assemble(rows: list[list[tuple]], ids: dict[int, np.ndarray], seq_len: int,
     return named
 
 
+MAX_TOKEN_ID = 2**31 - 1  # the rows are int32
+
+
 class TokenReader:
     """The token ids of records: read, decoded and tokenised (in this process, or in a worker's copy)."""
 
@@ -78,10 +81,25 @@ class TokenReader:
         clock.stage("map")
         packing = self._packing
         if packing.tokenize_batch is not None:
-            return [np.asarray(ids) for ids in packing.tokenize_batch(values)]
+            return [self._tokenized(ids, i, packing.tokenize_batch)
+                    for ids, i in zip(packing.tokenize_batch(values), records.tolist())]
         if packing.tokenize is not None:
-            return [np.asarray(packing.tokenize(v)) for v in values]
+            return [self._tokenized(packing.tokenize(v), i, packing.tokenize) for v, i in zip(values, records.tolist())]
         return [self._ids(v, i) for v, i in zip(values, records.tolist())]
+
+    def _tokenized(self, ids, index: int, fn) -> np.ndarray:
+        """What `fn` (tokenize=, tokenize_batch=) gave for record `index`, checked: one document's ids, a 1-D array of
+        integers in [0, 2^31) (the rows are int32: a float id was truncated, one of 2^31 or more wrapped negative, and
+        a 2-D array failed in NumPy naming no record)."""
+        ids = np.asarray(ids)
+        bad = (f"shape {ids.shape}" if ids.ndim != 1 else
+               f"{ids.dtype} values" if ids.size and ids.dtype.kind not in "iu" else
+               f"ids from {int(ids.min())} to {int(ids.max())}"
+               if ids.size and (int(ids.min()) < 0 or int(ids.max()) > MAX_TOKEN_ID) else None)
+        if bad is not None:
+            raise ValueError(f"{self.source.where(index)}: {getattr(fn, '__name__', type(fn).__name__)} gave {bad}; "
+                             f"it must give one document's token ids, a 1-D array of integers from 0 to {MAX_TOKEN_ID}")
+        return ids
 
     def _ids(self, value, index: int) -> np.ndarray:
         """A feature that holds token ids already (Packing without tokenize=), as a 1-D integer array."""

@@ -168,6 +168,7 @@ class Layout:
         self.seed, self.shuffle, self.block_size = seed, shuffle, block or BLOCK
         self.blocks = -(-n // self.block_size)  # per epoch
         self._rows: dict[tuple[int, int], int] = {}
+        self._told = False  # the first block laid out is logged (rows_in's counts, before it, are not)
         self._lock = threading.Lock()
         self.block = functools.lru_cache(maxsize=8)(self._block)  # a few blocks, per layout (not a global cache)
 
@@ -185,7 +186,7 @@ class Layout:
         docs, *rest = pack_block(self._targets(records), self.seq_len, self.fit)
         block = Block(records[docs], *rest)
         with self._lock:
-            first, self._rows[epoch, b] = not self._rows, block.rows
+            first, self._told, self._rows[epoch, b] = not self._told, True, block.rows
         if first:
             log.info("packing %d examples into rows of %d tokens (%s fit, blocks of %d examples): block %d of epoch %d "
                      "is %d rows, %.1f%% real tokens, laid out in %.0f ms", self.n, self.seq_len, self.fit,
@@ -240,8 +241,8 @@ class PackedPlan:
         if not self.drop_remainder and self.num_epochs is None:
             raise ValueError("drop_remainder=False keeps each epoch's last, short batch, and an endless loader "
                              "(num_epochs=None) has no last batch: set num_epochs, or keep drop_remainder=True")
-        if self.drop_remainder and self.layout.blocks == 1:  # a small corpus (one block: its layout costs little),
-            self.batches_in(0)                              # where a batch_size over its rows is likely: said now
+        if self.drop_remainder and self.layout.blocks == 1:  # a small corpus (one block: counting its rows costs
+            self.batches_in(0)                              # little), where a batch_size over them is likely: said now
 
     @property
     def seq_len(self) -> int:

@@ -43,6 +43,7 @@ def _launch_as_dataflow_would(call):
 
 
 @pytest.mark.gcs
+@pytest.mark.slow  # ~34 s on 2 cores; converting only new or changed shards is tested in tests/pipelines (default run)
 def test_refresh_converts_only_new_shards_and_launches_nothing_when_up_to_date(tmp_path, gcs_bucket):
     bucket, client = gcs_bucket
     paths = write_tfrecord_shards(tmp_path / "raw", [synthetic_records(i, 10 + i) for i in range(3)])

@@ -570,3 +570,27 @@ def test_a_batch_size_an_epoch_cannot_fill_is_the_same_error_for_len_iteration_a
     assert _plan(counts, batch_size=71, seq_len=16, seed=4, num_epochs=3).num_batches == 3
     with pytest.raises(ValueError, match=r"epoch 0 packs into 72 rows of 16 tokens, fewer than batch_size=73"):
         _plan(counts, batch_size=73, seq_len=16, seed=4, num_epochs=None)
+
+
+def _float_ids(v):
+    return np.asarray(v, np.float64).reshape(-1) + 0.5
+
+
+def _huge_ids(v):
+    return np.asarray(v).reshape(-1) + 2**31
+
+
+def _two_rows(v):
+    return np.stack([np.asarray(v).reshape(-1)] * 2)
+
+
+def test_tokenize_giving_what_is_not_ids_is_named_with_the_record(token_data):
+    """Float ids were truncated, ids of 2^31 or more wrapped negative in the int32 rows, and a 2-D array failed in
+    NumPy ("could not broadcast ...") naming no record: each is an error naming the function, the record and what it
+    must give."""
+    must = r"it must give one document's token ids, a 1-D array of integers from 0 to 2147483647"
+    for fn, gave in ((_float_ids, "float64 values"), (_huge_ids, r"ids from 2147483648 to \d+"),
+                     (_two_rows, r"shape \(2, \d+\)")):
+        packing = loader.Packing("ids", seq_len=6, tokenize=fn, cache_key=fn.__name__)
+        with pytest.raises(ValueError, match=rf"record \d+: {fn.__name__} gave {gave}; {must}"):
+            next(iter(loader.load(token_data, batch_size=2, seed=0, packing=packing)))

@@ -3,9 +3,12 @@
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
+@pytest.mark.slow  # ~26 s on 2 cores: a docs example, Keras training in a subprocess
 def test_keras_example_trains_data_parallel(digits):
     proc = subprocess.run([sys.executable, "docs/keras_example.py", str(digits["train"]), str(digits["test"])],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
