@@ -35,6 +35,7 @@ import functools
 import logging
 import math
 import struct
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -103,22 +104,11 @@ def _jpeg_frame_size(data) -> tuple[int, int]:
     """(height, width) from a JPEG's frame header (SOFn), read here: simplejpeg's header call refuses sampling
     factors TurboJPEG does not name (4:4:1, what a lossless 90-degree turn of a 4:1:1 JPEG gives, raised KeyError: 6),
     which libjpeg decodes."""
-    n, i = len(data), 2
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            break
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill
-            i += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            i += 2
-            continue
+    for marker, i in _jpeg_markers(data):
         if marker in (0xDA, 0xD9):  # a scan or the end before any frame header
             break
-        length = int.from_bytes(data[i + 2:i + 4], "big")
         if marker in _SOF_MARKERS:
-            if length < 8 or i + 9 > n:
+            if int.from_bytes(data[i + 2:i + 4], "big") < 8 or i + 9 > len(data):
                 break
             height, width = int.from_bytes(data[i + 5:i + 7], "big"), int.from_bytes(data[i + 7:i + 9], "big")
             if height == 0 or width == 0:
@@ -126,9 +116,6 @@ def _jpeg_frame_size(data) -> tuple[int, int]:
                                  "later by a DNL marker, which libjpeg does not support, or no width): not an image "
                                  "that decodes")
             return height, width
-        if length < 2:
-            break
-        i += 2 + length
     raise ValueError(f"{_described(data)}: not a JPEG that decodes (no frame header (SOF) before its first scan)")
 
 
@@ -163,36 +150,43 @@ def _check_scans(data) -> None:
 
 
 def _jpeg_walk(data: bytes) -> tuple[bool, int]:
-    """(whether a JPEG's markers lead to its end-of-image marker (FF D9) before the data ends, the scans on the way):
-    each segment skipped by its length, each scan's entropy-coded data to the next marker that is not a stuffed FF 00,
-    a restart marker or fill. One pass, each step moving forward; what follows the marker (a trailer) is not read."""
-    n, i, scans = len(data), 2, 0
-    while i + 2 <= n:
-        if data[i] != 0xFF:
-            return False, scans  # no marker where one must be: damaged (libjpeg names it when it decodes)
-        marker = data[i + 1]
+    """(whether a JPEG's markers lead to its end-of-image marker (FF D9) before the data ends, the scans on the way)."""
+    scans = 0
+    for marker, _ in _jpeg_markers(data):
         if marker == 0xD9:
             return True, scans
-        if marker == 0xFF or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # fill, a restart, TEM: no length
+        scans += marker == 0xDA
+    return False, scans
+
+
+def _jpeg_markers(data) -> Iterator[tuple[int, int]]:
+    """(marker, its offset) of a JPEG's segments after its SOI, up to its end-of-image marker (FF D9, the last):
+    each segment skipped by its length, each scan's entropy-coded data to the next marker that is not a stuffed FF 00,
+    a restart marker or fill; markers without a length (fill, restarts, TEM) passed over. Stops early where the data
+    ends or holds no marker where one must be (damaged: libjpeg names it when it decodes). One pass, each step moving
+    forward; what follows the end marker (a trailer) is not read."""
+    n, i = len(data), 2
+    while i + 2 <= n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xD9:
+            yield marker, i
+            return
+        if marker in (0xFF, 0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # fill, SOI, TEM, a restart: no length
             i += 1 if marker == 0xFF else 2
             continue
-        if i + 4 > n:
-            return False, scans
-        length = int.from_bytes(data[i + 2:i + 4], "big")
-        if length < 2:
-            return False, scans
-        i += 2 + length
+        if i + 4 > n or int.from_bytes(data[i + 2:i + 4], "big") < 2:
+            return
+        yield marker, i
+        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
         if marker == 0xDA:  # a scan: its entropy-coded data runs to the next real marker
-            scans += 1
             while True:
                 i = data.find(b"\xff", i)
                 if i < 0 or i + 1 >= n:
-                    return False, scans
+                    return
                 following = data[i + 1]
                 if following != 0x00 and not 0xD0 <= following <= 0xD7 and following != 0xFF:
                     break  # a marker: the outer loop reads it
                 i += 1 if following == 0xFF else 2
-    return False, scans
 
 
 def _png_reaches_its_end(data) -> bool:
